@@ -1,0 +1,108 @@
+//! Checkpoints: the map and segment table written to the index, so recovery replays only
+//! the log written since.
+//!
+//! Crash-ordering rules of a checkpoint:
+//! 1. every stream's open chunk is sealed and written, and the device is synced, BEFORE
+//!    the snapshot is taken: the snapshot may only name blocks that are durable;
+//! 2. the snapshot (dirty map pages, every segment record, the checkpoint header with the
+//!    next chain number) is taken with every stream lock held, so it is exactly the state
+//!    after chain number `next_chunk_seq - 1` and no append is half done;
+//! 3. the index batch is committed atomically and durably BEFORE any segment it records
+//!    as dead is put on the free list or discarded: a dead segment's blocks may be
+//!    overwritten only when the map changes that killed them are durable, and recovery
+//!    never needs a chunk older than the checkpoint it starts from.
+
+use crate::device::{BlockDevice, BLOCK_SIZE};
+use crate::engine::Ftl;
+use crate::error::Result;
+use crate::index::{IndexStore, Key, Op};
+use crate::records::{CheckpointRecord, MapPage};
+use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
+
+/// What a checkpoint did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CheckpointReport {
+    pub pages_written: usize,
+    pub segments_freed: usize,
+    pub next_chunk_seq: u64,
+}
+
+impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
+    /// Writes a checkpoint now.
+    pub fn checkpoint(&self) -> Result<CheckpointReport> {
+        let _one = self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.check_poison()?;
+        let mut guards: Vec<MutexGuard<'_, _>> =
+            self.streams.iter().map(|s| s.lock().unwrap_or_else(|p| p.into_inner())).collect();
+        // Rule 1.
+        for sid in 0..guards.len() {
+            if let Some(c) = self.seal_open(sid as u8, &mut guards[sid])? {
+                self.write_chunk_io(&c)?;
+                self.retire(&mut guards[sid], c);
+            }
+        }
+        let next_chunk_seq = self.tracker.next_seq();
+        self.flush_upto(next_chunk_seq)?;
+        // Rule 2.
+        let dirty = self.map.take_dirty();
+        let pages: Vec<(u64, Vec<u64>)> = dirty.iter().map(|&p| (p, self.map.page(p))).collect();
+        let dead = self.segs.dead_closed();
+        let seg_records = self.segs.records(&dead);
+        let header = CheckpointRecord {
+            uuid: self.sb.uuid,
+            epoch: self.epoch,
+            next_chunk_seq,
+            next_entry_seq: self.entry_seq.load(Ordering::SeqCst),
+            exported_blocks: self.geo.exported_blocks,
+            segment_count: self.geo.segment_count,
+            counters: self.counters.get(),
+            cursors: guards.iter().map(|g| g.cursor).collect(),
+        };
+        self.appended_since_checkpoint.store(0, Ordering::Relaxed);
+        drop(guards);
+
+        let mut ops = Vec::with_capacity(pages.len() + seg_records.len() + 1);
+        for (p, entries) in &pages {
+            if entries.iter().all(|&e| e == u64::MAX) {
+                ops.push(Op::Remove(Key::map_page(*p)));
+            } else {
+                ops.push(Op::Put(Key::map_page(*p), MapPage { page: *p, entries: entries.clone() }.encode()));
+            }
+        }
+        for r in &seg_records {
+            ops.push(Op::Put(Key::segment(r.segment), r.encode()));
+        }
+        ops.push(Op::Put(Key::checkpoint(), header.encode()));
+        // Rule 3.
+        if let Err(e) = self.index.commit(ops) {
+            for p in dirty {
+                self.map.mark_dirty(p);
+            }
+            return Err(e);
+        }
+        self.segs.release(&dead);
+        if self.cfg.discard_freed {
+            for &s in &dead {
+                let off = self.geo.segment_start(s) * BLOCK_SIZE as u64;
+                // Discard is advisory: a failure loses nothing, so it is counted, not fatal.
+                if self.dev.discard(off, self.geo.segment_bytes).is_ok() {
+                    self.counters.discarded_bytes.fetch_add(self.geo.segment_bytes, Ordering::Relaxed);
+                }
+            }
+        }
+        self.checkpoints.fetch_add(1, Ordering::Relaxed);
+        Ok(CheckpointReport { pages_written: pages.len(), segments_freed: dead.len(), next_chunk_seq })
+    }
+
+    /// True when enough has been appended since the last checkpoint, or free segments
+    /// run low while dead ones wait for a checkpoint to be reusable.
+    pub fn checkpoint_due(&self) -> bool {
+        let appended = self.appended_since_checkpoint.load(Ordering::Relaxed);
+        if appended >= self.cfg.checkpoint_blocks {
+            return true;
+        }
+        let low = (self.geo.segment_count as usize / 8).max(4);
+        appended > 0 && self.segs.free_count() < low && !self.segs.dead_closed().is_empty()
+    }
+}

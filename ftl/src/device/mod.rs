@@ -1,0 +1,89 @@
+//! Backing devices: the I/O boundary below the FTL.
+//!
+//! Contract of every [`BlockDevice`]:
+//! - offsets and lengths are multiples of [`BLOCK_SIZE`]; a 4 KiB block write is atomic
+//!   (it lands whole or not at all after a power cut);
+//! - a completed `write_at` is visible to every later `read_at`, but is only *durable*
+//!   after a later `sync` completes;
+//! - `discard` tells the device a range holds no live data; reads of it afterwards may
+//!   return zeros or the old bytes (callers never read discarded ranges).
+//!
+//! Implementations: [`file::FileDevice`] (file or block device, O_DIRECT, io_uring),
+//! [`mem::MemDevice`] (fast, volatile) and [`crash::CrashDevice`] (keeps the durable image
+//! apart from unsynced writes and simulates a power cut).
+
+pub mod aligned;
+pub mod crash;
+pub mod file;
+pub mod mem;
+
+use std::io;
+use std::os::fd::RawFd;
+
+pub use aligned::AlignedBuf;
+
+/// Size of a logical and physical block, in bytes.
+pub const BLOCK_SIZE: usize = 4096;
+
+/// The storage the log lives on.
+pub trait BlockDevice: Send + Sync {
+    /// Capacity in bytes.
+    fn size(&self) -> u64;
+    /// Reads `buf.len()` bytes at `offset`.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Writes `buf` at `offset`; durable only after [`BlockDevice::sync`].
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
+    /// Makes every completed write durable.
+    fn sync(&self) -> io::Result<()>;
+    /// Declares `len` bytes at `offset` dead (TRIM / hole punch).
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()>;
+    /// A file descriptor a caller may use for its own io_uring submissions
+    /// (O_DIRECT: 4 KiB-aligned buffers), when the device is backed by one.
+    fn raw_fd(&self) -> Option<RawFd> {
+        None
+    }
+    /// Human-readable description for error messages.
+    fn describe(&self) -> String;
+}
+
+/// Checks the alignment rules shared by every implementation.
+pub(crate) fn check_range(dev_size: u64, offset: u64, len: usize) -> io::Result<()> {
+    let bs = BLOCK_SIZE as u64;
+    if offset % bs != 0 || len as u64 % bs != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("unaligned device access: offset {offset} len {len}"),
+        ));
+    }
+    match offset.checked_add(len as u64) {
+        Some(end) if end <= dev_size => Ok(()),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("device access past the end: offset {offset} len {len} size {dev_size}"),
+        )),
+    }
+}
+
+impl<T: BlockDevice + ?Sized> BlockDevice for std::sync::Arc<T> {
+    fn size(&self) -> u64 {
+        (**self).size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        (**self).read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        (**self).write_at(offset, buf)
+    }
+    fn sync(&self) -> io::Result<()> {
+        (**self).sync()
+    }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        (**self).discard(offset, len)
+    }
+    fn raw_fd(&self) -> Option<RawFd> {
+        (**self).raw_fd()
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+}

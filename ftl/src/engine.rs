@@ -1,0 +1,695 @@
+//! The FTL engine: `Ftl` ties the map, the segment table, the stream logs and the
+//! backing device together. See the crate docs for the durability contract.
+//!
+//! Lock order (never acquired in the other direction):
+//! checkpoint lock -> stream locks (ascending) -> LBA stripe locks (ascending) -> segment
+//! table lock. Device I/O is never issued while a stripe or the segment-table lock is held.
+
+use crate::device::{BlockDevice, BLOCK_SIZE};
+use crate::error::{Error, Result};
+use crate::geometry::Geometry;
+use crate::index::IndexStore;
+use crate::log::{seal, BufferPool, OpenChunk, SealParams, SealedChunk, StreamLog, STREAMS};
+use crate::map::{L2p, MapEntry};
+use crate::records::Counters;
+use crate::segments::Segments;
+use crate::summary::{Entry, MAX_CHUNK_DATA};
+use crate::superblock::Superblock;
+use crate::tracker::{ChunkTracker, SyncGroup};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Identifies a write stream (0 .. [`STREAMS`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct StreamId(pub u8);
+
+/// Stream that TRIM records are logged in.
+pub const TRIM_STREAM: StreamId = StreamId(0);
+
+/// Number of LBA stripe locks.
+const STRIPES: usize = 4096;
+
+/// Tunables of an open FTL.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Discard (TRIM / punch hole) segments on the backing when they are freed.
+    pub discard_freed: bool,
+    /// Blocks appended since the last checkpoint after which one is due.
+    pub checkpoint_blocks: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { discard_freed: true, checkpoint_blocks: 0 }
+    }
+}
+
+/// Live counters (atomics), persisted at each checkpoint.
+#[derive(Default)]
+pub(crate) struct LiveCounters {
+    pub user_blocks_written: AtomicU64,
+    pub backing_blocks_written: AtomicU64,
+    pub padding_bytes: AtomicU64,
+    pub summary_blocks: AtomicU64,
+    pub trimmed_blocks: AtomicU64,
+    pub flushes: AtomicU64,
+    pub relocated_blocks: AtomicU64,
+    pub discarded_bytes: AtomicU64,
+}
+
+impl LiveCounters {
+    pub fn from(c: &Counters) -> Self {
+        let l = LiveCounters::default();
+        l.user_blocks_written.store(c.user_blocks_written, Ordering::Relaxed);
+        l.backing_blocks_written.store(c.backing_blocks_written, Ordering::Relaxed);
+        l.padding_bytes.store(c.padding_bytes, Ordering::Relaxed);
+        l.summary_blocks.store(c.summary_blocks, Ordering::Relaxed);
+        l.trimmed_blocks.store(c.trimmed_blocks, Ordering::Relaxed);
+        l.flushes.store(c.flushes, Ordering::Relaxed);
+        l.relocated_blocks.store(c.relocated_blocks, Ordering::Relaxed);
+        l.discarded_bytes.store(c.discarded_bytes, Ordering::Relaxed);
+        l
+    }
+    pub fn get(&self) -> Counters {
+        Counters {
+            user_blocks_written: self.user_blocks_written.load(Ordering::Relaxed),
+            backing_blocks_written: self.backing_blocks_written.load(Ordering::Relaxed),
+            padding_bytes: self.padding_bytes.load(Ordering::Relaxed),
+            summary_blocks: self.summary_blocks.load(Ordering::Relaxed),
+            trimmed_blocks: self.trimmed_blocks.load(Ordering::Relaxed),
+            flushes: self.flushes.load(Ordering::Relaxed),
+            relocated_blocks: self.relocated_blocks.load(Ordering::Relaxed),
+            discarded_bytes: self.discarded_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Outcome of the internal room check.
+enum Room {
+    Ready,
+    NeedSpace,
+}
+
+/// A log-structured FTL over a backing device `D` with its checkpoints in index `I`.
+pub struct Ftl<D: BlockDevice, I: IndexStore> {
+    pub(crate) dev: D,
+    pub(crate) index: I,
+    pub(crate) sb: Superblock,
+    pub(crate) geo: Geometry,
+    pub(crate) cfg: Config,
+    pub(crate) map: L2p,
+    pub(crate) segs: Segments,
+    pub(crate) streams: Box<[Mutex<StreamLog>]>,
+    stripes: Box<[Mutex<()>]>,
+    pub(crate) entry_seq: AtomicU64,
+    pub(crate) tracker: ChunkTracker,
+    pub(crate) sync: SyncGroup,
+    pub(crate) epoch: u64,
+    pub(crate) counters: LiveCounters,
+    pub(crate) mapped: AtomicU64,
+    pub(crate) appended_since_checkpoint: AtomicU64,
+    pub(crate) checkpoints: AtomicU64,
+    pub(crate) checkpoint_lock: Mutex<()>,
+    pool: BufferPool,
+    poison: Mutex<Option<String>>,
+}
+
+/// Where a block a caller wants to read lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockLocation {
+    /// Never written or trimmed: reads as zeros.
+    Zero,
+    /// Already copied out of the write buffer into the caller's block.
+    Copied,
+    /// On the device at this byte offset; verify with [`Ftl::verify_block`].
+    Device { offset: u64, entry: MapEntry },
+}
+
+pub(crate) struct Parts<D, I> {
+    pub dev: D,
+    pub index: I,
+    pub sb: Superblock,
+    pub cfg: Config,
+    pub map: L2p,
+    pub segs: Segments,
+    pub cursors: Vec<Option<(u32, u32)>>,
+    pub next_chunk_seq: u64,
+    pub next_entry_seq: u64,
+    pub epoch: u64,
+    pub counters: Counters,
+    pub mapped: u64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
+    pub(crate) fn from_parts(p: Parts<D, I>) -> Self {
+        let geo = p.sb.geometry;
+        let streams: Box<[Mutex<StreamLog>]> = (0..STREAMS)
+            .map(|i| Mutex::new(StreamLog { cursor: p.cursors.get(i).copied().flatten(), ..Default::default() }))
+            .collect();
+        let cfg = Config {
+            checkpoint_blocks: if p.cfg.checkpoint_blocks == 0 {
+                (geo.exported_blocks / 16).max(1024)
+            } else {
+                p.cfg.checkpoint_blocks
+            },
+            ..p.cfg
+        };
+        Ftl {
+            dev: p.dev,
+            index: p.index,
+            geo,
+            sb: p.sb,
+            cfg,
+            map: p.map,
+            segs: p.segs,
+            streams,
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            entry_seq: AtomicU64::new(p.next_entry_seq),
+            tracker: ChunkTracker::new(p.next_chunk_seq),
+            sync: SyncGroup::new(p.next_chunk_seq),
+            epoch: p.epoch,
+            counters: LiveCounters::from(&p.counters),
+            mapped: AtomicU64::new(p.mapped),
+            appended_since_checkpoint: AtomicU64::new(0),
+            checkpoints: AtomicU64::new(0),
+            checkpoint_lock: Mutex::new(()),
+            pool: BufferPool::default(),
+            poison: Mutex::new(None),
+        }
+    }
+
+    /// Device geometry.
+    pub fn geometry(&self) -> &Geometry {
+        &self.geo
+    }
+
+    /// Superblock of the backing.
+    pub fn superblock(&self) -> &Superblock {
+        &self.sb
+    }
+
+    /// Exported capacity in blocks.
+    pub fn capacity_blocks(&self) -> u64 {
+        self.geo.exported_blocks
+    }
+
+    /// The backing device.
+    pub fn device(&self) -> &D {
+        &self.dev
+    }
+
+    /// Open count of this device (epoch of the chunks this session writes).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    fn check_range(&self, lba: u64, blocks: u64) -> Result<()> {
+        let cap = self.geo.exported_blocks;
+        match lba.checked_add(blocks) {
+            Some(end) if end <= cap => Ok(()),
+            _ => Err(Error::OutOfRange { lba, end: lba.saturating_add(blocks), capacity: cap }),
+        }
+    }
+
+    fn check_len(len: usize) -> Result<u64> {
+        if len % BLOCK_SIZE != 0 {
+            return Err(Error::Unaligned(format!("{len} bytes is not a multiple of {BLOCK_SIZE}")));
+        }
+        Ok((len / BLOCK_SIZE) as u64)
+    }
+
+    pub(crate) fn check_poison(&self) -> Result<()> {
+        match &*lock(&self.poison) {
+            Some(why) => Err(Error::ReadOnly(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn set_poison(&self, why: String) {
+        let mut p = lock(&self.poison);
+        if p.is_none() {
+            *p = Some(why);
+        }
+    }
+
+    fn seal_params(&self, stream: u8, chunk_seq: u64) -> SealParams {
+        SealParams {
+            chunk_seq,
+            epoch: self.epoch,
+            format_id: self.format_id(),
+            stream,
+            blocks_per_page: self.geo.blocks_per_page(),
+            blocks_per_segment: self.geo.blocks_per_segment(),
+        }
+    }
+
+    /// First 8 bytes of the superblock uuid, stamped into every chunk summary.
+    pub fn format_id(&self) -> u64 {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&self.sb.uuid[..8]);
+        u64::from_le_bytes(b)
+    }
+
+    // ----- the log -----
+
+    /// Seals the stream's open chunk, if it holds anything.
+    pub(crate) fn seal_open(&self, stream: u8, st: &mut StreamLog) -> Result<Option<Arc<SealedChunk>>> {
+        let Some(chunk) = st.chunk.take() else { return Ok(None) };
+        if chunk.entries.is_empty() {
+            // Nothing recorded yet: keep the slot for the next append.
+            st.chunk = Some(chunk);
+            return Ok(None);
+        }
+        let seq = self.tracker.begin();
+        let offset = chunk.offset;
+        let seg = chunk.seg;
+        let (sealed, pad) = match seal(chunk, &self.seal_params(stream, seq)) {
+            Ok(x) => x,
+            Err(e) => {
+                self.tracker.complete(seq);
+                self.set_poison(format!("sealing a chunk failed: {e}"));
+                return Err(e);
+            }
+        };
+        let c = &self.counters;
+        c.padding_bytes.fetch_add(pad as u64 * BLOCK_SIZE as u64, Ordering::Relaxed);
+        c.summary_blocks.fetch_add(1, Ordering::Relaxed);
+        c.backing_blocks_written.fetch_add(sealed.total_blocks as u64, Ordering::Relaxed);
+        let next = offset + sealed.total_blocks;
+        if next + 2 > self.geo.blocks_per_segment() {
+            self.segs.close(seg);
+            st.cursor = None;
+        } else {
+            st.cursor = Some((seg, next));
+        }
+        let sealed = Arc::new(sealed);
+        st.inflight.push(sealed.clone());
+        Ok(Some(sealed))
+    }
+
+    /// Makes sure the stream has an open chunk with room for one entry (and a data block
+    /// when `data`), sealing the full one into `out`.
+    fn ensure_room(&self, stream: u8, st: &mut StreamLog, data: bool, out: &mut Vec<Arc<SealedChunk>>) -> Result<Room> {
+        loop {
+            if let Some(c) = &st.chunk {
+                let room = if data { c.has_data_room() } else { c.has_entry_room() };
+                if room && c.seq_fits(self.entry_seq.load(Ordering::SeqCst)) {
+                    return Ok(Room::Ready);
+                }
+                if let Some(s) = self.seal_open(stream, st)? {
+                    out.push(s);
+                }
+                continue;
+            }
+            let bps = self.geo.blocks_per_segment();
+            let (seg, offset) = match st.cursor {
+                Some((seg, off)) if off + 2 <= bps => (seg, off),
+                other => {
+                    if let Some((seg, _)) = other {
+                        self.segs.close(seg);
+                        st.cursor = None;
+                    }
+                    match self.segs.allocate(stream, self.entry_seq.load(Ordering::SeqCst)) {
+                        Some(seg) => (seg, 0),
+                        None => return Ok(Room::NeedSpace),
+                    }
+                }
+            };
+            st.cursor = Some((seg, offset));
+            let capacity = (MAX_CHUNK_DATA as u32).min(bps - offset - 1) as u16;
+            self.segs.unwritten[seg as usize].fetch_add(1, Ordering::SeqCst);
+            st.chunk = Some(OpenChunk {
+                seg,
+                offset,
+                start_pba: self.geo.segment_start(seg) + offset as u64,
+                capacity,
+                entries: Vec::new(),
+                data_blocks: 0,
+                buf: self.pool.get(),
+            });
+        }
+    }
+
+    /// Writes one sealed chunk and marks it complete. On failure the chunk stays in
+    /// memory (reads keep working), the device turns read-only and every later FLUSH
+    /// reports the failure.
+    pub(crate) fn write_chunk_io(&self, c: &SealedChunk) -> Result<()> {
+        let offset = c.start_pba * BLOCK_SIZE as u64;
+        let r = self.dev.write_at(offset, c.bytes());
+        self.tracker.complete(c.chunk_seq);
+        r.map_err(|e| {
+            let err = Error::io("chunk write", offset, e);
+            self.set_poison(err.to_string());
+            err
+        })
+    }
+
+    /// Drops a written chunk's buffer (reads now go to the device).
+    pub(crate) fn retire(&self, st: &mut StreamLog, c: Arc<SealedChunk>) {
+        st.inflight.retain(|x| !Arc::ptr_eq(x, &c));
+        self.segs.unwritten[c.seg as usize].fetch_sub(1, Ordering::SeqCst);
+        if let Ok(sc) = Arc::try_unwrap(c) {
+            self.pool.put(sc.buf);
+        }
+    }
+
+    /// Writes sealed chunks to the device and retires them.
+    pub(crate) fn write_chunks(&self, chunks: Vec<Arc<SealedChunk>>) -> Result<()> {
+        let mut first_err = None;
+        for c in chunks {
+            match self.write_chunk_io(&c) {
+                Ok(()) => {
+                    let mut st = lock(&self.streams[c.stream as usize]);
+                    self.retire(&mut st, c);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Appends one block under the stream lock. With `expect`, only if the map still
+    /// holds `expect` (relocation); returns whether it was appended.
+    fn append_block(&self, st: &mut StreamLog, lba: u64, data: &[u8], crc: u32, expect: Option<MapEntry>) -> Result<bool> {
+        let Some(chunk) = st.chunk.as_mut() else {
+            return Err(Error::Corrupt("append without an open chunk".into()));
+        };
+        let pba = chunk.next_data_pba();
+        let new = MapEntry::new(pba as u32, crc);
+        let _stripe = lock(&self.stripes[lba as usize % STRIPES]);
+        let old = self.map.get(lba);
+        if expect.is_some_and(|e| e != old) {
+            return Ok(false);
+        }
+        let seq = self.entry_seq.fetch_add(1, Ordering::SeqCst);
+        chunk.push_data(lba, seq, crc, data);
+        self.segs.valid[self.geo.segment_of(pba) as usize].fetch_add(1, Ordering::SeqCst);
+        self.map.swap(lba, new);
+        match old.pba() {
+            Some(o) => {
+                self.segs.valid[self.geo.segment_of(o as u64) as usize].fetch_sub(1, Ordering::SeqCst);
+            }
+            None => {
+                self.mapped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Runs `f` for each block with the stream lock held and room ensured; handles
+    /// sealing, device writes and running out of free segments.
+    fn append_loop(
+        &self,
+        stream: StreamId,
+        items: u64,
+        data: bool,
+        mut f: impl FnMut(&Self, &mut StreamLog, u64) -> Result<()>,
+    ) -> Result<()> {
+        let sid = stream.0;
+        if sid as usize >= STREAMS {
+            return Err(Error::InvalidParameters(format!("stream {sid} >= {STREAMS}")));
+        }
+        let mut i = 0;
+        let mut retried = false;
+        while i < items {
+            let mut out = Vec::new();
+            let mut need_space = false;
+            {
+                let mut st = lock(&self.streams[sid as usize]);
+                while i < items {
+                    match self.ensure_room(sid, &mut st, data, &mut out) {
+                        Ok(Room::Ready) => {}
+                        Ok(Room::NeedSpace) => {
+                            need_space = true;
+                            break;
+                        }
+                        Err(e) => {
+                            drop(st);
+                            self.write_chunks(out)?;
+                            return Err(e);
+                        }
+                    }
+                    if let Err(e) = f(self, &mut st, i) {
+                        drop(st);
+                        self.write_chunks(out)?;
+                        return Err(e);
+                    }
+                    retried = false;
+                    i += 1;
+                }
+            }
+            self.write_chunks(out)?;
+            if need_space {
+                // Dead segments come back only through a durable checkpoint.
+                if retried || self.segs.dead_closed().is_empty() {
+                    return Err(Error::NoSpace);
+                }
+                self.checkpoint()?;
+                retried = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes whole blocks at `lba`. With `fua`, returns only once they are durable.
+    pub fn write(&self, lba: u64, data: &[u8], fua: bool, stream: StreamId) -> Result<()> {
+        let n = Self::check_len(data.len())?;
+        self.check_range(lba, n)?;
+        self.check_poison()?;
+        self.append_loop(stream, n, true, |ftl, st, i| {
+            let block = &data[i as usize * BLOCK_SIZE..(i as usize + 1) * BLOCK_SIZE];
+            let crc = crc32c::crc32c(block);
+            ftl.append_block(st, lba + i, block, crc, None).map(|_| ())
+        })?;
+        let c = &self.counters;
+        c.user_blocks_written.fetch_add(n, Ordering::Relaxed);
+        self.appended_since_checkpoint.fetch_add(n, Ordering::Relaxed);
+        if fua {
+            self.flush_stream(stream)?;
+        }
+        Ok(())
+    }
+
+    /// Moves a block for the cleaner: appends `data` for `lba` in `stream` only if the map
+    /// still holds `expected` (compare-and-swap). Returns whether it moved.
+    pub fn relocate(&self, lba: u64, expected: MapEntry, data: &[u8], stream: StreamId) -> Result<bool> {
+        if data.len() != BLOCK_SIZE {
+            return Err(Error::Unaligned(format!("relocate takes one block, got {} bytes", data.len())));
+        }
+        self.check_range(lba, 1)?;
+        self.check_poison()?;
+        let crc = crc32c::crc32c(data);
+        if crc != expected.crc() {
+            return Err(Error::DataChecksum { lba, pba: expected.pba().unwrap_or(u32::MAX) as u64 });
+        }
+        let mut moved = false;
+        self.append_loop(stream, 1, true, |ftl, st, _| {
+            moved = ftl.append_block(st, lba, data, crc, Some(expected))?;
+            Ok(())
+        })?;
+        if moved {
+            self.counters.relocated_blocks.fetch_add(1, Ordering::Relaxed);
+            self.appended_since_checkpoint.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(moved)
+    }
+
+    /// Unmaps `blocks` blocks from `lba` (TRIM, DISCARD, WRITE_ZEROES): they read as zeros.
+    pub fn trim(&self, lba: u64, blocks: u64) -> Result<()> {
+        self.check_range(lba, blocks)?;
+        self.check_poison()?;
+        let pieces = blocks.div_ceil(STRIPES as u64);
+        self.append_loop(TRIM_STREAM, pieces, false, |ftl, st, i| {
+            let start = lba + i * STRIPES as u64;
+            let count = (blocks - i * STRIPES as u64).min(STRIPES as u64);
+            ftl.trim_piece(st, start, count as u32)
+        })?;
+        self.counters.trimmed_blocks.fetch_add(blocks, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Unmaps at most [`STRIPES`] blocks under their stripe locks and logs one record.
+    fn trim_piece(&self, st: &mut StreamLog, lba: u64, count: u32) -> Result<()> {
+        let Some(chunk) = st.chunk.as_mut() else {
+            return Err(Error::Corrupt("trim without an open chunk".into()));
+        };
+        let mut idx: Vec<usize> = (lba..lba + count as u64).map(|l| l as usize % STRIPES).collect();
+        idx.sort_unstable();
+        let _guards: Vec<_> = idx.iter().map(|&i| lock(&self.stripes[i])).collect();
+        let seq = self.entry_seq.fetch_add(1, Ordering::SeqCst);
+        for l in lba..lba + count as u64 {
+            let old = self.map.get(l);
+            if let Some(o) = old.pba() {
+                self.map.swap(l, MapEntry::UNMAPPED);
+                self.segs.valid[self.geo.segment_of(o as u64) as usize].fetch_sub(1, Ordering::SeqCst);
+                self.mapped.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        chunk.entries.push(Entry::Trim { lba, seq, count });
+        Ok(())
+    }
+
+    // ----- durability -----
+
+    /// FLUSH: every write completed before this call is durable when it returns.
+    pub fn flush(&self) -> Result<()> {
+        self.check_poison()?;
+        let mut out = Vec::new();
+        for (sid, s) in self.streams.iter().enumerate() {
+            let mut st = lock(s);
+            if let Some(c) = self.seal_open(sid as u8, &mut st)? {
+                out.push(c);
+            }
+        }
+        self.write_chunks(out)?;
+        self.counters.flushes.fetch_add(1, Ordering::Relaxed);
+        self.flush_upto(self.tracker.next_seq())
+    }
+
+    /// FUA for a stream: seals its chunk and makes it, and every chunk before it, durable.
+    fn flush_stream(&self, stream: StreamId) -> Result<()> {
+        let sealed = {
+            let mut st = lock(&self.streams[stream.0 as usize]);
+            self.seal_open(stream.0, &mut st)?
+        };
+        let target = match &sealed {
+            Some(c) => c.chunk_seq + 1,
+            // Already sealed by someone else: everything sealed so far covers it.
+            None => self.tracker.next_seq(),
+        };
+        if let Some(c) = sealed {
+            self.write_chunks(vec![c])?;
+        }
+        self.flush_upto(target)
+    }
+
+    /// Makes every chunk below `target` durable. Crash-ordering rule:
+    /// 1. every chunk below `target` has completed its write BEFORE the device sync that
+    ///    declares them durable, because recovery stops at the first missing chunk.
+    pub(crate) fn flush_upto(&self, target: u64) -> Result<()> {
+        self.tracker.wait_below(target);
+        self.check_poison()?;
+        self.sync
+            .sync_to(target, || self.tracker.frontier(), || self.dev.sync())
+            .map_err(|e| {
+                let err = Error::io("sync", 0, e);
+                self.set_poison(err.to_string());
+                err
+            })?;
+        Ok(())
+    }
+
+    // ----- reads -----
+
+    /// Finds where `lba` lives; copies it into `out` when it is still buffered.
+    pub fn locate(&self, lba: u64, out: &mut [u8]) -> Result<BlockLocation> {
+        self.check_range(lba, 1)?;
+        let e = self.map.get(lba);
+        let Some(pba) = e.pba() else { return Ok(BlockLocation::Zero) };
+        let pba = pba as u64;
+        let seg = self.geo.segment_of(pba) as usize;
+        if self.segs.unwritten[seg].load(Ordering::SeqCst) > 0 {
+            let owner = self.segs.owner[seg].load(Ordering::SeqCst) as usize;
+            let st = lock(&self.streams[owner]);
+            if let Some(b) = st.buffered(pba) {
+                out[..BLOCK_SIZE].copy_from_slice(b);
+                return Ok(BlockLocation::Copied);
+            }
+        }
+        Ok(BlockLocation::Device { offset: pba * BLOCK_SIZE as u64, entry: e })
+    }
+
+    /// Verifies a block read from the device against its map entry. A mismatch is an
+    /// error unless the map moved on meanwhile (then the caller locates again).
+    pub fn verify_block(&self, lba: u64, entry: MapEntry, data: &[u8]) -> Result<bool> {
+        if crc32c::crc32c(&data[..BLOCK_SIZE]) == entry.crc() {
+            return Ok(true);
+        }
+        if self.map.get(lba) != entry {
+            return Ok(false);
+        }
+        Err(Error::DataChecksum { lba, pba: entry.pba().unwrap_or(u32::MAX) as u64 })
+    }
+
+    /// Reads whole blocks at `lba` into `buf`. Never-written and trimmed blocks read zeros.
+    pub fn read(&self, lba: u64, buf: &mut [u8]) -> Result<()> {
+        let n = Self::check_len(buf.len())?;
+        self.check_range(lba, n)?;
+        let mut i = 0u64;
+        while i < n {
+            let blk = &mut buf[i as usize * BLOCK_SIZE..(i as usize + 1) * BLOCK_SIZE];
+            match self.locate(lba + i, blk)? {
+                BlockLocation::Zero => {
+                    blk.fill(0);
+                    i += 1;
+                }
+                BlockLocation::Copied => i += 1,
+                BlockLocation::Device { offset, entry } => {
+                    // Extend the run while the following blocks are physically contiguous.
+                    let mut run = vec![entry];
+                    while i + (run.len() as u64) < n {
+                        let next = self.map.get(lba + i + run.len() as u64);
+                        let contiguous = next.pba().is_some_and(|p| {
+                            p as u64 * BLOCK_SIZE as u64 == offset + run.len() as u64 * BLOCK_SIZE as u64
+                                && self.segs.unwritten[self.geo.segment_of(p as u64) as usize].load(Ordering::SeqCst) == 0
+                        });
+                        if !contiguous {
+                            break;
+                        }
+                        run.push(next);
+                    }
+                    let bytes = &mut buf[i as usize * BLOCK_SIZE..(i as usize + run.len()) * BLOCK_SIZE];
+                    self.dev.read_at(offset, bytes).map_err(|e| Error::io("read", offset, e))?;
+                    for (k, e) in run.iter().enumerate() {
+                        let blk = &mut buf[(i as usize + k) * BLOCK_SIZE..(i as usize + k + 1) * BLOCK_SIZE];
+                        if !self.verify_block(lba + i + k as u64, *e, blk)? {
+                            self.read_one_retrying(lba + i + k as u64, blk)?;
+                        }
+                    }
+                    i += run.len() as u64;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads one block, locating again while the map keeps moving under it.
+    fn read_one_retrying(&self, lba: u64, blk: &mut [u8]) -> Result<()> {
+        for _ in 0..16 {
+            match self.locate(lba, blk)? {
+                BlockLocation::Zero => {
+                    blk.fill(0);
+                    return Ok(());
+                }
+                BlockLocation::Copied => return Ok(()),
+                BlockLocation::Device { offset, entry } => {
+                    self.dev.read_at(offset, blk).map_err(|e| Error::io("read", offset, e))?;
+                    if self.verify_block(lba, entry, blk)? {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        Err(Error::DataChecksum { lba, pba: u64::MAX })
+    }
+
+    /// Current map entry of `lba` (for the cleaner and checks).
+    pub fn map_entry(&self, lba: u64) -> Result<MapEntry> {
+        self.check_range(lba, 1)?;
+        Ok(self.map.get(lba))
+    }
+
+    /// Flushes and checkpoints; call before dropping for a clean shutdown. Dropping
+    /// without it is a crash, from which `open` recovers.
+    pub fn close(&self) -> Result<()> {
+        self.flush()?;
+        self.checkpoint()?;
+        Ok(())
+    }
+}

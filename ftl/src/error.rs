@@ -1,0 +1,114 @@
+//! The one error type of the ftl crate. Every variant maps to an errno for the ublk edge.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Result alias for the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything the FTL can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// I/O error from the backing device.
+    #[error("backing device I/O error during {op} at byte {offset}: {source}")]
+    Io {
+        op: &'static str,
+        offset: u64,
+        #[source]
+        source: io::Error,
+    },
+    /// Error opening or locking the backing device.
+    #[error("cannot open backing {path}: {source}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// Another process holds the backing.
+    #[error("backing {0} is already in use by another ftlblk server (exclusive lock held)")]
+    Busy(String),
+    /// Request outside the exported capacity.
+    #[error("request out of range: blocks {lba}..{end} but the device has {capacity} blocks")]
+    OutOfRange { lba: u64, end: u64, capacity: u64 },
+    /// Request not a whole number of blocks.
+    #[error("request not block aligned: {0}")]
+    Unaligned(String),
+    /// Format or open parameters make no sense.
+    #[error("invalid parameters: {0}")]
+    InvalidParameters(String),
+    /// The backing is smaller than the minimum the geometry needs.
+    #[error("backing too small: {0}")]
+    TooSmall(String),
+    /// The backing already holds an ftlblk format and `force` was not given.
+    #[error("backing {0} is already formatted as ftlblk (use --force to overwrite it and lose its data)")]
+    AlreadyFormatted(String),
+    /// No valid superblock.
+    #[error("no valid ftlblk superblock on {0}: {1}")]
+    NotFormatted(String, String),
+    /// Superblock from a newer or unknown version.
+    #[error("superblock version {found} is not supported (this build knows version {supported})")]
+    UnsupportedVersion { found: u32, supported: u32 },
+    /// Backing smaller now than when it was formatted.
+    #[error("backing shrunk: formatted with {formatted} bytes, now {now} bytes")]
+    Shrunk { formatted: u64, now: u64 },
+    /// A checksum or structural check failed on persisted metadata.
+    #[error("corrupt metadata: {0}")]
+    Corrupt(String),
+    /// Data read back does not match its recorded checksum.
+    #[error("checksum mismatch reading block {lba} (physical block {pba})")]
+    DataChecksum { lba: u64, pba: u64 },
+    /// The index store (sled) failed.
+    #[error("index error: {0}")]
+    Index(String),
+    /// The index does not belong to this backing.
+    #[error("index {path} does not match the backing: {why}")]
+    IndexMismatch { path: String, why: String },
+    /// No free segment to write into.
+    #[error("device full: no free segment left to write into")]
+    NoSpace,
+    /// The FTL was poisoned by an earlier fatal error and refuses further writes.
+    #[error("device is read-only after an earlier fatal error: {0}")]
+    ReadOnly(String),
+}
+
+impl Error {
+    /// Wraps a device error with the operation and byte offset.
+    pub fn io(op: &'static str, offset: u64, source: io::Error) -> Self {
+        Error::Io { op, offset, source }
+    }
+
+    /// The negative-errno value a block request completing with this error reports.
+    pub fn errno(&self) -> i32 {
+        let e = match self {
+            Error::Io { .. } | Error::DataChecksum { .. } | Error::Corrupt(_) | Error::Index(_) => {
+                libc::EIO
+            }
+            Error::Open { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::Busy(_) => libc::EBUSY,
+            Error::OutOfRange { .. } | Error::Unaligned(_) | Error::InvalidParameters(_) => {
+                libc::EINVAL
+            }
+            Error::TooSmall(_) => libc::ENOSPC,
+            Error::NoSpace => libc::ENOSPC,
+            Error::AlreadyFormatted(_) => libc::EEXIST,
+            Error::NotFormatted(..) | Error::IndexMismatch { .. } => libc::EINVAL,
+            Error::UnsupportedVersion { .. } => libc::EPROTONOSUPPORT,
+            Error::Shrunk { .. } => libc::EINVAL,
+            Error::ReadOnly(_) => libc::EROFS,
+        };
+        -e
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_mapping() {
+        assert_eq!(Error::OutOfRange { lba: 1, end: 2, capacity: 1 }.errno(), -libc::EINVAL);
+        assert_eq!(Error::io("read", 0, io::Error::other("x")).errno(), -libc::EIO);
+        assert_eq!(Error::NoSpace.errno(), -libc::ENOSPC);
+        assert_eq!(Error::DataChecksum { lba: 0, pba: 0 }.errno(), -libc::EIO);
+    }
+}

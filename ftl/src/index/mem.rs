@@ -1,0 +1,64 @@
+//! In-memory index store: every commit is atomic and immediately "durable" (it survives a
+//! simulated crash of the device, as a real sled commit survives a power cut).
+
+use super::{IndexStore, Op};
+use crate::error::{Error, Result};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+/// In-memory [`IndexStore`].
+#[derive(Default)]
+pub struct MemIndex {
+    map: Mutex<BTreeMap<Vec<u8>, Vec<u8>>>,
+    /// When set, commits fail (to test error paths) and change nothing.
+    pub fail_commits: AtomicBool,
+}
+
+impl MemIndex {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Overwrites one value (for corruption tests).
+    pub fn poke(&self, key: Vec<u8>, value: Vec<u8>) {
+        if let Ok(mut m) = self.map.lock() {
+            m.insert(key, value);
+        }
+    }
+}
+
+fn poisoned() -> Error {
+    Error::Index("in-memory index lock poisoned".into())
+}
+
+impl IndexStore for MemIndex {
+    fn load(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let m = self.map.lock().map_err(|_| poisoned())?;
+        Ok(m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+    }
+    fn commit(&self, ops: Vec<Op>) -> Result<()> {
+        if self.fail_commits.load(Ordering::SeqCst) {
+            return Err(Error::Index("injected index commit failure".into()));
+        }
+        let mut m = self.map.lock().map_err(|_| poisoned())?;
+        for op in ops {
+            match op {
+                Op::Put(k, v) => {
+                    m.insert(k, v);
+                }
+                Op::Remove(k) => {
+                    m.remove(&k);
+                }
+            }
+        }
+        Ok(())
+    }
+    fn clear(&self) -> Result<()> {
+        self.map.lock().map_err(|_| poisoned())?.clear();
+        Ok(())
+    }
+    fn size_on_disk(&self) -> u64 {
+        self.map.lock().map(|m| m.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum()).unwrap_or(0)
+    }
+}

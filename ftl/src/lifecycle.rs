@@ -1,0 +1,187 @@
+//! Format and open.
+//!
+//! Crash-ordering rules of `format`:
+//! 1. the index is reset to an empty checkpoint (new uuid, epoch 0) BEFORE the log area
+//!    is discarded and the superblocks are written: a format cut short leaves either the
+//!    old superblock (whose uuid the index no longer matches: a clear error) or none;
+//! 2. superblock copy B is written and synced BEFORE copy A, so at every instant at least
+//!    one copy is whole.
+//!
+//! Rules of `open`:
+//! 1. the superblock is validated (a damaged copy is repaired from the good one);
+//! 2. recovery rebuilds the state from the checkpoint and the log;
+//! 3. a checkpoint with the new epoch is durable BEFORE any chunk of the session is
+//!    written (see `recovery.rs` for why).
+
+use crate::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
+use crate::engine::{Config, Ftl};
+use crate::error::{Error, Result};
+use crate::geometry::{FormatOptions, Geometry, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES};
+use crate::index::{IndexStore, Key, Op};
+use crate::log::STREAMS;
+use crate::records::{CheckpointRecord, Counters};
+use crate::recovery::{recover, RecoveryReport};
+use crate::segments::Segments;
+use crate::superblock::{SbDecode, Superblock, SB_VERSION};
+
+/// What `open` found and did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct OpenReport {
+    pub recovery: RecoveryReport,
+    /// Problems repaired on the way (e.g. a damaged superblock copy).
+    pub warnings: Vec<String>,
+}
+
+fn read_block<D: BlockDevice>(dev: &D, offset: u64) -> Result<AlignedBuf> {
+    let mut b = AlignedBuf::new(BLOCK_SIZE);
+    dev.read_at(offset, &mut b).map_err(|e| Error::io("superblock read", offset, e))?;
+    Ok(b)
+}
+
+/// Reads and validates the superblock; repairs one damaged copy from the other.
+pub fn read_superblock<D: BlockDevice>(dev: &D) -> Result<(Superblock, Vec<String>)> {
+    let name = dev.describe();
+    if dev.size() < 2 * BLOCK_SIZE as u64 {
+        return Err(Error::NotFormatted(name, "device smaller than two blocks".into()));
+    }
+    let a = Superblock::decode(&read_block(dev, 0)?);
+    // Copy B sits at the end of segment 0; without a good copy A, probe every legal size.
+    let b = match &a {
+        Ok(sb) => {
+            let off = Geometry::superblock_offset(1, sb.geometry.segment_bytes);
+            (off < dev.size()).then(|| read_block(dev, off).map(|b| (off, Superblock::decode(&b)))).transpose()?
+        }
+        Err(_) => {
+            let mut found = None;
+            let mut seg = MIN_SEGMENT_BYTES;
+            while seg <= MAX_SEGMENT_BYTES && seg <= dev.size() {
+                let off = Geometry::superblock_offset(1, seg);
+                let d = Superblock::decode(&read_block(dev, off)?);
+                if matches!(&d, Ok(sb) if sb.geometry.segment_bytes == seg) {
+                    found = Some((off, d));
+                    break;
+                }
+                seg *= 2;
+            }
+            found
+        }
+    };
+    let mut warnings = Vec::new();
+    let sb = match (a, b) {
+        (Ok(sa), Some((_, Ok(sb)))) if sa == sb => sa,
+        (Ok(sa), other) => {
+            let off = Geometry::superblock_offset(1, sa.geometry.segment_bytes);
+            warnings.push(format!("superblock copy B was damaged ({}); rewritten from copy A", describe(&other)));
+            write_sb(dev, &sa, off)?;
+            sa
+        }
+        (Err(ea), Some((_, Ok(sb)))) => {
+            warnings.push(format!("superblock copy A was damaged ({}); rewritten from copy B", describe_err(&ea)));
+            write_sb(dev, &sb, 0)?;
+            sb
+        }
+        (Err(SbDecode::Version(v)), _) => {
+            return Err(Error::UnsupportedVersion { found: v, supported: SB_VERSION })
+        }
+        (Err(SbDecode::NoMagic), _) => {
+            return Err(Error::NotFormatted(name, "no superblock (not formatted as ftlblk)".into()))
+        }
+        (Err(SbDecode::Corrupt(why)), _) => {
+            return Err(Error::Corrupt(format!("{name}: both superblock copies are damaged: {why}")))
+        }
+    };
+    if dev.size() < sb.geometry.backing_bytes {
+        return Err(Error::Shrunk { formatted: sb.geometry.backing_bytes, now: dev.size() });
+    }
+    Ok((sb, warnings))
+}
+
+fn describe(b: &Option<(u64, std::result::Result<Superblock, SbDecode>)>) -> String {
+    match b {
+        None => "missing".into(),
+        Some((_, Ok(_))) => "differs from copy A".into(),
+        Some((_, Err(e))) => describe_err(e),
+    }
+}
+
+fn describe_err(e: &SbDecode) -> String {
+    match e {
+        SbDecode::NoMagic => "no magic".into(),
+        SbDecode::Corrupt(w) => w.clone(),
+        SbDecode::Version(v) => format!("version {v}"),
+    }
+}
+
+fn write_sb<D: BlockDevice>(dev: &D, sb: &Superblock, offset: u64) -> Result<()> {
+    let mut b = AlignedBuf::new(BLOCK_SIZE);
+    b.copy_from_slice(&sb.encode());
+    dev.write_at(offset, &b).map_err(|e| Error::io("superblock write", offset, e))?;
+    dev.sync().map_err(|e| Error::io("superblock sync", offset, e))
+}
+
+/// The checkpoint of a freshly formatted device.
+fn initial_ops(sb: &Superblock) -> Vec<Op> {
+    let geo = &sb.geometry;
+    let mut ops: Vec<Op> = Segments::fresh_records(geo.segment_count)
+        .iter()
+        .map(|r| Op::Put(Key::segment(r.segment), r.encode()))
+        .collect();
+    let ck = CheckpointRecord {
+        uuid: sb.uuid,
+        epoch: 0,
+        next_chunk_seq: 1,
+        next_entry_seq: 1,
+        exported_blocks: geo.exported_blocks,
+        segment_count: geo.segment_count,
+        counters: Counters::default(),
+        cursors: vec![None; STREAMS],
+    };
+    ops.push(Op::Put(Key::checkpoint(), ck.encode()));
+    ops
+}
+
+fn new_uuid() -> [u8; 16] {
+    let mut u: [u8; 16] = rand::random();
+    u[6] = (u[6] & 0x0f) | 0x40;
+    u[8] = (u[8] & 0x3f) | 0x80;
+    u
+}
+
+/// Formats `dev` (and resets `index`). Refuses an ftlblk-formatted backing unless `force`.
+pub fn format<D: BlockDevice, I: IndexStore>(dev: &D, index: &I, opts: &FormatOptions, force: bool) -> Result<Superblock> {
+    let geometry = Geometry::resolve(dev.size(), opts)?;
+    if !force {
+        match read_superblock(dev) {
+            Err(Error::NotFormatted(..)) => {}
+            _ => return Err(Error::AlreadyFormatted(dev.describe())),
+        }
+    }
+    let created_secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let sb = Superblock { uuid: new_uuid(), geometry, created_secs };
+    // Rule 1.
+    index.clear()?;
+    index.commit(initial_ops(&sb))?;
+    let log_start = geometry.segment_bytes;
+    // Advisory: on a fresh sparse file this frees nothing; stale logs are also rejected
+    // by their format id.
+    let _ = dev.discard(log_start, geometry.backing_bytes - log_start);
+    // Rule 2.
+    write_sb(dev, &sb, Geometry::superblock_offset(1, geometry.segment_bytes))?;
+    write_sb(dev, &sb, 0)?;
+    Ok(sb)
+}
+
+impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
+    /// Opens a formatted backing: validates, recovers, and starts a new epoch.
+    pub fn open(dev: D, index: I, cfg: Config) -> Result<(Self, OpenReport)> {
+        let (sb, warnings) = read_superblock(&dev)?;
+        let (parts, recovery) = recover(dev, index, sb, cfg, "index")?;
+        let ftl = Ftl::from_parts(parts);
+        ftl.map.mark_all_dirty();
+        ftl.checkpoint()?;
+        Ok((ftl, OpenReport { recovery, warnings }))
+    }
+}

@@ -1,0 +1,223 @@
+//! Streams and chunks: how appends become sequential writes.
+//!
+//! Each stream owns at most one open segment and, inside it, one open chunk: an
+//! in-memory buffer of one summary block plus data blocks. Appends copy into the open
+//! chunk; when it is full, or a FLUSH/FUA needs it on disk, it is *sealed*: it gets the
+//! next chain sequence number, its summary is encoded, it is padded with zeros to the
+//! flash-page boundary (block patching) and it moves to the stream's in-flight list until
+//! its write completes. Reads of a block still in memory are served from these buffers.
+
+use crate::device::{AlignedBuf, BLOCK_SIZE};
+use crate::summary::{ChunkSummary, Entry, MAX_CHUNK_DATA, MAX_ENTRIES};
+use std::sync::{Arc, Mutex};
+
+/// Number of stream slots (user streams plus cleaner streams).
+pub const STREAMS: usize = 8;
+
+/// A chunk being filled.
+pub struct OpenChunk {
+    pub seg: u32,
+    /// Block offset of the summary block in the segment.
+    pub offset: u32,
+    /// First physical block of the chunk (its summary).
+    pub start_pba: u64,
+    /// Data blocks this chunk may hold.
+    pub capacity: u16,
+    pub entries: Vec<Entry>,
+    pub data_blocks: u16,
+    /// Summary block + `capacity` data blocks (+ room for padding).
+    pub buf: AlignedBuf,
+}
+
+impl OpenChunk {
+    /// True when another data block (and its entry) fits.
+    pub fn has_data_room(&self) -> bool {
+        self.data_blocks < self.capacity && self.entries.len() < MAX_ENTRIES
+    }
+    /// True when another entry fits.
+    pub fn has_entry_room(&self) -> bool {
+        self.entries.len() < MAX_ENTRIES
+    }
+    /// True when `seq` can still be encoded as a 32-bit delta from the first entry.
+    pub fn seq_fits(&self, seq: u64) -> bool {
+        self.entries.first().map_or(true, |e| seq.saturating_sub(e.seq()) < (u32::MAX as u64) / 2)
+    }
+    /// Physical block the next data block lands on.
+    pub fn next_data_pba(&self) -> u64 {
+        self.start_pba + 1 + self.data_blocks as u64
+    }
+    /// Copies a data block in and records its entry.
+    pub fn push_data(&mut self, lba: u64, seq: u64, crc: u32, data: &[u8]) {
+        let at = (1 + self.data_blocks as usize) * BLOCK_SIZE;
+        self.buf[at..at + BLOCK_SIZE].copy_from_slice(data);
+        self.data_blocks += 1;
+        self.entries.push(Entry::Data { lba, seq, crc });
+    }
+    /// The buffered contents of physical block `pba`, if it is one of this chunk's data blocks.
+    pub fn data_block(&self, pba: u64) -> Option<&[u8]> {
+        buffered_block(&self.buf, self.start_pba, self.data_blocks, pba)
+    }
+}
+
+fn buffered_block(buf: &[u8], start_pba: u64, data_blocks: u16, pba: u64) -> Option<&[u8]> {
+    if pba > start_pba && pba <= start_pba + data_blocks as u64 {
+        let at = (pba - start_pba) as usize * BLOCK_SIZE;
+        Some(&buf[at..at + BLOCK_SIZE])
+    } else {
+        None
+    }
+}
+
+/// A sealed chunk waiting for (or in) its device write.
+pub struct SealedChunk {
+    pub chunk_seq: u64,
+    pub stream: u8,
+    pub seg: u32,
+    pub start_pba: u64,
+    pub data_blocks: u16,
+    pub total_blocks: u32,
+    pub buf: AlignedBuf,
+}
+
+impl SealedChunk {
+    /// The bytes to write.
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[..self.total_blocks as usize * BLOCK_SIZE]
+    }
+    /// Buffered contents of `pba`, if it is one of this chunk's data blocks.
+    pub fn data_block(&self, pba: u64) -> Option<&[u8]> {
+        buffered_block(&self.buf, self.start_pba, self.data_blocks, pba)
+    }
+}
+
+/// Everything a seal needs to know besides the chunk.
+pub struct SealParams {
+    pub chunk_seq: u64,
+    pub epoch: u64,
+    pub format_id: u64,
+    pub stream: u8,
+    pub blocks_per_page: u32,
+    pub blocks_per_segment: u32,
+}
+
+/// Turns an open chunk into a sealed one: encodes the summary, zero-pads to the flash page.
+/// Returns the chunk and its padding in blocks.
+pub fn seal(mut c: OpenChunk, p: &SealParams) -> crate::error::Result<(SealedChunk, u32)> {
+    let used = 1 + c.data_blocks as u32;
+    let room = p.blocks_per_segment - c.offset;
+    let total = used.div_ceil(p.blocks_per_page) * p.blocks_per_page;
+    let total = total.min(room);
+    let pad = total - used;
+    let summary = ChunkSummary {
+        stream: p.stream,
+        chunk_seq: p.chunk_seq,
+        epoch: p.epoch,
+        format_id: p.format_id,
+        segment: c.seg,
+        offset: c.offset,
+        data_blocks: c.data_blocks,
+        pad_blocks: pad as u16,
+        entries: std::mem::take(&mut c.entries),
+    };
+    summary.encode_into(&mut c.buf[..BLOCK_SIZE])?;
+    c.buf[used as usize * BLOCK_SIZE..total as usize * BLOCK_SIZE].fill(0);
+    Ok((
+        SealedChunk {
+            chunk_seq: p.chunk_seq,
+            stream: p.stream,
+            seg: c.seg,
+            start_pba: c.start_pba,
+            data_blocks: c.data_blocks,
+            total_blocks: total,
+            buf: c.buf,
+        },
+        pad,
+    ))
+}
+
+/// A stream's log state, guarded by the stream's mutex.
+#[derive(Default)]
+pub struct StreamLog {
+    /// Open segment and the block offset where its next chunk starts.
+    pub cursor: Option<(u32, u32)>,
+    pub chunk: Option<OpenChunk>,
+    pub inflight: Vec<Arc<SealedChunk>>,
+}
+
+impl StreamLog {
+    /// Buffered contents of `pba`, from the open chunk or an in-flight one.
+    pub fn buffered(&self, pba: u64) -> Option<&[u8]> {
+        if let Some(b) = self.chunk.as_ref().and_then(|c| c.data_block(pba)) {
+            return Some(b);
+        }
+        self.inflight.iter().find_map(|c| c.data_block(pba))
+    }
+}
+
+/// Recycles chunk buffers so a flush per write does not allocate a megabyte each time.
+#[derive(Default)]
+pub struct BufferPool {
+    free: Mutex<Vec<AlignedBuf>>,
+}
+
+/// Bytes of a chunk buffer: summary + the largest data payload.
+pub const CHUNK_BUF_BYTES: usize = (1 + MAX_CHUNK_DATA) * BLOCK_SIZE;
+
+impl BufferPool {
+    /// A chunk-sized buffer (contents unspecified).
+    pub fn get(&self) -> AlignedBuf {
+        let reused = self.free.lock().ok().and_then(|mut f| f.pop());
+        reused.unwrap_or_else(|| AlignedBuf::new(CHUNK_BUF_BYTES))
+    }
+    /// Returns a buffer (keeps at most 16).
+    pub fn put(&self, b: AlignedBuf) {
+        if let Ok(mut f) = self.free.lock() {
+            if f.len() < 16 && b.len() == CHUNK_BUF_BYTES {
+                f.push(b);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(capacity: u16, offset: u32) -> OpenChunk {
+        OpenChunk {
+            seg: 1,
+            offset,
+            start_pba: 64 + offset as u64,
+            capacity,
+            entries: vec![],
+            data_blocks: 0,
+            buf: AlignedBuf::new(CHUNK_BUF_BYTES),
+        }
+    }
+
+    fn params() -> SealParams {
+        SealParams { chunk_seq: 9, epoch: 1, format_id: 5, stream: 0, blocks_per_page: 4, blocks_per_segment: 64 }
+    }
+
+    #[test]
+    fn seal_pads_to_flash_page_and_serves_reads() {
+        let mut c = open(10, 0);
+        c.push_data(3, 1, 0x11, &[7u8; BLOCK_SIZE]);
+        assert_eq!(c.data_block(65).unwrap()[0], 7);
+        assert!(c.data_block(64).is_none() && c.data_block(66).is_none());
+        let (s, pad) = seal(c, &params()).unwrap();
+        assert_eq!((s.total_blocks, pad), (4, 2));
+        assert!(s.bytes()[2 * BLOCK_SIZE..].iter().all(|&b| b == 0));
+        let sum = ChunkSummary::decode(&s.bytes()[..BLOCK_SIZE]).unwrap().unwrap();
+        assert_eq!(sum.entries, vec![Entry::Data { lba: 3, seq: 1, crc: 0x11 }]);
+        assert_eq!(sum.pad_blocks, 2);
+    }
+
+    #[test]
+    fn padding_never_crosses_segment_end() {
+        let mut c = open(1, 62);
+        c.push_data(0, 1, 0, &[1u8; BLOCK_SIZE]);
+        let (s, pad) = seal(c, &params()).unwrap();
+        assert_eq!((s.total_blocks, pad), (2, 0));
+    }
+}

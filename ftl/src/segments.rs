@@ -1,0 +1,232 @@
+//! The segment table: state, owner stream, live-block counts, free list.
+//!
+//! Invariants:
+//! - a segment is in the free list iff its state is `Free`;
+//! - `valid[s]` equals the number of map entries pointing into segment `s` whenever no
+//!   append is in progress (appends update map and counts under the same stripe lock);
+//! - `unwritten[s] > 0` while some chunk of `s` is only in memory; readers then look in
+//!   the owning stream's buffers (`owner[s]`) before the device;
+//! - a `Closed` segment with `valid == 0` becomes `Free` only after a checkpoint that
+//!   records it dead is durable (see `checkpoint.rs`).
+
+use crate::records::{SegState, SegmentRecord};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+/// Per-segment metadata kept under the table lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegInfo {
+    pub state: SegState,
+    pub stream: u8,
+    pub erase_count: u32,
+    pub opened_seq: u64,
+}
+
+/// Mutable part of the table.
+pub struct SegTableInner {
+    pub info: Vec<SegInfo>,
+    pub free: VecDeque<u32>,
+}
+
+/// The segment table.
+pub struct Segments {
+    inner: Mutex<SegTableInner>,
+    pub valid: Box<[AtomicU32]>,
+    pub unwritten: Box<[AtomicU32]>,
+    pub owner: Box<[AtomicU8]>,
+}
+
+/// A plain copy of one segment's statistics, for policies and stats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct SegmentSnapshot {
+    pub segment: u32,
+    pub state: &'static str,
+    pub stream: u8,
+    pub valid: u32,
+    pub erase_count: u32,
+    pub opened_seq: u64,
+}
+
+impl Segments {
+    /// Builds the table from records (index 0 is the metadata segment, never used).
+    pub fn from_records(records: &[SegmentRecord]) -> Self {
+        let info: Vec<SegInfo> = records
+            .iter()
+            .map(|r| SegInfo { state: r.state, stream: r.stream, erase_count: r.erase_count, opened_seq: r.opened_seq })
+            .collect();
+        let free = info
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| *i != 0 && s.state == SegState::Free)
+            .map(|(i, _)| i as u32)
+            .collect();
+        let n = info.len();
+        Segments {
+            inner: Mutex::new(SegTableInner { info, free }),
+            valid: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            unwritten: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            owner: (0..n).map(|_| AtomicU8::new(0)).collect(),
+        }
+    }
+
+    /// Records of a freshly formatted device: segment 0 closed (metadata), the rest free.
+    pub fn fresh_records(count: u32) -> Vec<SegmentRecord> {
+        (0..count)
+            .map(|s| SegmentRecord {
+                segment: s,
+                state: if s == 0 { SegState::Closed } else { SegState::Free },
+                stream: 0,
+                erase_count: 0,
+                opened_seq: 0,
+                valid: 0,
+            })
+            .collect()
+    }
+
+    /// Locks the mutable part. Poisoning is recovered (the data stays consistent: every
+    /// critical section leaves the table valid before anything that can panic).
+    pub fn lock(&self) -> MutexGuard<'_, SegTableInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Number of segments.
+    pub fn count(&self) -> u32 {
+        self.valid.len() as u32
+    }
+
+    /// Takes a free segment for `stream`, opened at entry sequence `seq`.
+    pub fn allocate(&self, stream: u8, seq: u64) -> Option<u32> {
+        let mut t = self.lock();
+        let seg = t.free.pop_front()?;
+        let i = &mut t.info[seg as usize];
+        i.state = SegState::Open;
+        i.stream = stream;
+        i.opened_seq = seq;
+        self.owner[seg as usize].store(stream, Ordering::SeqCst);
+        Some(seg)
+    }
+
+    /// Marks an open segment closed.
+    pub fn close(&self, seg: u32) {
+        let mut t = self.lock();
+        t.info[seg as usize].state = SegState::Closed;
+    }
+
+    /// Returns dead segments to the free list (after their death is durable).
+    pub fn release(&self, segs: &[u32]) {
+        let mut t = self.lock();
+        for &s in segs {
+            let i = &mut t.info[s as usize];
+            if i.state != SegState::Free {
+                i.state = SegState::Free;
+                i.erase_count += 1;
+                t.free.push_back(s);
+            }
+        }
+    }
+
+    /// Free segment count.
+    pub fn free_count(&self) -> usize {
+        self.lock().free.len()
+    }
+
+    /// Closed segments with no live block (reclaimable at the next checkpoint).
+    pub fn dead_closed(&self) -> Vec<u32> {
+        let t = self.lock();
+        t.info
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| *i != 0 && s.state == SegState::Closed && self.valid[*i].load(Ordering::SeqCst) == 0)
+            .map(|(i, _)| i as u32)
+            .collect()
+    }
+
+    /// Records for a checkpoint; `dead` segments are recorded as free.
+    pub fn records(&self, dead: &[u32]) -> Vec<SegmentRecord> {
+        let t = self.lock();
+        t.info
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let is_dead = dead.contains(&(i as u32));
+                SegmentRecord {
+                    segment: i as u32,
+                    state: if is_dead { SegState::Free } else { s.state },
+                    stream: s.stream,
+                    erase_count: s.erase_count + is_dead as u32,
+                    opened_seq: s.opened_seq,
+                    valid: self.valid[i].load(Ordering::SeqCst),
+                }
+            })
+            .collect()
+    }
+
+    /// Plain copies of every segment's statistics.
+    pub fn snapshot(&self) -> Vec<SegmentSnapshot> {
+        let t = self.lock();
+        t.info
+            .iter()
+            .enumerate()
+            .map(|(i, s)| SegmentSnapshot {
+                segment: i as u32,
+                state: match s.state {
+                    SegState::Free => "free",
+                    SegState::Open => "open",
+                    SegState::Closed => "closed",
+                },
+                stream: s.stream,
+                valid: self.valid[i].load(Ordering::SeqCst),
+                erase_count: s.erase_count,
+                opened_seq: s.opened_seq,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocate_close_release() {
+        let t = Segments::from_records(&Segments::fresh_records(4));
+        assert_eq!(t.free_count(), 3);
+        let s = t.allocate(2, 10).unwrap();
+        assert_eq!(s, 1);
+        assert_eq!(t.owner[1].load(Ordering::SeqCst), 2);
+        t.close(s);
+        assert_eq!(t.dead_closed(), vec![1]);
+        let recs = t.records(&[1]);
+        assert_eq!(recs[1].state, SegState::Free);
+        assert_eq!(recs[0].state, SegState::Closed);
+        t.release(&[1]);
+        assert_eq!(t.free_count(), 3);
+        assert_eq!(t.snapshot()[1].erase_count, 1);
+        t.valid[2].store(1, Ordering::SeqCst);
+        t.allocate(0, 0);
+        t.allocate(0, 0);
+        t.allocate(0, 0);
+        assert!(t.allocate(0, 0).is_none());
+    }
+}
+
+impl Segments {
+    /// Recovery: a free segment found holding the next chunk of `stream` becomes open.
+    pub fn take_for_recovery(&self, seg: u32, stream: u8, seq: u64) -> bool {
+        let mut t = self.lock();
+        let Some(pos) = t.free.iter().position(|&s| s == seg) else { return false };
+        t.free.remove(pos);
+        let i = &mut t.info[seg as usize];
+        i.state = crate::records::SegState::Open;
+        i.stream = stream;
+        i.opened_seq = seq;
+        self.owner[seg as usize].store(stream, Ordering::SeqCst);
+        true
+    }
+
+    /// State of one segment.
+    pub fn state(&self, seg: u32) -> Option<SegState> {
+        self.lock().info.get(seg as usize).map(|i| i.state)
+    }
+}

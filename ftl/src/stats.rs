@@ -1,0 +1,63 @@
+//! Figures for `ftlblk stats` and benchmarks.
+
+use crate::device::{BlockDevice, BLOCK_SIZE};
+use crate::engine::Ftl;
+use crate::index::IndexStore;
+use crate::records::Counters;
+use std::sync::atomic::Ordering;
+
+/// A plain snapshot of the FTL's figures.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Stats {
+    pub exported_blocks: u64,
+    pub block_size: usize,
+    pub segment_bytes: u64,
+    pub segment_count: u32,
+    pub free_segments: usize,
+    pub dead_segments: usize,
+    pub mapped_blocks: u64,
+    pub epoch: u64,
+    pub checkpoints: u64,
+    pub counters: Counters,
+    /// Backing blocks written / user blocks written (lifetime).
+    pub waf: f64,
+    /// RAM of the L2P map (entries + dirty bits).
+    pub map_ram_bytes: u64,
+    /// `map_ram_bytes` per exported block.
+    pub map_ram_bytes_per_block: f64,
+    pub index_bytes_on_disk: u64,
+}
+
+impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
+    /// Current figures.
+    pub fn stats(&self) -> Stats {
+        let counters = self.counters.get();
+        let waf = if counters.user_blocks_written == 0 {
+            0.0
+        } else {
+            (counters.backing_blocks_written) as f64 / counters.user_blocks_written as f64
+        };
+        let map_ram_bytes = self.map.ram_bytes();
+        Stats {
+            exported_blocks: self.geo.exported_blocks,
+            block_size: BLOCK_SIZE,
+            segment_bytes: self.geo.segment_bytes,
+            segment_count: self.geo.segment_count,
+            free_segments: self.segs.free_count(),
+            dead_segments: self.segs.dead_closed().len(),
+            mapped_blocks: self.mapped.load(Ordering::Relaxed),
+            epoch: self.epoch,
+            checkpoints: self.checkpoints.load(Ordering::Relaxed),
+            counters,
+            waf,
+            map_ram_bytes,
+            map_ram_bytes_per_block: map_ram_bytes as f64 / self.geo.exported_blocks.max(1) as f64,
+            index_bytes_on_disk: self.index.size_on_disk(),
+        }
+    }
+
+    /// Per-segment statistics (for cleaning policies).
+    pub fn segment_snapshot(&self) -> Vec<crate::segments::SegmentSnapshot> {
+        self.segs.snapshot()
+    }
+}

@@ -1,0 +1,244 @@
+//! Chunk summaries: what makes the log self-describing.
+//!
+//! The log is written in *chunks*. A chunk is one summary block followed by up to
+//! [`MAX_CHUNK_DATA`] data blocks and then zero padding up to the next flash-page boundary
+//! (block patching). The summary names every data block's LBA, write sequence number and
+//! crc32c, and also carries TRIM records (which own no data block). Chunks are chained by
+//! `chunk_seq` (+1 per chunk across all streams) within one `epoch` (one open of the
+//! device): recovery follows the chain from the last checkpoint and stops at the first
+//! missing link.
+//!
+//! Byte layout of a summary block (4096 bytes, little-endian):
+//!
+//! ```text
+//! offset size field
+//!      0    8 magic        b"FTLCHUNK"
+//!      8    2 version      1
+//!     10    1 stream       stream id the chunk belongs to
+//!     11    1 flags        0 (reserved)
+//!     12    2 n_entries    entries that follow at offset 64
+//!     14    2 data_blocks  data blocks following this summary block
+//!     16    8 chunk_seq    position in the chain
+//!     24    8 epoch        open count of the device that wrote it
+//!     32    8 base_seq     entry sequence numbers are base_seq + delta
+//!     40    4 segment      segment holding this chunk
+//!     44    4 offset       block offset of this summary within the segment
+//!     48    2 pad_blocks   zero blocks after the data (block patching)
+//!     50    6 zero         reserved
+//!     56    8 format_id    first 8 bytes of the superblock uuid (stale logs of an
+//!                          earlier format never match)
+//!     64 16*n entries:
+//!             +0  8 lba | TRIM_FLAG (bit 63) for a trim record
+//!             +8  4 seq delta from base_seq
+//!             +12 4 crc32c of the data block, or for a trim: block count
+//!   4092    4 crc32c       of bytes 0..4092
+//! ```
+
+use crate::codec::{check_trailing_crc, Reader, Writer};
+use crate::device::BLOCK_SIZE;
+use crate::error::{Error, Result};
+
+/// Summary block magic.
+pub const CHUNK_MAGIC: &[u8; 8] = b"FTLCHUNK";
+/// Summary format version.
+pub const CHUNK_VERSION: u16 = 1;
+/// Bytes before the entries.
+pub const HEADER_BYTES: usize = 64;
+/// Bytes per entry.
+pub const ENTRY_BYTES: usize = 16;
+/// Entries a summary block can hold.
+pub const MAX_ENTRIES: usize = (BLOCK_SIZE - 4 - HEADER_BYTES) / ENTRY_BYTES;
+/// Data blocks a chunk can hold (one entry each).
+pub const MAX_CHUNK_DATA: usize = MAX_ENTRIES;
+/// Bit set in an entry's LBA field for a TRIM record.
+pub const TRIM_FLAG: u64 = 1 << 63;
+
+/// One record of a chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// The chunk's next data block holds `lba`, written with sequence `seq`.
+    Data { lba: u64, seq: u64, crc: u32 },
+    /// `count` blocks from `lba` were unmapped at sequence `seq`.
+    Trim { lba: u64, seq: u64, count: u32 },
+}
+
+impl Entry {
+    /// Sequence number of the record.
+    pub fn seq(&self) -> u64 {
+        match *self {
+            Entry::Data { seq, .. } | Entry::Trim { seq, .. } => seq,
+        }
+    }
+}
+
+/// Decoded summary block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkSummary {
+    pub stream: u8,
+    pub chunk_seq: u64,
+    pub epoch: u64,
+    pub format_id: u64,
+    pub segment: u32,
+    pub offset: u32,
+    pub data_blocks: u16,
+    pub pad_blocks: u16,
+    pub entries: Vec<Entry>,
+}
+
+impl ChunkSummary {
+    /// Blocks the chunk occupies: summary + data + padding.
+    pub fn total_blocks(&self) -> u32 {
+        1 + self.data_blocks as u32 + self.pad_blocks as u32
+    }
+
+    /// Encodes into `out` (one block). Entries must be in ascending `seq` order and span
+    /// less than 2^32 sequence numbers; data entries must equal `data_blocks`.
+    pub fn encode_into(&self, out: &mut [u8]) -> Result<()> {
+        if out.len() != BLOCK_SIZE || self.entries.len() > MAX_ENTRIES {
+            return Err(Error::InvalidParameters(format!(
+                "summary with {} entries into {} bytes",
+                self.entries.len(),
+                out.len()
+            )));
+        }
+        let base = self.entries.first().map_or(0, Entry::seq);
+        let mut w = Writer::with_capacity(BLOCK_SIZE);
+        w.bytes(CHUNK_MAGIC)
+            .u16(CHUNK_VERSION)
+            .u8(self.stream)
+            .u8(0)
+            .u16(self.entries.len() as u16)
+            .u16(self.data_blocks)
+            .u64(self.chunk_seq)
+            .u64(self.epoch)
+            .u64(base)
+            .u32(self.segment)
+            .u32(self.offset)
+            .u16(self.pad_blocks)
+            .pad_to(56)
+            .u64(self.format_id);
+        for e in &self.entries {
+            let delta = e.seq().checked_sub(base).filter(|d| *d <= u32::MAX as u64).ok_or_else(|| {
+                Error::InvalidParameters(format!("entry seq {} not within 2^32 of base {base}", e.seq()))
+            })? as u32;
+            match *e {
+                Entry::Data { lba, crc, .. } => w.u64(lba).u32(delta).u32(crc),
+                Entry::Trim { lba, count, .. } => w.u64(lba | TRIM_FLAG).u32(delta).u32(count),
+            };
+        }
+        w.pad_to(BLOCK_SIZE - 4).crc();
+        out.copy_from_slice(&w.buf);
+        Ok(())
+    }
+
+    /// Decodes a summary block. `Ok(None)` when the block is not a summary at all (no
+    /// magic); `Err` when it claims to be one but fails a check. Never panics.
+    pub fn decode(buf: &[u8]) -> Result<Option<ChunkSummary>> {
+        if buf.len() != BLOCK_SIZE {
+            return Err(Error::Corrupt(format!("summary block of {} bytes", buf.len())));
+        }
+        if &buf[..8] != CHUNK_MAGIC {
+            return Ok(None);
+        }
+        check_trailing_crc(buf, "chunk summary")?;
+        let mut r = Reader::new(buf, "chunk summary");
+        r.skip(8)?;
+        let version = r.u16()?;
+        if version != CHUNK_VERSION {
+            return Err(Error::Corrupt(format!("chunk summary version {version} unknown")));
+        }
+        let stream = r.u8()?;
+        let _flags = r.u8()?;
+        let n = r.u16()? as usize;
+        let data_blocks = r.u16()?;
+        let chunk_seq = r.u64()?;
+        let epoch = r.u64()?;
+        let base = r.u64()?;
+        let segment = r.u32()?;
+        let offset = r.u32()?;
+        let pad_blocks = r.u16()?;
+        r.skip(6)?;
+        let format_id = r.u64()?;
+        if n > MAX_ENTRIES || data_blocks as usize > n {
+            return Err(Error::Corrupt(format!("chunk summary claims {n} entries, {data_blocks} data blocks")));
+        }
+        debug_assert_eq!(r.pos(), HEADER_BYTES);
+        let mut entries = Vec::with_capacity(n);
+        let mut data = 0u16;
+        for _ in 0..n {
+            let raw = r.u64()?;
+            let seq = base.checked_add(r.u32()? as u64).ok_or_else(|| Error::Corrupt("entry seq overflows".into()))?;
+            let last = r.u32()?;
+            if raw & TRIM_FLAG != 0 {
+                entries.push(Entry::Trim { lba: raw & !TRIM_FLAG, seq, count: last });
+            } else {
+                data += 1;
+                entries.push(Entry::Data { lba: raw, seq, crc: last });
+            }
+        }
+        if data != data_blocks {
+            return Err(Error::Corrupt(format!("chunk summary has {data} data entries but claims {data_blocks}")));
+        }
+        Ok(Some(ChunkSummary { stream, chunk_seq, epoch, format_id, segment, offset, data_blocks, pad_blocks, entries }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> ChunkSummary {
+        ChunkSummary {
+            stream: 2,
+            chunk_seq: 77,
+            epoch: 3,
+            format_id: 0x1234,
+            segment: 5,
+            offset: 256,
+            data_blocks: 2,
+            pad_blocks: 1,
+            entries: vec![
+                Entry::Data { lba: 10, seq: 1000, crc: 0xdead },
+                Entry::Trim { lba: 50, seq: 1001, count: 9 },
+                Entry::Data { lba: 11, seq: 1005, crc: 0xbeef },
+            ],
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let s = sample();
+        let mut b = vec![0u8; BLOCK_SIZE];
+        s.encode_into(&mut b).unwrap();
+        assert_eq!(ChunkSummary::decode(&b).unwrap(), Some(s.clone()));
+        assert_eq!(s.total_blocks(), 4);
+    }
+
+    #[test]
+    fn max_entries_fit() {
+        assert_eq!(MAX_ENTRIES, 251);
+        let mut s = sample();
+        s.entries = (0..MAX_ENTRIES as u64).map(|i| Entry::Data { lba: i, seq: i, crc: 0 }).collect();
+        s.data_blocks = MAX_ENTRIES as u16;
+        let mut b = vec![0u8; BLOCK_SIZE];
+        s.encode_into(&mut b).unwrap();
+        assert_eq!(ChunkSummary::decode(&b).unwrap().unwrap().entries.len(), MAX_ENTRIES);
+    }
+
+    #[test]
+    fn garbage_is_not_a_summary_and_corruption_is_an_error() {
+        assert_eq!(ChunkSummary::decode(&vec![0u8; BLOCK_SIZE]).unwrap(), None);
+        let mut b = vec![0u8; BLOCK_SIZE];
+        sample().encode_into(&mut b).unwrap();
+        b[70] ^= 1;
+        assert!(ChunkSummary::decode(&b).is_err());
+        assert!(ChunkSummary::decode(&b[..10]).is_err());
+    }
+
+    #[test]
+    fn seq_span_too_wide_is_refused() {
+        let mut s = sample();
+        s.entries[2] = Entry::Data { lba: 11, seq: 1000 + (1 << 33), crc: 0 };
+        assert!(s.encode_into(&mut vec![0u8; BLOCK_SIZE]).is_err());
+    }
+}
