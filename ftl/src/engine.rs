@@ -321,6 +321,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             };
             st.cursor = Some((seg, offset));
             let capacity = (MAX_CHUNK_DATA as u32).min(bps - offset - 1) as u16;
+            self.segs.owner[seg as usize].store(stream, Ordering::SeqCst);
             self.segs.unwritten[seg as usize].fetch_add(1, Ordering::SeqCst);
             st.chunk = Some(OpenChunk {
                 seg,

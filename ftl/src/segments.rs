@@ -66,7 +66,7 @@ impl Segments {
             inner: Mutex::new(SegTableInner { info, free }),
             valid: (0..n).map(|_| AtomicU32::new(0)).collect(),
             unwritten: (0..n).map(|_| AtomicU32::new(0)).collect(),
-            owner: (0..n).map(|_| AtomicU8::new(0)).collect(),
+            owner: records.iter().map(|r| AtomicU8::new(r.stream)).collect(),
         }
     }
 

@@ -1,0 +1,271 @@
+//! Behaviour of the I/O API and of format/open on the in-memory backends.
+
+mod common;
+
+use common::*;
+use ftl::device::mem::MemDevice;
+use ftl::device::BlockDevice;
+use ftl::index::mem::MemIndex;
+use ftl::model::{block_for, Model};
+use ftl::{Config, Error, FormatOptions, Ftl, StreamId};
+use std::sync::Arc;
+
+#[test]
+fn write_read_trim_round_trip() {
+    let (_d, _i, f) = mem_ftl(64 << 20, &FormatOptions::default());
+    let mut m = Model::new();
+    let data = m.write(10, 3, false);
+    f.write(10, &data, false, S0).unwrap();
+    for l in 8..14 {
+        check_read(&f, &m, l).unwrap();
+    }
+    let mut big = vec![0u8; 3 * 4096];
+    f.read(10, &mut big).unwrap();
+    assert_eq!(big, data);
+    f.flush().unwrap();
+    f.read(10, &mut big).unwrap();
+    assert_eq!(big, data, "reads after the chunk reached the device");
+    f.trim(11, 1).unwrap();
+    m.trim(11, 1);
+    for l in 10..13 {
+        check_read(&f, &m, l).unwrap();
+    }
+    assert_eq!(f.stats().mapped_blocks, 2);
+}
+
+#[test]
+fn out_of_range_and_unaligned_are_errors() {
+    let (_d, _i, f) = mem_ftl(64 << 20, &FormatOptions::default());
+    let cap = f.capacity_blocks();
+    let mut b = vec![0u8; 4096];
+    assert!(matches!(f.read(cap, &mut b), Err(Error::OutOfRange { .. })));
+    assert!(matches!(f.write(cap - 1, &[0u8; 8192], false, S0), Err(Error::OutOfRange { .. })));
+    assert!(matches!(f.trim(u64::MAX, 2), Err(Error::OutOfRange { .. })));
+    assert!(matches!(f.write(0, &[0u8; 100], false, S0), Err(Error::Unaligned(_))));
+    assert!(matches!(f.write(0, &b, false, StreamId(200)), Err(Error::InvalidParameters(_))));
+    assert_eq!(Error::OutOfRange { lba: 0, end: 0, capacity: 0 }.errno(), -libc_einval());
+    f.write(cap - 1, &b, false, S0).unwrap();
+    f.read(cap - 1, &mut b).unwrap();
+}
+
+fn libc_einval() -> i32 {
+    22
+}
+
+#[test]
+fn format_refuses_formatted_backing_without_force() {
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    let idx = Arc::new(MemIndex::new());
+    ftl::format(&dev, &idx, &FormatOptions::default(), false).unwrap();
+    let e = ftl::format(&dev, &idx, &FormatOptions::default(), false).unwrap_err();
+    assert!(matches!(e, Error::AlreadyFormatted(_)), "{e}");
+    assert!(e.to_string().contains("--force"));
+    ftl::format(&dev, &idx, &FormatOptions::default(), true).unwrap();
+}
+
+#[test]
+fn too_small_backing_is_refused() {
+    let dev = MemDevice::new(8 << 20);
+    let e = ftl::format(&dev, &MemIndex::new(), &FormatOptions::default(), false).unwrap_err();
+    assert!(matches!(e, Error::TooSmall(_)), "{e}");
+}
+
+#[test]
+fn unformatted_backing_is_named() {
+    let dev = MemDevice::new(64 << 20);
+    let e = Ftl::open(dev, MemIndex::new(), Config::default()).err().unwrap();
+    assert!(matches!(e, Error::NotFormatted(..)), "{e}");
+}
+
+#[test]
+fn one_damaged_superblock_copy_is_repaired_both_is_an_error() {
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    let idx = Arc::new(MemIndex::new());
+    let sb = ftl::format(&dev, &idx, &FormatOptions::default(), false).unwrap();
+    let copy_b = sb.geometry.segment_bytes - 4096;
+    dev.write_at(0, &[0xAB; 4096]).unwrap();
+    let (f, report) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
+    assert_eq!(report.warnings.len(), 1, "{:?}", report.warnings);
+    drop(f);
+    let (_, again) = ftl::read_superblock(&dev).unwrap();
+    assert!(again.is_empty(), "copy A was rewritten");
+    // Damage both copies (keep the magic so it is "corrupt", not "unformatted").
+    for off in [0, copy_b] {
+        let mut b = vec![0u8; 4096];
+        dev.read_at(off, &mut b).unwrap();
+        b[40] ^= 0xff;
+        dev.write_at(off, &b).unwrap();
+    }
+    let e = Ftl::open(dev.clone(), idx.clone(), Config::default()).err().unwrap();
+    assert!(matches!(e, Error::Corrupt(_)), "{e}");
+}
+
+#[test]
+fn unknown_version_and_shrunk_backing_are_named() {
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    let idx = Arc::new(MemIndex::new());
+    let sb = ftl::format(&dev, &idx, &FormatOptions::default(), false).unwrap();
+    // A superblock claiming version 9 in both copies.
+    let mut b = sb.encode();
+    b[8] = 9;
+    let crc = crc32c::crc32c(&b[..4092]);
+    b[4092..].copy_from_slice(&crc.to_le_bytes());
+    dev.write_at(0, &b).unwrap();
+    dev.write_at(sb.geometry.segment_bytes - 4096, &b).unwrap();
+    let e = Ftl::open(dev.clone(), idx.clone(), Config::default()).err().unwrap();
+    assert!(matches!(e, Error::UnsupportedVersion { found: 9, .. }), "{e}");
+
+    // Same image on a smaller device.
+    let big = MemDevice::new(64 << 20);
+    let sb = ftl::format(&big, &MemIndex::new(), &FormatOptions::default(), false).unwrap();
+    let small = MemDevice::new(32 << 20);
+    let mut blk = vec![0u8; 4096];
+    big.read_at(0, &mut blk).unwrap();
+    small.write_at(0, &blk).unwrap();
+    let e = Ftl::open(small, MemIndex::new(), Config::default()).err().unwrap();
+    assert!(matches!(e, Error::Shrunk { .. }), "{e} (formatted {})", sb.geometry.backing_bytes);
+}
+
+#[test]
+fn index_of_another_backing_is_refused() {
+    let d1 = Arc::new(MemDevice::new(64 << 20));
+    let d2 = Arc::new(MemDevice::new(64 << 20));
+    let i1 = Arc::new(MemIndex::new());
+    let i2 = Arc::new(MemIndex::new());
+    ftl::format(&d1, &i1, &FormatOptions::default(), false).unwrap();
+    ftl::format(&d2, &i2, &FormatOptions::default(), false).unwrap();
+    let e = Ftl::open(d1.clone(), i2.clone(), Config::default()).err().unwrap();
+    assert!(matches!(e, Error::IndexMismatch { .. }), "{e}");
+    let e = Ftl::open(d1, Arc::new(MemIndex::new()), Config::default()).err().unwrap();
+    assert!(matches!(e, Error::IndexMismatch { .. }), "{e}");
+}
+
+#[test]
+fn corrupt_index_record_is_an_error_not_a_panic() {
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    let idx = Arc::new(MemIndex::new());
+    ftl::format(&dev, &idx, &FormatOptions::default(), false).unwrap();
+    idx.poke(ftl::index::Key::segment(3), vec![1, 2, 3]);
+    let e = Ftl::open(dev, idx, Config::default()).err().unwrap();
+    assert!(matches!(e, Error::Corrupt(_)), "{e}");
+}
+
+#[test]
+fn full_device_reports_no_space_and_keeps_data() {
+    let (_d, _i, f) = mem_ftl(32 * (64 << 10), &tiny());
+    let cap = f.capacity_blocks();
+    let mut m = Model::new();
+    // Fill with FUA writes of one block each: every write pads a flash page, so the log
+    // runs out long before the exported capacity is written.
+    let mut written = 0;
+    let err = loop {
+        let lba = written % cap;
+        let data = block_for(lba, 1_000_000 + written);
+        match f.write(lba, &data, true, S0) {
+            Ok(()) => {
+                m.write(lba, 1, true);
+                written += 1;
+            }
+            Err(e) => break e,
+        }
+        assert!(written < 100 * cap, "never ran out of space");
+    };
+    assert!(matches!(err, Error::NoSpace), "{err}");
+    assert_eq!(err.errno(), -28);
+    // Nothing acknowledged was lost, and reads still work.
+    let mut b = vec![0u8; 4096];
+    for lba in 0..written.min(cap) {
+        f.read(lba, &mut b).unwrap();
+        assert!(matches!(ftl::model::observe(lba, &b), ftl::model::Observed::Tag(t) if t != 0));
+    }
+}
+
+#[test]
+fn whole_dead_segments_are_recycled_through_checkpoints() {
+    // Sequential overwrites kill whole segments: the device must keep running far past
+    // its physical size without any cleaner.
+    let (dev, _i, f) = mem_ftl(32 * (64 << 10), &tiny());
+    let cap = f.capacity_blocks();
+    let mut m = Model::new();
+    for round in 0..8 {
+        for lba in (0..cap).step_by(8) {
+            let n = 8.min(cap - lba);
+            let data = m.write(lba, n, false);
+            f.write(lba, &data, false, S0).unwrap_or_else(|e| panic!("round {round} lba {lba}: {e}"));
+        }
+    }
+    for lba in 0..cap {
+        check_read(&f, &m, lba).unwrap();
+    }
+    let s = f.stats();
+    assert!(s.counters.user_blocks_written >= 8 * cap);
+    assert!(s.checkpoints > 1);
+    assert!(dev.discarded_bytes() > 0, "freed segments were discarded");
+    assert!(s.counters.discarded_bytes > 0);
+}
+
+#[test]
+fn relocation_is_compare_and_swap() {
+    let (_d, _i, f) = mem_ftl(64 << 20, &FormatOptions::default());
+    let a = block_for(5, 1);
+    f.write(5, &a, false, S0).unwrap();
+    let e = f.map_entry(5).unwrap();
+    assert!(f.relocate(5, e, &a, StreamId(7)).unwrap(), "moves while the map still points there");
+    assert_ne!(f.map_entry(5).unwrap(), e);
+    // The user overwrote it meanwhile: a stale relocation must not resurrect old data.
+    let b = block_for(5, 2);
+    let e2 = f.map_entry(5).unwrap();
+    f.write(5, &b, false, S0).unwrap();
+    assert!(!f.relocate(5, e2, &a, StreamId(7)).unwrap());
+    let mut r = vec![0u8; 4096];
+    f.read(5, &mut r).unwrap();
+    assert_eq!(r, b);
+    assert!(f.relocate(5, f.map_entry(5).unwrap(), &a, StreamId(7)).is_err(), "data must match the entry's crc");
+}
+
+#[test]
+fn flush_pads_partial_pages_and_counts_it() {
+    let (_d, _i, f) = mem_ftl(64 << 20, &FormatOptions::default());
+    let before = f.stats().counters.padding_bytes;
+    f.write(0, &block_for(0, 1), false, S0).unwrap();
+    f.flush().unwrap();
+    let s = f.stats();
+    // summary + 1 data block padded to a 16 KiB page = 2 blocks of padding.
+    assert_eq!(s.counters.padding_bytes - before, 2 * 4096);
+    f.flush().unwrap();
+    assert_eq!(f.stats().counters.padding_bytes - before, 2 * 4096, "an idle flush writes nothing");
+}
+
+#[test]
+fn concurrent_writers_and_flushes() {
+    let (_d, _i, f) = mem_ftl(64 << 20, &FormatOptions::default());
+    let f = Arc::new(f);
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                for i in 0..500u64 {
+                    let lba = t * 1000 + i;
+                    f.write(lba, &block_for(lba, 1 + i), i % 50 == 0, StreamId((t % 3) as u8)).unwrap();
+                    if i % 97 == 0 {
+                        f.flush().unwrap();
+                    }
+                    if i % 211 == 0 {
+                        f.checkpoint().unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let mut b = vec![0u8; 4096];
+    for t in 0..4u64 {
+        for i in 0..500u64 {
+            let lba = t * 1000 + i;
+            f.read(lba, &mut b).unwrap();
+            assert_eq!(b, block_for(lba, 1 + i), "lba {lba}");
+        }
+    }
+}
