@@ -13,8 +13,10 @@
 #             virtme-ng from PyPI in a venv at $VNG_VENV (default /opt/virtme-ng),
 #             with `vng` and its helper `virtme-run` etc. linked into /usr/local/bin.
 #
-# Idempotent and fast when everything is present: it checks first, and runs
-# `apt-get update` only when something actually has to be installed.
+# Idempotent and fast when everything is present (well under a second): it checks
+# first, and runs `apt-get update` only when something actually has to be installed.
+# A 6.12 kernel that is already installed (image + ublk_drv.ko) is kept; a newer
+# security update of it is not pulled in on later runs.
 # Must run as root (or with sudo available). Exits non-zero with a message on failure.
 #
 # Environment knobs:
@@ -159,6 +161,7 @@ if [ "$want_vm" = 1 ]; then
         if [ "$(readlink "/usr/local/bin/$tool" 2>/dev/null || true)" != "$VNG_VENV/bin/$tool" ]; then
             $SUDO ln -sfn "$VNG_VENV/bin/$tool" "/usr/local/bin/$tool" || die "cannot link /usr/local/bin/$tool"
             log "linked /usr/local/bin/$tool -> $VNG_VENV/bin/$tool"
+            installed+=("/usr/local/bin/$tool")
         fi
     done
 fi

@@ -31,6 +31,7 @@
 //! - [`engine`] (I/O API), [`checkpoint`], [`recovery`], [`lifecycle`] (format, open);
 //! - [`model`]: the reference model shared by property tests and fuzz targets.
 
+pub mod backing;
 pub mod checkpoint;
 pub mod codec;
 pub mod device;

@@ -1,0 +1,78 @@
+//! Opening a real backing (file or block device) with its sled index: the production
+//! composition of [`FileDevice`] and [`SledIndex`].
+
+use crate::device::file::{FileDevice, OpenOptions};
+use crate::engine::{Config, Ftl};
+use crate::error::{Error, Result};
+use crate::geometry::FormatOptions;
+use crate::index::sled_store::SledIndex;
+use crate::lifecycle::OpenReport;
+use crate::superblock::Superblock;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// The FTL over a file or block device with a sled index.
+pub type FileFtl = Ftl<FileDevice, SledIndex>;
+
+/// Where the index lives when the user names none: beside a file backing
+/// (`<backing>.ftlidx`), under `/var/lib/ftlblk/` for a block device.
+pub fn default_index_dir(backing: &Path) -> PathBuf {
+    let is_blockdev = std::fs::metadata(backing)
+        .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
+        .unwrap_or(false);
+    let name = backing.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "backing".into());
+    if is_blockdev {
+        PathBuf::from("/var/lib/ftlblk").join(format!("{name}.ftlidx"))
+    } else {
+        let mut p = backing.as_os_str().to_owned();
+        p.push(".ftlidx");
+        PathBuf::from(p)
+    }
+}
+
+/// Opens a backing exclusively; creates a sparse file of `create_size` bytes if missing.
+pub fn open_device(path: &Path, create_size: Option<u64>) -> Result<FileDevice> {
+    FileDevice::open(path, &OpenOptions { create_size, ..Default::default() }).map_err(|e| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::ResourceBusy => Error::Busy(path.display().to_string()),
+        _ => Error::Open { path: path.to_path_buf(), source: e },
+    })
+}
+
+fn open_index(dir: &Path) -> Result<SledIndex> {
+    if let Some(parent) = dir.parent() {
+        if !parent.as_os_str().is_empty() {
+            std::fs::create_dir_all(parent).map_err(|e| Error::Open { path: parent.to_path_buf(), source: e })?;
+        }
+    }
+    SledIndex::open(dir)
+}
+
+/// Formats a backing (creating a sparse file of `create_size` if it does not exist).
+pub fn format_backing(
+    path: &Path,
+    index_dir: &Path,
+    create_size: Option<u64>,
+    opts: &FormatOptions,
+    force: bool,
+) -> Result<Superblock> {
+    let dev = open_device(path, create_size)?;
+    if !force && crate::lifecycle::read_superblock(&dev).is_ok() {
+        return Err(Error::AlreadyFormatted(path.display().to_string()));
+    }
+    let index = open_index(index_dir)?;
+    crate::lifecycle::format(&dev, &index, opts, force)
+}
+
+/// Opens a formatted backing and its index, recovering as needed.
+pub fn open_backing(path: &Path, index_dir: &Path, cfg: Config) -> Result<(FileFtl, OpenReport)> {
+    let dev = open_device(path, None)?;
+    crate::lifecycle::read_superblock(&dev)?;
+    if !index_dir.exists() {
+        return Err(Error::IndexMismatch {
+            path: index_dir.display().to_string(),
+            why: "the directory does not exist (give --index, or the index of this backing was removed)".into(),
+        });
+    }
+    let index = open_index(index_dir)?;
+    Ftl::open(dev, index, cfg)
+}
