@@ -1,1 +1,21 @@
-fn main(){}
+//! `ftlblk`: a ublk block device server backed by a host-side log-structured FTL.
+//!
+//! This binary is the thin CLI over the `ftl` crate: `format`, `info`, `bench`.
+//! The ublk front end (`add`, `del`, `list`, `recover`, `stats`) arrives with it.
+
+mod bench;
+mod cli;
+
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    match cli::run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ftlblk: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

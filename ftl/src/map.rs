@@ -64,9 +64,14 @@ impl L2p {
         self.len().div_ceil(PAGE_ENTRIES as u64)
     }
 
-    /// Bytes of RAM the table uses.
+    /// Bytes of RAM the entries use (8 per exported block).
     pub fn ram_bytes(&self) -> u64 {
-        (self.entries.len() * 8 + self.dirty.len() * 8) as u64
+        (self.entries.len() * 8) as u64
+    }
+
+    /// Bytes of RAM the dirty-page bitmap uses (1 bit per 512 entries).
+    pub fn dirty_ram_bytes(&self) -> u64 {
+        (self.dirty.len() * 8) as u64
     }
 
     /// Current entry of `lba` (caller checked range).

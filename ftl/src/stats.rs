@@ -21,8 +21,10 @@ pub struct Stats {
     pub counters: Counters,
     /// Backing blocks written / user blocks written (lifetime).
     pub waf: f64,
-    /// RAM of the L2P map (entries + dirty bits).
+    /// RAM of the L2P map entries (location + crc32c, 8 bytes per exported block).
     pub map_ram_bytes: u64,
+    /// RAM of the checkpoint's dirty-page bitmap (1 bit per 512 blocks).
+    pub map_dirty_bitmap_bytes: u64,
     /// `map_ram_bytes` per exported block.
     pub map_ram_bytes_per_block: f64,
     pub index_bytes_on_disk: u64,
@@ -51,6 +53,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             counters,
             waf,
             map_ram_bytes,
+            map_dirty_bitmap_bytes: self.map.dirty_ram_bytes(),
             map_ram_bytes_per_block: map_ram_bytes as f64 / self.geo.exported_blocks.max(1) as f64,
             index_bytes_on_disk: self.index.size_on_disk(),
         }

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# bench.sh — the FTL in-process beside raw fio, on the same backing file, in one run.
+#
+# Usage: scripts/bench.sh [--size 2G] [--dir /var/tmp/ftlblk-bench] [--out bench.json]
+#
+# Tests (4 KiB blocks; raw fio uses io_uring, O_DIRECT, QD32):
+#   randwrite   random writes, one pass over the FTL's exported capacity, fresh device
+#   randread    random reads of the written device, same count
+#   writeflush  random write + FLUSH after every write (fio --fsync=1), 20000 writes
+# Raw fio runs first on the fully laid-out file; then `ftlblk bench` formats the same file
+# and runs the same tests in-process. Prints a table and writes bench.json:
+#   {"ftl": {...}, "raw": {...}, "ratio": {...}, "map_ram_bytes_per_block": N}
+# Targets: randwrite >= 1.5x raw, randread >= 0.8x raw, writeflush >= 0.7x raw,
+# map RAM <= 8 bytes per mapped block. Exit status is 0 whether or not targets are met
+# (they are reported, not asserted); non-zero if anything fails to run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SIZE=2G
+DIR=/var/tmp/ftlblk-bench
+OUT=bench.json
+FLUSH_OPS=20000
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --size) SIZE=$2; shift 2 ;;
+        --dir) DIR=$2; shift 2 ;;
+        --out) OUT=$2; shift 2 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+
+scripts/install-deps.sh --host >/dev/null
+cargo build --release --quiet
+BIN=target/release/ftlblk
+mkdir -p "$DIR"
+IMG="$DIR/backing.img"
+IDX="$DIR/backing.ftlidx"
+rm -rf "$IMG" "$IDX"
+
+# Exported capacity of the FTL on this size: the op count of the randwrite/randread tests.
+EXPORTED=$("$BIN" format --backing "$IMG" --index "$IDX" --size "$SIZE" | python3 -c 'import json,sys; print(json.load(sys.stdin)["exported_bytes"])')
+OPS=$((EXPORTED / 4096))
+rm -rf "$IMG" "$IDX"
+
+fio_json() { # name, extra fio args...
+    local name=$1; shift
+    fio --name="$name" --filename="$IMG" --size="$SIZE" --bs=4k --ioengine=io_uring --direct=1 \
+        --iodepth=32 --numjobs=1 --group_reporting --output-format=json "$@" > "$DIR/fio-$name.json"
+}
+
+echo "== raw fio on $IMG ($SIZE), $OPS ops per test" >&2
+fio --name=layout --filename="$IMG" --size="$SIZE" --bs=1M --rw=write --ioengine=io_uring --direct=1 \
+    --iodepth=8 --output-format=terse >/dev/null
+fio_json randwrite --rw=randwrite --io_size=$((OPS * 4096))
+fio_json randread --rw=randread --io_size=$((OPS * 4096))
+fio_json writeflush --rw=randwrite --fsync=1 --io_size=$((FLUSH_OPS * 4096))
+
+echo "== ftlblk bench on the same file" >&2
+"$BIN" bench --backing "$IMG" --index "$IDX" --size "$SIZE" --jobs 32 --qd 32 --flush-ops "$FLUSH_OPS" > "$DIR/ftl.json"
+
+python3 - "$DIR" "$OUT" <<'PY'
+import json, sys
+d, out = sys.argv[1], sys.argv[2]
+ftl = json.load(open(f"{d}/ftl.json"))
+raw = {}
+for t, side in (("randwrite", "write"), ("randread", "read"), ("writeflush", "write")):
+    j = json.load(open(f"{d}/fio-{t}.json"))["jobs"][0][side]
+    raw[t] = {"iops": j["iops"], "ops": j["total_ios"], "clat_p99_us": j["clat_ns"]["percentile"].get("99.000000", 0) / 1000}
+ratio = {t: ftl[t]["iops"] / raw[t]["iops"] for t in raw}
+targets = {"randwrite": 1.5, "randread": 0.8, "writeflush": 0.7}
+ram = ftl["randwrite"]["map_ram_bytes_per_block"]
+res = {"ftl": ftl, "raw": raw, "ratio": ratio, "targets": targets, "map_ram_bytes_per_block": ram}
+json.dump(res, open(out, "w"), indent=2)
+print(f"{'test':<12}{'raw IOPS':>12}{'ftl IOPS':>12}{'ratio':>8}{'target':>8}  met")
+for t in raw:
+    ok = "yes" if ratio[t] >= targets[t] else "NO"
+    print(f"{t:<12}{raw[t]['iops']:>12.0f}{ftl[t]['iops']:>12.0f}{ratio[t]:>8.2f}{targets[t]:>8.1f}  {ok}")
+print(f"map RAM per mapped block: {ram:.2f} bytes (target <= 8)  {'yes' if ram <= 8 else 'NO'}")
+print(f"write+flush padding: {ftl['writeflush']['padding_bytes']} bytes over {ftl['writeflush']['flushes']} flushes")
+print(f"wrote {out}")
+PY

@@ -1,0 +1,207 @@
+//! `ftlblk bench`: the FTL measured in-process on a backing file, the same three tests
+//! `scripts/bench.sh` runs with raw fio on the same file in the same run:
+//! - `randwrite`: 4 KiB random writes on a freshly formatted device, one pass over the
+//!   exported capacity in random order (as fio's random map does), `--jobs` writers;
+//! - `randread`: 4 KiB random reads of the written device, queue depth `--qd`, issued on
+//!   one io_uring exactly as the ublk queue threads do (locate in the map, read, verify
+//!   the block's crc32c);
+//! - `writeflush`: 4 KiB random write followed by a FLUSH, on a fresh device, `--jobs`
+//!   writers (fio `--fsync=1`).
+
+use clap::Args;
+use ftl::backing::{format_backing, open_backing, FileFtl};
+use ftl::device::{AlignedBuf, BLOCK_SIZE};
+use ftl::{BlockLocation, Config, FormatOptions, StreamId};
+use io_uring::{opcode, types, IoUring};
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Backing file to benchmark on (formatted, with --force, for each write test).
+    #[arg(long)]
+    pub backing: PathBuf,
+    /// Index directory (default: <backing>.ftlidx).
+    #[arg(long)]
+    pub index: Option<PathBuf>,
+    /// Size to create the backing with if it does not exist.
+    #[arg(long, value_parser = crate::cli::parse_size, default_value = "2G")]
+    pub size: u64,
+    /// Tests to run, comma separated: randwrite, randread, writeflush.
+    #[arg(long, default_value = "randwrite,randread,writeflush")]
+    pub tests: String,
+    /// Writer threads for the write tests (the queue depth of a write test).
+    #[arg(long, default_value_t = 32)]
+    pub jobs: usize,
+    /// Queue depth of the read test.
+    #[arg(long, default_value_t = 32)]
+    pub qd: usize,
+    /// Reads in the read test (default: one per exported block).
+    #[arg(long)]
+    pub read_ops: Option<u64>,
+    /// Writes in the write+flush test.
+    #[arg(long, default_value_t = 20000)]
+    pub flush_ops: u64,
+    /// Random seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+fn fresh(a: &BenchArgs, index: &PathBuf) -> Result<FileFtl, String> {
+    format_backing(&a.backing, index, Some(a.size), &FormatOptions::default(), true).map_err(|e| e.to_string())?;
+    let (f, _) = open_backing(&a.backing, index, Config::default()).map_err(|e| e.to_string())?;
+    Ok(f)
+}
+
+fn stamp(buf: &mut [u8], lba: u64, n: u64) {
+    buf[..8].copy_from_slice(&lba.to_le_bytes());
+    buf[8..16].copy_from_slice(&n.to_le_bytes());
+}
+
+/// Runs `ops` writes (LBAs from `lbas`) on `jobs` threads; `flush_each` adds a FLUSH per write.
+fn parallel_writes(f: &Arc<FileFtl>, lbas: Arc<Vec<u64>>, jobs: usize, flush_each: bool) -> Result<f64, String> {
+    let next = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let handles: Vec<_> = (0..jobs)
+        .map(|_| {
+            let (f, lbas, next) = (f.clone(), lbas.clone(), next.clone());
+            std::thread::spawn(move || -> Result<(), String> {
+                let mut buf = vec![0x5au8; BLOCK_SIZE];
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&lba) = lbas.get(i as usize) else { return Ok(()) };
+                    stamp(&mut buf, lba, i);
+                    f.write(lba, &buf, false, StreamId(1)).map_err(|e| e.to_string())?;
+                    if flush_each {
+                        f.flush().map_err(|e| e.to_string())?;
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().map_err(|_| "writer thread panicked".to_string())??;
+    }
+    f.flush().map_err(|e| e.to_string())?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
+fn random_reads(f: &FileFtl, ops: u64, qd: usize, seed: u64) -> Result<f64, String> {
+    let fd = ftl::BlockDevice::raw_fd(f.device()).ok_or("backing has no file descriptor")?;
+    let mut ring = IoUring::new((qd * 2).next_power_of_two() as u32).map_err(|e| e.to_string())?;
+    let cap = f.capacity_blocks();
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut bufs: Vec<AlignedBuf> = (0..qd).map(|_| AlignedBuf::new(BLOCK_SIZE)).collect();
+    let mut meta = vec![(0u64, ftl::MapEntry::UNMAPPED); qd];
+    let mut issued = 0u64;
+    let mut done = 0u64;
+    let mut free: Vec<usize> = (0..qd).collect();
+    let start = Instant::now();
+    while done < ops {
+        while issued < ops {
+            let Some(slot) = free.pop() else { break };
+            let lba = rng.gen_range(0..cap);
+            match f.locate(lba, &mut bufs[slot]).map_err(|e| e.to_string())? {
+                BlockLocation::Zero | BlockLocation::Copied => {
+                    issued += 1;
+                    done += 1;
+                    free.push(slot);
+                }
+                BlockLocation::Device { offset, entry } => {
+                    meta[slot] = (lba, entry);
+                    let sqe = opcode::Read::new(types::Fd(fd), bufs[slot].as_mut_ptr(), BLOCK_SIZE as u32)
+                        .offset(offset)
+                        .build()
+                        .user_data(slot as u64);
+                    // SAFETY: the buffer lives in `bufs` until its completion is reaped below.
+                    unsafe { ring.submission().push(&sqe).map_err(|e| e.to_string())? };
+                    issued += 1;
+                }
+            }
+        }
+        if done >= ops {
+            break;
+        }
+        ring.submit_and_wait(1).map_err(|e| e.to_string())?;
+        let completed: Vec<(usize, i32)> = ring.completion().map(|c| (c.user_data() as usize, c.result())).collect();
+        for (slot, res) in completed {
+            if res != BLOCK_SIZE as i32 {
+                return Err(format!("read failed: {res}"));
+            }
+            let (lba, entry) = meta[slot];
+            if !f.verify_block(lba, entry, &bufs[slot]).map_err(|e| e.to_string())? {
+                return Err(format!("block {lba} changed under a read-only benchmark"));
+            }
+            done += 1;
+            free.push(slot);
+        }
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+pub fn run(a: BenchArgs) -> Result<(), String> {
+    let index = a.index.clone().unwrap_or_else(|| ftl::backing::default_index_dir(&a.backing));
+    let tests: Vec<&str> = a.tests.split(',').map(str::trim).collect();
+    let mut results = serde_json::Map::new();
+    let mut written: Option<Arc<FileFtl>> = None;
+    for t in &tests {
+        match *t {
+            "randwrite" => {
+                let f = Arc::new(fresh(&a, &index)?);
+                let mut lbas: Vec<u64> = (0..f.capacity_blocks()).collect();
+                lbas.shuffle(&mut SmallRng::seed_from_u64(a.seed));
+                let n = lbas.len() as u64;
+                let secs = parallel_writes(&f, Arc::new(lbas), a.jobs, false)?;
+                let s = f.stats();
+                results.insert(
+                    "randwrite".into(),
+                    serde_json::json!({"ops": n, "seconds": secs, "iops": n as f64 / secs, "waf": s.waf,
+                        "map_ram_bytes_per_block": s.map_ram_bytes as f64 / s.mapped_blocks.max(1) as f64,
+                        "mapped_blocks": s.mapped_blocks}),
+                );
+                written = Some(f);
+            }
+            "randread" => {
+                let f = match written.take() {
+                    Some(f) => f,
+                    None => {
+                        let (f, _) = open_backing(&a.backing, &index, Config::default()).map_err(|e| e.to_string())?;
+                        Arc::new(f)
+                    }
+                };
+                let ops = a.read_ops.unwrap_or(f.capacity_blocks());
+                let secs = random_reads(&f, ops, a.qd, a.seed + 1)?;
+                results.insert("randread".into(), serde_json::json!({"ops": ops, "seconds": secs, "iops": ops as f64 / secs}));
+                written = Some(f);
+            }
+            "writeflush" => {
+                if let Some(f) = written.take() {
+                    f.close().map_err(|e| e.to_string())?;
+                }
+                let f = Arc::new(fresh(&a, &index)?);
+                let mut rng = SmallRng::seed_from_u64(a.seed + 2);
+                let cap = f.capacity_blocks();
+                let lbas: Vec<u64> = (0..a.flush_ops).map(|_| rng.gen_range(0..cap)).collect();
+                let secs = parallel_writes(&f, Arc::new(lbas), a.jobs, true)?;
+                let s = f.stats();
+                results.insert(
+                    "writeflush".into(),
+                    serde_json::json!({"ops": a.flush_ops, "seconds": secs, "iops": a.flush_ops as f64 / secs,
+                        "padding_bytes": s.counters.padding_bytes, "flushes": s.counters.flushes, "waf": s.waf}),
+                );
+                written = Some(f);
+            }
+            other => return Err(format!("unknown test {other:?} (randwrite, randread, writeflush)")),
+        }
+    }
+    if let Some(f) = written {
+        f.close().map_err(|e| e.to_string())?;
+    }
+    println!("{}", serde_json::to_string_pretty(&results).map_err(|e| e.to_string())?);
+    Ok(())
+}
