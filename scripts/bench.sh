@@ -2,13 +2,15 @@
 # bench.sh — the FTL in-process beside raw fio, on the same backing file, in one run.
 #
 # Usage: scripts/bench.sh [--size 2G] [--dir /var/tmp/ftlblk-bench] [--out bench.json]
+#                         [--rounds 3] [--read-threads 1]
 #
 # Tests (4 KiB blocks; raw fio uses io_uring, O_DIRECT, QD32):
 #   randwrite   random writes, one pass over the FTL's exported capacity, fresh device
 #   randread    random reads of the written device, same count
 #   writeflush  random write + FLUSH after every write (fio --fsync=1), 20000 writes
-# Raw fio runs first on the fully laid-out file; then `ftlblk bench` formats the same file
-# and runs the same tests in-process. Prints a table and writes bench.json:
+# Each round runs raw fio on the file (laid out once, fully allocated), then `ftlblk bench`
+# formats the same file and runs the same tests in-process; medians over the rounds are
+# reported (the machine is shared and noisy). Prints a table and writes bench.json:
 #   {"ftl": {...}, "raw": {...}, "ratio": {...}, "map_ram_bytes_per_block": N}
 # Targets: randwrite >= 1.5x raw, randread >= 0.8x raw, writeflush >= 0.7x raw,
 # map RAM <= 8 bytes per mapped block. Exit status is 0 whether or not targets are met
@@ -20,11 +22,15 @@ SIZE=2G
 DIR=/var/tmp/ftlblk-bench
 OUT=bench.json
 FLUSH_OPS=20000
+ROUNDS=3
+READ_THREADS=1
 while [ $# -gt 0 ]; do
     case "$1" in
         --size) SIZE=$2; shift 2 ;;
         --dir) DIR=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
+        --rounds) ROUNDS=$2; shift 2 ;;
+        --read-threads) READ_THREADS=$2; shift 2 ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -41,7 +47,7 @@ rm -rf "$IMG" "$IDX"
 # Exported capacity of the FTL on this size: the op count of the randwrite/randread tests.
 EXPORTED=$("$BIN" format --backing "$IMG" --index "$IDX" --size "$SIZE" | python3 -c 'import json,sys; print(json.load(sys.stdin)["exported_bytes"])')
 OPS=$((EXPORTED / 4096))
-rm -rf "$IMG" "$IDX"
+rm -rf "$IMG" "$IDX" "$DIR"/fio-*.json "$DIR"/ftl-*.json
 
 fio_json() { # name, extra fio args...
     local name=$1; shift
@@ -49,24 +55,39 @@ fio_json() { # name, extra fio args...
         --iodepth=32 --numjobs=1 --group_reporting --output-format=json "$@" > "$DIR/fio-$name.json"
 }
 
-echo "== raw fio on $IMG ($SIZE), $OPS ops per test" >&2
+echo "== $ROUNDS rounds on $IMG ($SIZE), $OPS ops per read/write test, $FLUSH_OPS write+flush" >&2
 fio --name=layout --filename="$IMG" --size="$SIZE" --bs=1M --rw=write --ioengine=io_uring --direct=1 \
     --iodepth=8 --output-format=terse >/dev/null
-fio_json randwrite --rw=randwrite --io_size=$((OPS * 4096))
-fio_json randread --rw=randread --io_size=$((OPS * 4096))
-fio_json writeflush --rw=randwrite --fsync=1 --io_size=$((FLUSH_OPS * 4096))
-
-echo "== ftlblk bench on the same file" >&2
-"$BIN" bench --backing "$IMG" --index "$IDX" --size "$SIZE" --jobs 32 --qd 32 --flush-ops "$FLUSH_OPS" > "$DIR/ftl.json"
+# The machine is shared and noisy: alternate raw and FTL rounds and report medians.
+for r in $(seq 1 "$ROUNDS"); do
+    echo "-- round $r: raw fio" >&2
+    fio_json "randwrite-$r" --rw=randwrite --io_size=$((OPS * 4096))
+    fio_json "randread-$r" --rw=randread --io_size=$((OPS * 4096))
+    fio_json "writeflush-$r" --rw=randwrite --fsync=1 --io_size=$((FLUSH_OPS * 4096))
+    echo "-- round $r: ftlblk bench" >&2
+    "$BIN" bench --backing "$IMG" --index "$IDX" --size "$SIZE" --jobs 32 --qd 32 \
+        --flush-ops "$FLUSH_OPS" --read-threads "$READ_THREADS" > "$DIR/ftl-$r.json"
+done
 
 python3 - "$DIR" "$OUT" <<'PY'
 import json, sys
 d, out = sys.argv[1], sys.argv[2]
-ftl = json.load(open(f"{d}/ftl.json"))
+import glob, statistics
+rounds = sorted(int(p.rsplit("-", 1)[1].split(".")[0]) for p in glob.glob(f"{d}/ftl-*.json"))
+ftl_runs = [json.load(open(f"{d}/ftl-{r}.json")) for r in rounds]
+def median_run(runs, t):
+    runs = sorted(runs, key=lambda x: x["iops"])
+    m = dict(runs[len(runs) // 2])
+    m["all_iops"] = [x["iops"] for x in runs]
+    return m
+ftl = {t: median_run([x[t] for x in ftl_runs], t) for t in ftl_runs[0]}
 raw = {}
 for t, side in (("randwrite", "write"), ("randread", "read"), ("writeflush", "write")):
-    j = json.load(open(f"{d}/fio-{t}.json"))["jobs"][0][side]
-    raw[t] = {"iops": j["iops"], "ops": j["total_ios"], "clat_p99_us": j["clat_ns"]["percentile"].get("99.000000", 0) / 1000}
+    runs = []
+    for r in rounds:
+        j = json.load(open(f"{d}/fio-{t}-{r}.json"))["jobs"][0][side]
+        runs.append({"iops": j["iops"], "ops": j["total_ios"], "clat_p99_us": j["clat_ns"]["percentile"].get("99.000000", 0) / 1000})
+    raw[t] = median_run(runs, t)
 ratio = {t: ftl[t]["iops"] / raw[t]["iops"] for t in raw}
 targets = {"randwrite": 1.5, "randread": 0.8, "writeflush": 0.7}
 ram = ftl["randwrite"]["map_ram_bytes_per_block"]

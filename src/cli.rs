@@ -73,7 +73,7 @@ impl GeometryArgs {
             Some(p) => Some(p as u32),
             None => None,
         };
-        Ok(FormatOptions { segment_bytes: self.segment_size, op_permille, flash_page_bytes: page, size_bytes: self.size })
+        Ok(FormatOptions { segment_bytes: self.segment_size, op_permille, flash_page_bytes: page, size_bytes: self.size, ..Default::default() })
     }
 }
 

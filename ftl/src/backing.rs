@@ -30,12 +30,25 @@ pub fn default_index_dir(backing: &Path) -> PathBuf {
     }
 }
 
+/// How long `open_device` keeps trying a held lock: a server that just exited may hold
+/// it a moment longer (io_uring releases registered files asynchronously).
+const LOCK_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Opens a backing exclusively; creates a sparse file of `create_size` bytes if missing.
 pub fn open_device(path: &Path, create_size: Option<u64>) -> Result<FileDevice> {
-    FileDevice::open(path, &OpenOptions { create_size, ..Default::default() }).map_err(|e| match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::ResourceBusy => Error::Busy(path.display().to_string()),
-        _ => Error::Open { path: path.to_path_buf(), source: e },
-    })
+    let deadline = std::time::Instant::now() + LOCK_GRACE;
+    loop {
+        match FileDevice::open(path, &OpenOptions { create_size, ..Default::default() }) {
+            Ok(d) => return Ok(d),
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::ResourceBusy) => {
+                if std::time::Instant::now() >= deadline {
+                    return Err(Error::Busy(path.display().to_string()));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            Err(e) => return Err(Error::Open { path: path.to_path_buf(), source: e }),
+        }
+    }
 }
 
 fn open_index(dir: &Path) -> Result<SledIndex> {
@@ -60,7 +73,8 @@ pub fn format_backing(
         return Err(Error::AlreadyFormatted(path.display().to_string()));
     }
     let index = open_index(index_dir)?;
-    crate::lifecycle::format(&dev, &index, opts, force)
+    let opts = FormatOptions { discard_log: dev.is_block_device(), ..opts.clone() };
+    crate::lifecycle::format(&dev, &index, &opts, force)
 }
 
 /// Opens a formatted backing and its index, recovering as needed.

@@ -49,6 +49,12 @@ pub struct FormatOptions {
     pub flash_page_bytes: Option<u32>,
     /// Use only this many bytes of the backing (default: all of it).
     pub size_bytes: Option<u64>,
+    /// Discard the whole log area at format. Right for SSDs (they learn everything is
+    /// free); wrong for files, where the holes make every later synced write allocate
+    /// blocks and commit file-system metadata. Stale logs are harmless either way: chunk
+    /// summaries carry the format id.
+    #[serde(default)]
+    pub discard_log: bool,
 }
 
 /// Resolved geometry, as recorded in the superblock.

@@ -164,10 +164,11 @@ pub fn format<D: BlockDevice, I: IndexStore>(dev: &D, index: &I, opts: &FormatOp
     // Rule 1.
     index.clear()?;
     index.commit(initial_ops(&sb))?;
-    let log_start = geometry.segment_bytes;
-    // Advisory: on a fresh sparse file this frees nothing; stale logs are also rejected
-    // by their format id.
-    let _ = dev.discard(log_start, geometry.backing_bytes - log_start);
+    if opts.discard_log {
+        let log_start = geometry.segment_bytes;
+        // Advisory: a device that cannot discard loses nothing by it.
+        let _ = dev.discard(log_start, geometry.backing_bytes - log_start);
+    }
     // Rule 2.
     write_sb(dev, &sb, Geometry::superblock_offset(1, geometry.segment_bytes))?;
     write_sb(dev, &sb, 0)?;
