@@ -112,6 +112,19 @@ pub struct Ftl<D: BlockDevice, I: IndexStore> {
     pub(crate) checkpoint_lock: Mutex<()>,
     pool: BufferPool,
     poison: Mutex<Option<String>>,
+    flush_group: FlushGroup,
+}
+
+/// Leader/follower state of concurrent FLUSHes.
+struct FlushGroup {
+    state: Mutex<FlushState>,
+    cv: std::sync::Condvar,
+}
+
+struct FlushState {
+    /// Every entry below this sequence is durable.
+    durable_entry: u64,
+    leading: bool,
 }
 
 /// Where a block a caller wants to read lives.
@@ -179,6 +192,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             checkpoint_lock: Mutex::new(()),
             pool: BufferPool::default(),
             poison: Mutex::new(None),
+            flush_group: FlushGroup {
+                state: Mutex::new(FlushState { durable_entry: p.next_entry_seq, leading: false }),
+                cv: std::sync::Condvar::new(),
+            },
         }
     }
 
@@ -358,19 +375,23 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         }
     }
 
-    /// Writes sealed chunks to the device and retires them.
+    /// Writes sealed chunks to the device, then retires them. All writes complete before
+    /// any stream lock is taken: a checkpoint holding every stream lock may be waiting for
+    /// exactly these writes.
     pub(crate) fn write_chunks(&self, chunks: Vec<Arc<SealedChunk>>) -> Result<()> {
         let mut first_err = None;
+        let mut written = Vec::with_capacity(chunks.len());
         for c in chunks {
             match self.write_chunk_io(&c) {
-                Ok(()) => {
-                    let mut st = lock(&self.streams[c.stream as usize]);
-                    self.retire(&mut st, c);
-                }
+                Ok(()) => written.push(c),
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }
             }
+        }
+        for c in written {
+            let mut st = lock(&self.streams[c.stream as usize]);
+            self.retire(&mut st, c);
         }
         first_err.map_or(Ok(()), Err)
     }
@@ -472,7 +493,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         c.user_blocks_written.fetch_add(n, Ordering::Relaxed);
         self.appended_since_checkpoint.fetch_add(n, Ordering::Relaxed);
         if fua {
-            self.flush_stream(stream)?;
+            self.flush()?;
         }
         Ok(())
     }
@@ -539,35 +560,52 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     // ----- durability -----
 
     /// FLUSH: every write completed before this call is durable when it returns.
+    ///
+    /// Group commit: one flusher at a time leads, sealing every stream's open chunk and
+    /// syncing; flushers arriving meanwhile wait, and the next leader seals everything
+    /// they appended in one go, so concurrent write+flush pairs share chunks and syncs.
     pub fn flush(&self) -> Result<()> {
         self.check_poison()?;
-        let mut out = Vec::new();
-        for (sid, s) in self.streams.iter().enumerate() {
-            let mut st = lock(s);
-            if let Some(c) = self.seal_open(sid as u8, &mut st)? {
-                out.push(c);
-            }
-        }
-        self.write_chunks(out)?;
         self.counters.flushes.fetch_add(1, Ordering::Relaxed);
-        self.flush_upto(self.tracker.next_seq())
+        // Every write that completed before this call has an entry sequence below it.
+        let ticket = self.entry_seq.load(Ordering::SeqCst);
+        let mut g = lock(&self.flush_group.state);
+        loop {
+            if g.durable_entry >= ticket {
+                return Ok(());
+            }
+            if g.leading {
+                g = self.flush_group.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            g.leading = true;
+            drop(g);
+            let r = self.seal_and_sync_all();
+            g = lock(&self.flush_group.state);
+            g.leading = false;
+            if let Ok(covers) = r {
+                g.durable_entry = g.durable_entry.max(covers);
+            }
+            self.flush_group.cv.notify_all();
+            r?;
+        }
     }
 
-    /// FUA for a stream: seals its chunk and makes it, and every chunk before it, durable.
-    fn flush_stream(&self, stream: StreamId) -> Result<()> {
-        let sealed = {
-            let mut st = lock(&self.streams[stream.0 as usize]);
-            self.seal_open(stream.0, &mut st)?
-        };
-        let target = match &sealed {
-            Some(c) => c.chunk_seq + 1,
-            // Already sealed by someone else: everything sealed so far covers it.
-            None => self.tracker.next_seq(),
-        };
-        if let Some(c) = sealed {
-            self.write_chunks(vec![c])?;
+    /// Seals and writes every open chunk, then makes the whole log durable. Returns the
+    /// entry sequence below which everything is now durable.
+    fn seal_and_sync_all(&self) -> Result<u64> {
+        // Loaded BEFORE sealing: every entry below it is in a chunk sealed below.
+        let covers = self.entry_seq.load(Ordering::SeqCst);
+        for (sid, s) in self.streams.iter().enumerate() {
+            let sealed = self.seal_open(sid as u8, &mut lock(s))?;
+            // Written before the next stream lock is taken: a checkpoint holding that lock
+            // may be waiting for this very chunk.
+            if let Some(c) = sealed {
+                self.write_chunks(vec![c])?;
+            }
         }
-        self.flush_upto(target)
+        self.flush_upto(self.tracker.next_seq())?;
+        Ok(covers)
     }
 
     /// Makes every chunk below `target` durable. Crash-ordering rule:

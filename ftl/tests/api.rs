@@ -237,6 +237,41 @@ fn flush_pads_partial_pages_and_counts_it() {
 }
 
 #[test]
+fn concurrent_writers_flushes_trims_and_checkpoints_do_not_deadlock() {
+    // Many rounds of every operation that takes stream locks, at once. The device is
+    // large enough that the log never fills (no cleaner in this test).
+    let (_d, _i, f) = mem_ftl(1 << 30, &FormatOptions::default());
+    let f = Arc::new(f);
+    let threads: Vec<_> = (0..6u64)
+        .map(|t| {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                for i in 0..2000u64 {
+                    let lba = (t * 7919 + i * 13) % 4000;
+                    match (t + i) % 7 {
+                        0 => f.flush().unwrap(),
+                        1 if t == 0 => {
+                            f.checkpoint().unwrap();
+                        }
+                        2 => f.trim(lba, 3).unwrap(),
+                        3 => f.write(lba, &block_for(lba, i + 1), true, StreamId((i % 4) as u8)).unwrap(),
+                        _ => f.write(lba, &block_for(lba, i + 1), false, StreamId((i % 4) as u8)).unwrap(),
+                    }
+                }
+            })
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    for t in threads {
+        while !t.is_finished() {
+            assert!(std::time::Instant::now() < deadline, "deadlock: threads did not finish in 120 s");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        t.join().unwrap();
+    }
+}
+
+#[test]
 fn concurrent_writers_and_flushes() {
     let (_d, _i, f) = mem_ftl(64 << 20, &FormatOptions::default());
     let f = Arc::new(f);
