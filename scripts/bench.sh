@@ -2,15 +2,18 @@
 # bench.sh — the FTL in-process beside raw fio, on the same backing file, in one run.
 #
 # Usage: scripts/bench.sh [--size 2G] [--dir /var/tmp/ftlblk-bench] [--out bench.json]
-#                         [--rounds 3] [--read-threads 1]
+#                         [--rounds 3] [--read-threads 2] [--settle 10]
 #
 # Tests (4 KiB blocks; raw fio uses io_uring, O_DIRECT, QD32):
 #   randwrite   random writes, one pass over the FTL's exported capacity, fresh device
-#   randread    random reads of the written device, same count
+#   randread    random reads of the written device, same count; raw fio runs both 1 job x
+#               QD32 and 2 jobs x QD16 and the better counts; the FTL reads with
+#               --read-threads rings (default 2, one per CPU like the ublk queues), QD32 in all
 #   writeflush  random write + FLUSH after every write (fio --fsync=1), 20000 writes
 # Each round runs raw fio on the file (laid out once, fully allocated), then `ftlblk bench`
 # formats the same file and runs the same tests in-process; medians over the rounds are
-# reported (the machine is shared and noisy). Prints a table and writes bench.json:
+# reported (the machine is shared and noisy). Both sides pause --settle seconds after the
+# random-write test so the read test does not measure the host's write-back of it. Prints a table and writes bench.json:
 #   {"ftl": {...}, "raw": {...}, "ratio": {...}, "map_ram_bytes_per_block": N}
 # Targets: randwrite >= 1.5x raw, randread >= 0.8x raw, writeflush >= 0.7x raw,
 # map RAM <= 8 bytes per mapped block. Exit status is 0 whether or not targets are met
@@ -23,7 +26,8 @@ DIR=/var/tmp/ftlblk-bench
 OUT=bench.json
 FLUSH_OPS=20000
 ROUNDS=3
-READ_THREADS=1
+READ_THREADS=2
+SETTLE=10
 while [ $# -gt 0 ]; do
     case "$1" in
         --size) SIZE=$2; shift 2 ;;
@@ -31,6 +35,7 @@ while [ $# -gt 0 ]; do
         --out) OUT=$2; shift 2 ;;
         --rounds) ROUNDS=$2; shift 2 ;;
         --read-threads) READ_THREADS=$2; shift 2 ;;
+        --settle) SETTLE=$2; shift 2 ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -62,11 +67,15 @@ fio --name=layout --filename="$IMG" --size="$SIZE" --bs=1M --rw=write --ioengine
 for r in $(seq 1 "$ROUNDS"); do
     echo "-- round $r: raw fio" >&2
     fio_json "randwrite-$r" --rw=randwrite --io_size=$((OPS * 4096))
+    sync; sleep "$SETTLE"
     fio_json "randread-$r" --rw=randread --io_size=$((OPS * 4096))
+    # Raw reads also with two jobs of QD16 (the FTL reads with one ring per CPU, as the
+    # ublk queues do); the better raw figure is the one compared against.
+    fio_json "randread2-$r" --rw=randread --io_size=$((OPS * 4096 / 2)) --numjobs=2 --iodepth=16
     fio_json "writeflush-$r" --rw=randwrite --fsync=1 --io_size=$((FLUSH_OPS * 4096))
     echo "-- round $r: ftlblk bench" >&2
     "$BIN" bench --backing "$IMG" --index "$IDX" --size "$SIZE" --jobs 32 --qd 32 \
-        --flush-ops "$FLUSH_OPS" --read-threads "$READ_THREADS" > "$DIR/ftl-$r.json"
+        --flush-ops "$FLUSH_OPS" --read-threads "$READ_THREADS" --settle "$SETTLE" > "$DIR/ftl-$r.json"
 done
 
 python3 - "$DIR" "$OUT" <<'PY'
@@ -85,8 +94,15 @@ raw = {}
 for t, side in (("randwrite", "write"), ("randread", "read"), ("writeflush", "write")):
     runs = []
     for r in rounds:
-        j = json.load(open(f"{d}/fio-{t}-{r}.json"))["jobs"][0][side]
-        runs.append({"iops": j["iops"], "ops": j["total_ios"], "clat_p99_us": j["clat_ns"]["percentile"].get("99.000000", 0) / 1000})
+        cands = [f"{d}/fio-{t}-{r}.json"] + ([f"{d}/fio-randread2-{r}.json"] if t == "randread" else [])
+        best = None
+        for c in cands:
+            j = json.load(open(c))["jobs"][0][side]
+            cand = {"iops": j["iops"], "ops": j["total_ios"], "clat_p99_us": j["clat_ns"]["percentile"].get("99.000000", 0) / 1000,
+                    "config": "2 jobs x QD16" if "randread2" in c else "1 job x QD32"}
+            if best is None or cand["iops"] > best["iops"]:
+                best = cand
+        runs.append(best)
     raw[t] = median_run(runs, t)
 ratio = {t: ftl[t]["iops"] / raw[t]["iops"] for t in raw}
 targets = {"randwrite": 1.5, "randread": 0.8, "writeflush": 0.7}

@@ -3,8 +3,9 @@
 //! - `randwrite`: 4 KiB random writes on a freshly formatted device, one pass over the
 //!   exported capacity in random order (as fio's random map does), `--jobs` writers;
 //! - `randread`: 4 KiB random reads of the written device, queue depth `--qd`, issued on
-//!   one io_uring exactly as the ublk queue threads do (locate in the map, read, verify
-//!   the block's crc32c);
+//!   `--read-threads` io_urings exactly as the ublk queue threads do (locate in the map,
+//!   read, verify the block's crc32c); run a second time without the crc check to show
+//!   what verification costs (reported as `iops_without_crc_check`);
 //! - `writeflush`: 4 KiB random write followed by a FLUSH, on a fresh device, `--jobs`
 //!   writers (fio `--fsync=1`).
 
@@ -53,10 +54,21 @@ pub struct BenchArgs {
     /// Random seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Seconds to pause after each write test, so the read test does not measure the
+    /// host still writing back what the write test left in its caches.
+    #[arg(long, default_value_t = 0)]
+    pub settle: u64,
 }
 
 fn fresh(a: &BenchArgs, index: &PathBuf) -> Result<FileFtl, String> {
-    format_backing(&a.backing, index, Some(a.size), &FormatOptions::default(), true).map_err(|e| e.to_string())?;
+    format_backing(
+        &a.backing,
+        index,
+        Some(a.size),
+        &FormatOptions::default(),
+        true,
+    )
+    .map_err(|e| e.to_string())?;
     let (f, _) = open_backing(&a.backing, index, Config::default()).map_err(|e| e.to_string())?;
     Ok(f)
 }
@@ -67,7 +79,12 @@ fn stamp(buf: &mut [u8], lba: u64, n: u64) {
 }
 
 /// Runs `ops` writes (LBAs from `lbas`) on `jobs` threads; `flush_each` adds a FLUSH per write.
-fn parallel_writes(f: &Arc<FileFtl>, lbas: Arc<Vec<u64>>, jobs: usize, flush_each: bool) -> Result<f64, String> {
+fn parallel_writes(
+    f: &Arc<FileFtl>,
+    lbas: Arc<Vec<u64>>,
+    jobs: usize,
+    flush_each: bool,
+) -> Result<f64, String> {
     let next = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let handles: Vec<_> = (0..jobs)
@@ -77,9 +94,12 @@ fn parallel_writes(f: &Arc<FileFtl>, lbas: Arc<Vec<u64>>, jobs: usize, flush_eac
                 let mut buf = vec![0x5au8; BLOCK_SIZE];
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(&lba) = lbas.get(i as usize) else { return Ok(()) };
+                    let Some(&lba) = lbas.get(i as usize) else {
+                        return Ok(());
+                    };
                     stamp(&mut buf, lba, i);
-                    f.write(lba, &buf, false, StreamId(1)).map_err(|e| e.to_string())?;
+                    f.write(lba, &buf, false, StreamId(1))
+                        .map_err(|e| e.to_string())?;
                     if flush_each {
                         f.flush().map_err(|e| e.to_string())?;
                     }
@@ -88,13 +108,14 @@ fn parallel_writes(f: &Arc<FileFtl>, lbas: Arc<Vec<u64>>, jobs: usize, flush_eac
         })
         .collect();
     for h in handles {
-        h.join().map_err(|_| "writer thread panicked".to_string())??;
+        h.join()
+            .map_err(|_| "writer thread panicked".to_string())??;
     }
     f.flush().map_err(|e| e.to_string())?;
     Ok(start.elapsed().as_secs_f64())
 }
 
-fn random_reads(f: &FileFtl, ops: u64, qd: usize, seed: u64) -> Result<f64, String> {
+fn random_reads(f: &FileFtl, ops: u64, qd: usize, seed: u64, verify: bool) -> Result<f64, String> {
     let fd = ftl::BlockDevice::raw_fd(f.device()).ok_or("backing has no file descriptor")?;
     let entries = (qd * 2).next_power_of_two() as u32;
     let mut ring = IoUring::builder()
@@ -108,12 +129,23 @@ fn random_reads(f: &FileFtl, ops: u64, qd: usize, seed: u64) -> Result<f64, Stri
     let mut bufs: Vec<AlignedBuf> = (0..qd).map(|_| AlignedBuf::new(BLOCK_SIZE)).collect();
     // Registered file and buffers spare the kernel an fd lookup and a page pin per read,
     // as a ublk queue thread with its own ring can do too.
-    let iovecs: Vec<libc::iovec> =
-        bufs.iter_mut().map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: BLOCK_SIZE }).collect();
+    let iovecs: Vec<libc::iovec> = bufs
+        .iter_mut()
+        .map(|b| libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: BLOCK_SIZE,
+        })
+        .collect();
     // SAFETY: the buffers outlive the ring (declared before it is dropped at the end of
     // this function) and are only accessed by the kernel while a read is in flight.
-    unsafe { ring.submitter().register_buffers(&iovecs).map_err(|e| e.to_string())? };
-    ring.submitter().register_files(&[fd]).map_err(|e| e.to_string())?;
+    unsafe {
+        ring.submitter()
+            .register_buffers(&iovecs)
+            .map_err(|e| e.to_string())?
+    };
+    ring.submitter()
+        .register_files(&[fd])
+        .map_err(|e| e.to_string())?;
     let mut meta = vec![(0u64, ftl::MapEntry::UNMAPPED); qd];
     let mut issued = 0u64;
     let mut done = 0u64;
@@ -131,10 +163,15 @@ fn random_reads(f: &FileFtl, ops: u64, qd: usize, seed: u64) -> Result<f64, Stri
                 }
                 BlockLocation::Device { offset, entry } => {
                     meta[slot] = (lba, entry);
-                    let sqe = opcode::ReadFixed::new(types::Fixed(0), bufs[slot].as_mut_ptr(), BLOCK_SIZE as u32, slot as u16)
-                        .offset(offset)
-                        .build()
-                        .user_data(slot as u64);
+                    let sqe = opcode::ReadFixed::new(
+                        types::Fixed(0),
+                        bufs[slot].as_mut_ptr(),
+                        BLOCK_SIZE as u32,
+                        slot as u16,
+                    )
+                    .offset(offset)
+                    .build()
+                    .user_data(slot as u64);
                     // SAFETY: the buffer lives in `bufs` until its completion is reaped below.
                     unsafe { ring.submission().push(&sqe).map_err(|e| e.to_string())? };
                     issued += 1;
@@ -145,13 +182,20 @@ fn random_reads(f: &FileFtl, ops: u64, qd: usize, seed: u64) -> Result<f64, Stri
             break;
         }
         ring.submit_and_wait(1).map_err(|e| e.to_string())?;
-        let completed: Vec<(usize, i32)> = ring.completion().map(|c| (c.user_data() as usize, c.result())).collect();
+        let completed: Vec<(usize, i32)> = ring
+            .completion()
+            .map(|c| (c.user_data() as usize, c.result()))
+            .collect();
         for (slot, res) in completed {
             if res != BLOCK_SIZE as i32 {
                 return Err(format!("read failed: {res}"));
             }
             let (lba, entry) = meta[slot];
-            if !f.verify_block(lba, entry, &bufs[slot]).map_err(|e| e.to_string())? {
+            if verify
+                && !f
+                    .verify_block(lba, entry, &bufs[slot])
+                    .map_err(|e| e.to_string())?
+            {
                 return Err(format!("block {lba} changed under a read-only benchmark"));
             }
             done += 1;
@@ -160,13 +204,24 @@ fn random_reads(f: &FileFtl, ops: u64, qd: usize, seed: u64) -> Result<f64, Stri
     }
     // Drop the registration now: a ring torn down at exit releases its files late, and
     // with them the backing's exclusive lock.
-    ring.submitter().unregister_files().map_err(|e| e.to_string())?;
-    ring.submitter().unregister_buffers().map_err(|e| e.to_string())?;
+    ring.submitter()
+        .unregister_files()
+        .map_err(|e| e.to_string())?;
+    ring.submitter()
+        .unregister_buffers()
+        .map_err(|e| e.to_string())?;
     Ok(start.elapsed().as_secs_f64())
 }
 
 /// Random reads split over `threads` rings (like ublk queues, one per CPU).
-fn threaded_reads(f: &Arc<FileFtl>, ops: u64, qd: usize, threads: usize, seed: u64) -> Result<f64, String> {
+fn threaded_reads(
+    f: &Arc<FileFtl>,
+    ops: u64,
+    qd: usize,
+    threads: usize,
+    seed: u64,
+    verify: bool,
+) -> Result<f64, String> {
     let threads = threads.max(1);
     let start = Instant::now();
     let handles: Vec<_> = (0..threads)
@@ -174,17 +229,21 @@ fn threaded_reads(f: &Arc<FileFtl>, ops: u64, qd: usize, threads: usize, seed: u
             let f = f.clone();
             let per = ops / threads as u64 + u64::from((t as u64) < ops % threads as u64);
             let q = (qd / threads).max(1);
-            std::thread::spawn(move || random_reads(&f, per, q, seed + t as u64))
+            std::thread::spawn(move || random_reads(&f, per, q, seed + t as u64, verify))
         })
         .collect();
     for h in handles {
-        h.join().map_err(|_| "reader thread panicked".to_string())??;
+        h.join()
+            .map_err(|_| "reader thread panicked".to_string())??;
     }
     Ok(start.elapsed().as_secs_f64())
 }
 
 pub fn run(a: BenchArgs) -> Result<(), String> {
-    let index = a.index.clone().unwrap_or_else(|| ftl::backing::default_index_dir(&a.backing));
+    let index = a
+        .index
+        .clone()
+        .unwrap_or_else(|| ftl::backing::default_index_dir(&a.backing));
     let tests: Vec<&str> = a.tests.split(',').map(str::trim).collect();
     let mut results = serde_json::Map::new();
     let mut written: Option<Arc<FileFtl>> = None;
@@ -204,20 +263,25 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
                         "mapped_blocks": s.mapped_blocks}),
                 );
                 written = Some(f);
+                std::thread::sleep(std::time::Duration::from_secs(a.settle));
             }
             "randread" => {
                 let f = match written.take() {
                     Some(f) => f,
                     None => {
-                        let (f, _) = open_backing(&a.backing, &index, Config::default()).map_err(|e| e.to_string())?;
+                        let (f, _) = open_backing(&a.backing, &index, Config::default())
+                            .map_err(|e| e.to_string())?;
                         Arc::new(f)
                     }
                 };
                 let ops = a.read_ops.unwrap_or(f.capacity_blocks());
-                let secs = threaded_reads(&f, ops, a.qd, a.read_threads, a.seed + 1)?;
+                let secs = threaded_reads(&f, ops, a.qd, a.read_threads, a.seed + 1, true)?;
+                // The same reads without the crc32c check, to show what verification costs.
+                let raw_secs = threaded_reads(&f, ops, a.qd, a.read_threads, a.seed + 1, false)?;
                 results.insert(
                     "randread".into(),
-                    serde_json::json!({"ops": ops, "seconds": secs, "iops": ops as f64 / secs, "threads": a.read_threads}),
+                    serde_json::json!({"ops": ops, "seconds": secs, "iops": ops as f64 / secs, "threads": a.read_threads,
+                        "iops_without_crc_check": ops as f64 / raw_secs}),
                 );
                 written = Some(f);
             }
@@ -238,12 +302,19 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
                 );
                 written = Some(f);
             }
-            other => return Err(format!("unknown test {other:?} (randwrite, randread, writeflush)")),
+            other => {
+                return Err(format!(
+                    "unknown test {other:?} (randwrite, randread, writeflush)"
+                ))
+            }
         }
     }
     if let Some(f) = written {
         f.close().map_err(|e| e.to_string())?;
     }
-    println!("{}", serde_json::to_string_pretty(&results).map_err(|e| e.to_string())?);
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&results).map_err(|e| e.to_string())?
+    );
     Ok(())
 }

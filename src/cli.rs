@@ -39,7 +39,9 @@ pub struct BackingArgs {
 
 impl BackingArgs {
     pub fn index_dir(&self) -> PathBuf {
-        self.index.clone().unwrap_or_else(|| default_index_dir(&self.backing))
+        self.index
+            .clone()
+            .unwrap_or_else(|| default_index_dir(&self.backing))
     }
 }
 
@@ -64,7 +66,9 @@ pub struct GeometryArgs {
 impl GeometryArgs {
     pub fn options(&self) -> Result<FormatOptions, String> {
         let op_permille = match self.op_percent {
-            Some(p) if !(0.0..100.0).contains(&p) => return Err(format!("--op-percent {p} must be in 0..100")),
+            Some(p) if !(0.0..100.0).contains(&p) => {
+                return Err(format!("--op-percent {p} must be in 0..100"))
+            }
             Some(p) => Some((p * 10.0).round() as u32),
             None => None,
         };
@@ -73,7 +77,13 @@ impl GeometryArgs {
             Some(p) => Some(p as u32),
             None => None,
         };
-        Ok(FormatOptions { segment_bytes: self.segment_size, op_permille, flash_page_bytes: page, size_bytes: self.size, ..Default::default() })
+        Ok(FormatOptions {
+            segment_bytes: self.segment_size,
+            op_permille,
+            flash_page_bytes: page,
+            size_bytes: self.size,
+            ..Default::default()
+        })
     }
 }
 
@@ -93,28 +103,46 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
         Some((i, _)) => {
-            let mult: u64 = match s[i..].to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+            let mult: u64 = match s[i..]
+                .to_ascii_uppercase()
+                .trim_end_matches("IB")
+                .trim_end_matches('B')
+            {
                 "" => 1,
                 "K" => 1 << 10,
                 "M" => 1 << 20,
                 "G" => 1 << 30,
                 "T" => 1 << 40,
-                other => return Err(format!("unknown size suffix {other:?} in {s:?} (use K, M, G, T)")),
+                other => {
+                    return Err(format!(
+                        "unknown size suffix {other:?} in {s:?} (use K, M, G, T)"
+                    ))
+                }
             };
             (&s[..i], mult)
         }
         None => (s, 1),
     };
-    let n: u64 = num.trim().parse().map_err(|_| format!("{s:?} is not a size (e.g. 512M, 2G)"))?;
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} overflows"))
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 512M, 2G)"))?;
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} overflows"))
 }
 
 pub fn run(cli: Cli) -> Result<(), String> {
     match cli.cmd {
         Cmd::Format(a) => {
             let opts = a.geometry.options()?;
-            let sb = format_backing(&a.backing.backing, &a.backing.index_dir(), a.geometry.size, &opts, a.force)
-                .map_err(|e| e.to_string())?;
+            let sb = format_backing(
+                &a.backing.backing,
+                &a.backing.index_dir(),
+                a.geometry.size,
+                &opts,
+                a.force,
+            )
+            .map_err(|e| e.to_string())?;
             let g = sb.geometry;
             let out = serde_json::json!({
                 "backing": a.backing.backing,
@@ -126,11 +154,15 @@ pub fn run(cli: Cli) -> Result<(), String> {
                 "flash_page_bytes": g.flash_page_bytes,
                 "op_percent": g.op_permille as f64 / 10.0,
             });
-            println!("{}", serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
+            );
             Ok(())
         }
         Cmd::Info(a) => {
-            let (f, report) = open_backing(&a.backing, &a.index_dir(), Config::default()).map_err(|e| e.to_string())?;
+            let (f, report) = open_backing(&a.backing, &a.index_dir(), Config::default())
+                .map_err(|e| e.to_string())?;
             let out = serde_json::json!({
                 "uuid": f.superblock().uuid_string(),
                 "geometry": f.geometry(),
@@ -138,7 +170,10 @@ pub fn run(cli: Cli) -> Result<(), String> {
                 "stats": f.stats(),
             });
             f.close().map_err(|e| e.to_string())?;
-            println!("{}", serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
+            );
             Ok(())
         }
         Cmd::Bench(a) => bench::run(a),
@@ -161,9 +196,15 @@ mod tests {
 
     #[test]
     fn op_percent_is_validated() {
-        let g = GeometryArgs { op_percent: Some(150.0), ..Default::default() };
+        let g = GeometryArgs {
+            op_percent: Some(150.0),
+            ..Default::default()
+        };
         assert!(g.options().is_err());
-        let g = GeometryArgs { op_percent: Some(7.5), ..Default::default() };
+        let g = GeometryArgs {
+            op_percent: Some(7.5),
+            ..Default::default()
+        };
         assert_eq!(g.options().unwrap().op_permille, Some(75));
     }
 }

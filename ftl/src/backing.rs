@@ -20,7 +20,10 @@ pub fn default_index_dir(backing: &Path) -> PathBuf {
     let is_blockdev = std::fs::metadata(backing)
         .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
         .unwrap_or(false);
-    let name = backing.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "backing".into());
+    let name = backing
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "backing".into());
     if is_blockdev {
         PathBuf::from("/var/lib/ftlblk").join(format!("{name}.ftlidx"))
     } else {
@@ -38,15 +41,31 @@ const LOCK_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 pub fn open_device(path: &Path, create_size: Option<u64>) -> Result<FileDevice> {
     let deadline = std::time::Instant::now() + LOCK_GRACE;
     loop {
-        match FileDevice::open(path, &OpenOptions { create_size, ..Default::default() }) {
+        match FileDevice::open(
+            path,
+            &OpenOptions {
+                create_size,
+                ..Default::default()
+            },
+        ) {
             Ok(d) => return Ok(d),
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::ResourceBusy) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::ResourceBusy
+                ) =>
+            {
                 if std::time::Instant::now() >= deadline {
                     return Err(Error::Busy(path.display().to_string()));
                 }
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
-            Err(e) => return Err(Error::Open { path: path.to_path_buf(), source: e }),
+            Err(e) => {
+                return Err(Error::Open {
+                    path: path.to_path_buf(),
+                    source: e,
+                })
+            }
         }
     }
 }
@@ -54,7 +73,10 @@ pub fn open_device(path: &Path, create_size: Option<u64>) -> Result<FileDevice> 
 fn open_index(dir: &Path) -> Result<SledIndex> {
     if let Some(parent) = dir.parent() {
         if !parent.as_os_str().is_empty() {
-            std::fs::create_dir_all(parent).map_err(|e| Error::Open { path: parent.to_path_buf(), source: e })?;
+            std::fs::create_dir_all(parent).map_err(|e| Error::Open {
+                path: parent.to_path_buf(),
+                source: e,
+            })?;
         }
     }
     SledIndex::open(dir)
@@ -73,7 +95,10 @@ pub fn format_backing(
         return Err(Error::AlreadyFormatted(path.display().to_string()));
     }
     let index = open_index(index_dir)?;
-    let opts = FormatOptions { discard_log: dev.is_block_device(), ..opts.clone() };
+    let opts = FormatOptions {
+        discard_log: dev.is_block_device(),
+        ..opts.clone()
+    };
     crate::lifecycle::format(&dev, &index, &opts, force)
 }
 

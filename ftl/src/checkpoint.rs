@@ -31,10 +31,16 @@ pub struct CheckpointReport {
 impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Writes a checkpoint now.
     pub fn checkpoint(&self) -> Result<CheckpointReport> {
-        let _one = self.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _one = self
+            .checkpoint_lock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         self.check_poison()?;
-        let mut guards: Vec<MutexGuard<'_, _>> =
-            self.streams.iter().map(|s| s.lock().unwrap_or_else(|p| p.into_inner())).collect();
+        let mut guards: Vec<MutexGuard<'_, _>> = self
+            .streams
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()))
+            .collect();
         // Rule 1.
         for sid in 0..guards.len() {
             if let Some(c) = self.seal_open(sid as u8, &mut guards[sid])? {
@@ -67,7 +73,14 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             if entries.iter().all(|&e| e == u64::MAX) {
                 ops.push(Op::Remove(Key::map_page(*p)));
             } else {
-                ops.push(Op::Put(Key::map_page(*p), MapPage { page: *p, entries: entries.clone() }.encode()));
+                ops.push(Op::Put(
+                    Key::map_page(*p),
+                    MapPage {
+                        page: *p,
+                        entries: entries.clone(),
+                    }
+                    .encode(),
+                ));
             }
         }
         for r in &seg_records {
@@ -87,12 +100,18 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 let off = self.geo.segment_start(s) * BLOCK_SIZE as u64;
                 // Discard is advisory: a failure loses nothing, so it is counted, not fatal.
                 if self.dev.discard(off, self.geo.segment_bytes).is_ok() {
-                    self.counters.discarded_bytes.fetch_add(self.geo.segment_bytes, Ordering::Relaxed);
+                    self.counters
+                        .discarded_bytes
+                        .fetch_add(self.geo.segment_bytes, Ordering::Relaxed);
                 }
             }
         }
         self.checkpoints.fetch_add(1, Ordering::Relaxed);
-        Ok(CheckpointReport { pages_written: pages.len(), segments_freed: dead.len(), next_chunk_seq })
+        Ok(CheckpointReport {
+            pages_written: pages.len(),
+            segments_freed: dead.len(),
+            next_chunk_seq,
+        })
     }
 
     /// True when enough has been appended since the last checkpoint, or free segments

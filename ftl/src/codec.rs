@@ -18,9 +18,16 @@ impl<'a> Reader<'a> {
 
     /// Takes the next `n` bytes.
     pub fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| {
-            Error::Corrupt(format!("{}: truncated at byte {} (need {n} more)", self.what, self.pos))
-        })?;
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or_else(|| {
+                Error::Corrupt(format!(
+                    "{}: truncated at byte {} (need {n} more)",
+                    self.what, self.pos
+                ))
+            })?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -62,7 +69,9 @@ pub struct Writer {
 
 impl Writer {
     pub fn with_capacity(n: usize) -> Self {
-        Writer { buf: Vec::with_capacity(n) }
+        Writer {
+            buf: Vec::with_capacity(n),
+        }
     }
     pub fn u8(&mut self, v: u8) -> &mut Self {
         self.buf.push(v);
@@ -101,7 +110,10 @@ impl Writer {
 /// Verifies that the last four bytes of `buf` are the crc32c of the rest.
 pub fn check_trailing_crc(buf: &[u8], what: &str) -> Result<()> {
     if buf.len() < 4 {
-        return Err(Error::Corrupt(format!("{what}: {} bytes is too short", buf.len())));
+        return Err(Error::Corrupt(format!(
+            "{what}: {} bytes is too short",
+            buf.len()
+        )));
     }
     let (body, tail) = buf.split_at(buf.len() - 4);
     let stored = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
@@ -125,7 +137,15 @@ mod tests {
         let b = w.buf.clone();
         check_trailing_crc(&b, "t").unwrap();
         let mut r = Reader::new(&b, "t");
-        assert_eq!((r.u8().unwrap(), r.u16().unwrap(), r.u32().unwrap(), r.u64().unwrap()), (1, 2, 3, 4));
+        assert_eq!(
+            (
+                r.u8().unwrap(),
+                r.u16().unwrap(),
+                r.u32().unwrap(),
+                r.u64().unwrap()
+            ),
+            (1, 2, 3, 4)
+        );
         assert!(r.u64().is_err());
         let mut bad = b.clone();
         bad[0] ^= 1;

@@ -40,7 +40,10 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        Config { discard_freed: true, checkpoint_blocks: 0 }
+        Config {
+            discard_freed: true,
+            checkpoint_blocks: 0,
+        }
     }
 }
 
@@ -60,14 +63,18 @@ pub(crate) struct LiveCounters {
 impl LiveCounters {
     pub fn from(c: &Counters) -> Self {
         let l = LiveCounters::default();
-        l.user_blocks_written.store(c.user_blocks_written, Ordering::Relaxed);
-        l.backing_blocks_written.store(c.backing_blocks_written, Ordering::Relaxed);
+        l.user_blocks_written
+            .store(c.user_blocks_written, Ordering::Relaxed);
+        l.backing_blocks_written
+            .store(c.backing_blocks_written, Ordering::Relaxed);
         l.padding_bytes.store(c.padding_bytes, Ordering::Relaxed);
         l.summary_blocks.store(c.summary_blocks, Ordering::Relaxed);
         l.trimmed_blocks.store(c.trimmed_blocks, Ordering::Relaxed);
         l.flushes.store(c.flushes, Ordering::Relaxed);
-        l.relocated_blocks.store(c.relocated_blocks, Ordering::Relaxed);
-        l.discarded_bytes.store(c.discarded_bytes, Ordering::Relaxed);
+        l.relocated_blocks
+            .store(c.relocated_blocks, Ordering::Relaxed);
+        l.discarded_bytes
+            .store(c.discarded_bytes, Ordering::Relaxed);
         l
     }
     pub fn get(&self) -> Counters {
@@ -161,7 +168,12 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     pub(crate) fn from_parts(p: Parts<D, I>) -> Self {
         let geo = p.sb.geometry;
         let streams: Box<[Mutex<StreamLog>]> = (0..STREAMS)
-            .map(|i| Mutex::new(StreamLog { cursor: p.cursors.get(i).copied().flatten(), ..Default::default() }))
+            .map(|i| {
+                Mutex::new(StreamLog {
+                    cursor: p.cursors.get(i).copied().flatten(),
+                    ..Default::default()
+                })
+            })
             .collect();
         let cfg = Config {
             checkpoint_blocks: if p.cfg.checkpoint_blocks == 0 {
@@ -193,7 +205,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             pool: BufferPool::default(),
             poison: Mutex::new(None),
             flush_group: FlushGroup {
-                state: Mutex::new(FlushState { durable_entry: p.next_entry_seq, leading: false }),
+                state: Mutex::new(FlushState {
+                    durable_entry: p.next_entry_seq,
+                    leading: false,
+                }),
                 cv: std::sync::Condvar::new(),
             },
         }
@@ -228,13 +243,19 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         let cap = self.geo.exported_blocks;
         match lba.checked_add(blocks) {
             Some(end) if end <= cap => Ok(()),
-            _ => Err(Error::OutOfRange { lba, end: lba.saturating_add(blocks), capacity: cap }),
+            _ => Err(Error::OutOfRange {
+                lba,
+                end: lba.saturating_add(blocks),
+                capacity: cap,
+            }),
         }
     }
 
     fn check_len(len: usize) -> Result<u64> {
         if len % BLOCK_SIZE != 0 {
-            return Err(Error::Unaligned(format!("{len} bytes is not a multiple of {BLOCK_SIZE}")));
+            return Err(Error::Unaligned(format!(
+                "{len} bytes is not a multiple of {BLOCK_SIZE}"
+            )));
         }
         Ok((len / BLOCK_SIZE) as u64)
     }
@@ -274,8 +295,14 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     // ----- the log -----
 
     /// Seals the stream's open chunk, if it holds anything.
-    pub(crate) fn seal_open(&self, stream: u8, st: &mut StreamLog) -> Result<Option<Arc<SealedChunk>>> {
-        let Some(chunk) = st.chunk.take() else { return Ok(None) };
+    pub(crate) fn seal_open(
+        &self,
+        stream: u8,
+        st: &mut StreamLog,
+    ) -> Result<Option<Arc<SealedChunk>>> {
+        let Some(chunk) = st.chunk.take() else {
+            return Ok(None);
+        };
         if chunk.entries.is_empty() {
             // Nothing recorded yet: keep the slot for the next append.
             st.chunk = Some(chunk);
@@ -293,9 +320,11 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             }
         };
         let c = &self.counters;
-        c.padding_bytes.fetch_add(pad as u64 * BLOCK_SIZE as u64, Ordering::Relaxed);
+        c.padding_bytes
+            .fetch_add(pad as u64 * BLOCK_SIZE as u64, Ordering::Relaxed);
         c.summary_blocks.fetch_add(1, Ordering::Relaxed);
-        c.backing_blocks_written.fetch_add(sealed.total_blocks as u64, Ordering::Relaxed);
+        c.backing_blocks_written
+            .fetch_add(sealed.total_blocks as u64, Ordering::Relaxed);
         let next = offset + sealed.total_blocks;
         if next + 2 > self.geo.blocks_per_segment() {
             self.segs.close(seg);
@@ -310,10 +339,20 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
 
     /// Makes sure the stream has an open chunk with room for one entry (and a data block
     /// when `data`), sealing the full one into `out`.
-    fn ensure_room(&self, stream: u8, st: &mut StreamLog, data: bool, out: &mut Vec<Arc<SealedChunk>>) -> Result<Room> {
+    fn ensure_room(
+        &self,
+        stream: u8,
+        st: &mut StreamLog,
+        data: bool,
+        out: &mut Vec<Arc<SealedChunk>>,
+    ) -> Result<Room> {
         loop {
             if let Some(c) = &st.chunk {
-                let room = if data { c.has_data_room() } else { c.has_entry_room() };
+                let room = if data {
+                    c.has_data_room()
+                } else {
+                    c.has_entry_room()
+                };
                 if room && c.seq_fits(self.entry_seq.load(Ordering::SeqCst)) {
                     return Ok(Room::Ready);
                 }
@@ -330,7 +369,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                         self.segs.close(seg);
                         st.cursor = None;
                     }
-                    match self.segs.allocate(stream, self.entry_seq.load(Ordering::SeqCst)) {
+                    match self
+                        .segs
+                        .allocate(stream, self.entry_seq.load(Ordering::SeqCst))
+                    {
                         Some(seg) => (seg, 0),
                         None => return Ok(Room::NeedSpace),
                     }
@@ -398,7 +440,14 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
 
     /// Appends one block under the stream lock. With `expect`, only if the map still
     /// holds `expect` (relocation); returns whether it was appended.
-    fn append_block(&self, st: &mut StreamLog, lba: u64, data: &[u8], crc: u32, expect: Option<MapEntry>) -> Result<bool> {
+    fn append_block(
+        &self,
+        st: &mut StreamLog,
+        lba: u64,
+        data: &[u8],
+        crc: u32,
+        expect: Option<MapEntry>,
+    ) -> Result<bool> {
         let Some(chunk) = st.chunk.as_mut() else {
             return Err(Error::Corrupt("append without an open chunk".into()));
         };
@@ -415,7 +464,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.map.swap(lba, new);
         match old.pba() {
             Some(o) => {
-                self.segs.valid[self.geo.segment_of(o as u64) as usize].fetch_sub(1, Ordering::SeqCst);
+                self.segs.valid[self.geo.segment_of(o as u64) as usize]
+                    .fetch_sub(1, Ordering::SeqCst);
             }
             None => {
                 self.mapped.fetch_add(1, Ordering::Relaxed);
@@ -435,7 +485,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     ) -> Result<()> {
         let sid = stream.0;
         if sid as usize >= STREAMS {
-            return Err(Error::InvalidParameters(format!("stream {sid} >= {STREAMS}")));
+            return Err(Error::InvalidParameters(format!(
+                "stream {sid} >= {STREAMS}"
+            )));
         }
         let mut i = 0;
         let mut retried = false;
@@ -491,7 +543,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         })?;
         let c = &self.counters;
         c.user_blocks_written.fetch_add(n, Ordering::Relaxed);
-        self.appended_since_checkpoint.fetch_add(n, Ordering::Relaxed);
+        self.appended_since_checkpoint
+            .fetch_add(n, Ordering::Relaxed);
         if fua {
             self.flush()?;
         }
@@ -500,15 +553,27 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
 
     /// Moves a block for the cleaner: appends `data` for `lba` in `stream` only if the map
     /// still holds `expected` (compare-and-swap). Returns whether it moved.
-    pub fn relocate(&self, lba: u64, expected: MapEntry, data: &[u8], stream: StreamId) -> Result<bool> {
+    pub fn relocate(
+        &self,
+        lba: u64,
+        expected: MapEntry,
+        data: &[u8],
+        stream: StreamId,
+    ) -> Result<bool> {
         if data.len() != BLOCK_SIZE {
-            return Err(Error::Unaligned(format!("relocate takes one block, got {} bytes", data.len())));
+            return Err(Error::Unaligned(format!(
+                "relocate takes one block, got {} bytes",
+                data.len()
+            )));
         }
         self.check_range(lba, 1)?;
         self.check_poison()?;
         let crc = crc32c::crc32c(data);
         if crc != expected.crc() {
-            return Err(Error::DataChecksum { lba, pba: expected.pba().unwrap_or(u32::MAX) as u64 });
+            return Err(Error::DataChecksum {
+                lba,
+                pba: expected.pba().unwrap_or(u32::MAX) as u64,
+            });
         }
         let mut moved = false;
         self.append_loop(stream, 1, true, |ftl, st, _| {
@@ -516,8 +581,11 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             Ok(())
         })?;
         if moved {
-            self.counters.relocated_blocks.fetch_add(1, Ordering::Relaxed);
-            self.appended_since_checkpoint.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .relocated_blocks
+                .fetch_add(1, Ordering::Relaxed);
+            self.appended_since_checkpoint
+                .fetch_add(1, Ordering::Relaxed);
         }
         Ok(moved)
     }
@@ -532,7 +600,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             let count = (blocks - i * STRIPES as u64).min(STRIPES as u64);
             ftl.trim_piece(st, start, count as u32)
         })?;
-        self.counters.trimmed_blocks.fetch_add(blocks, Ordering::Relaxed);
+        self.counters
+            .trimmed_blocks
+            .fetch_add(blocks, Ordering::Relaxed);
         Ok(())
     }
 
@@ -541,7 +611,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         let Some(chunk) = st.chunk.as_mut() else {
             return Err(Error::Corrupt("trim without an open chunk".into()));
         };
-        let mut idx: Vec<usize> = (lba..lba + count as u64).map(|l| l as usize % STRIPES).collect();
+        let mut idx: Vec<usize> = (lba..lba + count as u64)
+            .map(|l| l as usize % STRIPES)
+            .collect();
         idx.sort_unstable();
         let _guards: Vec<_> = idx.iter().map(|&i| lock(&self.stripes[i])).collect();
         let seq = self.entry_seq.fetch_add(1, Ordering::SeqCst);
@@ -549,7 +621,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             let old = self.map.get(l);
             if let Some(o) = old.pba() {
                 self.map.swap(l, MapEntry::UNMAPPED);
-                self.segs.valid[self.geo.segment_of(o as u64) as usize].fetch_sub(1, Ordering::SeqCst);
+                self.segs.valid[self.geo.segment_of(o as u64) as usize]
+                    .fetch_sub(1, Ordering::SeqCst);
                 self.mapped.fetch_sub(1, Ordering::Relaxed);
             }
         }
@@ -575,7 +648,11 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 return Ok(());
             }
             if g.leading {
-                g = self.flush_group.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+                g = self
+                    .flush_group
+                    .cv
+                    .wait(g)
+                    .unwrap_or_else(|p| p.into_inner());
                 continue;
             }
             g.leading = true;
@@ -630,7 +707,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     pub fn locate(&self, lba: u64, out: &mut [u8]) -> Result<BlockLocation> {
         self.check_range(lba, 1)?;
         let e = self.map.get(lba);
-        let Some(pba) = e.pba() else { return Ok(BlockLocation::Zero) };
+        let Some(pba) = e.pba() else {
+            return Ok(BlockLocation::Zero);
+        };
         let pba = pba as u64;
         let seg = self.geo.segment_of(pba) as usize;
         if self.segs.unwritten[seg].load(Ordering::SeqCst) > 0 {
@@ -641,7 +720,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 return Ok(BlockLocation::Copied);
             }
         }
-        Ok(BlockLocation::Device { offset: pba * BLOCK_SIZE as u64, entry: e })
+        Ok(BlockLocation::Device {
+            offset: pba * BLOCK_SIZE as u64,
+            entry: e,
+        })
     }
 
     /// Verifies a block read from the device against its map entry. A mismatch is an
@@ -653,7 +735,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         if self.map.get(lba) != entry {
             return Ok(false);
         }
-        Err(Error::DataChecksum { lba, pba: entry.pba().unwrap_or(u32::MAX) as u64 })
+        Err(Error::DataChecksum {
+            lba,
+            pba: entry.pba().unwrap_or(u32::MAX) as u64,
+        })
     }
 
     /// Reads whole blocks at `lba` into `buf`. Never-written and trimmed blocks read zeros.
@@ -675,18 +760,25 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                     while i + (run.len() as u64) < n {
                         let next = self.map.get(lba + i + run.len() as u64);
                         let contiguous = next.pba().is_some_and(|p| {
-                            p as u64 * BLOCK_SIZE as u64 == offset + run.len() as u64 * BLOCK_SIZE as u64
-                                && self.segs.unwritten[self.geo.segment_of(p as u64) as usize].load(Ordering::SeqCst) == 0
+                            p as u64 * BLOCK_SIZE as u64
+                                == offset + run.len() as u64 * BLOCK_SIZE as u64
+                                && self.segs.unwritten[self.geo.segment_of(p as u64) as usize]
+                                    .load(Ordering::SeqCst)
+                                    == 0
                         });
                         if !contiguous {
                             break;
                         }
                         run.push(next);
                     }
-                    let bytes = &mut buf[i as usize * BLOCK_SIZE..(i as usize + run.len()) * BLOCK_SIZE];
-                    self.dev.read_at(offset, bytes).map_err(|e| Error::io("read", offset, e))?;
+                    let bytes =
+                        &mut buf[i as usize * BLOCK_SIZE..(i as usize + run.len()) * BLOCK_SIZE];
+                    self.dev
+                        .read_at(offset, bytes)
+                        .map_err(|e| Error::io("read", offset, e))?;
                     for (k, e) in run.iter().enumerate() {
-                        let blk = &mut buf[(i as usize + k) * BLOCK_SIZE..(i as usize + k + 1) * BLOCK_SIZE];
+                        let blk = &mut buf
+                            [(i as usize + k) * BLOCK_SIZE..(i as usize + k + 1) * BLOCK_SIZE];
                         if !self.verify_block(lba + i + k as u64, *e, blk)? {
                             self.read_one_retrying(lba + i + k as u64, blk)?;
                         }
@@ -708,7 +800,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 }
                 BlockLocation::Copied => return Ok(()),
                 BlockLocation::Device { offset, entry } => {
-                    self.dev.read_at(offset, blk).map_err(|e| Error::io("read", offset, e))?;
+                    self.dev
+                        .read_at(offset, blk)
+                        .map_err(|e| Error::io("read", offset, e))?;
                     if self.verify_block(lba, entry, blk)? {
                         return Ok(());
                     }

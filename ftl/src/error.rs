@@ -106,8 +106,19 @@ mod tests {
 
     #[test]
     fn errno_mapping() {
-        assert_eq!(Error::OutOfRange { lba: 1, end: 2, capacity: 1 }.errno(), -libc::EINVAL);
-        assert_eq!(Error::io("read", 0, io::Error::other("x")).errno(), -libc::EIO);
+        assert_eq!(
+            Error::OutOfRange {
+                lba: 1,
+                end: 2,
+                capacity: 1
+            }
+            .errno(),
+            -libc::EINVAL
+        );
+        assert_eq!(
+            Error::io("read", 0, io::Error::other("x")).errno(),
+            -libc::EIO
+        );
         assert_eq!(Error::NoSpace.errno(), -libc::ENOSPC);
         assert_eq!(Error::DataChecksum { lba: 0, pba: 0 }.errno(), -libc::EIO);
     }

@@ -192,7 +192,11 @@ impl Geometry {
 /// [`MIN_DEFAULT_SEGMENT_BYTES`] ..= [`MAX_DEFAULT_SEGMENT_BYTES`].
 pub fn default_segment_bytes(backing: u64) -> u64 {
     let ideal = backing / TARGET_SEGMENTS;
-    let pow = if ideal == 0 { 1 } else { 1u64 << (63 - ideal.leading_zeros()) };
+    let pow = if ideal == 0 {
+        1
+    } else {
+        1u64 << (63 - ideal.leading_zeros())
+    };
     pow.clamp(MIN_DEFAULT_SEGMENT_BYTES, MAX_DEFAULT_SEGMENT_BYTES)
 }
 
@@ -208,7 +212,10 @@ mod tests {
         assert_eq!(g.segment_bytes, 32 << 20);
         assert_eq!(g.segment_count, 64);
         assert_eq!(g.flash_page_bytes, 16 << 10);
-        assert_eq!(g.exported_blocks, (2 * GIB - 2 * GIB * 200 / 1000 - (32 << 20)) / 4096);
+        assert_eq!(
+            g.exported_blocks,
+            (2 * GIB - 2 * GIB * 200 / 1000 - (32 << 20)) / 4096
+        );
     }
 
     #[test]
@@ -228,12 +235,31 @@ mod tests {
     #[test]
     fn bad_parameters_are_rejected() {
         let bad = [
-            FormatOptions { segment_bytes: Some(3 << 20), ..Default::default() },
-            FormatOptions { segment_bytes: Some(4096), ..Default::default() },
-            FormatOptions { flash_page_bytes: Some(3000), ..Default::default() },
-            FormatOptions { flash_page_bytes: Some(1 << 20), segment_bytes: Some(1 << 20), ..Default::default() },
-            FormatOptions { op_permille: Some(5), ..Default::default() },
-            FormatOptions { op_permille: Some(950), ..Default::default() },
+            FormatOptions {
+                segment_bytes: Some(3 << 20),
+                ..Default::default()
+            },
+            FormatOptions {
+                segment_bytes: Some(4096),
+                ..Default::default()
+            },
+            FormatOptions {
+                flash_page_bytes: Some(3000),
+                ..Default::default()
+            },
+            FormatOptions {
+                flash_page_bytes: Some(1 << 20),
+                segment_bytes: Some(1 << 20),
+                ..Default::default()
+            },
+            FormatOptions {
+                op_permille: Some(5),
+                ..Default::default()
+            },
+            FormatOptions {
+                op_permille: Some(950),
+                ..Default::default()
+            },
         ];
         for o in bad {
             let e = Geometry::resolve(GIB, &o).unwrap_err();
@@ -243,8 +269,22 @@ mod tests {
 
     #[test]
     fn size_option_limits_backing() {
-        let g = Geometry::resolve(4 * GIB, &FormatOptions { size_bytes: Some(GIB), ..Default::default() }).unwrap();
+        let g = Geometry::resolve(
+            4 * GIB,
+            &FormatOptions {
+                size_bytes: Some(GIB),
+                ..Default::default()
+            },
+        )
+        .unwrap();
         assert_eq!(g.backing_bytes, GIB);
-        assert!(Geometry::resolve(GIB, &FormatOptions { size_bytes: Some(2 * GIB), ..Default::default() }).is_err());
+        assert!(Geometry::resolve(
+            GIB,
+            &FormatOptions {
+                size_bytes: Some(2 * GIB),
+                ..Default::default()
+            }
+        )
+        .is_err());
     }
 }

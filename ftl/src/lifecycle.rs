@@ -34,7 +34,8 @@ pub struct OpenReport {
 
 fn read_block<D: BlockDevice>(dev: &D, offset: u64) -> Result<AlignedBuf> {
     let mut b = AlignedBuf::new(BLOCK_SIZE);
-    dev.read_at(offset, &mut b).map_err(|e| Error::io("superblock read", offset, e))?;
+    dev.read_at(offset, &mut b)
+        .map_err(|e| Error::io("superblock read", offset, e))?;
     Ok(b)
 }
 
@@ -42,14 +43,19 @@ fn read_block<D: BlockDevice>(dev: &D, offset: u64) -> Result<AlignedBuf> {
 pub fn read_superblock<D: BlockDevice>(dev: &D) -> Result<(Superblock, Vec<String>)> {
     let name = dev.describe();
     if dev.size() < 2 * BLOCK_SIZE as u64 {
-        return Err(Error::NotFormatted(name, "device smaller than two blocks".into()));
+        return Err(Error::NotFormatted(
+            name,
+            "device smaller than two blocks".into(),
+        ));
     }
     let a = Superblock::decode(&read_block(dev, 0)?);
     // Copy B sits at the end of segment 0; without a good copy A, probe every legal size.
     let b = match &a {
         Ok(sb) => {
             let off = Geometry::superblock_offset(1, sb.geometry.segment_bytes);
-            (off < dev.size()).then(|| read_block(dev, off).map(|b| (off, Superblock::decode(&b)))).transpose()?
+            (off < dev.size())
+                .then(|| read_block(dev, off).map(|b| (off, Superblock::decode(&b))))
+                .transpose()?
         }
         Err(_) => {
             let mut found = None;
@@ -71,27 +77,44 @@ pub fn read_superblock<D: BlockDevice>(dev: &D) -> Result<(Superblock, Vec<Strin
         (Ok(sa), Some((_, Ok(sb)))) if sa == sb => sa,
         (Ok(sa), other) => {
             let off = Geometry::superblock_offset(1, sa.geometry.segment_bytes);
-            warnings.push(format!("superblock copy B was damaged ({}); rewritten from copy A", describe(&other)));
+            warnings.push(format!(
+                "superblock copy B was damaged ({}); rewritten from copy A",
+                describe(&other)
+            ));
             write_sb(dev, &sa, off)?;
             sa
         }
         (Err(ea), Some((_, Ok(sb)))) => {
-            warnings.push(format!("superblock copy A was damaged ({}); rewritten from copy B", describe_err(&ea)));
+            warnings.push(format!(
+                "superblock copy A was damaged ({}); rewritten from copy B",
+                describe_err(&ea)
+            ));
             write_sb(dev, &sb, 0)?;
             sb
         }
         (Err(SbDecode::Version(v)), _) => {
-            return Err(Error::UnsupportedVersion { found: v, supported: SB_VERSION })
+            return Err(Error::UnsupportedVersion {
+                found: v,
+                supported: SB_VERSION,
+            })
         }
         (Err(SbDecode::NoMagic), _) => {
-            return Err(Error::NotFormatted(name, "no superblock (not formatted as ftlblk)".into()))
+            return Err(Error::NotFormatted(
+                name,
+                "no superblock (not formatted as ftlblk)".into(),
+            ))
         }
         (Err(SbDecode::Corrupt(why)), _) => {
-            return Err(Error::Corrupt(format!("{name}: both superblock copies are damaged: {why}")))
+            return Err(Error::Corrupt(format!(
+                "{name}: both superblock copies are damaged: {why}"
+            )))
         }
     };
     if dev.size() < sb.geometry.backing_bytes {
-        return Err(Error::Shrunk { formatted: sb.geometry.backing_bytes, now: dev.size() });
+        return Err(Error::Shrunk {
+            formatted: sb.geometry.backing_bytes,
+            now: dev.size(),
+        });
     }
     Ok((sb, warnings))
 }
@@ -115,8 +138,10 @@ fn describe_err(e: &SbDecode) -> String {
 fn write_sb<D: BlockDevice>(dev: &D, sb: &Superblock, offset: u64) -> Result<()> {
     let mut b = AlignedBuf::new(BLOCK_SIZE);
     b.copy_from_slice(&sb.encode());
-    dev.write_at(offset, &b).map_err(|e| Error::io("superblock write", offset, e))?;
-    dev.sync().map_err(|e| Error::io("superblock sync", offset, e))
+    dev.write_at(offset, &b)
+        .map_err(|e| Error::io("superblock write", offset, e))?;
+    dev.sync()
+        .map_err(|e| Error::io("superblock sync", offset, e))
 }
 
 /// The checkpoint of a freshly formatted device.
@@ -148,7 +173,12 @@ fn new_uuid() -> [u8; 16] {
 }
 
 /// Formats `dev` (and resets `index`). Refuses an ftlblk-formatted backing unless `force`.
-pub fn format<D: BlockDevice, I: IndexStore>(dev: &D, index: &I, opts: &FormatOptions, force: bool) -> Result<Superblock> {
+pub fn format<D: BlockDevice, I: IndexStore>(
+    dev: &D,
+    index: &I,
+    opts: &FormatOptions,
+    force: bool,
+) -> Result<Superblock> {
     let geometry = Geometry::resolve(dev.size(), opts)?;
     if !force {
         match read_superblock(dev) {
@@ -160,7 +190,11 @@ pub fn format<D: BlockDevice, I: IndexStore>(dev: &D, index: &I, opts: &FormatOp
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    let sb = Superblock { uuid: new_uuid(), geometry, created_secs };
+    let sb = Superblock {
+        uuid: new_uuid(),
+        geometry,
+        created_secs,
+    };
     // Rule 1.
     index.clear()?;
     index.commit(initial_ops(&sb))?;
@@ -170,7 +204,11 @@ pub fn format<D: BlockDevice, I: IndexStore>(dev: &D, index: &I, opts: &FormatOp
         let _ = dev.discard(log_start, geometry.backing_bytes - log_start);
     }
     // Rule 2.
-    write_sb(dev, &sb, Geometry::superblock_offset(1, geometry.segment_bytes))?;
+    write_sb(
+        dev,
+        &sb,
+        Geometry::superblock_offset(1, geometry.segment_bytes),
+    )?;
     write_sb(dev, &sb, 0)?;
     Ok(sb)
 }

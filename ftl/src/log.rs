@@ -40,7 +40,9 @@ impl OpenChunk {
     }
     /// True when `seq` can still be encoded as a 32-bit delta from the first entry.
     pub fn seq_fits(&self, seq: u64) -> bool {
-        self.entries.first().map_or(true, |e| seq.saturating_sub(e.seq()) < (u32::MAX as u64) / 2)
+        self.entries.first().map_or(true, |e| {
+            seq.saturating_sub(e.seq()) < (u32::MAX as u64) / 2
+        })
     }
     /// Physical block the next data block lands on.
     pub fn next_data_pba(&self) -> u64 {
@@ -196,7 +198,14 @@ mod tests {
     }
 
     fn params() -> SealParams {
-        SealParams { chunk_seq: 9, epoch: 1, format_id: 5, stream: 0, blocks_per_page: 4, blocks_per_segment: 64 }
+        SealParams {
+            chunk_seq: 9,
+            epoch: 1,
+            format_id: 5,
+            stream: 0,
+            blocks_per_page: 4,
+            blocks_per_segment: 64,
+        }
     }
 
     #[test]
@@ -208,8 +217,17 @@ mod tests {
         let (s, pad) = seal(c, &params()).unwrap();
         assert_eq!((s.total_blocks, pad), (4, 2));
         assert!(s.bytes()[2 * BLOCK_SIZE..].iter().all(|&b| b == 0));
-        let sum = ChunkSummary::decode(&s.bytes()[..BLOCK_SIZE]).unwrap().unwrap();
-        assert_eq!(sum.entries, vec![Entry::Data { lba: 3, seq: 1, crc: 0x11 }]);
+        let sum = ChunkSummary::decode(&s.bytes()[..BLOCK_SIZE])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            sum.entries,
+            vec![Entry::Data {
+                lba: 3,
+                seq: 1,
+                crc: 0x11
+            }]
+        );
         assert_eq!(sum.pad_blocks, 2);
     }
 

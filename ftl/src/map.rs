@@ -111,7 +111,10 @@ impl L2p {
     pub fn page(&self, page: u64) -> Vec<u64> {
         let start = (page as usize * PAGE_ENTRIES).min(self.entries.len());
         let end = (start + PAGE_ENTRIES).min(self.entries.len());
-        self.entries[start..end].iter().map(|e| e.load(Ordering::SeqCst)).collect()
+        self.entries[start..end]
+            .iter()
+            .map(|e| e.load(Ordering::SeqCst))
+            .collect()
     }
 
     /// Marks a page dirty.

@@ -74,7 +74,10 @@ pub fn observe(lba: u64, data: &[u8]) -> Observed {
 
 impl Model {
     pub fn new() -> Self {
-        Model { slots: BTreeMap::new(), next_tag: 1 }
+        Model {
+            slots: BTreeMap::new(),
+            next_tag: 1,
+        }
     }
 
     /// Records a write of `blocks` blocks at `lba`; returns the bytes to write.
@@ -126,7 +129,9 @@ impl Model {
     pub fn allowed_after_crash(&self, lba: u64) -> Vec<Tag> {
         match self.slots.get(&lba) {
             None => vec![0],
-            Some(s) => std::iter::once(s.durable).chain(s.since.iter().copied()).collect(),
+            Some(s) => std::iter::once(s.durable)
+                .chain(s.since.iter().copied())
+                .collect(),
         }
     }
 
@@ -144,7 +149,9 @@ impl Model {
                 }
                 Ok(())
             }
-            other => Err(format!("lba {lba}: read {other:?} after crash, allowed {allowed:?}")),
+            other => Err(format!(
+                "lba {lba}: read {other:?} after crash, allowed {allowed:?}"
+            )),
         }
     }
 

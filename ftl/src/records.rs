@@ -92,7 +92,9 @@ impl SegmentRecord {
         r.skip(2)?;
         let version = r.u8()?;
         if version != SEG_VERSION {
-            return Err(Error::Corrupt(format!("segment record version {version} unknown")));
+            return Err(Error::Corrupt(format!(
+                "segment record version {version} unknown"
+            )));
         }
         let state = SegState::from_code(r.u8()?)?;
         let stream = r.u8()?;
@@ -132,7 +134,10 @@ const MAP_VERSION: u16 = 1;
 impl MapPage {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::with_capacity(20 + 8 * self.entries.len());
-        w.bytes(MAP_MAGIC).u16(MAP_VERSION).u16(self.entries.len() as u16).u64(self.page);
+        w.bytes(MAP_MAGIC)
+            .u16(MAP_VERSION)
+            .u16(self.entries.len() as u16)
+            .u64(self.page);
         for &e in &self.entries {
             w.u64(e);
         }
@@ -149,12 +154,17 @@ impl MapPage {
         r.skip(4)?;
         let version = r.u16()?;
         if version != MAP_VERSION {
-            return Err(Error::Corrupt(format!("map page version {version} unknown")));
+            return Err(Error::Corrupt(format!(
+                "map page version {version} unknown"
+            )));
         }
         let count = r.u16()? as usize;
         let page = r.u64()?;
         if count > PAGE_ENTRIES || buf.len() != 20 + 8 * count {
-            return Err(Error::Corrupt(format!("map page {page}: {count} entries in {} bytes", buf.len())));
+            return Err(Error::Corrupt(format!(
+                "map page {page}: {count} entries in {} bytes",
+                buf.len()
+            )));
         }
         let mut entries = Vec::with_capacity(count);
         for _ in 0..count {
@@ -268,18 +278,25 @@ impl CheckpointRecord {
 
     pub fn decode(buf: &[u8]) -> Result<Self> {
         if buf.len() < 12 || &buf[..8] != CKPT_MAGIC {
-            return Err(Error::Corrupt("checkpoint record: bad size or magic".into()));
+            return Err(Error::Corrupt(
+                "checkpoint record: bad size or magic".into(),
+            ));
         }
         check_trailing_crc(buf, "checkpoint record")?;
         let mut r = Reader::new(buf, "checkpoint record");
         r.skip(8)?;
         let version = r.u32()?;
         if version != CKPT_VERSION {
-            return Err(Error::Corrupt(format!("checkpoint record version {version} unknown")));
+            return Err(Error::Corrupt(format!(
+                "checkpoint record version {version} unknown"
+            )));
         }
         let n = r.u32()? as usize;
         if n > MAX_STREAMS_RECORDED || buf.len() != 140 + 8 * n {
-            return Err(Error::Corrupt(format!("checkpoint record: {n} streams in {} bytes", buf.len())));
+            return Err(Error::Corrupt(format!(
+                "checkpoint record: {n} streams in {} bytes",
+                buf.len()
+            )));
         }
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(r.bytes(16)?);
@@ -318,7 +335,14 @@ mod tests {
 
     #[test]
     fn segment_record_round_trip() {
-        let s = SegmentRecord { segment: 9, state: SegState::Closed, stream: 3, erase_count: 4, opened_seq: 99, valid: 12 };
+        let s = SegmentRecord {
+            segment: 9,
+            state: SegState::Closed,
+            stream: 3,
+            erase_count: 4,
+            opened_seq: 99,
+            valid: 12,
+        };
         let b = s.encode();
         assert_eq!(b.len(), SEG_RECORD_BYTES);
         assert_eq!(SegmentRecord::decode(&b).unwrap(), s);
@@ -329,7 +353,10 @@ mod tests {
 
     #[test]
     fn map_page_round_trip() {
-        let p = MapPage { page: 3, entries: (0..PAGE_ENTRIES as u64).collect() };
+        let p = MapPage {
+            page: 3,
+            entries: (0..PAGE_ENTRIES as u64).collect(),
+        };
         let b = p.encode();
         assert_eq!(MapPage::decode(&b).unwrap(), p);
         assert!(MapPage::decode(&b[..b.len() - 1]).is_err());
@@ -344,7 +371,10 @@ mod tests {
             next_entry_seq: 4,
             exported_blocks: 5,
             segment_count: 6,
-            counters: Counters { flushes: 7, ..Default::default() },
+            counters: Counters {
+                flushes: 7,
+                ..Default::default()
+            },
             cursors: vec![None, Some((4, 128))],
         };
         let b = c.encode();

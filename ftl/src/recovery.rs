@@ -47,22 +47,40 @@ pub(crate) struct LoadedIndex {
 }
 
 /// Reads and validates every record of the index against the superblock.
-pub(crate) fn load_index<I: IndexStore>(index: &I, sb: &Superblock, what: &str) -> Result<LoadedIndex> {
+pub(crate) fn load_index<I: IndexStore>(
+    index: &I,
+    sb: &Superblock,
+    what: &str,
+) -> Result<LoadedIndex> {
     let geo = &sb.geometry;
-    let mismatch = |why: String| Error::IndexMismatch { path: what.to_string(), why };
+    let mismatch = |why: String| Error::IndexMismatch {
+        path: what.to_string(),
+        why,
+    };
     let mut checkpoint = None;
     let mut segments = vec![None; geo.segment_count as usize];
     let mut pages = Vec::new();
-    let page_count = geo.exported_blocks.div_ceil(crate::records::PAGE_ENTRIES as u64);
+    let page_count = geo
+        .exported_blocks
+        .div_ceil(crate::records::PAGE_ENTRIES as u64);
     for (k, v) in index.load()? {
         match k.first().copied() {
-            Some(Key::CHECKPOINT) if k.len() == 1 => checkpoint = Some(CheckpointRecord::decode(&v)?),
+            Some(Key::CHECKPOINT) if k.len() == 1 => {
+                checkpoint = Some(CheckpointRecord::decode(&v)?)
+            }
             Some(Key::SEGMENT) if k.len() == 5 => {
                 let r = SegmentRecord::decode(&v)?;
-                let slot = segments.get_mut(r.segment as usize).filter(|_| k[1..] == r.segment.to_be_bytes());
+                let slot = segments
+                    .get_mut(r.segment as usize)
+                    .filter(|_| k[1..] == r.segment.to_be_bytes());
                 match slot {
                     Some(s) => *s = Some(r),
-                    None => return Err(Error::Corrupt(format!("segment record {} out of place", r.segment))),
+                    None => {
+                        return Err(Error::Corrupt(format!(
+                            "segment record {} out of place",
+                            r.segment
+                        )))
+                    }
                 }
             }
             Some(Key::MAP_PAGE) if k.len() == 9 => {
@@ -75,7 +93,8 @@ pub(crate) fn load_index<I: IndexStore>(index: &I, sb: &Superblock, what: &str) 
             _ => return Err(Error::Corrupt(format!("unknown index key {k:02x?}"))),
         }
     }
-    let checkpoint = checkpoint.ok_or_else(|| mismatch("it holds no checkpoint (empty, or not an ftlblk index)".into()))?;
+    let checkpoint = checkpoint
+        .ok_or_else(|| mismatch("it holds no checkpoint (empty, or not an ftlblk index)".into()))?;
     if checkpoint.uuid != sb.uuid {
         return Err(mismatch(format!(
             "it belongs to the format {} but the backing is {}",
@@ -83,15 +102,25 @@ pub(crate) fn load_index<I: IndexStore>(index: &I, sb: &Superblock, what: &str) 
             sb.uuid_string()
         )));
     }
-    if checkpoint.exported_blocks != geo.exported_blocks || checkpoint.segment_count != geo.segment_count {
-        return Err(mismatch("its geometry differs from the superblock's".into()));
+    if checkpoint.exported_blocks != geo.exported_blocks
+        || checkpoint.segment_count != geo.segment_count
+    {
+        return Err(mismatch(
+            "its geometry differs from the superblock's".into(),
+        ));
     }
     let segments = segments
         .into_iter()
         .enumerate()
-        .map(|(i, s)| s.ok_or_else(|| Error::Corrupt(format!("segment record {i} missing from the index"))))
+        .map(|(i, s)| {
+            s.ok_or_else(|| Error::Corrupt(format!("segment record {i} missing from the index")))
+        })
         .collect::<Result<Vec<_>>>()?;
-    Ok(LoadedIndex { checkpoint, segments, pages })
+    Ok(LoadedIndex {
+        checkpoint,
+        segments,
+        pages,
+    })
 }
 
 /// Rebuilds the in-memory state from the index and the log.
@@ -111,9 +140,13 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
     for p in &loaded.pages {
         if let Some(bad) = p.entries.iter().find(|&&e| {
             let e = MapEntry(e);
-            e.pba().is_some_and(|b| (b as u64) < first_log || b as u64 >= phys)
+            e.pba()
+                .is_some_and(|b| (b as u64) < first_log || b as u64 >= phys)
         }) {
-            return Err(Error::Corrupt(format!("map page {} points outside the log: {bad:#x}", p.page)));
+            return Err(Error::Corrupt(format!(
+                "map page {} points outside the log: {bad:#x}",
+                p.page
+            )));
         }
         map.load_page(p.page, &p.entries);
     }
@@ -122,7 +155,9 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
     cursors.resize(STREAMS, None);
     for c in cursors.iter().flatten() {
         if c.0 == 0 || c.0 >= geo.segment_count || c.1 >= geo.blocks_per_segment() {
-            return Err(Error::Corrupt(format!("checkpoint cursor {c:?} outside the log")));
+            return Err(Error::Corrupt(format!(
+                "checkpoint cursor {c:?} outside the log"
+            )));
         }
     }
     let format_id = {
@@ -130,11 +165,14 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         b.copy_from_slice(&sb.uuid[..8]);
         u64::from_le_bytes(b)
     };
-    let accept = |s: &ChunkSummary, seq: u64| s.chunk_seq == seq && s.epoch == ck.epoch && s.format_id == format_id;
+    let accept = |s: &ChunkSummary, seq: u64| {
+        s.chunk_seq == seq && s.epoch == ck.epoch && s.format_id == format_id
+    };
     let read_summary = |seg: u32, off: u32| -> Result<Option<ChunkSummary>> {
         let mut b = crate::device::AlignedBuf::new(BLOCK_SIZE);
         let at = (geo.segment_start(seg) + off as u64) * BLOCK_SIZE as u64;
-        dev.read_at(at, &mut b).map_err(|e| Error::io("recovery read", at, e))?;
+        dev.read_at(at, &mut b)
+            .map_err(|e| Error::io("recovery read", at, e))?;
         // A torn or stale block is simply not the chunk we look for.
         Ok(ChunkSummary::decode(&b).ok().flatten())
     };
@@ -144,7 +182,11 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
     for seg in 1..geo.segment_count {
         if segs.state(seg) == Some(SegState::Free) {
             if let Some(s) = read_summary(seg, 0)? {
-                if s.epoch == ck.epoch && s.format_id == format_id && s.segment == seg && s.offset == 0 {
+                if s.epoch == ck.epoch
+                    && s.format_id == format_id
+                    && s.segment == seg
+                    && s.offset == 0
+                {
                     heads.insert(s.chunk_seq, (seg, s));
                 }
             }
@@ -152,7 +194,10 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
     }
 
     let bps = geo.blocks_per_segment();
-    let mut report = RecoveryReport { checkpoint_epoch: ck.epoch, ..Default::default() };
+    let mut report = RecoveryReport {
+        checkpoint_epoch: ck.epoch,
+        ..Default::default()
+    };
     let mut expected = ck.next_chunk_seq;
     let mut collected: Vec<(Entry, u64)> = Vec::new();
     loop {
@@ -161,7 +206,11 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
             if let Some((seg, off)) = *cur {
                 if off + 2 <= bps {
                     if let Some(s) = read_summary(seg, off)? {
-                        if accept(&s, expected) && s.stream as usize == sid && s.segment == seg && s.offset == off {
+                        if accept(&s, expected)
+                            && s.stream as usize == sid
+                            && s.segment == seg
+                            && s.offset == off
+                        {
                             found = Some((seg, off, s));
                             break;
                         }

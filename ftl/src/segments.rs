@@ -53,7 +53,12 @@ impl Segments {
     pub fn from_records(records: &[SegmentRecord]) -> Self {
         let info: Vec<SegInfo> = records
             .iter()
-            .map(|r| SegInfo { state: r.state, stream: r.stream, erase_count: r.erase_count, opened_seq: r.opened_seq })
+            .map(|r| SegInfo {
+                state: r.state,
+                stream: r.stream,
+                erase_count: r.erase_count,
+                opened_seq: r.opened_seq,
+            })
             .collect();
         let free = info
             .iter()
@@ -75,7 +80,11 @@ impl Segments {
         (0..count)
             .map(|s| SegmentRecord {
                 segment: s,
-                state: if s == 0 { SegState::Closed } else { SegState::Free },
+                state: if s == 0 {
+                    SegState::Closed
+                } else {
+                    SegState::Free
+                },
                 stream: 0,
                 erase_count: 0,
                 opened_seq: 0,
@@ -137,7 +146,9 @@ impl Segments {
         t.info
             .iter()
             .enumerate()
-            .filter(|(i, s)| *i != 0 && s.state == SegState::Closed && self.valid[*i].load(Ordering::SeqCst) == 0)
+            .filter(|(i, s)| {
+                *i != 0 && s.state == SegState::Closed && self.valid[*i].load(Ordering::SeqCst) == 0
+            })
             .map(|(i, _)| i as u32)
             .collect()
     }
@@ -215,7 +226,9 @@ impl Segments {
     /// Recovery: a free segment found holding the next chunk of `stream` becomes open.
     pub fn take_for_recovery(&self, seg: u32, stream: u8, seq: u64) -> bool {
         let mut t = self.lock();
-        let Some(pos) = t.free.iter().position(|&s| s == seg) else { return false };
+        let Some(pos) = t.free.iter().position(|&s| s == seg) else {
+            return false;
+        };
         t.free.remove(pos);
         let i = &mut t.info[seg as usize];
         i.state = crate::records::SegState::Open;

@@ -118,9 +118,16 @@ impl ChunkSummary {
             .pad_to(56)
             .u64(self.format_id);
         for e in &self.entries {
-            let delta = e.seq().checked_sub(base).filter(|d| *d <= u32::MAX as u64).ok_or_else(|| {
-                Error::InvalidParameters(format!("entry seq {} not within 2^32 of base {base}", e.seq()))
-            })? as u32;
+            let delta = e
+                .seq()
+                .checked_sub(base)
+                .filter(|d| *d <= u32::MAX as u64)
+                .ok_or_else(|| {
+                    Error::InvalidParameters(format!(
+                        "entry seq {} not within 2^32 of base {base}",
+                        e.seq()
+                    ))
+                })? as u32;
             match *e {
                 Entry::Data { lba, crc, .. } => w.u64(lba).u32(delta).u32(crc),
                 Entry::Trim { lba, count, .. } => w.u64(lba | TRIM_FLAG).u32(delta).u32(count),
@@ -135,7 +142,10 @@ impl ChunkSummary {
     /// magic); `Err` when it claims to be one but fails a check. Never panics.
     pub fn decode(buf: &[u8]) -> Result<Option<ChunkSummary>> {
         if buf.len() != BLOCK_SIZE {
-            return Err(Error::Corrupt(format!("summary block of {} bytes", buf.len())));
+            return Err(Error::Corrupt(format!(
+                "summary block of {} bytes",
+                buf.len()
+            )));
         }
         if &buf[..8] != CHUNK_MAGIC {
             return Ok(None);
@@ -145,7 +155,9 @@ impl ChunkSummary {
         r.skip(8)?;
         let version = r.u16()?;
         if version != CHUNK_VERSION {
-            return Err(Error::Corrupt(format!("chunk summary version {version} unknown")));
+            return Err(Error::Corrupt(format!(
+                "chunk summary version {version} unknown"
+            )));
         }
         let stream = r.u8()?;
         let _flags = r.u8()?;
@@ -160,26 +172,50 @@ impl ChunkSummary {
         r.skip(6)?;
         let format_id = r.u64()?;
         if n > MAX_ENTRIES || data_blocks as usize > n {
-            return Err(Error::Corrupt(format!("chunk summary claims {n} entries, {data_blocks} data blocks")));
+            return Err(Error::Corrupt(format!(
+                "chunk summary claims {n} entries, {data_blocks} data blocks"
+            )));
         }
         debug_assert_eq!(r.pos(), HEADER_BYTES);
         let mut entries = Vec::with_capacity(n);
         let mut data = 0u16;
         for _ in 0..n {
             let raw = r.u64()?;
-            let seq = base.checked_add(r.u32()? as u64).ok_or_else(|| Error::Corrupt("entry seq overflows".into()))?;
+            let seq = base
+                .checked_add(r.u32()? as u64)
+                .ok_or_else(|| Error::Corrupt("entry seq overflows".into()))?;
             let last = r.u32()?;
             if raw & TRIM_FLAG != 0 {
-                entries.push(Entry::Trim { lba: raw & !TRIM_FLAG, seq, count: last });
+                entries.push(Entry::Trim {
+                    lba: raw & !TRIM_FLAG,
+                    seq,
+                    count: last,
+                });
             } else {
                 data += 1;
-                entries.push(Entry::Data { lba: raw, seq, crc: last });
+                entries.push(Entry::Data {
+                    lba: raw,
+                    seq,
+                    crc: last,
+                });
             }
         }
         if data != data_blocks {
-            return Err(Error::Corrupt(format!("chunk summary has {data} data entries but claims {data_blocks}")));
+            return Err(Error::Corrupt(format!(
+                "chunk summary has {data} data entries but claims {data_blocks}"
+            )));
         }
-        Ok(Some(ChunkSummary { stream, chunk_seq, epoch, format_id, segment, offset, data_blocks, pad_blocks, entries }))
+        Ok(Some(ChunkSummary {
+            stream,
+            chunk_seq,
+            epoch,
+            format_id,
+            segment,
+            offset,
+            data_blocks,
+            pad_blocks,
+            entries,
+        }))
     }
 }
 
@@ -198,9 +234,21 @@ mod tests {
             data_blocks: 2,
             pad_blocks: 1,
             entries: vec![
-                Entry::Data { lba: 10, seq: 1000, crc: 0xdead },
-                Entry::Trim { lba: 50, seq: 1001, count: 9 },
-                Entry::Data { lba: 11, seq: 1005, crc: 0xbeef },
+                Entry::Data {
+                    lba: 10,
+                    seq: 1000,
+                    crc: 0xdead,
+                },
+                Entry::Trim {
+                    lba: 50,
+                    seq: 1001,
+                    count: 9,
+                },
+                Entry::Data {
+                    lba: 11,
+                    seq: 1005,
+                    crc: 0xbeef,
+                },
             ],
         }
     }
@@ -218,11 +266,20 @@ mod tests {
     fn max_entries_fit() {
         assert_eq!(MAX_ENTRIES, 251);
         let mut s = sample();
-        s.entries = (0..MAX_ENTRIES as u64).map(|i| Entry::Data { lba: i, seq: i, crc: 0 }).collect();
+        s.entries = (0..MAX_ENTRIES as u64)
+            .map(|i| Entry::Data {
+                lba: i,
+                seq: i,
+                crc: 0,
+            })
+            .collect();
         s.data_blocks = MAX_ENTRIES as u16;
         let mut b = vec![0u8; BLOCK_SIZE];
         s.encode_into(&mut b).unwrap();
-        assert_eq!(ChunkSummary::decode(&b).unwrap().unwrap().entries.len(), MAX_ENTRIES);
+        assert_eq!(
+            ChunkSummary::decode(&b).unwrap().unwrap().entries.len(),
+            MAX_ENTRIES
+        );
     }
 
     #[test]
@@ -238,7 +295,11 @@ mod tests {
     #[test]
     fn seq_span_too_wide_is_refused() {
         let mut s = sample();
-        s.entries[2] = Entry::Data { lba: 11, seq: 1000 + (1 << 33), crc: 0 };
+        s.entries[2] = Entry::Data {
+            lba: 11,
+            seq: 1000 + (1 << 33),
+            crc: 0,
+        };
         assert!(s.encode_into(&mut vec![0u8; BLOCK_SIZE]).is_err());
     }
 }

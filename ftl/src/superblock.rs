@@ -75,7 +75,10 @@ impl Superblock {
     /// Decodes one block; never panics.
     pub fn decode(buf: &[u8]) -> std::result::Result<Superblock, SbDecode> {
         if buf.len() != BLOCK_SIZE {
-            return Err(SbDecode::Corrupt(format!("superblock is {} bytes, not {BLOCK_SIZE}", buf.len())));
+            return Err(SbDecode::Corrupt(format!(
+                "superblock is {} bytes, not {BLOCK_SIZE}",
+                buf.len()
+            )));
         }
         if &buf[..8] != SB_MAGIC {
             return Err(SbDecode::NoMagic);
@@ -119,9 +122,15 @@ impl Superblock {
             && exported_blocks > 0
             && exported_blocks < backing_bytes / BLOCK_SIZE as u64;
         if !sane {
-            return Err(SbDecode::Corrupt(format!("superblock geometry is inconsistent: {geometry:?}")));
+            return Err(SbDecode::Corrupt(format!(
+                "superblock geometry is inconsistent: {geometry:?}"
+            )));
         }
-        Ok(Superblock { uuid, geometry, created_secs })
+        Ok(Superblock {
+            uuid,
+            geometry,
+            created_secs,
+        })
     }
 
     /// Uuid as the usual hex string.
@@ -133,7 +142,14 @@ impl Superblock {
 /// Formats 16 bytes as 8-4-4-4-12 hex.
 pub fn uuid_string(u: &[u8; 16]) -> String {
     let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
 }
 
 #[cfg(test)]
@@ -143,7 +159,11 @@ mod tests {
 
     fn sample() -> Superblock {
         let geometry = Geometry::resolve(1 << 30, &FormatOptions::default()).unwrap();
-        Superblock { uuid: [7; 16], geometry, created_secs: 42 }
+        Superblock {
+            uuid: [7; 16],
+            geometry,
+            created_secs: 42,
+        }
     }
 
     #[test]
@@ -157,15 +177,24 @@ mod tests {
     #[test]
     fn each_failure_is_named() {
         let b = sample().encode();
-        assert!(matches!(Superblock::decode(&vec![0; BLOCK_SIZE]), Err(SbDecode::NoMagic)));
+        assert!(matches!(
+            Superblock::decode(&vec![0; BLOCK_SIZE]),
+            Err(SbDecode::NoMagic)
+        ));
         let mut flip = b.clone();
         flip[100] ^= 0xff;
-        assert!(matches!(Superblock::decode(&flip), Err(SbDecode::Corrupt(_))));
+        assert!(matches!(
+            Superblock::decode(&flip),
+            Err(SbDecode::Corrupt(_))
+        ));
         let mut v2 = b.clone();
         v2[8] = 2;
         let crc = crc32c::crc32c(&v2[..BLOCK_SIZE - 4]);
         v2[BLOCK_SIZE - 4..].copy_from_slice(&crc.to_le_bytes());
         assert!(matches!(Superblock::decode(&v2), Err(SbDecode::Version(2))));
-        assert!(matches!(Superblock::decode(&b[..100]), Err(SbDecode::Corrupt(_))));
+        assert!(matches!(
+            Superblock::decode(&b[..100]),
+            Err(SbDecode::Corrupt(_))
+        ));
     }
 }

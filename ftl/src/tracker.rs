@@ -22,7 +22,13 @@ pub struct ChunkTracker {
 impl ChunkTracker {
     /// Starts numbering at `next_seq`.
     pub fn new(next_seq: u64) -> Self {
-        ChunkTracker { inner: Mutex::new(Inner { next_seq, incomplete: BTreeSet::new() }), done: Condvar::new() }
+        ChunkTracker {
+            inner: Mutex::new(Inner {
+                next_seq,
+                incomplete: BTreeSet::new(),
+            }),
+            done: Condvar::new(),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -80,7 +86,13 @@ pub struct SyncGroup {
 
 impl SyncGroup {
     pub fn new(durable: u64) -> Self {
-        SyncGroup { inner: Mutex::new(SyncInner { durable, running: false }), cv: Condvar::new() }
+        SyncGroup {
+            inner: Mutex::new(SyncInner {
+                durable,
+                running: false,
+            }),
+            cv: Condvar::new(),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, SyncInner> {
@@ -156,11 +168,15 @@ mod tests {
             .map(|_| {
                 let (g, syncs) = (g.clone(), syncs.clone());
                 std::thread::spawn(move || {
-                    g.sync_to(10, || 10, || {
-                        syncs.fetch_add(1, Ordering::SeqCst);
-                        std::thread::sleep(std::time::Duration::from_millis(20));
-                        Ok::<(), ()>(())
-                    })
+                    g.sync_to(
+                        10,
+                        || 10,
+                        || {
+                            syncs.fetch_add(1, Ordering::SeqCst);
+                            std::thread::sleep(std::time::Duration::from_millis(20));
+                            Ok::<(), ()>(())
+                        },
+                    )
                     .unwrap();
                 })
             })
@@ -170,6 +186,9 @@ mod tests {
         }
         assert_eq!(g.durable(), 10);
         assert!(syncs.load(Ordering::SeqCst) < 8, "syncs were shared");
-        assert!(!g.sync_to(10, || 10, || Err::<(), ()>(())).unwrap(), "nothing to do, no sync");
+        assert!(
+            !g.sync_to(10, || 10, || Err::<(), ()>(())).unwrap(),
+            "nothing to do, no sync"
+        );
     }
 }

@@ -39,11 +39,28 @@ fn out_of_range_and_unaligned_are_errors() {
     let cap = f.capacity_blocks();
     let mut b = vec![0u8; 4096];
     assert!(matches!(f.read(cap, &mut b), Err(Error::OutOfRange { .. })));
-    assert!(matches!(f.write(cap - 1, &[0u8; 8192], false, S0), Err(Error::OutOfRange { .. })));
+    assert!(matches!(
+        f.write(cap - 1, &[0u8; 8192], false, S0),
+        Err(Error::OutOfRange { .. })
+    ));
     assert!(matches!(f.trim(u64::MAX, 2), Err(Error::OutOfRange { .. })));
-    assert!(matches!(f.write(0, &[0u8; 100], false, S0), Err(Error::Unaligned(_))));
-    assert!(matches!(f.write(0, &b, false, StreamId(200)), Err(Error::InvalidParameters(_))));
-    assert_eq!(Error::OutOfRange { lba: 0, end: 0, capacity: 0 }.errno(), -libc_einval());
+    assert!(matches!(
+        f.write(0, &[0u8; 100], false, S0),
+        Err(Error::Unaligned(_))
+    ));
+    assert!(matches!(
+        f.write(0, &b, false, StreamId(200)),
+        Err(Error::InvalidParameters(_))
+    ));
+    assert_eq!(
+        Error::OutOfRange {
+            lba: 0,
+            end: 0,
+            capacity: 0
+        }
+        .errno(),
+        -libc_einval()
+    );
     f.write(cap - 1, &b, false, S0).unwrap();
     f.read(cap - 1, &mut b).unwrap();
 }
@@ -73,7 +90,9 @@ fn too_small_backing_is_refused() {
 #[test]
 fn unformatted_backing_is_named() {
     let dev = MemDevice::new(64 << 20);
-    let e = Ftl::open(dev, MemIndex::new(), Config::default()).err().unwrap();
+    let e = Ftl::open(dev, MemIndex::new(), Config::default())
+        .err()
+        .unwrap();
     assert!(matches!(e, Error::NotFormatted(..)), "{e}");
 }
 
@@ -96,7 +115,9 @@ fn one_damaged_superblock_copy_is_repaired_both_is_an_error() {
         b[40] ^= 0xff;
         dev.write_at(off, &b).unwrap();
     }
-    let e = Ftl::open(dev.clone(), idx.clone(), Config::default()).err().unwrap();
+    let e = Ftl::open(dev.clone(), idx.clone(), Config::default())
+        .err()
+        .unwrap();
     assert!(matches!(e, Error::Corrupt(_)), "{e}");
 }
 
@@ -112,8 +133,13 @@ fn unknown_version_and_shrunk_backing_are_named() {
     b[4092..].copy_from_slice(&crc.to_le_bytes());
     dev.write_at(0, &b).unwrap();
     dev.write_at(sb.geometry.segment_bytes - 4096, &b).unwrap();
-    let e = Ftl::open(dev.clone(), idx.clone(), Config::default()).err().unwrap();
-    assert!(matches!(e, Error::UnsupportedVersion { found: 9, .. }), "{e}");
+    let e = Ftl::open(dev.clone(), idx.clone(), Config::default())
+        .err()
+        .unwrap();
+    assert!(
+        matches!(e, Error::UnsupportedVersion { found: 9, .. }),
+        "{e}"
+    );
 
     // Same image on a smaller device.
     let big = MemDevice::new(64 << 20);
@@ -122,8 +148,14 @@ fn unknown_version_and_shrunk_backing_are_named() {
     let mut blk = vec![0u8; 4096];
     big.read_at(0, &mut blk).unwrap();
     small.write_at(0, &blk).unwrap();
-    let e = Ftl::open(small, MemIndex::new(), Config::default()).err().unwrap();
-    assert!(matches!(e, Error::Shrunk { .. }), "{e} (formatted {})", sb.geometry.backing_bytes);
+    let e = Ftl::open(small, MemIndex::new(), Config::default())
+        .err()
+        .unwrap();
+    assert!(
+        matches!(e, Error::Shrunk { .. }),
+        "{e} (formatted {})",
+        sb.geometry.backing_bytes
+    );
 }
 
 #[test]
@@ -134,9 +166,13 @@ fn index_of_another_backing_is_refused() {
     let i2 = Arc::new(MemIndex::new());
     ftl::format(&d1, &i1, &FormatOptions::default(), false).unwrap();
     ftl::format(&d2, &i2, &FormatOptions::default(), false).unwrap();
-    let e = Ftl::open(d1.clone(), i2.clone(), Config::default()).err().unwrap();
+    let e = Ftl::open(d1.clone(), i2.clone(), Config::default())
+        .err()
+        .unwrap();
     assert!(matches!(e, Error::IndexMismatch { .. }), "{e}");
-    let e = Ftl::open(d1, Arc::new(MemIndex::new()), Config::default()).err().unwrap();
+    let e = Ftl::open(d1, Arc::new(MemIndex::new()), Config::default())
+        .err()
+        .unwrap();
     assert!(matches!(e, Error::IndexMismatch { .. }), "{e}");
 }
 
@@ -191,7 +227,8 @@ fn whole_dead_segments_are_recycled_through_checkpoints() {
         for lba in (0..cap).step_by(8) {
             let n = 8.min(cap - lba);
             let data = m.write(lba, n, false);
-            f.write(lba, &data, false, S0).unwrap_or_else(|e| panic!("round {round} lba {lba}: {e}"));
+            f.write(lba, &data, false, S0)
+                .unwrap_or_else(|e| panic!("round {round} lba {lba}: {e}"));
         }
     }
     for lba in 0..cap {
@@ -210,7 +247,10 @@ fn relocation_is_compare_and_swap() {
     let a = block_for(5, 1);
     f.write(5, &a, false, S0).unwrap();
     let e = f.map_entry(5).unwrap();
-    assert!(f.relocate(5, e, &a, StreamId(7)).unwrap(), "moves while the map still points there");
+    assert!(
+        f.relocate(5, e, &a, StreamId(7)).unwrap(),
+        "moves while the map still points there"
+    );
     assert_ne!(f.map_entry(5).unwrap(), e);
     // The user overwrote it meanwhile: a stale relocation must not resurrect old data.
     let b = block_for(5, 2);
@@ -220,7 +260,11 @@ fn relocation_is_compare_and_swap() {
     let mut r = vec![0u8; 4096];
     f.read(5, &mut r).unwrap();
     assert_eq!(r, b);
-    assert!(f.relocate(5, f.map_entry(5).unwrap(), &a, StreamId(7)).is_err(), "data must match the entry's crc");
+    assert!(
+        f.relocate(5, f.map_entry(5).unwrap(), &a, StreamId(7))
+            .is_err(),
+        "data must match the entry's crc"
+    );
 }
 
 #[test]
@@ -233,7 +277,11 @@ fn flush_pads_partial_pages_and_counts_it() {
     // summary + 1 data block padded to a 16 KiB page = 2 blocks of padding.
     assert_eq!(s.counters.padding_bytes - before, 2 * 4096);
     f.flush().unwrap();
-    assert_eq!(f.stats().counters.padding_bytes - before, 2 * 4096, "an idle flush writes nothing");
+    assert_eq!(
+        f.stats().counters.padding_bytes - before,
+        2 * 4096,
+        "an idle flush writes nothing"
+    );
 }
 
 #[test]
@@ -254,8 +302,12 @@ fn concurrent_writers_flushes_trims_and_checkpoints_do_not_deadlock() {
                             f.checkpoint().unwrap();
                         }
                         2 => f.trim(lba, 3).unwrap(),
-                        3 => f.write(lba, &block_for(lba, i + 1), true, StreamId((i % 4) as u8)).unwrap(),
-                        _ => f.write(lba, &block_for(lba, i + 1), false, StreamId((i % 4) as u8)).unwrap(),
+                        3 => f
+                            .write(lba, &block_for(lba, i + 1), true, StreamId((i % 4) as u8))
+                            .unwrap(),
+                        _ => f
+                            .write(lba, &block_for(lba, i + 1), false, StreamId((i % 4) as u8))
+                            .unwrap(),
                     }
                 }
             })
@@ -264,7 +316,10 @@ fn concurrent_writers_flushes_trims_and_checkpoints_do_not_deadlock() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     for t in threads {
         while !t.is_finished() {
-            assert!(std::time::Instant::now() < deadline, "deadlock: threads did not finish in 120 s");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "deadlock: threads did not finish in 120 s"
+            );
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         t.join().unwrap();
@@ -281,7 +336,13 @@ fn concurrent_writers_and_flushes() {
             std::thread::spawn(move || {
                 for i in 0..500u64 {
                     let lba = t * 1000 + i;
-                    f.write(lba, &block_for(lba, 1 + i), i % 50 == 0, StreamId((t % 3) as u8)).unwrap();
+                    f.write(
+                        lba,
+                        &block_for(lba, 1 + i),
+                        i % 50 == 0,
+                        StreamId((t % 3) as u8),
+                    )
+                    .unwrap();
                     if i % 97 == 0 {
                         f.flush().unwrap();
                     }

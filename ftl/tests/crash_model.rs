@@ -10,12 +10,24 @@ use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Write { lba: u64, blocks: u64, fua: bool, stream: u8 },
-    Read { lba: u64 },
-    Trim { lba: u64, blocks: u64 },
+    Write {
+        lba: u64,
+        blocks: u64,
+        fua: bool,
+        stream: u8,
+    },
+    Read {
+        lba: u64,
+    },
+    Trim {
+        lba: u64,
+        blocks: u64,
+    },
     Flush,
     Checkpoint,
-    Crash { seed: u64 },
+    Crash {
+        seed: u64,
+    },
 }
 
 fn op(cap: u64) -> impl Strategy<Value = Op> {
@@ -34,7 +46,6 @@ fn op(cap: u64) -> impl Strategy<Value = Op> {
 /// frequent and the log does not run out of space without a cleaner.
 const SPAN: u64 = 96;
 
-
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let (dev, idx, f) = tiny_crash();
     let mut f = Some(f);
@@ -42,31 +53,41 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     for (step, op) in ops.into_iter().enumerate() {
         let ftl = f.as_ref().unwrap();
         match op {
-            Op::Write { lba, blocks, fua, stream } => {
+            Op::Write {
+                lba,
+                blocks,
+                fua,
+                stream,
+            } => {
                 let data = m.write(lba, blocks, fua);
                 match ftl.write(lba, &data, fua, StreamId(stream)) {
                     Ok(()) => {}
                     Err(e) => return Err(TestCaseError::fail(format!("step {step}: write: {e}"))),
                 }
             }
-            Op::Read { lba } => check_read(ftl, &m, lba).map_err(|e| TestCaseError::fail(format!("step {step}: {e}")))?,
+            Op::Read { lba } => check_read(ftl, &m, lba)
+                .map_err(|e| TestCaseError::fail(format!("step {step}: {e}")))?,
             Op::Trim { lba, blocks } => {
-                ftl.trim(lba, blocks).map_err(|e| TestCaseError::fail(format!("step {step}: trim: {e}")))?;
+                ftl.trim(lba, blocks)
+                    .map_err(|e| TestCaseError::fail(format!("step {step}: trim: {e}")))?;
                 m.trim(lba, blocks);
             }
             Op::Flush => {
-                ftl.flush().map_err(|e| TestCaseError::fail(format!("step {step}: flush: {e}")))?;
+                ftl.flush()
+                    .map_err(|e| TestCaseError::fail(format!("step {step}: flush: {e}")))?;
                 m.flush();
             }
             Op::Checkpoint => {
-                ftl.checkpoint().map_err(|e| TestCaseError::fail(format!("step {step}: checkpoint: {e}")))?;
+                ftl.checkpoint()
+                    .map_err(|e| TestCaseError::fail(format!("step {step}: checkpoint: {e}")))?;
             }
             Op::Crash { seed } => {
                 drop(f.take());
                 dev.crash(seed).unwrap();
                 let (nf, _) = Ftl::open(dev.clone(), idx.clone(), Config::default())
                     .map_err(|e| TestCaseError::fail(format!("step {step}: reopen: {e}")))?;
-                check_after_crash(&nf, &mut m).map_err(|e| TestCaseError::fail(format!("step {step}: {e}")))?;
+                check_after_crash(&nf, &mut m)
+                    .map_err(|e| TestCaseError::fail(format!("step {step}: {e}")))?;
                 f = Some(nf);
             }
         }
@@ -74,7 +95,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     // Final crash: everything flushed must be there.
     drop(f.take());
     dev.crash(0xfeed).unwrap();
-    let (nf, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).map_err(|e| TestCaseError::fail(format!("final reopen: {e}")))?;
+    let (nf, _) = Ftl::open(dev.clone(), idx.clone(), Config::default())
+        .map_err(|e| TestCaseError::fail(format!("final reopen: {e}")))?;
     check_after_crash(&nf, &mut m).map_err(|e| TestCaseError::fail(format!("final: {e}")))?;
     Ok(())
 }

@@ -7,7 +7,11 @@ use std::os::unix::fs::MetadataExt;
 
 fn tmpdir() -> tempfile::TempDir {
     // /var/tmp is on a real disk (O_DIRECT); fall back to the default temp dir.
-    tempfile::Builder::new().prefix("ftl-test").tempdir_in("/var/tmp").or_else(|_| tempfile::tempdir()).unwrap()
+    tempfile::Builder::new()
+        .prefix("ftl-test")
+        .tempdir_in("/var/tmp")
+        .or_else(|_| tempfile::tempdir())
+        .unwrap()
 }
 
 #[test]
@@ -16,9 +20,19 @@ fn format_write_reopen_and_exclusive_lock() {
     let backing = dir.path().join("disk.img");
     let index = default_index_dir(&backing);
     assert_eq!(index, dir.path().join("disk.img.ftlidx"));
-    let sb = format_backing(&backing, &index, Some(256 << 20), &FormatOptions::default(), false).unwrap();
+    let sb = format_backing(
+        &backing,
+        &index,
+        Some(256 << 20),
+        &FormatOptions::default(),
+        false,
+    )
+    .unwrap();
     assert_eq!(sb.geometry.segment_bytes, 4 << 20);
-    assert!(std::fs::metadata(&backing).unwrap().blocks() < 1024, "backing stays sparse");
+    assert!(
+        std::fs::metadata(&backing).unwrap().blocks() < 1024,
+        "backing stays sparse"
+    );
 
     let e = format_backing(&backing, &index, None, &FormatOptions::default(), false).unwrap_err();
     assert!(matches!(e, Error::AlreadyFormatted(_)), "{e}");
@@ -26,12 +40,16 @@ fn format_write_reopen_and_exclusive_lock() {
     {
         let (f, _) = open_backing(&backing, &index, Config::default()).unwrap();
         for lba in 0..300u64 {
-            f.write(lba * 7, &block_for(lba * 7, 1), false, StreamId(1)).unwrap();
+            f.write(lba * 7, &block_for(lba * 7, 1), false, StreamId(1))
+                .unwrap();
         }
         f.flush().unwrap();
-        f.write(5000, &block_for(5000, 9), true, StreamId(1)).unwrap();
+        f.write(5000, &block_for(5000, 9), true, StreamId(1))
+            .unwrap();
         // A second server on the same backing is refused while this one runs.
-        let e = open_backing(&backing, &index, Config::default()).err().unwrap();
+        let e = open_backing(&backing, &index, Config::default())
+            .err()
+            .unwrap();
         assert!(matches!(e, Error::Busy(_)), "{e}");
         assert!(e.to_string().contains("already in use"), "{e}");
         // Dropped without close(): like a killed daemon.
@@ -48,7 +66,10 @@ fn format_write_reopen_and_exclusive_lock() {
     f.close().unwrap();
     drop(f);
     let (f, report) = open_backing(&backing, &index, Config::default()).unwrap();
-    assert_eq!(report.recovery.chunks_replayed, 0, "a clean close leaves nothing to replay");
+    assert_eq!(
+        report.recovery.chunks_replayed, 0,
+        "a clean close leaves nothing to replay"
+    );
     f.read(5000, &mut b).unwrap();
     assert_eq!(b, block_for(5000, 9));
 }
@@ -57,15 +78,33 @@ fn format_write_reopen_and_exclusive_lock() {
 fn missing_index_and_too_small_backing_are_clear_errors() {
     let dir = tmpdir();
     let backing = dir.path().join("small.img");
-    let e = format_backing(&backing, &dir.path().join("i"), Some(4 << 20), &FormatOptions::default(), false).unwrap_err();
+    let e = format_backing(
+        &backing,
+        &dir.path().join("i"),
+        Some(4 << 20),
+        &FormatOptions::default(),
+        false,
+    )
+    .unwrap_err();
     assert!(matches!(e, Error::TooSmall(_)), "{e}");
     let backing = dir.path().join("ok.img");
     let index = dir.path().join("idx");
-    format_backing(&backing, &index, Some(64 << 20), &FormatOptions::default(), false).unwrap();
+    format_backing(
+        &backing,
+        &index,
+        Some(64 << 20),
+        &FormatOptions::default(),
+        false,
+    )
+    .unwrap();
     std::fs::remove_dir_all(&index).unwrap();
-    let e = open_backing(&backing, &index, Config::default()).err().unwrap();
+    let e = open_backing(&backing, &index, Config::default())
+        .err()
+        .unwrap();
     assert!(matches!(e, Error::IndexMismatch { .. }), "{e}");
-    let e = open_backing(&dir.path().join("nope.img"), &index, Config::default()).err().unwrap();
+    let e = open_backing(&dir.path().join("nope.img"), &index, Config::default())
+        .err()
+        .unwrap();
     assert!(matches!(e, Error::Open { .. }), "{e}");
 }
 
@@ -74,7 +113,10 @@ fn freed_segments_shrink_the_backing_file() {
     let dir = tmpdir();
     let backing = dir.path().join("trim.img");
     let index = dir.path().join("trim.idx");
-    let opts = FormatOptions { segment_bytes: Some(1 << 20), ..Default::default() };
+    let opts = FormatOptions {
+        segment_bytes: Some(1 << 20),
+        ..Default::default()
+    };
     format_backing(&backing, &index, Some(64 << 20), &opts, false).unwrap();
     let (f, _) = open_backing(&backing, &index, Config::default()).unwrap();
     let data: Vec<u8> = (0..256u64).flat_map(|l| block_for(l, 1)).collect();
@@ -84,6 +126,9 @@ fn freed_segments_shrink_the_backing_file() {
     f.flush().unwrap();
     f.checkpoint().unwrap();
     let allocated = std::fs::metadata(&backing).unwrap().blocks() * 512;
-    assert!(allocated < 8 << 20, "dead segments were punched out: {allocated} bytes allocated");
+    assert!(
+        allocated < 8 << 20,
+        "dead segments were punched out: {allocated} bytes allocated"
+    );
     assert!(f.stats().counters.discarded_bytes >= 30 << 20);
 }

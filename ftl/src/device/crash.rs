@@ -111,7 +111,8 @@ impl CrashDevice {
         let off = offset as usize;
         st.current[off..off + data.len()].copy_from_slice(data);
         for (i, block) in data.chunks(BLOCK_SIZE).enumerate() {
-            st.pending.push((offset / BLOCK_SIZE as u64 + i as u64, block.into()));
+            st.pending
+                .push((offset / BLOCK_SIZE as u64 + i as u64, block.into()));
         }
     }
 }

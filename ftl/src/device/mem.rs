@@ -18,7 +18,11 @@ impl MemDevice {
     /// A zero-filled device of `size` bytes (rounded down to whole blocks).
     pub fn new(size: u64) -> Self {
         let size = size / super::BLOCK_SIZE as u64 * super::BLOCK_SIZE as u64;
-        MemDevice { data: RwLock::new(vec![0u8; size as usize]), size, discarded: AtomicU64::new(0) }
+        MemDevice {
+            data: RwLock::new(vec![0u8; size as usize]),
+            size,
+            discarded: AtomicU64::new(0),
+        }
     }
 
     /// Bytes discarded so far.

@@ -59,6 +59,9 @@ impl IndexStore for MemIndex {
         Ok(())
     }
     fn size_on_disk(&self) -> u64 {
-        self.map.lock().map(|m| m.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum()).unwrap_or(0)
+        self.map
+            .lock()
+            .map(|m| m.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum())
+            .unwrap_or(0)
     }
 }

@@ -30,7 +30,10 @@ impl SledIndex {
                 }
                 other => err(path, other),
             })?;
-        Ok(SledIndex { db, path: path.to_path_buf() })
+        Ok(SledIndex {
+            db,
+            path: path.to_path_buf(),
+        })
     }
 
     /// Directory of the index.
@@ -43,7 +46,10 @@ impl IndexStore for SledIndex {
     fn load(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         self.db
             .iter()
-            .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(|e| err(&self.path, e)))
+            .map(|r| {
+                r.map(|(k, v)| (k.to_vec(), v.to_vec()))
+                    .map_err(|e| err(&self.path, e))
+            })
             .collect()
     }
     fn commit(&self, ops: Vec<Op>) -> Result<()> {
@@ -78,9 +84,16 @@ mod tests {
         let p = dir.path().join("idx");
         {
             let s = SledIndex::open(&p).unwrap();
-            s.commit(vec![Op::Put(b"a".to_vec(), b"1".to_vec()), Op::Put(b"b".to_vec(), b"2".to_vec())]).unwrap();
+            s.commit(vec![
+                Op::Put(b"a".to_vec(), b"1".to_vec()),
+                Op::Put(b"b".to_vec(), b"2".to_vec()),
+            ])
+            .unwrap();
             s.commit(vec![Op::Remove(b"a".to_vec())]).unwrap();
-            assert!(matches!(SledIndex::open(&p), Err(Error::Busy(_)) | Err(Error::Index(_))));
+            assert!(matches!(
+                SledIndex::open(&p),
+                Err(Error::Busy(_)) | Err(Error::Index(_))
+            ));
         }
         let s = SledIndex::open(&p).unwrap();
         assert_eq!(s.load().unwrap(), vec![(b"b".to_vec(), b"2".to_vec())]);

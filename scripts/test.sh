@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# test.sh — the whole test suite: installs what it needs, then runs every test.
+#
+# Usage: scripts/test.sh
+#
+# 1. scripts/install-deps.sh --host (fio, clang/libclang for bindgen, pkg-config);
+# 2. cargo fmt --check, then cargo test over the workspace (release build: the property
+#    tests run many cases): unit tests, model-based crash-consistency property tests on
+#    the crash-simulating device, file-backend tests (O_DIRECT, io_uring, sled) in a temp
+#    directory, corrupt/too-small/busy tests.
+# Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/install-deps.sh --host
+command -v cargo >/dev/null || { echo "test.sh: cargo not found (install rustup)" >&2; exit 1; }
+
+echo "== cargo fmt --check"
+cargo fmt --all --check
+
+echo "== cargo test (workspace, release)"
+cargo test --workspace --release 2>&1 | tee /tmp/ftlblk-test.log | grep -E "^(test result|running|error|warning: unused)|FAILED|panicked" || true
+status=${PIPESTATUS[0]}
+if [ "$status" -ne 0 ]; then
+    echo "test.sh: cargo test failed (full log: /tmp/ftlblk-test.log)" >&2
+    tail -50 /tmp/ftlblk-test.log >&2
+    exit "$status"
+fi
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "%d passed, %d failed\n", p, f }' /tmp/ftlblk-test.log
