@@ -1,1 +1,31 @@
-pub fn x() {}
+//! # cleaner: segment cleaning for the ftl crate
+//!
+//! - [`policy`]: victim selection as pure functions over a snapshot of segment statistics
+//!   (greedy, cost-benefit, cost-hotness);
+//! - [`trigger`]: when to clean and how hard to throttle writers, as pure functions;
+//! - [`slice`]: quasi-preemptive cleaning: work in slices, yield to foreground I/O at the
+//!   end of a slice, resume where it stopped (victim and next block are kept);
+//! - [`runner`]: the background thread that ties them to a live FTL.
+//!
+//! Invariants: relocation is a compare-and-swap on the map (a block overwritten
+//! meanwhile is not moved); relocated blocks go, in LBA order, into the FTL's GC stream;
+//! a cleaned segment becomes free only through a durable checkpoint (the FTL's rule), and
+//! only then is it discarded on the backing.
+
+pub mod policy;
+pub mod runner;
+pub mod slice;
+pub mod trigger;
+
+pub use policy::Policy;
+pub use runner::{spawn, CleanerConfig, CleanerHandle, RunnerStats};
+pub use slice::{Budget, Cleaner, CleanerStats, SliceEnd};
+
+/// Errors of the cleaner.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Ftl(#[from] ftl::Error),
+    #[error("unknown cleaning policy {0:?} (greedy, cost-benefit, cost-hotness)")]
+    UnknownPolicy(String),
+}

@@ -95,6 +95,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             return Err(e);
         }
         self.segs.release(&dead);
+        if !dead.is_empty() {
+            self.space.notify();
+        }
         if self.cfg.discard_freed {
             for &s in &dead {
                 let off = self.geo.segment_start(s) * BLOCK_SIZE as u64;

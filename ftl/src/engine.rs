@@ -25,6 +25,8 @@ pub struct StreamId(pub u8);
 
 /// Stream that TRIM records are logged in.
 pub const TRIM_STREAM: StreamId = StreamId(0);
+/// Stream the cleaner relocates into (GC output is cold); it may use the reserve.
+pub const GC_STREAM: StreamId = StreamId(7);
 
 /// Number of LBA stripe locks.
 const STRIPES: usize = 4096;
@@ -36,6 +38,11 @@ pub struct Config {
     pub discard_freed: bool,
     /// Blocks appended since the last checkpoint after which one is due.
     pub checkpoint_blocks: u64,
+    /// Free segments user streams may not take: the cleaner's room to make progress.
+    pub gc_reserve_segments: usize,
+    /// With a cleaner attached, how long a write waits for a free segment before it
+    /// fails with ENOSPC.
+    pub space_wait: std::time::Duration,
 }
 
 impl Default for Config {
@@ -43,6 +50,8 @@ impl Default for Config {
         Config {
             discard_freed: true,
             checkpoint_blocks: 0,
+            gc_reserve_segments: 2,
+            space_wait: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -120,6 +129,7 @@ pub struct Ftl<D: BlockDevice, I: IndexStore> {
     pool: BufferPool,
     poison: Mutex<Option<String>>,
     flush_group: FlushGroup,
+    pub(crate) space: crate::clean::SpaceWaiters,
 }
 
 /// Leader/follower state of concurrent FLUSHes.
@@ -204,6 +214,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             checkpoint_lock: Mutex::new(()),
             pool: BufferPool::default(),
             poison: Mutex::new(None),
+            space: crate::clean::SpaceWaiters::default(),
             flush_group: FlushGroup {
                 state: Mutex::new(FlushState {
                     durable_entry: p.next_entry_seq,
@@ -369,9 +380,14 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                         self.segs.close(seg);
                         st.cursor = None;
                     }
+                    let keep = if stream == GC_STREAM.0 {
+                        0
+                    } else {
+                        self.cfg.gc_reserve_segments
+                    };
                     match self
                         .segs
-                        .allocate(stream, self.entry_seq.load(Ordering::SeqCst))
+                        .allocate(stream, self.entry_seq.load(Ordering::SeqCst), keep)
                     {
                         Some(seg) => (seg, 0),
                         None => return Ok(Room::NeedSpace),
@@ -521,11 +537,15 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             self.write_chunks(out)?;
             if need_space {
                 // Dead segments come back only through a durable checkpoint.
-                if retried || self.segs.dead_closed().is_empty() {
+                if !retried && !self.segs.dead_closed().is_empty() {
+                    self.checkpoint()?;
+                    retried = true;
+                    continue;
+                }
+                if !self.wait_for_space()? {
                     return Err(Error::NoSpace);
                 }
-                self.checkpoint()?;
-                retried = true;
+                retried = false;
             }
         }
         Ok(())
@@ -536,6 +556,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         let n = Self::check_len(data.len())?;
         self.check_range(lba, n)?;
         self.check_poison()?;
+        self.note_foreground();
+        self.throttle(n);
         self.append_loop(stream, n, true, |ftl, st, i| {
             let block = &data[i as usize * BLOCK_SIZE..(i as usize + 1) * BLOCK_SIZE];
             let crc = crc32c::crc32c(block);
@@ -594,6 +616,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     pub fn trim(&self, lba: u64, blocks: u64) -> Result<()> {
         self.check_range(lba, blocks)?;
         self.check_poison()?;
+        self.note_foreground();
         let pieces = blocks.div_ceil(STRIPES as u64);
         self.append_loop(TRIM_STREAM, pieces, false, |ftl, st, i| {
             let start = lba + i * STRIPES as u64;
@@ -639,6 +662,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// they appended in one go, so concurrent write+flush pairs share chunks and syncs.
     pub fn flush(&self) -> Result<()> {
         self.check_poison()?;
+        self.note_foreground();
         self.counters.flushes.fetch_add(1, Ordering::Relaxed);
         // Every write that completed before this call has an entry sequence below it.
         let ticket = self.entry_seq.load(Ordering::SeqCst);
@@ -706,6 +730,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Finds where `lba` lives; copies it into `out` when it is still buffered.
     pub fn locate(&self, lba: u64, out: &mut [u8]) -> Result<BlockLocation> {
         self.check_range(lba, 1)?;
+        self.note_foreground();
         let e = self.map.get(lba);
         let Some(pba) = e.pba() else {
             return Ok(BlockLocation::Zero);

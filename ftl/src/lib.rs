@@ -33,6 +33,7 @@
 
 pub mod backing;
 pub mod checkpoint;
+pub mod clean;
 pub mod codec;
 pub mod device;
 pub mod engine;
@@ -51,8 +52,9 @@ pub mod summary;
 pub mod superblock;
 pub mod tracker;
 
+pub use clean::LiveBlock;
 pub use device::BlockDevice;
-pub use engine::{BlockLocation, Config, Ftl, StreamId, TRIM_STREAM};
+pub use engine::{BlockLocation, Config, Ftl, StreamId, GC_STREAM, TRIM_STREAM};
 pub use error::{Error, Result};
 pub use geometry::{FormatOptions, Geometry};
 pub use index::IndexStore;

@@ -104,9 +104,13 @@ impl Segments {
         self.valid.len() as u32
     }
 
-    /// Takes a free segment for `stream`, opened at entry sequence `seq`.
-    pub fn allocate(&self, stream: u8, seq: u64) -> Option<u32> {
+    /// Takes a free segment for `stream`, opened at entry sequence `seq`, unless that
+    /// would leave `keep` or fewer free (the cleaner's reserve).
+    pub fn allocate(&self, stream: u8, seq: u64, keep: usize) -> Option<u32> {
         let mut t = self.lock();
+        if t.free.len() <= keep {
+            return None;
+        }
         let seg = t.free.pop_front()?;
         let i = &mut t.info[seg as usize];
         i.state = SegState::Open;
@@ -203,7 +207,7 @@ mod tests {
     fn allocate_close_release() {
         let t = Segments::from_records(&Segments::fresh_records(4));
         assert_eq!(t.free_count(), 3);
-        let s = t.allocate(2, 10).unwrap();
+        let s = t.allocate(2, 10, 0).unwrap();
         assert_eq!(s, 1);
         assert_eq!(t.owner[1].load(Ordering::SeqCst), 2);
         t.close(s);
@@ -215,10 +219,11 @@ mod tests {
         assert_eq!(t.free_count(), 3);
         assert_eq!(t.snapshot()[1].erase_count, 1);
         t.valid[2].store(1, Ordering::SeqCst);
-        t.allocate(0, 0);
-        t.allocate(0, 0);
-        t.allocate(0, 0);
-        assert!(t.allocate(0, 0).is_none());
+        assert!(t.allocate(0, 0, 3).is_none(), "the reserve is kept");
+        t.allocate(0, 0, 0);
+        t.allocate(0, 0, 0);
+        t.allocate(0, 0, 0);
+        assert!(t.allocate(0, 0, 0).is_none());
     }
 }
 

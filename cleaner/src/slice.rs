@@ -1,0 +1,159 @@
+//! Quasi-preemptive cleaning (OrcFS): cleaning runs in slices. At the end of a slice it
+//! checks whether foreground I/O is waiting; if so it keeps its context (victim and
+//! next block) and yields; the next slice resumes where it stopped. Run with an
+//! unbounded budget it is the classic non-preemptive cleaner (a whole victim at once).
+
+use crate::policy::{pick_victim, Policy};
+use ftl::{BlockDevice, Ftl, IndexStore, LiveBlock, GC_STREAM};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How much one slice may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Wall-clock length of a slice.
+    pub time: Duration,
+    /// Blocks a slice may move (for deterministic tests); `usize::MAX` for no limit.
+    pub blocks: usize,
+}
+
+impl Budget {
+    /// A time-bounded slice.
+    pub fn time(t: Duration) -> Self {
+        Budget {
+            time: t,
+            blocks: usize::MAX,
+        }
+    }
+    /// A block-bounded slice.
+    pub fn blocks(n: usize) -> Self {
+        Budget {
+            time: Duration::MAX,
+            blocks: n,
+        }
+    }
+    /// No bound: a whole victim at once.
+    pub fn unbounded() -> Self {
+        Budget {
+            time: Duration::MAX,
+            blocks: usize::MAX,
+        }
+    }
+}
+
+/// How a slice ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SliceEnd {
+    /// The victim has no live block left (it frees at the next checkpoint).
+    Finished { victim: u32, moved: usize },
+    /// Budget spent and foreground I/O waiting: context kept.
+    Preempted { victim: u32, moved: usize },
+    /// Nothing worth cleaning.
+    NoVictim,
+}
+
+/// Figures for `ftlblk stats`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CleanerStats {
+    pub blocks_copied: u64,
+    pub blocks_skipped: u64,
+    pub segments_cleaned: u64,
+    pub slices: u64,
+    pub preemptions: u64,
+}
+
+struct Context {
+    victim: u32,
+    blocks: Vec<LiveBlock>,
+    next: usize,
+}
+
+/// A cleaner over one FTL. Not thread-safe by itself: one cleaner per FTL.
+pub struct Cleaner<D: BlockDevice, I: IndexStore> {
+    ftl: Arc<Ftl<D, I>>,
+    ctx: Option<Context>,
+    buf: Vec<u8>,
+    pub stats: CleanerStats,
+}
+
+impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
+    pub fn new(ftl: Arc<Ftl<D, I>>) -> Self {
+        Cleaner {
+            ftl,
+            ctx: None,
+            buf: vec![0u8; 4096],
+            stats: CleanerStats::default(),
+        }
+    }
+
+    /// The victim being cleaned, if a slice was preempted.
+    pub fn current_victim(&self) -> Option<u32> {
+        self.ctx.as_ref().map(|c| c.victim)
+    }
+
+    /// Runs one slice. `foreground_waiting` is asked when the budget is spent.
+    pub fn run_slice(
+        &mut self,
+        policy: Policy,
+        budget: Budget,
+        foreground_waiting: &dyn Fn() -> bool,
+    ) -> Result<SliceEnd, crate::Error> {
+        self.stats.slices += 1;
+        if self.ctx.is_none() {
+            let snap = self.ftl.segment_snapshot();
+            let now = self.ftl.current_seq();
+            let bps = self.ftl.geometry().blocks_per_segment();
+            let Some(victim) = pick_victim(policy, &snap, now, bps, &[]) else {
+                return Ok(SliceEnd::NoVictim);
+            };
+            // Relocation order is LBA order: cleaning also defragments.
+            let blocks = self.ftl.live_blocks(victim)?;
+            self.ctx = Some(Context {
+                victim,
+                blocks,
+                next: 0,
+            });
+        }
+        let mut slice_start = Instant::now();
+        let mut slice_moved = 0usize;
+        let mut moved = 0usize;
+        loop {
+            let Some(ctx) = self.ctx.as_mut() else {
+                return Ok(SliceEnd::NoVictim);
+            };
+            if ctx.next >= ctx.blocks.len() {
+                let victim = ctx.victim;
+                self.ctx = None;
+                self.stats.segments_cleaned += 1;
+                return Ok(SliceEnd::Finished { victim, moved });
+            }
+            if slice_moved >= budget.blocks || slice_start.elapsed() >= budget.time {
+                if foreground_waiting() {
+                    self.stats.preemptions += 1;
+                    return Ok(SliceEnd::Preempted {
+                        victim: ctx.victim,
+                        moved,
+                    });
+                }
+                // Nobody waits: go on with a fresh slice.
+                self.stats.slices += 1;
+                slice_start = Instant::now();
+                slice_moved = 0;
+            }
+            let b = ctx.blocks[ctx.next];
+            ctx.next += 1;
+            // Compare-and-swap all the way: skip blocks the user rewrote meanwhile.
+            if self.ftl.map_entry(b.lba)? != b.entry || !self.ftl.read_live(&b, &mut self.buf)? {
+                self.stats.blocks_skipped += 1;
+                continue;
+            }
+            if self.ftl.relocate(b.lba, b.entry, &self.buf, GC_STREAM)? {
+                self.stats.blocks_copied += 1;
+                moved += 1;
+                slice_moved += 1;
+            } else {
+                self.stats.blocks_skipped += 1;
+            }
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! When to clean and how hard to hold writers back: pure functions.
+
+use std::time::Duration;
+
+/// Background cleaning interval (High-Frequency BSC): `Ci = MinCi * Free / MinFree` while
+/// `Free > MinFree`, else `MinCi`.
+pub fn background_interval(free: usize, min_free: usize, min_interval: Duration) -> Duration {
+    if free > min_free && min_free > 0 {
+        min_interval.mul_f64(free as f64 / min_free as f64)
+    } else {
+        min_interval
+    }
+}
+
+/// Foreground cleaning runs while free segments are at or below the low watermark.
+pub fn foreground_needed(free: usize, low_watermark: usize) -> bool {
+    free <= low_watermark
+}
+
+/// Proportional write throttle (as pblk and SPDK do): no delay while free segments are
+/// above `start`; then a delay growing linearly as free space falls towards the
+/// `reserve`, reaching `max_delay` at it. Writers slow down smoothly; they never stop.
+pub fn throttle_delay(free: usize, reserve: usize, start: usize, max_delay: Duration) -> Duration {
+    if free >= start || start <= reserve {
+        return Duration::ZERO;
+    }
+    let span = (start - reserve) as f64;
+    let short = (start - free.max(reserve)) as f64;
+    max_delay.mul_f64(short / span)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interval_follows_free_space() {
+        let m = Duration::from_millis(10);
+        assert_eq!(background_interval(40, 10, m), Duration::from_millis(40));
+        assert_eq!(background_interval(10, 10, m), m);
+        assert_eq!(background_interval(3, 10, m), m);
+    }
+
+    #[test]
+    fn throttle_is_proportional_and_bounded() {
+        let max = Duration::from_micros(100);
+        assert_eq!(throttle_delay(20, 2, 10, max), Duration::ZERO);
+        assert_eq!(throttle_delay(10, 2, 10, max), Duration::ZERO);
+        let a = throttle_delay(8, 2, 10, max);
+        let b = throttle_delay(4, 2, 10, max);
+        assert!(Duration::ZERO < a && a < b && b < max, "{a:?} {b:?}");
+        assert_eq!(throttle_delay(2, 2, 10, max), max);
+        assert_eq!(throttle_delay(0, 2, 10, max), max);
+    }
+
+    #[test]
+    fn foreground_watermark() {
+        assert!(foreground_needed(3, 3));
+        assert!(!foreground_needed(4, 3));
+    }
+}

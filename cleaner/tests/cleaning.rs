@@ -1,0 +1,338 @@
+//! The cleaner against the reference model: slices, preemption, crashes, full devices.
+
+use cleaner::{Budget, Cleaner, CleanerConfig, Policy, SliceEnd};
+use ftl::device::crash::CrashDevice;
+use ftl::device::mem::MemDevice;
+use ftl::index::mem::MemIndex;
+use ftl::model::{block_for, observe, Model, Observed};
+use ftl::{BlockDevice, Config, FormatOptions, Ftl, IndexStore, StreamId};
+use proptest::prelude::*;
+use std::sync::Arc;
+
+fn tiny() -> FormatOptions {
+    FormatOptions {
+        segment_bytes: Some(64 << 10),
+        flash_page_bytes: Some(16 << 10),
+        ..Default::default()
+    }
+}
+
+type CrashFtl = Ftl<Arc<CrashDevice>, Arc<MemIndex>>;
+
+fn open(dev: &Arc<CrashDevice>, idx: &Arc<MemIndex>) -> Arc<CrashFtl> {
+    Arc::new(
+        Ftl::open(dev.clone(), idx.clone(), Config::default())
+            .unwrap()
+            .0,
+    )
+}
+
+fn check_read<D: BlockDevice, I: IndexStore>(
+    f: &Ftl<D, I>,
+    m: &Model,
+    lba: u64,
+) -> Result<(), String> {
+    let mut b = vec![0u8; 4096];
+    f.read(lba, &mut b)
+        .map_err(|e| format!("read {lba}: {e}"))?;
+    let got = observe(lba, &b);
+    if got != Observed::Tag(m.expected(lba)) {
+        return Err(format!(
+            "lba {lba}: read {got:?}, expected tag {}",
+            m.expected(lba)
+        ));
+    }
+    Ok(())
+}
+
+/// Every map entry points into a segment that is not free, and each segment's live
+/// count equals the entries pointing into it.
+fn check_invariants<D: BlockDevice, I: IndexStore>(f: &Ftl<D, I>) -> Result<(), String> {
+    let snap = f.segment_snapshot();
+    let mut counts = vec![0u32; snap.len()];
+    for lba in 0..f.capacity_blocks() {
+        if let Some(p) = f.map_entry(lba).unwrap().pba() {
+            let s = f.geometry().segment_of(p as u64) as usize;
+            if snap[s].state == "free" {
+                return Err(format!("lba {lba} maps into free segment {s}"));
+            }
+            counts[s] += 1;
+        }
+    }
+    for s in &snap {
+        if counts[s.segment as usize] != s.valid {
+            return Err(format!(
+                "segment {} counts {} live but the map has {}",
+                s.segment, s.valid, counts[s.segment as usize]
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Writes one block, cleaning (whole victims, then a checkpoint) whenever the log is full.
+fn write_cleaning(
+    f: &CrashFtl,
+    c: &mut Cleaner<Arc<CrashDevice>, Arc<MemIndex>>,
+    lba: u64,
+    data: &[u8],
+    fua: bool,
+) -> Result<(), String> {
+    for _ in 0..64 {
+        match f.write(lba, data, fua, StreamId(1)) {
+            Ok(()) => return Ok(()),
+            Err(ftl::Error::NoSpace) => {
+                match c
+                    .run_slice(Policy::Greedy, Budget::unbounded(), &|| false)
+                    .map_err(|e| e.to_string())?
+                {
+                    SliceEnd::NoVictim => {}
+                    _ => {}
+                }
+                f.checkpoint().map_err(|e| e.to_string())?;
+            }
+            Err(e) => return Err(format!("write {lba}: {e}")),
+        }
+    }
+    Err(format!("write {lba}: no space even after cleaning"))
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Write { lba: u64, fua: bool },
+    Read { lba: u64 },
+    Trim { lba: u64, blocks: u64 },
+    Flush,
+    Checkpoint,
+    Slice { blocks: usize, policy: u8 },
+    PreemptedSlice,
+    Crash { seed: u64 },
+}
+
+fn op(span: u64) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        10 => (0..span, prop::bool::weighted(0.1)).prop_map(|(lba, fua)| Op::Write { lba, fua }),
+        3 => (0..span).prop_map(|lba| Op::Read { lba }),
+        1 => (0..span, 1..8u64).prop_map(move |(lba, b)| Op::Trim { lba, blocks: b.min(span - lba) }),
+        1 => Just(Op::Flush),
+        1 => Just(Op::Checkpoint),
+        2 => (1..20usize, 0..3u8).prop_map(|(blocks, policy)| Op::Slice { blocks, policy }),
+        1 => Just(Op::PreemptedSlice),
+        1 => any::<u64>().prop_map(|seed| Op::Crash { seed }),
+    ]
+}
+
+fn policy(p: u8) -> Policy {
+    [Policy::Greedy, Policy::CostBenefit, Policy::CostHotness][p as usize % 3]
+}
+
+fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let dev = Arc::new(CrashDevice::new(32 * (64 << 10)));
+    let idx = Arc::new(MemIndex::new());
+    ftl::format(&dev, &idx, &tiny(), false).unwrap();
+    let mut f = open(&dev, &idx);
+    let span = (f.capacity_blocks() * 9 / 10).max(1);
+    let mut c = Cleaner::new(f.clone());
+    let mut m = Model::new();
+    let fail = |step: usize, e: String| TestCaseError::fail(format!("step {step}: {e}"));
+    for (step, op) in ops.into_iter().enumerate() {
+        match op {
+            Op::Write { lba, fua } => {
+                let lba = lba % span;
+                let data = m.write(lba, 1, fua);
+                write_cleaning(&f, &mut c, lba, &data, fua).map_err(|e| fail(step, e))?;
+            }
+            Op::Read { lba } => check_read(&f, &m, lba % span).map_err(|e| fail(step, e))?,
+            Op::Trim { lba, blocks } => {
+                let lba = lba % span;
+                let blocks = blocks.min(span - lba);
+                f.trim(lba, blocks).map_err(|e| fail(step, e.to_string()))?;
+                m.trim(lba, blocks);
+            }
+            Op::Flush => {
+                f.flush().map_err(|e| fail(step, e.to_string()))?;
+                m.flush();
+            }
+            Op::Checkpoint => {
+                f.checkpoint().map_err(|e| fail(step, e.to_string()))?;
+                check_invariants(&f).map_err(|e| fail(step, e))?;
+            }
+            Op::Slice { blocks, policy: p } => {
+                c.run_slice(policy(p), Budget::blocks(blocks), &|| false)
+                    .map_err(|e| fail(step, e.to_string()))?;
+            }
+            Op::PreemptedSlice => {
+                c.run_slice(Policy::Greedy, Budget::blocks(1), &|| true)
+                    .map_err(|e| fail(step, e.to_string()))?;
+            }
+            Op::Crash { seed } => {
+                drop(c);
+                drop(f);
+                dev.crash(seed).unwrap();
+                f = open(&dev, &idx);
+                c = Cleaner::new(f.clone());
+                for lba in 0..f.capacity_blocks() {
+                    let mut b = vec![0u8; 4096];
+                    f.read(lba, &mut b).map_err(|e| fail(step, e.to_string()))?;
+                    m.settle_after_crash(lba, observe(lba, &b))
+                        .map_err(|e| fail(step, e))?;
+                }
+                check_invariants(&f).map_err(|e| fail(step, e))?;
+            }
+        }
+    }
+    for lba in 0..span {
+        check_read(&f, &m, lba).map_err(|e| TestCaseError::fail(format!("final: {e}")))?;
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, max_shrink_iters: 2000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn cleaning_never_loses_or_resurrects_data(ops in prop::collection::vec(op(1000), 1..400)) {
+        run(ops)?;
+    }
+}
+
+#[test]
+fn preempted_cleaning_resumes_where_it_stopped_and_finishes() {
+    let dev = Arc::new(CrashDevice::new(32 * (64 << 10)));
+    let idx = Arc::new(MemIndex::new());
+    ftl::format(&dev, &idx, &tiny(), false).unwrap();
+    let f = open(&dev, &idx);
+    // Fill several segments, then overwrite every other block so victims are half live.
+    for lba in 0..120 {
+        f.write(lba, &block_for(lba, 1), false, StreamId(1))
+            .unwrap();
+    }
+    for lba in (0..120).step_by(2) {
+        f.write(lba, &block_for(lba, 2), false, StreamId(1))
+            .unwrap();
+    }
+    f.flush().unwrap();
+    let mut c = Cleaner::new(f.clone());
+    let end = c
+        .run_slice(Policy::Greedy, Budget::blocks(2), &|| true)
+        .unwrap();
+    let SliceEnd::Preempted { victim, moved } = end else {
+        panic!("expected a preemption, got {end:?}")
+    };
+    assert_eq!(moved, 2);
+    assert_eq!(c.current_victim(), Some(victim));
+    // A user write lands on one of the victim's live blocks meanwhile.
+    let live = f.live_blocks(victim).unwrap();
+    let hit = live.last().unwrap().lba;
+    f.write(hit, &block_for(hit, 99), false, StreamId(1))
+        .unwrap();
+    let mut slices = 1;
+    loop {
+        match c
+            .run_slice(Policy::Greedy, Budget::blocks(2), &|| true)
+            .unwrap()
+        {
+            SliceEnd::Preempted { victim: v, .. } => {
+                assert_eq!(v, victim, "resumes the same victim")
+            }
+            SliceEnd::Finished { victim: v, .. } => {
+                assert_eq!(v, victim);
+                break;
+            }
+            SliceEnd::NoVictim => panic!("lost its victim"),
+        }
+        slices += 1;
+        assert!(slices < 100);
+    }
+    assert_eq!(
+        f.segment_valid(victim),
+        0,
+        "nothing live left in the victim"
+    );
+    assert!(c.stats.preemptions >= 2);
+    assert!(
+        c.stats.blocks_skipped >= 1,
+        "the overwritten block was not moved"
+    );
+    let mut b = vec![0u8; 4096];
+    f.read(hit, &mut b).unwrap();
+    assert_eq!(
+        b,
+        block_for(hit, 99),
+        "the user's write won over the relocation"
+    );
+    for lba in 0..120 {
+        f.read(lba, &mut b).unwrap();
+        let want = if lba == hit {
+            99
+        } else if lba % 2 == 0 {
+            2
+        } else {
+            1
+        };
+        assert_eq!(b, block_for(lba, want), "lba {lba}");
+    }
+    // The cleaned victim is freed (and discarded) only through a checkpoint.
+    let discarded = dev.discarded_bytes();
+    f.checkpoint().unwrap();
+    assert!(dev.discarded_bytes() > discarded);
+    check_invariants(&f).unwrap();
+}
+
+#[test]
+fn full_device_overwritten_at_random_keeps_running_with_the_background_cleaner() {
+    // 100% logically full, then uniform random overwrites for 4x the capacity from two
+    // writers while the cleaning thread runs: no write may fail, nothing may be lost.
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    let idx = Arc::new(MemIndex::new());
+    let opts = FormatOptions {
+        segment_bytes: Some(1 << 20),
+        ..Default::default()
+    };
+    ftl::format(&dev, &idx, &opts, false).unwrap();
+    let f = Arc::new(
+        Ftl::open(dev.clone(), idx.clone(), Config::default())
+            .unwrap()
+            .0,
+    );
+    let cap = f.capacity_blocks();
+    for lba in 0..cap {
+        f.write(lba, &block_for(lba, 1), false, StreamId(1))
+            .unwrap();
+    }
+    let handle = cleaner::spawn(f.clone(), CleanerConfig::default()).unwrap();
+    let writers: Vec<_> = (0..2u64)
+        .map(|t| {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                use rand::{Rng, SeedableRng};
+                let mut rng = rand::rngs::SmallRng::seed_from_u64(t);
+                let mut last = std::collections::HashMap::new();
+                for i in 0..2 * cap {
+                    // Each writer owns the LBAs of its parity, so the final state is known.
+                    let lba = (rng.gen_range(0..cap / 2) * 2 + t).min(cap - 1);
+                    f.write(lba, &block_for(lba, 10 + i), false, StreamId(1))
+                        .unwrap();
+                    last.insert(lba, 10 + i);
+                }
+                last
+            })
+        })
+        .collect();
+    let mut expect = std::collections::HashMap::new();
+    for w in writers {
+        expect.extend(w.join().unwrap());
+    }
+    let stats = handle.stats();
+    handle.stop();
+    assert!(stats.cleaner.segments_cleaned > 0, "{stats:?}");
+    let mut b = vec![0u8; 4096];
+    for lba in 0..cap {
+        f.read(lba, &mut b).unwrap();
+        let want = expect.get(&lba).copied().unwrap_or(1);
+        assert_eq!(b, block_for(lba, want), "lba {lba}");
+    }
+    let s = f.stats();
+    assert!(s.waf > 1.0, "cleaning copied blocks: WAF {}", s.waf);
+    check_invariants(&f).unwrap();
+}

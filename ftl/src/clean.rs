@@ -1,0 +1,214 @@
+//! What the FTL offers a cleaner (the `cleaner` crate drives it):
+//! - [`Ftl::live_blocks`]: the live blocks of a closed segment, from its on-disk chunk
+//!   summaries checked against the map, sorted by LBA (relocation order: cleaning also
+//!   defragments);
+//! - [`Ftl::read_live`]: a live block's data, verified against its map entry;
+//! - [`Ftl::relocate`] (in `engine.rs`): compare-and-swap move into [`GC_STREAM`];
+//! - free-space signalling: writers that find no free segment wait (bounded by
+//!   `Config::space_wait`) while a cleaner is attached, instead of failing at once;
+//! - [`Ftl::set_write_delay`]: the per-block delay the cleaner's throttle asks writers for.
+//!
+//! Invariant: a relocation moves a block only if the map still points at the old place,
+//! so a user write landing on a victim's block meanwhile is never lost.
+
+use crate::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
+use crate::engine::Ftl;
+use crate::error::{Error, Result};
+use crate::index::IndexStore;
+use crate::map::MapEntry;
+use crate::records::SegState;
+use crate::summary::{ChunkSummary, Entry};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+pub use crate::engine::GC_STREAM;
+
+/// A block the cleaner must move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LiveBlock {
+    pub lba: u64,
+    pub entry: MapEntry,
+}
+
+/// Writers waiting for free segments, and the cleaner's signals to them.
+#[derive(Default)]
+pub struct SpaceWaiters {
+    generation: Mutex<u64>,
+    cv: Condvar,
+    cleaner_attached: AtomicBool,
+    /// Nanoseconds each written block waits (the throttle).
+    write_delay_ns: AtomicU64,
+    /// Foreground requests started (the cleaner compares it across a slice).
+    pub(crate) foreground_ops: AtomicU64,
+}
+
+impl SpaceWaiters {
+    /// Wakes writers: segments were freed.
+    pub fn notify(&self) {
+        let mut g = self.generation.lock().unwrap_or_else(|p| p.into_inner());
+        *g += 1;
+        drop(g);
+        self.cv.notify_all();
+    }
+}
+
+impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
+    /// Declares that a cleaner runs: writers short of space wait for it.
+    pub fn attach_cleaner(&self, attached: bool) {
+        self.space
+            .cleaner_attached
+            .store(attached, Ordering::SeqCst);
+        self.space.notify();
+    }
+
+    /// Sets the throttle: every written block first waits this long.
+    pub fn set_write_delay(&self, delay: Duration) {
+        self.space.write_delay_ns.store(
+            delay.as_nanos().min(u64::MAX as u128) as u64,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Current throttle delay per block.
+    pub fn write_delay(&self) -> Duration {
+        Duration::from_nanos(self.space.write_delay_ns.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn throttle(&self, blocks: u64) {
+        let ns = self.space.write_delay_ns.load(Ordering::Relaxed);
+        if ns > 0 {
+            std::thread::sleep(Duration::from_nanos(ns.saturating_mul(blocks)));
+        }
+    }
+
+    /// Waits for a segment to be freed while a cleaner is attached. False when none is,
+    /// or nothing was freed within `Config::space_wait`.
+    pub(crate) fn wait_for_space(&self) -> Result<bool> {
+        if !self.space.cleaner_attached.load(Ordering::SeqCst) {
+            return Ok(false);
+        }
+        let deadline = Instant::now() + self.cfg.space_wait;
+        let mut g = self
+            .space
+            .generation
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let start = *g;
+        while *g == start {
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            g = self
+                .space
+                .cv
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        self.check_poison()?;
+        Ok(true)
+    }
+
+    /// Foreground requests started so far; a change across a cleaning slice means
+    /// foreground I/O is waiting or running, and the cleaner should yield.
+    pub fn foreground_ops(&self) -> u64 {
+        self.space.foreground_ops.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn note_foreground(&self) {
+        self.space.foreground_ops.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The entry sequence number the next write gets (the FTL's clock for segment ages).
+    pub fn current_seq(&self) -> u64 {
+        self.entry_seq.load(Ordering::SeqCst)
+    }
+
+    /// Free segments now (including the cleaner's reserve).
+    pub fn free_segments(&self) -> usize {
+        self.segs.free_count()
+    }
+
+    /// The cleaner's reserve, in segments.
+    pub fn gc_reserve_segments(&self) -> usize {
+        self.cfg.gc_reserve_segments
+    }
+
+    /// Live blocks of closed segment `seg`, sorted by LBA.
+    pub fn live_blocks(&self, seg: u32) -> Result<Vec<LiveBlock>> {
+        if seg == 0
+            || seg >= self.geo.segment_count
+            || self.segs.state(seg) != Some(SegState::Closed)
+        {
+            return Err(Error::InvalidParameters(format!(
+                "segment {seg} is not a closed log segment"
+            )));
+        }
+        let bps = self.geo.blocks_per_segment();
+        let start = self.geo.segment_start(seg);
+        let mut out = Vec::new();
+        let mut off = 0u32;
+        let mut sum = AlignedBuf::new(BLOCK_SIZE);
+        while off + 2 <= bps {
+            let at = (start + off as u64) * BLOCK_SIZE as u64;
+            self.dev
+                .read_at(at, &mut sum)
+                .map_err(|e| Error::io("cleaner summary read", at, e))?;
+            let Some(s) = ChunkSummary::decode(&sum).ok().flatten() else {
+                break;
+            };
+            if s.segment != seg
+                || s.offset != off
+                || s.format_id != self.format_id()
+                || off + s.total_blocks() > bps
+            {
+                break;
+            }
+            let mut k = 0u64;
+            for e in &s.entries {
+                if let Entry::Data { lba, .. } = *e {
+                    let pba = start + off as u64 + 1 + k;
+                    k += 1;
+                    if lba < self.geo.exported_blocks {
+                        let cur = self.map.get(lba);
+                        if cur.pba() == Some(pba as u32) {
+                            out.push(LiveBlock { lba, entry: cur });
+                        }
+                    }
+                }
+            }
+            off += s.total_blocks();
+        }
+        out.sort_by_key(|b| b.lba);
+        out.dedup_by_key(|b| b.lba);
+        Ok(out)
+    }
+
+    /// Reads a live block's data into `buf` (one block), verified against its entry.
+    /// `Ok(false)`: the map moved on (nothing to relocate).
+    pub fn read_live(&self, b: &LiveBlock, buf: &mut [u8]) -> Result<bool> {
+        let Some(pba) = b.entry.pba() else {
+            return Ok(false);
+        };
+        let at = pba as u64 * BLOCK_SIZE as u64;
+        self.dev
+            .read_at(at, &mut buf[..BLOCK_SIZE])
+            .map_err(|e| Error::io("cleaner read", at, e))?;
+        self.verify_block(b.lba, b.entry, buf)
+    }
+
+    /// Closed segments without live blocks, waiting for a checkpoint to become free.
+    pub fn dead_segments(&self) -> usize {
+        self.segs.dead_closed().len()
+    }
+
+    /// Live-block count of a segment (from the in-memory table).
+    pub fn segment_valid(&self, seg: u32) -> u32 {
+        self.segs
+            .valid
+            .get(seg as usize)
+            .map_or(0, |v| v.load(Ordering::SeqCst))
+    }
+}
