@@ -22,7 +22,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 #[derive(serde::Serialize)]
@@ -50,7 +53,14 @@ fn latency_run(name: &str, fill: f64, cleaner: Option<CleanerConfig>, ops: u64) 
     let size = env_u64("GC_BENCH_SIZE_MB", 1024) << 20;
     let backing = std::path::Path::new(&dir).join("gc.img");
     let index = std::path::Path::new(&dir).join("gc.ftlidx");
-    format_backing(&backing, &index, Some(size), &FormatOptions::default(), true).expect("format");
+    format_backing(
+        &backing,
+        &index,
+        Some(size),
+        &FormatOptions::default(),
+        true,
+    )
+    .expect("format");
     let (f, _) = open_backing(&backing, &index, Config::default()).expect("open");
     let f = Arc::new(f);
     let cap = f.capacity_blocks();
@@ -131,11 +141,17 @@ fn waf_run() -> Waf {
     let size = 256u64 << 20;
     let dev = Arc::new(MemDevice::new(size));
     let idx = Arc::new(MemIndex::new());
-    let opts = FormatOptions { segment_bytes: Some(2 << 20), ..Default::default() };
+    let opts = FormatOptions {
+        segment_bytes: Some(2 << 20),
+        ..Default::default()
+    };
     ftl::format(&dev, &idx, &opts, false).expect("format");
     // One reserved segment is all greedy cleaning needs to progress; every segment held
     // back lowers the effective spare factor the model assumes.
-    let cfg = Config { gc_reserve_segments: 1, ..Config::default() };
+    let cfg = Config {
+        gc_reserve_segments: 1,
+        ..Config::default()
+    };
     let f = Arc::new(Ftl::open(dev, idx, cfg).expect("open").0);
     let cap = f.capacity_blocks();
     let g = *f.geometry();
@@ -152,7 +168,10 @@ fn waf_run() -> Waf {
             Err(ftl::Error::NoSpace) => {
                 // Greedy cleaning of whole victims until a checkpoint frees segments.
                 while f.free_segments() <= f.gc_reserve_segments() {
-                    match c.run_slice(Policy::Greedy, Budget::unbounded(), &|| false).expect("clean") {
+                    match c
+                        .run_slice(Policy::Greedy, Budget::unbounded(), &|| false)
+                        .expect("clean")
+                    {
                         SliceEnd::NoVictim => break,
                         _ => {
                             f.checkpoint().expect("checkpoint");
@@ -192,13 +211,19 @@ fn main() {
     // `cargo bench` passes --bench; `cargo test --benches` passes nothing useful: run small.
     let ops = env_u64("GC_BENCH_OPS", 200_000);
     let sliced = CleanerConfig::default();
-    let whole = CleanerConfig { non_preemptive: true, ..CleanerConfig::default() };
+    let whole = CleanerConfig {
+        non_preemptive: true,
+        ..CleanerConfig::default()
+    };
     let runs = vec![
         latency_run("no-cleaning (10% full)", 0.10, None, ops),
         latency_run("time-sliced cleaning (90% full)", 0.90, Some(sliced), ops),
         latency_run("non-preemptive cleaning (90% full)", 0.90, Some(whole), ops),
     ];
-    println!("{:<38}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}", "run", "p50 us", "p99 us", "p99.9 us", "max us", "IOPS", "WAF");
+    println!(
+        "{:<38}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}",
+        "run", "p50 us", "p99 us", "p99.9 us", "max us", "IOPS", "WAF"
+    );
     for r in &runs {
         println!(
             "{:<38}{:>10.1}{:>10.1}{:>10.1}{:>10.0}{:>10.0}{:>10.2}",
@@ -221,6 +246,7 @@ fn main() {
     );
     if let Ok(path) = std::env::var("GC_BENCH_JSON") {
         let j = serde_json::json!({"latency": runs, "waf": w});
-        std::fs::write(&path, serde_json::to_string_pretty(&j).unwrap_or_default()).expect("write json");
+        std::fs::write(&path, serde_json::to_string_pretty(&j).unwrap_or_default())
+            .expect("write json");
     }
 }

@@ -4,7 +4,11 @@
 //! unbounded budget it is the classic non-preemptive cleaner (a whole victim at once).
 
 use crate::policy::{pick_victim, Policy};
+use ftl::device::AlignedBuf;
 use ftl::{BlockDevice, Ftl, IndexStore, LiveBlock, GC_STREAM};
+
+/// Live blocks read together (one round of concurrent device reads).
+const BATCH: usize = 32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -72,7 +76,7 @@ struct Context {
 pub struct Cleaner<D: BlockDevice, I: IndexStore> {
     ftl: Arc<Ftl<D, I>>,
     ctx: Option<Context>,
-    buf: Vec<u8>,
+    bufs: Vec<AlignedBuf>,
     pub stats: CleanerStats,
 }
 
@@ -81,7 +85,7 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
         Cleaner {
             ftl,
             ctx: None,
-            buf: vec![0u8; 4096],
+            bufs: (0..BATCH).map(|_| AlignedBuf::new(4096)).collect(),
             stats: CleanerStats::default(),
         }
     }
@@ -140,19 +144,25 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                 slice_start = Instant::now();
                 slice_moved = 0;
             }
-            let b = ctx.blocks[ctx.next];
-            ctx.next += 1;
-            // Compare-and-swap all the way: skip blocks the user rewrote meanwhile.
-            if self.ftl.map_entry(b.lba)? != b.entry || !self.ftl.read_live(&b, &mut self.buf)? {
-                self.stats.blocks_skipped += 1;
-                continue;
-            }
-            if self.ftl.relocate(b.lba, b.entry, &self.buf, GC_STREAM)? {
-                self.stats.blocks_copied += 1;
-                moved += 1;
-                slice_moved += 1;
-            } else {
-                self.stats.blocks_skipped += 1;
+            // Read a batch of live blocks at once (concurrent reads on the device), then
+            // relocate each with a compare-and-swap: blocks the user rewrote meanwhile stay.
+            let room = budget.blocks.saturating_sub(slice_moved).max(1);
+            let n = (ctx.blocks.len() - ctx.next).min(BATCH).min(room);
+            let batch: Vec<LiveBlock> = ctx.blocks[ctx.next..ctx.next + n].to_vec();
+            ctx.next += n;
+            let readable = self.ftl.read_live_batch(&batch, &mut self.bufs)?;
+            for (i, b) in batch.iter().enumerate() {
+                if readable[i]
+                    && self
+                        .ftl
+                        .relocate(b.lba, b.entry, &self.bufs[i][..4096], GC_STREAM)?
+                {
+                    self.stats.blocks_copied += 1;
+                    moved += 1;
+                    slice_moved += 1;
+                } else {
+                    self.stats.blocks_skipped += 1;
+                }
             }
         }
     }

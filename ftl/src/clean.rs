@@ -199,6 +199,33 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.verify_block(b.lba, b.entry, buf)
     }
 
+    /// Reads several live blocks at once (one block of `bufs` each) and verifies each;
+    /// `false` for a block whose map entry moved on meanwhile (nothing to relocate).
+    pub fn read_live_batch(
+        &self,
+        blocks: &[LiveBlock],
+        bufs: &mut [AlignedBuf],
+    ) -> Result<Vec<bool>> {
+        let mut reqs: Vec<(u64, &mut [u8])> = Vec::with_capacity(blocks.len());
+        let mut idx = Vec::with_capacity(blocks.len());
+        for (i, (b, buf)) in blocks.iter().zip(bufs.iter_mut()).enumerate() {
+            if let Some(pba) = b.entry.pba() {
+                reqs.push((pba as u64 * BLOCK_SIZE as u64, &mut buf[..BLOCK_SIZE]));
+                idx.push(i);
+            }
+        }
+        let first = reqs.first().map_or(0, |r| r.0);
+        self.dev
+            .read_many(&mut reqs)
+            .map_err(|e| Error::io("cleaner read", first, e))?;
+        drop(reqs);
+        let mut ok = vec![false; blocks.len()];
+        for i in idx {
+            ok[i] = self.verify_block(blocks[i].lba, blocks[i].entry, &bufs[i])?;
+        }
+        Ok(ok)
+    }
+
     /// Closed segments without live blocks, waiting for a checkpoint to become free.
     pub fn dead_segments(&self) -> usize {
         self.segs.dead_closed().len()

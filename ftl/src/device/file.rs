@@ -466,6 +466,10 @@ impl BlockDevice for FileDevice {
         };
         format!("{kind} {} ({} bytes)", self.path.display(), self.size)
     }
+
+    fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        FileDevice::read_many(self, reqs)
+    }
 }
 
 fn lock_exclusive(file: &File, path: &Path) -> io::Result<()> {

@@ -44,6 +44,13 @@ pub trait BlockDevice: Send + Sync {
     }
     /// Human-readable description for error messages.
     fn describe(&self) -> String;
+    /// Reads several ranges; implementations may issue them concurrently.
+    fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        for (offset, buf) in reqs.iter_mut() {
+            self.read_at(*offset, buf)?;
+        }
+        Ok(())
+    }
 }
 
 /// Checks the alignment rules shared by every implementation.
@@ -85,5 +92,8 @@ impl<T: BlockDevice + ?Sized> BlockDevice for std::sync::Arc<T> {
     }
     fn describe(&self) -> String {
         (**self).describe()
+    }
+    fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        (**self).read_many(reqs)
     }
 }
