@@ -1,0 +1,92 @@
+//! I/O errors from the backing device: clear errors mapped to EIO, nothing acknowledged
+//! lost, no panic; the device turns read-only after a failed log write.
+
+mod common;
+
+use common::*;
+use ftl::model::{block_for, Model};
+use ftl::{Config, Error, Ftl};
+use std::sync::atomic::Ordering;
+
+#[test]
+fn failed_log_write_turns_read_only_and_keeps_acknowledged_data() {
+    let (dev, idx, f) = tiny_crash();
+    let mut m = Model::new();
+    let d = m.write(0, 4, false);
+    f.write(0, &d, false, S0).unwrap();
+    f.flush().unwrap();
+    m.flush();
+    // Buffered writes succeed (they are in the write cache) ...
+    let d2 = m.write(10, 2, false);
+    f.write(10, &d2, false, S0).unwrap();
+    dev.faults.writes.store(true, Ordering::SeqCst);
+    // ... but the FLUSH that must put them on the device fails with EIO.
+    let e = f.flush().unwrap_err();
+    assert!(matches!(e, Error::Io { .. }), "{e}");
+    assert_eq!(e.errno(), -5);
+    // The device is now read-only, with a message that names the cause.
+    let e = f.write(20, &block_for(20, 1), false, S0).unwrap_err();
+    assert!(matches!(e, Error::ReadOnly(_)), "{e}");
+    assert_eq!(e.errno(), -30);
+    assert!(e.to_string().contains("chunk write"), "{e}");
+    // Reads still work, including the unflushed blocks still held in memory.
+    check_read(&f, &m, 0).unwrap();
+    check_read(&f, &m, 10).unwrap();
+    drop(f);
+    // After the fault clears and the device restarts, the flushed data is there.
+    dev.faults.writes.store(false, Ordering::SeqCst);
+    dev.crash(1).unwrap();
+    let (f, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
+    for l in 0..4 {
+        check_read(&f, &m, l).unwrap();
+    }
+}
+
+#[test]
+fn failed_sync_is_reported_not_acknowledged() {
+    let (dev, _idx, f) = tiny_crash();
+    f.write(0, &block_for(0, 1), false, S0).unwrap();
+    dev.faults.syncs.store(true, Ordering::SeqCst);
+    let e = f.flush().unwrap_err();
+    assert_eq!(e.errno(), -5, "{e}");
+    let e = f.write(1, &block_for(1, 1), true, S0).unwrap_err();
+    assert!(matches!(e, Error::ReadOnly(_)), "{e}");
+}
+
+#[test]
+fn read_errors_are_eio_and_not_fatal() {
+    let (dev, _idx, f) = tiny_crash();
+    f.write(0, &block_for(0, 1), false, S0).unwrap();
+    f.flush().unwrap();
+    dev.faults.reads.store(true, Ordering::SeqCst);
+    let mut b = vec![0u8; 4096];
+    let e = f.read(0, &mut b).unwrap_err();
+    assert_eq!(e.errno(), -5, "{e}");
+    dev.faults.reads.store(false, Ordering::SeqCst);
+    f.read(0, &mut b).unwrap();
+    assert_eq!(b, block_for(0, 1));
+    f.write(1, &block_for(1, 1), false, S0).unwrap();
+}
+
+#[test]
+fn corrupted_block_on_the_device_is_detected_not_returned() {
+    let (dev, _idx, f) = tiny_crash();
+    f.write(3, &block_for(3, 1), false, S0).unwrap();
+    f.flush().unwrap();
+    let pba = f.map_entry(3).unwrap().pba().unwrap() as u64;
+    ftl::BlockDevice::write_at(&dev, pba * 4096, &[0xEE; 4096]).unwrap();
+    let mut b = vec![0u8; 4096];
+    let e = f.read(3, &mut b).unwrap_err();
+    assert!(matches!(e, Error::DataChecksum { lba: 3, .. }), "{e}");
+}
+
+#[test]
+fn failed_checkpoint_commit_is_an_error_and_retried_later() {
+    let (_dev, idx, f) = tiny_crash();
+    f.write(0, &block_for(0, 1), false, S0).unwrap();
+    idx.fail_commits.store(true, Ordering::SeqCst);
+    assert!(matches!(f.checkpoint(), Err(Error::Index(_))));
+    idx.fail_commits.store(false, Ordering::SeqCst);
+    let r = f.checkpoint().unwrap();
+    assert!(r.pages_written >= 1, "dirty pages were kept for the next checkpoint: {r:?}");
+}
