@@ -169,6 +169,11 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 drop(c);
                 drop(f);
                 dev.crash(seed).unwrap();
+                let report =
+                    ftl::check::check(&*dev, &*idx, true).map_err(|e| fail(step, e.to_string()))?;
+                if !report.clean() {
+                    return Err(fail(step, format!("checker: {:?}", report.problems)));
+                }
                 f = open(&dev, &idx);
                 c = Cleaner::new(f.clone());
                 for lba in 0..f.capacity_blocks() {

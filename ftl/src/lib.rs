@@ -32,6 +32,7 @@
 //! - [`model`]: the reference model shared by property tests and fuzz targets.
 
 pub mod backing;
+pub mod check;
 pub mod checkpoint;
 pub mod clean;
 pub mod codec;

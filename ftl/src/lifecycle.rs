@@ -41,6 +41,18 @@ fn read_block<D: BlockDevice>(dev: &D, offset: u64) -> Result<AlignedBuf> {
 
 /// Reads and validates the superblock; repairs one damaged copy from the other.
 pub fn read_superblock<D: BlockDevice>(dev: &D) -> Result<(Superblock, Vec<String>)> {
+    read_superblock_inner(dev, true)
+}
+
+/// Like [`read_superblock`] but never writes (for the offline checker).
+pub fn read_superblock_readonly<D: BlockDevice>(dev: &D) -> Result<(Superblock, Vec<String>)> {
+    read_superblock_inner(dev, false)
+}
+
+fn read_superblock_inner<D: BlockDevice>(
+    dev: &D,
+    repair: bool,
+) -> Result<(Superblock, Vec<String>)> {
     let name = dev.describe();
     if dev.size() < 2 * BLOCK_SIZE as u64 {
         return Err(Error::NotFormatted(
@@ -81,7 +93,9 @@ pub fn read_superblock<D: BlockDevice>(dev: &D) -> Result<(Superblock, Vec<Strin
                 "superblock copy B was damaged ({}); rewritten from copy A",
                 describe(&other)
             ));
-            write_sb(dev, &sa, off)?;
+            if repair {
+                write_sb(dev, &sa, off)?;
+            }
             sa
         }
         (Err(ea), Some((_, Ok(sb)))) => {
@@ -89,7 +103,9 @@ pub fn read_superblock<D: BlockDevice>(dev: &D) -> Result<(Superblock, Vec<Strin
                 "superblock copy A was damaged ({}); rewritten from copy B",
                 describe_err(&ea)
             ));
-            write_sb(dev, &sb, 0)?;
+            if repair {
+                write_sb(dev, &sb, 0)?;
+            }
             sb
         }
         (Err(SbDecode::Version(v)), _) => {

@@ -84,6 +84,15 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Crash { seed } => {
                 drop(f.take());
                 dev.crash(seed).unwrap();
+                // The offline checker must find the crashed image consistent.
+                let report = ftl::check::check(&*dev, &*idx, true)
+                    .map_err(|e| TestCaseError::fail(format!("step {step}: check: {e}")))?;
+                prop_assert!(
+                    report.clean(),
+                    "step {}: checker: {:?}",
+                    step,
+                    report.problems
+                );
                 let (nf, _) = Ftl::open(dev.clone(), idx.clone(), Config::default())
                     .map_err(|e| TestCaseError::fail(format!("step {step}: reopen: {e}")))?;
                 check_after_crash(&nf, &mut m)

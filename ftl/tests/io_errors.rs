@@ -88,5 +88,8 @@ fn failed_checkpoint_commit_is_an_error_and_retried_later() {
     assert!(matches!(f.checkpoint(), Err(Error::Index(_))));
     idx.fail_commits.store(false, Ordering::SeqCst);
     let r = f.checkpoint().unwrap();
-    assert!(r.pages_written >= 1, "dirty pages were kept for the next checkpoint: {r:?}");
+    assert!(
+        r.pages_written >= 1,
+        "dirty pages were kept for the next checkpoint: {r:?}"
+    );
 }

@@ -71,29 +71,37 @@ pub(crate) fn check_range(dev_size: u64, offset: u64, len: usize) -> io::Result<
     }
 }
 
-impl<T: BlockDevice + ?Sized> BlockDevice for std::sync::Arc<T> {
-    fn size(&self) -> u64 {
-        (**self).size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        (**self).read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
-        (**self).write_at(offset, buf)
-    }
-    fn sync(&self) -> io::Result<()> {
-        (**self).sync()
-    }
-    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        (**self).discard(offset, len)
-    }
-    fn raw_fd(&self) -> Option<RawFd> {
-        (**self).raw_fd()
-    }
-    fn describe(&self) -> String {
-        (**self).describe()
-    }
-    fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> io::Result<()> {
-        (**self).read_many(reqs)
-    }
+/// Forwards every method (lets the checker and tests borrow a device).
+macro_rules! forward_block_device {
+    ($t:ty) => {
+        impl<T: BlockDevice + ?Sized> BlockDevice for $t {
+            fn size(&self) -> u64 {
+                (**self).size()
+            }
+            fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+                (**self).read_at(offset, buf)
+            }
+            fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+                (**self).write_at(offset, buf)
+            }
+            fn sync(&self) -> io::Result<()> {
+                (**self).sync()
+            }
+            fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+                (**self).discard(offset, len)
+            }
+            fn raw_fd(&self) -> Option<RawFd> {
+                (**self).raw_fd()
+            }
+            fn describe(&self) -> String {
+                (**self).describe()
+            }
+            fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+                (**self).read_many(reqs)
+            }
+        }
+    };
 }
+
+forward_block_device!(std::sync::Arc<T>);
+forward_block_device!(&T);

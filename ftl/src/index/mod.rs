@@ -31,6 +31,21 @@ pub trait IndexStore: Send + Sync {
     }
 }
 
+impl<T: IndexStore + ?Sized> IndexStore for &T {
+    fn load(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        (**self).load()
+    }
+    fn commit(&self, ops: Vec<Op>) -> Result<()> {
+        (**self).commit(ops)
+    }
+    fn clear(&self) -> Result<()> {
+        (**self).clear()
+    }
+    fn size_on_disk(&self) -> u64 {
+        (**self).size_on_disk()
+    }
+}
+
 impl<T: IndexStore + ?Sized> IndexStore for std::sync::Arc<T> {
     fn load(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         (**self).load()
