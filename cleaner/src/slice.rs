@@ -5,7 +5,7 @@
 
 use crate::policy::{pick_victim, Policy};
 use ftl::device::AlignedBuf;
-use ftl::{BlockDevice, Ftl, IndexStore, LiveBlock, GC_STREAM};
+use ftl::{BlockDevice, Ftl, IndexStore, LiveBlock, StreamId, GC_STREAM};
 
 /// Live blocks read together (one round of concurrent device reads).
 const BATCH: usize = 32;
@@ -77,7 +77,10 @@ pub struct Cleaner<D: BlockDevice, I: IndexStore> {
     ftl: Arc<Ftl<D, I>>,
     ctx: Option<Context>,
     bufs: Vec<AlignedBuf>,
+    gc_stream: Box<dyn Fn(u64) -> StreamId + Send>,
     pub stats: CleanerStats,
+    /// Utilisation (live / blocks per segment) of each victim when it was picked.
+    pub victim_utilization: Vec<f32>,
 }
 
 impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
@@ -86,8 +89,17 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
             ftl,
             ctx: None,
             bufs: (0..BATCH).map(|_| AlignedBuf::new(4096)).collect(),
+            gc_stream: Box::new(|_| GC_STREAM),
             stats: CleanerStats::default(),
+            victim_utilization: Vec::new(),
         }
+    }
+
+    /// Chooses the GC output stream per relocated LBA (e.g. split by age); the default
+    /// puts everything into the FTL's GC stream.
+    pub fn with_gc_stream(mut self, f: impl Fn(u64) -> StreamId + Send + 'static) -> Self {
+        self.gc_stream = Box::new(f);
+        self
     }
 
     /// The victim being cleaned, if a slice was preempted.
@@ -112,6 +124,8 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
             };
             // Relocation order is LBA order: cleaning also defragments.
             let blocks = self.ftl.live_blocks(victim)?;
+            self.victim_utilization
+                .push(blocks.len() as f32 / bps as f32);
             self.ctx = Some(Context {
                 victim,
                 blocks,

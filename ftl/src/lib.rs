@@ -34,6 +34,7 @@
 pub mod backing;
 pub mod check;
 pub mod checkpoint;
+pub mod classify;
 pub mod clean;
 pub mod codec;
 pub mod device;

@@ -16,6 +16,7 @@ pub mod aligned;
 pub mod crash;
 pub mod file;
 pub mod mem;
+pub mod sparse;
 
 use std::io;
 use std::os::fd::RawFd;
