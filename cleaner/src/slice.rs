@@ -166,10 +166,11 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
             ctx.next += n;
             let readable = self.ftl.read_live_batch(&batch, &mut self.bufs)?;
             for (i, b) in batch.iter().enumerate() {
+                let stream = (self.gc_stream)(b.lba);
                 if readable[i]
                     && self
                         .ftl
-                        .relocate(b.lba, b.entry, &self.bufs[i][..4096], GC_STREAM)?
+                        .relocate(b.lba, b.entry, &self.bufs[i][..4096], stream)?
                 {
                     self.stats.blocks_copied += 1;
                     moved += 1;

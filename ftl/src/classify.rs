@@ -18,7 +18,7 @@ pub const WARM: StreamId = StreamId(2);
 /// User stream for long-lived (or first-written) blocks.
 pub const COLD: StreamId = StreamId(3);
 /// Cleaner output for blocks relocated young.
-pub const GC_YOUNG: StreamId = StreamId(6);
+pub const GC_YOUNG: StreamId = StreamId(crate::engine::FIRST_GC_STREAM);
 /// Cleaner output for blocks relocated old (the FTL's `GC_STREAM`).
 pub const GC_OLD: StreamId = crate::engine::GC_STREAM;
 

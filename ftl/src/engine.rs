@@ -27,6 +27,8 @@ pub struct StreamId(pub u8);
 pub const TRIM_STREAM: StreamId = StreamId(0);
 /// Stream the cleaner relocates into (GC output is cold); it may use the reserve.
 pub const GC_STREAM: StreamId = StreamId(7);
+/// Streams from this id up are cleaner output: they may take the reserved segments.
+pub const FIRST_GC_STREAM: u8 = 6;
 
 /// Number of LBA stripe locks.
 const STRIPES: usize = 4096;
@@ -380,7 +382,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                         self.segs.close(seg);
                         st.cursor = None;
                     }
-                    let keep = if stream == GC_STREAM.0 {
+                    let keep = if stream >= FIRST_GC_STREAM {
                         0
                     } else {
                         self.cfg.gc_reserve_segments

@@ -1,0 +1,34 @@
+//! # replay: write amplification of the real FTL and cleaner, measured on traces
+//!
+//! - [`trace`]: parsers for fio iologs, MSR Cambridge CSV, blkparse text and a plain CSV;
+//!   malformed lines are errors naming the line, never panics;
+//! - [`workload`]: seeded synthetic workloads (uniform, zipf, hot/cold, sequential mix);
+//! - [`sim`]: drives the real FTL and cleaner on a sparse in-memory device with zero
+//!   payloads (metadata-only), with one stream or hot/warm/cold streams chosen by no
+//!   classifier, the online classifier, or an oracle that knows each write's next
+//!   overwrite from the trace.
+
+pub mod sim;
+pub mod trace;
+pub mod workload;
+
+/// Errors of the replay crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{file}:{line}: {msg}")]
+    Parse {
+        file: String,
+        line: usize,
+        msg: String,
+    },
+    #[error("cannot read {0}: {1}")]
+    Io(String, std::io::Error),
+    #[error("bad workload {0:?}: {1}")]
+    Workload(String, String),
+    #[error(transparent)]
+    Ftl(#[from] ftl::Error),
+    #[error(transparent)]
+    Cleaner(#[from] cleaner::Error),
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}

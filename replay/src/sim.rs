@@ -1,0 +1,314 @@
+//! Metadata-only replay: the real FTL and cleaner on a sparse in-memory device, with zero
+//! payloads (so only chunk summaries take memory). Cleaning runs synchronously when the
+//! log runs out of free segments, with the configured victim policy.
+
+use crate::trace::TraceOp;
+use crate::Error;
+use cleaner::{Budget, Cleaner, Policy, SliceEnd};
+use ftl::classify::{classify, classify_gc, Classifier, Windows, COLD, GC_OLD, HOT};
+use ftl::device::sparse::SparseDevice;
+use ftl::index::mem::MemIndex;
+use ftl::{Config, FormatOptions, Ftl, StreamId};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// How user writes are placed into streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClassifierKind {
+    /// One user stream, one GC stream.
+    None,
+    /// Hot / warm / cold from each block's previous lifetime; GC output split by age.
+    Online,
+    /// Hot / warm / cold from each write's true next overwrite (look-ahead).
+    Oracle,
+}
+
+impl std::str::FromStr for ClassifierKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(ClassifierKind::None),
+            "online" => Ok(ClassifierKind::Online),
+            "oracle" => Ok(ClassifierKind::Oracle),
+            o => Err(format!("unknown classifier {o:?} (none, online, oracle)")),
+        }
+    }
+}
+
+/// Replay configuration.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SimConfig {
+    /// Logical capacity of the simulated device, in blocks.
+    pub capacity_blocks: u64,
+    /// Over-provisioning per mille of the physical size.
+    pub op_permille: u32,
+    /// Segment size in bytes (default: the FTL's default for the size).
+    pub segment_bytes: Option<u64>,
+    pub classifier: ClassifierKind,
+    pub policy: Policy,
+    /// Points of the WAF-over-time series.
+    pub series_points: usize,
+}
+
+/// Figures of one stream.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct StreamFigures {
+    pub stream: u8,
+    pub blocks: u64,
+}
+
+/// What a replay measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SimReport {
+    pub config: SimConfig,
+    pub user_blocks: u64,
+    pub trimmed_blocks: u64,
+    pub backing_blocks: u64,
+    pub relocated_blocks: u64,
+    /// Backing blocks written / user blocks written, whole run.
+    pub waf: f64,
+    /// The same over the second half of the run (steady state).
+    pub waf_steady: f64,
+    pub segments_cleaned: u64,
+    pub per_stream: Vec<StreamFigures>,
+    /// Victim utilisation at cleaning time, 10 bins of 10%.
+    pub victim_utilization_histogram: [u64; 10],
+    /// (user blocks written, cumulative WAF).
+    pub waf_series: Vec<(u64, f64)>,
+    pub classifier_bytes_per_block: usize,
+}
+
+type SimFtl = Ftl<Arc<SparseDevice>, Arc<MemIndex>>;
+
+fn build(cfg: &SimConfig) -> Result<(Arc<SimFtl>, u64), Error> {
+    let op = cfg.op_permille as f64 / 1000.0;
+    let want = cfg.capacity_blocks * 4096;
+    let mut backing = ((want as f64) / (1.0 - op)) as u64;
+    for _ in 0..64 {
+        let seg = cfg
+            .segment_bytes
+            .unwrap_or_else(|| ftl::geometry::default_segment_bytes(backing));
+        let opts = FormatOptions {
+            segment_bytes: Some(seg),
+            op_permille: Some(cfg.op_permille),
+            size_bytes: None,
+            ..Default::default()
+        };
+        let size = backing.div_ceil(seg) * seg;
+        match ftl::Geometry::resolve(size, &opts) {
+            Ok(g) if g.exported_blocks >= cfg.capacity_blocks => {
+                let dev = Arc::new(SparseDevice::new(size));
+                let idx = Arc::new(MemIndex::new());
+                ftl::format(&dev, &idx, &opts, false)?;
+                let fcfg = Config {
+                    gc_reserve_segments: 2,
+                    discard_freed: true,
+                    ..Config::default()
+                };
+                let (f, _) = Ftl::open(dev, idx, fcfg)?;
+                return Ok((Arc::new(f), g.exported_blocks));
+            }
+            Ok(_) => backing += seg,
+            Err(ftl::Error::TooSmall(_)) => backing += backing / 4 + seg,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(Error::Config(
+        "could not size a device for that capacity".into(),
+    ))
+}
+
+/// Next-overwrite distance (in block writes) of every block write, for the oracle.
+fn lookahead(ops: &[TraceOp]) -> Vec<u32> {
+    let mut writes: Vec<u64> = Vec::new();
+    for op in ops {
+        if let TraceOp::Write { lba, blocks } = *op {
+            writes.extend(lba..lba + blocks as u64);
+        }
+    }
+    let mut next: HashMap<u64, usize> = HashMap::new();
+    let mut out = vec![u32::MAX; writes.len()];
+    for i in (0..writes.len()).rev() {
+        if let Some(&n) = next.get(&writes[i]) {
+            out[i] = (n - i).min(u32::MAX as usize - 1) as u32;
+        }
+        next.insert(writes[i], i);
+    }
+    out
+}
+
+/// Replays `ops` (LBAs already within the capacity).
+pub fn simulate(
+    ops: &[TraceOp],
+    cfg: &SimConfig,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<SimReport, Error> {
+    let (f, capacity) = build(cfg)?;
+    let windows = Windows::for_capacity(cfg.capacity_blocks);
+    let online = Arc::new(Classifier::new(capacity));
+    let oracle_next = if cfg.classifier == ClassifierKind::Oracle {
+        lookahead(ops)
+    } else {
+        Vec::new()
+    };
+    // For the oracle's GC split: when each LBA is next written (block-write index).
+    let next_write_at: Arc<Mutex<HashMap<u64, u64>>> = Arc::new(Mutex::new(HashMap::new()));
+    let clock = Arc::new(AtomicU64::new(0));
+    let gc_counts: Arc<[AtomicU64; 8]> = Arc::new(Default::default());
+    let mut cleaner = {
+        let (online, nwa, clock, counts, kind) = (
+            online.clone(),
+            next_write_at.clone(),
+            clock.clone(),
+            gc_counts.clone(),
+            cfg.classifier,
+        );
+        Cleaner::new(f.clone()).with_gc_stream(move |lba| {
+            let s = match kind {
+                ClassifierKind::None => GC_OLD,
+                ClassifierKind::Online => online.on_relocate(lba),
+                ClassifierKind::Oracle => {
+                    let now = clock.load(Ordering::Relaxed);
+                    let at = nwa.lock().ok().and_then(|m| m.get(&lba).copied());
+                    classify_gc(at.map(|a| a.saturating_sub(now)), windows)
+                }
+            };
+            counts[s.0 as usize].fetch_add(1, Ordering::Relaxed);
+            s
+        })
+    };
+    let zero = vec![0u8; 4096];
+    let mut user_counts = [0u64; 8];
+    let total_writes: u64 = ops
+        .iter()
+        .map(|o| {
+            if let TraceOp::Write { blocks, .. } = o {
+                *blocks as u64
+            } else {
+                0
+            }
+        })
+        .sum();
+    let every = (total_writes / cfg.series_points.max(1) as u64).max(1);
+    let mut series = Vec::new();
+    let mut half: Option<ftl::records::Counters> = None;
+    let mut wi = 0u64;
+    let mut trimmed = 0u64;
+    for op in ops {
+        match *op {
+            TraceOp::Write { lba, blocks } => {
+                for l in lba..lba + blocks as u64 {
+                    let stream: StreamId = match cfg.classifier {
+                        ClassifierKind::None => HOT,
+                        ClassifierKind::Online => online.on_write(l),
+                        ClassifierKind::Oracle => {
+                            let d = oracle_next.get(wi as usize).copied().unwrap_or(u32::MAX);
+                            if let Ok(mut m) = next_write_at.lock() {
+                                if d == u32::MAX {
+                                    m.remove(&l);
+                                } else {
+                                    m.insert(l, wi + d as u64);
+                                }
+                            }
+                            if d == u32::MAX {
+                                COLD
+                            } else {
+                                classify(Some(d as u64), windows)
+                            }
+                        }
+                    };
+                    clock.store(wi, Ordering::Relaxed);
+                    write_cleaning(&f, &mut cleaner, cfg.policy, l, &zero, stream)?;
+                    user_counts[stream.0 as usize] += 1;
+                    wi += 1;
+                    if wi % every == 0 {
+                        let c = f.stats().counters;
+                        series.push((
+                            wi,
+                            c.backing_blocks_written as f64 / c.user_blocks_written.max(1) as f64,
+                        ));
+                        progress(wi, total_writes);
+                    }
+                    if half.is_none() && wi >= total_writes / 2 {
+                        half = Some(f.stats().counters);
+                    }
+                }
+            }
+            TraceOp::Trim { lba, blocks } => {
+                f.trim(lba, blocks as u64)?;
+                online.on_trim(lba, blocks as u64);
+                trimmed += blocks as u64;
+            }
+            TraceOp::Read { .. } => {}
+        }
+    }
+    let end = f.stats().counters;
+    let mid = half.unwrap_or_default();
+    let mut hist = [0u64; 10];
+    for u in &cleaner.victim_utilization {
+        hist[((u * 10.0) as usize).min(9)] += 1;
+    }
+    let mut per_stream = Vec::new();
+    for s in 0..8u8 {
+        let n = user_counts[s as usize] + gc_counts[s as usize].load(Ordering::Relaxed);
+        if n > 0 {
+            per_stream.push(StreamFigures {
+                stream: s,
+                blocks: n,
+            });
+        }
+    }
+    Ok(SimReport {
+        config: cfg.clone(),
+        user_blocks: end.user_blocks_written,
+        trimmed_blocks: trimmed,
+        backing_blocks: end.backing_blocks_written,
+        relocated_blocks: end.relocated_blocks,
+        waf: end.backing_blocks_written as f64 / end.user_blocks_written.max(1) as f64,
+        waf_steady: (end.backing_blocks_written - mid.backing_blocks_written) as f64
+            / (end.user_blocks_written - mid.user_blocks_written).max(1) as f64,
+        segments_cleaned: cleaner.stats.segments_cleaned,
+        per_stream,
+        victim_utilization_histogram: hist,
+        waf_series: series,
+        classifier_bytes_per_block: if cfg.classifier == ClassifierKind::Online {
+            Classifier::BYTES_PER_BLOCK
+        } else {
+            0
+        },
+    })
+}
+
+fn write_cleaning(
+    f: &Arc<SimFtl>,
+    c: &mut Cleaner<Arc<SparseDevice>, Arc<MemIndex>>,
+    policy: Policy,
+    lba: u64,
+    data: &[u8],
+    stream: StreamId,
+) -> Result<(), Error> {
+    loop {
+        match f.write(lba, data, false, stream) {
+            Ok(()) => return Ok(()),
+            Err(ftl::Error::NoSpace) => {
+                let mut progressed = false;
+                while f.free_segments() <= f.gc_reserve_segments() + 1 {
+                    match c.run_slice(policy, Budget::unbounded(), &|| false)? {
+                        SliceEnd::NoVictim => break,
+                        _ => {
+                            f.checkpoint()?;
+                            progressed = true;
+                        }
+                    }
+                }
+                if !progressed && f.dead_segments() == 0 {
+                    return Err(ftl::Error::NoSpace.into());
+                }
+                f.checkpoint()?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! Seeded synthetic workloads: the same name and seed give the same ops.
+//!
+//! Every workload first fills its `logical` blocks sequentially, then overwrites them:
+//! - `uniform`: every block equally likely;
+//! - `zipf:S`: block popularity follows Zipf with exponent S (ranks scattered over LBAs);
+//! - `hotcold:W/D`: W% of the writes go to D% of the blocks (the rest to the others);
+//! - `seqmix`: half sequential runs of 64 blocks from random starts, half uniform.
+
+use crate::trace::TraceOp;
+use crate::Error;
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+/// A parsed workload name.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Workload {
+    Uniform,
+    Zipf(f64),
+    HotCold { writes_pct: f64, data_pct: f64 },
+    SeqMix,
+}
+
+impl std::str::FromStr for Workload {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let bad = |m: &str| Error::Workload(s.to_string(), m.to_string());
+        if s == "uniform" {
+            return Ok(Workload::Uniform);
+        }
+        if s == "seqmix" {
+            return Ok(Workload::SeqMix);
+        }
+        if let Some(t) = s.strip_prefix("zipf:") {
+            let theta: f64 = t
+                .parse()
+                .map_err(|_| bad("zipf:S needs a number, e.g. zipf:0.99"))?;
+            if !(theta > 0.0 && theta < 5.0) {
+                return Err(bad("zipf exponent must be in (0, 5)"));
+            }
+            return Ok(Workload::Zipf(theta));
+        }
+        if let Some(t) = s.strip_prefix("hotcold:") {
+            let (w, d) = t
+                .split_once('/')
+                .ok_or_else(|| bad("hotcold:W/D, e.g. hotcold:90/10"))?;
+            let w: f64 = w.parse().map_err(|_| bad("W is not a number"))?;
+            let d: f64 = d.parse().map_err(|_| bad("D is not a number"))?;
+            if !(0.0 < w && w < 100.0 && 0.0 < d && d < 100.0) {
+                return Err(bad(
+                    "W and D must be percentages strictly between 0 and 100",
+                ));
+            }
+            return Ok(Workload::HotCold {
+                writes_pct: w,
+                data_pct: d,
+            });
+        }
+        Err(bad(
+            "unknown workload (uniform, zipf:S, hotcold:W/D, seqmix)",
+        ))
+    }
+}
+
+/// Generates the fill plus `overwrites` single-block writes over `logical` blocks.
+pub fn generate(w: &Workload, logical: u64, overwrites: u64, seed: u64) -> Vec<TraceOp> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut ops: Vec<TraceOp> = (0..logical)
+        .map(|lba| TraceOp::Write { lba, blocks: 1 })
+        .collect();
+    ops.reserve(overwrites as usize);
+    let mut perm: Vec<u64> = (0..logical).collect();
+    perm.shuffle(&mut rng);
+    match w {
+        Workload::Uniform => {
+            for _ in 0..overwrites {
+                ops.push(TraceOp::Write {
+                    lba: rng.gen_range(0..logical),
+                    blocks: 1,
+                });
+            }
+        }
+        Workload::Zipf(theta) => {
+            // Inverse-CDF sampling over the ranks; rank r lives at perm[r].
+            let mut cdf = Vec::with_capacity(logical as usize);
+            let mut acc = 0.0;
+            for r in 1..=logical {
+                acc += 1.0 / (r as f64).powf(*theta);
+                cdf.push(acc);
+            }
+            for _ in 0..overwrites {
+                let x = rng.gen::<f64>() * acc;
+                let r = cdf.partition_point(|&c| c < x).min(logical as usize - 1);
+                ops.push(TraceOp::Write {
+                    lba: perm[r],
+                    blocks: 1,
+                });
+            }
+        }
+        Workload::HotCold {
+            writes_pct,
+            data_pct,
+        } => {
+            let hot = ((logical as f64 * data_pct / 100.0) as u64).clamp(1, logical - 1);
+            for _ in 0..overwrites {
+                let i = if rng.gen::<f64>() * 100.0 < *writes_pct {
+                    rng.gen_range(0..hot)
+                } else {
+                    rng.gen_range(hot..logical)
+                };
+                ops.push(TraceOp::Write {
+                    lba: perm[i as usize],
+                    blocks: 1,
+                });
+            }
+        }
+        Workload::SeqMix => {
+            let mut left = overwrites;
+            while left > 0 {
+                if rng.gen_bool(0.5) {
+                    let start = rng.gen_range(0..logical);
+                    let run = 64.min(left).min(logical - start);
+                    for k in 0..run {
+                        ops.push(TraceOp::Write {
+                            lba: start + k,
+                            blocks: 1,
+                        });
+                    }
+                    left -= run;
+                } else {
+                    ops.push(TraceOp::Write {
+                        lba: rng.gen_range(0..logical),
+                        blocks: 1,
+                    });
+                    left -= 1;
+                }
+            }
+        }
+    }
+    ops
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_and_errors_explain() {
+        assert_eq!(
+            "zipf:0.99".parse::<Workload>().unwrap(),
+            Workload::Zipf(0.99)
+        );
+        assert_eq!(
+            "hotcold:90/10".parse::<Workload>().unwrap(),
+            Workload::HotCold {
+                writes_pct: 90.0,
+                data_pct: 10.0
+            }
+        );
+        assert!("hotcold:90".parse::<Workload>().is_err());
+        assert!("zipf:x".parse::<Workload>().is_err());
+        assert!("random".parse::<Workload>().is_err());
+    }
+
+    #[test]
+    fn seeded_and_skewed() {
+        let w = Workload::HotCold {
+            writes_pct: 90.0,
+            data_pct: 10.0,
+        };
+        let a = generate(&w, 1000, 10_000, 1);
+        assert_eq!(a, generate(&w, 1000, 10_000, 1));
+        assert_ne!(a, generate(&w, 1000, 10_000, 2));
+        // The hottest 10% of blocks take about 90% of the overwrites.
+        let mut counts = vec![0u64; 1000];
+        for op in &a[1000..] {
+            counts[op.range().0 as usize] += 1;
+        }
+        counts.sort_unstable_by(|x, y| y.cmp(x));
+        let top: u64 = counts[..100].iter().sum();
+        assert!((8500..=9500).contains(&top), "{top}");
+        let z = generate(&Workload::Zipf(0.99), 1000, 10_000, 1);
+        assert!(z.iter().all(|o| o.range().0 < 1000));
+    }
+}
