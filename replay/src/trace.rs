@@ -271,7 +271,7 @@ mod tests {
 
     #[test]
     fn msr_csv_blkparse() {
-        let msr = "128166372003061629,hm,0,Write,3216997376,4096,1331\n128166372003061630,hm,0,Read,0,512,1\n";
+        let msr = "128166372003061629,hm,0,Write,3216998400,4096,1331\n128166372003061630,hm,0,Read,0,512,1\n";
         assert_eq!(
             parse(msr, Format::Msr, "m").unwrap()[0],
             TraceOp::Write {
