@@ -244,6 +244,15 @@ pub fn simulate(
             TraceOp::Read { .. } => {}
         }
     }
+    if std::env::var_os("REPLAY_DEBUG").is_some() {
+        let mut by: std::collections::BTreeMap<(u8, &str), (u32, u64)> = Default::default();
+        for s in f.segment_snapshot() {
+            let e = by.entry((s.stream, s.state)).or_default();
+            e.0 += 1;
+            e.1 += s.valid as u64;
+        }
+        eprintln!("segments by (stream, state): count, live blocks: {by:?}");
+    }
     let end = f.stats().counters;
     let mid = half.unwrap_or_default();
     let mut hist = [0u64; 10];
