@@ -4,7 +4,8 @@
 # Usage: scripts/install-deps.sh [--host] [--vm]
 #
 #   --host  (default when no flag is given) build/test tools for the host:
-#           fio, clang, libclang-dev (bindgen for libublk-rs-sys), pkg-config.
+#           fio, clang, libclang-dev (bindgen for libublk-rs-sys), pkg-config,
+#           fonts-dejavu-core (text in the replay plots).
 #   --vm    everything --host installs, plus what scripts/vm-run.sh needs to boot
 #           a ublk-capable kernel under QEMU software emulation:
 #             qemu-system-x86, the newest linux-image-6.12.*+deb12-amd64-unsigned
@@ -80,7 +81,7 @@ apt_install() {
 # --- Debian packages -------------------------------------------------------
 pkgs=()
 if [ "$want_host" = 1 ]; then
-    pkgs+=(fio clang libclang-dev pkg-config)
+    pkgs+=(fio clang libclang-dev pkg-config fonts-dejavu-core)
 fi
 if [ "$want_vm" = 1 ]; then
     pkgs+=(qemu-system-x86 busybox-static e2fsprogs xfsprogs btrfs-progs f2fs-tools util-linux kmod)

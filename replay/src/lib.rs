@@ -8,6 +8,7 @@
 //!   classifier, the online classifier, or an oracle that knows each write's next
 //!   overwrite from the trace.
 
+pub mod plot;
 pub mod sim;
 pub mod trace;
 pub mod workload;

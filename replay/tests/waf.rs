@@ -62,3 +62,19 @@ fn uniform_no_classifier_helps_or_hurts_much_skewed_streams_help() {
         );
     }
 }
+
+#[test]
+fn plot_writes_a_png() {
+    let r = run("zipf:0.99", ClassifierKind::Online, 2);
+    let dir = std::env::temp_dir().join(format!("replay-plot-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("p.png");
+    replay::plot::plot(&r, "zipf:0.99, online", &path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    assert!(
+        bytes.len() > 5000 && bytes.starts_with(b"\x89PNG"),
+        "{} bytes",
+        bytes.len()
+    );
+    std::fs::copy(&path, "/tmp/replay-plot.png").ok();
+}
