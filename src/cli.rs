@@ -23,6 +23,12 @@ pub enum Cmd {
     Info(BackingArgs),
     /// Measure the FTL in-process on a backing file: random write, random read, write+flush.
     Bench(bench::BenchArgs),
+    /// Replay a trace or a synthetic workload through the real FTL and cleaner
+    /// (metadata-only, in memory) and report write amplification.
+    Replay(crate::replay_cmd::ReplayArgs),
+    /// Verify every invariant of a backing and its index offline (read-only); exits 1
+    /// when a problem is found.
+    Check(crate::check_cmd::CheckArgs),
 }
 
 /// Where the backing and its index are.
@@ -177,6 +183,11 @@ pub fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Replay(a) => crate::replay_cmd::run(a),
+        Cmd::Check(a) => match crate::check_cmd::run(a)? {
+            true => Ok(()),
+            false => Err("the checker found problems".into()),
+        },
     }
 }
 

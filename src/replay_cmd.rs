@@ -1,0 +1,168 @@
+//! `ftlblk replay`: drives the real FTL and cleaner in metadata-only mode over a trace or
+//! a synthetic workload and reports write amplification.
+
+use clap::Args;
+use cleaner::Policy;
+use replay::sim::{simulate, ClassifierKind, SimConfig};
+use replay::trace::{parse, remap_dense, Format};
+use replay::workload::{generate, Workload};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    /// Trace file to replay (give --format); or use --workload.
+    #[arg(long, conflicts_with = "workload")]
+    pub trace: Option<PathBuf>,
+    /// Trace format: fio-iolog, msr, blkparse, csv (op,offset,length in bytes).
+    #[arg(long, default_value = "csv")]
+    pub format: String,
+    /// Built-in workload: uniform, zipf:S, hotcold:W/D (W% of writes to D% of the data), seqmix.
+    #[arg(long)]
+    pub workload: Option<String>,
+    /// Logical capacity of the simulated device (e.g. 1G).
+    #[arg(long, value_parser = crate::cli::parse_size, default_value = "1G")]
+    pub capacity: u64,
+    /// Over-provisioning in percent of the physical size.
+    #[arg(long, default_value_t = 20.0)]
+    pub op: f64,
+    /// Segment size (default: the FTL's default for the size).
+    #[arg(long, value_parser = crate::cli::parse_size)]
+    pub segment_size: Option<u64>,
+    /// User streams: 1 (everything in one stream) or 3 (hot / warm / cold).
+    #[arg(long, default_value_t = 3)]
+    pub streams: u8,
+    /// Placement: none, online (write-time classifier), oracle (knows each write's next
+    /// overwrite from the trace: the practical lower bound).
+    #[arg(long, default_value = "online")]
+    pub classifier: String,
+    /// Victim policy: greedy, cost-benefit, cost-hotness.
+    #[arg(long, default_value = "greedy")]
+    pub policy: String,
+    /// Workloads: logical utilisation in percent of the capacity.
+    #[arg(long, default_value_t = 80.0)]
+    pub utilization: f64,
+    /// Workloads: full overwrites of the logical data after the fill; traces: replay
+    /// the trace this many times.
+    #[arg(long, default_value_t = 8)]
+    pub loops: u64,
+    /// Random seed of a workload.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Write a PNG with WAF over time and the victim-utilisation histogram.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+pub fn run(a: ReplayArgs) -> Result<(), String> {
+    let capacity = a.capacity / 4096;
+    if capacity == 0 {
+        return Err("--capacity must be at least 4K".into());
+    }
+    if !(1.0..90.0).contains(&a.op) {
+        return Err(format!("--op {} must be in 1..90 percent", a.op));
+    }
+    let mut classifier: ClassifierKind = a.classifier.parse()?;
+    match a.streams {
+        1 => classifier = ClassifierKind::None,
+        3 => {}
+        n => return Err(format!("--streams {n}: use 1 or 3")),
+    }
+    let policy: Policy = a
+        .policy
+        .parse()
+        .map_err(|e: cleaner::Error| e.to_string())?;
+    let (ops, label) = match (&a.trace, &a.workload) {
+        (Some(path), _) => {
+            let format: Format = a.format.parse()?;
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let mut once =
+                parse(&text, format, &path.display().to_string()).map_err(|e| e.to_string())?;
+            remap_dense(&mut once, capacity);
+            let mut ops = Vec::with_capacity(once.len() * a.loops.max(1) as usize);
+            for _ in 0..a.loops.max(1) {
+                ops.extend_from_slice(&once);
+            }
+            (ops, path.display().to_string())
+        }
+        (None, Some(w)) => {
+            let workload: Workload = w.parse().map_err(|e: replay::Error| e.to_string())?;
+            if !(1.0..=100.0).contains(&a.utilization) {
+                return Err(format!(
+                    "--utilization {} must be in 1..=100",
+                    a.utilization
+                ));
+            }
+            let logical = ((capacity as f64) * a.utilization / 100.0) as u64;
+            (
+                generate(&workload, logical.max(1), a.loops * logical, a.seed),
+                w.clone(),
+            )
+        }
+        (None, None) => return Err("give --trace FILE --format F, or --workload NAME".into()),
+    };
+    let cfg = SimConfig {
+        capacity_blocks: capacity,
+        op_permille: (a.op * 10.0).round() as u32,
+        segment_bytes: a.segment_size,
+        classifier,
+        policy,
+        series_points: 100,
+    };
+    let tty = std::io::stderr().is_terminal() && !a.json;
+    let started = std::time::Instant::now();
+    let report = simulate(&ops, &cfg, &mut |done, total| {
+        if tty {
+            let pct = done * 100 / total.max(1);
+            let bar = "#".repeat((pct / 2) as usize);
+            eprint!("\r[{bar:<50}] {pct:>3}% {done}/{total} blocks");
+            let _ = std::io::stderr().flush();
+        }
+    })
+    .map_err(|e| e.to_string())?;
+    if tty {
+        eprintln!();
+    }
+    if let Some(p) = &a.plot {
+        replay::plot::plot(
+            &report,
+            &format!("{label}, {:?}, {}", classifier, a.policy),
+            p,
+        )?;
+    }
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?
+        );
+    } else {
+        println!("workload            {label}");
+        println!("classifier/policy   {classifier:?} / {}", a.policy);
+        println!("user blocks         {}", report.user_blocks);
+        println!("backing blocks      {}", report.backing_blocks);
+        println!("blocks copied       {}", report.relocated_blocks);
+        println!("WAF (whole run)     {:.3}", report.waf);
+        println!("WAF (second half)   {:.3}", report.waf_steady);
+        println!("segments cleaned    {}", report.segments_cleaned);
+        println!(
+            "victim utilisation  {:?} (10% bins)",
+            report.victim_utilization_histogram
+        );
+        for s in &report.per_stream {
+            println!("stream {}            {} blocks", s.stream, s.blocks);
+        }
+        println!(
+            "classifier memory   {} bytes per block",
+            report.classifier_bytes_per_block
+        );
+        println!(
+            "replayed in         {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
