@@ -12,8 +12,9 @@
 #   writeflush  random write + FLUSH after every write (fio --fsync=1), 20000 writes
 # Each round runs raw fio on the file (laid out once, fully allocated), then `ftlblk bench`
 # formats the same file and runs the same tests in-process; medians over the rounds are
-# reported (the machine is shared and noisy). Both sides pause --settle seconds after the
-# random-write test so the read test does not measure the host's write-back of it. Prints a table and writes bench.json:
+# reported (the machine is shared and noisy). Both sides pause --settle seconds before the
+# read test and before the write+flush test, so neither measures the host still writing
+# back the tests before it. Prints a table and writes bench.json:
 #   {"ftl": {...}, "raw": {...}, "ratio": {...}, "map_ram_bytes_per_block": N}
 # Targets: randwrite >= 1.5x raw, randread >= 0.8x raw, writeflush >= 0.7x raw,
 # map RAM <= 8 bytes per mapped block. Exit status is 0 whether or not targets are met
@@ -72,6 +73,7 @@ for r in $(seq 1 "$ROUNDS"); do
     # Raw reads also with two jobs of QD16 (the FTL reads with one ring per CPU, as the
     # ublk queues do); the better raw figure is the one compared against.
     fio_json "randread2-$r" --rw=randread --io_size=$((OPS * 4096 / 2)) --numjobs=2 --iodepth=16
+    sync; sleep "$SETTLE"
     fio_json "writeflush-$r" --rw=randwrite --fsync=1 --io_size=$((FLUSH_OPS * 4096))
     echo "-- round $r: ftlblk bench" >&2
     "$BIN" bench --backing "$IMG" --index "$IDX" --size "$SIZE" --jobs 32 --qd 32 \

@@ -289,6 +289,9 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
                 if let Some(f) = written.take() {
                     f.close().map_err(|e| e.to_string())?;
                 }
+                // Like the raw side: let the host finish writing back the earlier tests,
+                // whose backlog would otherwise slow every sync of this one.
+                std::thread::sleep(std::time::Duration::from_secs(a.settle));
                 let f = Arc::new(fresh(&a, &index)?);
                 let mut rng = SmallRng::seed_from_u64(a.seed + 2);
                 let cap = f.capacity_blocks();
