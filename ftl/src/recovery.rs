@@ -134,6 +134,15 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
     let geo = sb.geometry;
     let loaded = load_index(&index, &sb, index_name)?;
     let ck = loaded.checkpoint;
+    // Sequence numbers and epochs only ever count up from small values; anything near the
+    // top of the range is damage (and would overflow when the session continues).
+    const SANE: u64 = u64::MAX / 4;
+    if ck.epoch >= SANE || ck.next_chunk_seq >= SANE || ck.next_entry_seq >= SANE {
+        return Err(Error::Corrupt(format!(
+            "checkpoint counters out of range: epoch {}, next chunk {}, next entry {}",
+            ck.epoch, ck.next_chunk_seq, ck.next_entry_seq
+        )));
+    }
     let map = L2p::new(geo.exported_blocks);
     let phys = geo.physical_blocks();
     let first_log = geo.segment_start(1);
@@ -270,6 +279,11 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
     collected.sort_by_key(|(e, _)| e.seq());
     let mut max_seq = ck.next_entry_seq;
     for (e, pba) in &collected {
+        if e.seq() >= SANE {
+            // A checksummed summary with an impossible sequence number: skip it.
+            report.entries_skipped += 1;
+            continue;
+        }
         max_seq = max_seq.max(e.seq() + 1);
         match *e {
             Entry::Data { lba, crc, .. } if lba < geo.exported_blocks => {
