@@ -7,7 +7,9 @@
 # 2. cargo fmt --check, then cargo test over the workspace (release build: the property
 #    tests run many cases): unit tests, model-based crash-consistency property tests on
 #    the crash-simulating device, file-backend tests (O_DIRECT, io_uring, sled) in a temp
-#    directory, corrupt/too-small/busy tests.
+#    directory, corrupt/too-small/busy tests;
+# 3. the fuzz crate's tests (every seed and regression input replayed), then every
+#    cargo-fuzz target for FUZZ_SECONDS (default 60) with scripts/fuzz.sh.
 # Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,5 +28,12 @@ if [ "$status" -ne 0 ]; then
     tail -50 /tmp/ftlblk-test.log >&2
     exit "$status"
 fi
+echo "== fuzz regressions and seed corpus replay (stable)"
+cargo test --manifest-path fuzz/Cargo.toml --release 2>&1 | tee -a /tmp/ftlblk-test.log | grep -E "^test result|FAILED|panicked" || true
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "test.sh: fuzz regression tests failed" >&2; exit 1; }
+
+echo "== fuzzing: every target ${FUZZ_SECONDS:-60} s from the committed seeds"
+scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
+
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "%d passed, %d failed\n", p, f }' /tmp/ftlblk-test.log

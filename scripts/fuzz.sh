@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# fuzz.sh — runs every cargo-fuzz target of fuzz/ for a while from the committed seeds.
+#
+# Usage: scripts/fuzz.sh [SECONDS_PER_TARGET]      (default 60)
+#   FUZZ_TARGETS="ops decode"   run only these targets (default: all of fuzz/fuzz_targets)
+#   FUZZ_SANITIZER=address      sanitizer for every target (default: per target, below)
+#   FTL_FUZZ_KNOWN=report       also stop at known open bugs (fuzz/src/known.rs)
+#
+# 1. installs cargo-fuzz if missing (cargo install cargo-fuzz --locked) and checks that
+#    the nightly toolchain exists (installs it with rustup if not);
+# 2. per target: builds it (-a: debug assertions and overflow checks on), then runs
+#    libFuzzer with -max_total_time=N -rss_limit_mb=2048 on a working corpus
+#    (fuzz/corpus-run/<t>, git-ignored) seeded from the committed fuzz/corpus/<t>, so
+#    the committed seeds are never rewritten;
+# 3. prints per target executions per second and coverage (cov:/ft: of libFuzzer's
+#    last status line), and exits non-zero if any target crashed, ran out of memory or
+#    timed out, naming the artifact (fuzz/artifacts/<t>/...). Keep each such input as
+#    a regression: copy it to fuzz/regressions/<t>/ (minimize first with
+#    `cargo +nightly fuzz tmin <t> <artifact>`); `cargo test --manifest-path
+#    fuzz/Cargo.toml` replays every regression.
+#
+# Sanitizers: `decode` runs under AddressSanitizer (cheap there, and it enforces
+# -malloc_limit_mb against huge allocations). `ops` and `open_corrupt` run without one:
+# ASan's allocator made them ~6x slower (every case allocates a 2 MiB device twice and
+# 1 MiB chunk buffers), and the code they drive is safe Rust but for AlignedBuf.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+secs="${1:-60}"
+case "$secs" in
+    '' | *[!0-9]*) echo "fuzz.sh: SECONDS_PER_TARGET must be a number, got '$secs'" >&2; exit 2 ;;
+esac
+
+command -v cargo >/dev/null || { echo "fuzz.sh: cargo not found (install rustup)" >&2; exit 1; }
+if ! rustup toolchain list | grep -q nightly; then
+    echo "== installing the nightly toolchain (cargo-fuzz needs it)"
+    rustup toolchain install nightly --profile minimal || exit 1
+fi
+if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+    echo "== installing cargo-fuzz"
+    cargo install cargo-fuzz --locked || exit 1
+fi
+
+targets="${FUZZ_TARGETS:-$(ls fuzz/fuzz_targets | sed -n 's/\.rs$//p' | sort | tr '\n' ' ')}"
+logs=fuzz/target/fuzz-logs
+mkdir -p "$logs"
+
+sanitizer_for() {
+    if [ -n "${FUZZ_SANITIZER:-}" ]; then echo "$FUZZ_SANITIZER"; return; fi
+    case "$1" in
+        decode) echo address ;;
+        *) echo none ;;
+    esac
+}
+
+failed=()
+summary=()
+for t in $targets; do
+    san="$(sanitizer_for "$t")"
+    echo "== $t: building (sanitizer: $san)"
+    if ! cargo +nightly fuzz build -a -s "$san" "$t" >"$logs/$t.build.log" 2>&1; then
+        tail -30 "$logs/$t.build.log" >&2
+        echo "fuzz.sh: building $t failed (log: $logs/$t.build.log)" >&2
+        failed+=("$t (build)")
+        summary+=("$(printf '%-14s %10s %10s %10s  %s' "$t" - - - "BUILD FAILED")")
+        continue
+    fi
+    mkdir -p "fuzz/corpus-run/$t" "fuzz/artifacts/$t"
+    extra=()
+    [ "$san" = address ] && extra+=(-malloc_limit_mb=256)
+    echo "== $t: fuzzing for ${secs}s"
+    cargo +nightly fuzz run -a -s "$san" "$t" "fuzz/corpus-run/$t" "fuzz/corpus/$t" -- \
+        -max_total_time="$secs" -rss_limit_mb=2048 -timeout=60 -print_final_stats=1 \
+        "${extra[@]}" >"$logs/$t.log" 2>&1
+    rc=$?
+    # libFuzzer's last status line: "#N  DONE  cov: C ft: F corp: ... exec/s: E rss: ..."
+    last="$(grep -E '^#[0-9]+' "$logs/$t.log" | tail -1)"
+    field() { echo "$last" | sed -n "s|.* $1 \([0-9]*\).*|\1|p"; }
+    runs="$(echo "$last" | sed -n 's/^#\([0-9]*\).*/\1/p')"
+    cov="$(field cov:)"
+    ft="$(field ft:)"
+    eps="$(sed -n 's|^stat::average_exec_per_sec: *\([0-9]*\).*|\1|p' "$logs/$t.log" | tail -1)"
+    [ -n "$eps" ] || eps="$(field exec/s:)"
+    done_runs="$(sed -n 's|^stat::number_of_executed_units: *\([0-9]*\).*|\1|p' "$logs/$t.log" | tail -1)"
+    [ -n "$done_runs" ] && runs="$done_runs"
+    artifact="$(grep -oE 'Test unit written to [^ ]+' "$logs/$t.log" | awk '{print $NF}' | tail -1)"
+    if [ "$rc" -ne 0 ] || [ -n "$artifact" ]; then
+        echo "---- $t FAILED (exit $rc); end of its log ($logs/$t.log):"
+        grep -E 'panicked at|^ERROR|SUMMARY|deadly signal|out-of-memory|timeout' "$logs/$t.log" | head -10
+        tail -25 "$logs/$t.log"
+        echo "---- $t crash artifact: ${artifact:-none written}"
+        failed+=("$t")
+        status="CRASHED: ${artifact:-see $logs/$t.log}"
+    else
+        status="ok"
+    fi
+    echo "== $t: runs ${runs:-?}, exec/s ${eps:-?}, cov ${cov:-?}, ft ${ft:-?}: $status"
+    summary+=("$(printf '%-14s %10s %10s %10s  %s' "$t" "${eps:-?}" "${cov:-?}" "${ft:-?}" "$status")")
+done
+
+echo
+echo "== fuzz summary (${secs}s per target)"
+printf '%-14s %10s %10s %10s  %s\n' target exec/s cov ft result
+for s in "${summary[@]}"; do echo "$s"; done
+if [ "${#failed[@]}" -ne 0 ]; then
+    echo "fuzz.sh: failing targets: ${failed[*]}" >&2
+    exit 1
+fi
