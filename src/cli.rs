@@ -29,6 +29,21 @@ pub enum Cmd {
     /// Verify every invariant of a backing and its index offline (read-only); exits 1
     /// when a problem is found.
     Check(crate::check_cmd::CheckArgs),
+    /// Serve a backing as /dev/ublkbN (formatting a new backing file first) and print the
+    /// device as JSON; returns once the device is live while a daemon keeps serving it.
+    Add(crate::device_cmd::AddArgs),
+    /// Delete a device: stop it through the kernel and wait for its daemon to checkpoint
+    /// the FTL and exit.
+    Del(crate::device_cmd::DelArgs),
+    /// List the devices ftlblk serves (or served, when a daemon died and the kernel keeps
+    /// the device for `recover`).
+    List(crate::device_cmd::ListArgs),
+    /// Re-attach a new daemon to device N after its daemon died (kill -9, crash): the FTL
+    /// recovers and the kernel re-issues the requests that were in flight.
+    Recover(crate::device_cmd::RecoverArgs),
+    /// Show a device's figures (WAF, free segments, mapped blocks, flushes, trims) from
+    /// its daemon.
+    Stats(crate::device_cmd::StatsArgs),
 }
 
 /// Where the backing and its index are.
@@ -188,6 +203,11 @@ pub fn run(cli: Cli) -> Result<(), String> {
             true => Ok(()),
             false => Err("the checker found problems".into()),
         },
+        Cmd::Add(a) => crate::device_cmd::add(a),
+        Cmd::Del(a) => crate::device_cmd::del(a),
+        Cmd::List(a) => crate::device_cmd::list(a),
+        Cmd::Recover(a) => crate::device_cmd::recover(a),
+        Cmd::Stats(a) => crate::device_cmd::stats(a),
     }
 }
 

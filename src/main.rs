@@ -1,12 +1,22 @@
 //! `ftlblk`: a ublk block device server backed by a host-side log-structured FTL.
 //!
-//! This binary is the CLI over the `ftl` crate: `format`, `info`, `bench`, `replay`, `check`.
-//! The ublk front end (`add`, `del`, `list`, `recover`, `stats`) arrives with it.
+//! This binary is the CLI over the `ftl` crate: `format`, `info`, `bench`, `replay`, `check`,
+//! and the ublk front end: `add`, `del`, `list`, `recover`, `stats`.
+//!
+//! Front-end modules: [`ublk`] (data path), [`daemon`] (device server), [`control`]
+//! (tokio control plane: signals, checkpoints, stats socket), [`kctl`] (kernel control),
+//! [`runfiles`] (`/run/ftlblk`), [`device_cmd`] (the subcommands).
 
 mod bench;
 mod check_cmd;
 mod cli;
+mod control;
+mod daemon;
+mod device_cmd;
+mod kctl;
 mod replay_cmd;
+mod runfiles;
+mod ublk;
 
 use clap::Parser;
 use std::process::ExitCode;

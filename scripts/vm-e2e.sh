@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# vm-e2e.sh — host side of the ublk end-to-end test: builds ftlblk (release), checks the
+# clear error the CLI gives where the kernel has no ublk (this host), then boots the
+# 6.12 VM with scripts/vm-run.sh and runs scripts/e2e-smoke.sh inside it.
+#
+# Usage: scripts/vm-e2e.sh [--no-deps]
+#   --no-deps  skip scripts/install-deps.sh --vm (idempotent, but needs root/apt)
+#
+# Environment: FTLBLK_VM_TIMEOUT (seconds for boot + test, default 1500), and every
+# FTLBLK_E2E_* knob of e2e-smoke.sh (passed into the guest by vm-run.sh).
+# Exit status: the guest test's status; 124/125 when the VM times out or cannot boot.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+deps=1
+for a in "$@"; do
+    case "$a" in
+        --no-deps) deps=0 ;;
+        -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "vm-e2e: unknown argument $a" >&2; exit 2 ;;
+    esac
+done
+fail() { echo "vm-e2e: FAIL: $*" >&2; exit 1; }
+
+[ "$deps" = 1 ] && scripts/install-deps.sh --vm
+echo "== cargo build --release"
+cargo build --release
+
+if [ ! -e /dev/ublk-control ]; then
+    echo "== host without ublk: the CLI must say so"
+    if msg="$(target/release/ftlblk add --backing /tmp/ftlblk-no-ublk.img --size 64M 2>&1)"; then
+        fail "add succeeded on a host without ublk"
+    fi
+    echo "$msg"
+    echo "$msg" | grep -q "modprobe ublk_drv" || fail "unclear message without ublk: $msg"
+    [ ! -e /tmp/ftlblk-no-ublk.img ] || fail "add created a backing although ublk is missing"
+fi
+
+echo "== booting the VM for scripts/e2e-smoke.sh"
+exec scripts/vm-run.sh --timeout "${FTLBLK_VM_TIMEOUT:-1500}" -- scripts/e2e-smoke.sh

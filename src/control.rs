@@ -1,0 +1,253 @@
+//! The daemon's control plane: a tokio current-thread runtime on its own thread.
+//!
+//! Contract:
+//! - **Signals.** SIGINT and SIGTERM are handled from the moment [`Control::spawn`]
+//!   returns. A signal once the device is live stops it through the kernel (STOP_DEV with
+//!   a fresh control handle created on this thread, see [`crate::kctl`]): the queues
+//!   abort, `run_target` returns on the main thread, which then checkpoints the FTL and
+//!   deletes the device. A signal before the device is live is remembered;
+//!   [`Shared::mark_live`] tells the main thread to stop the device itself.
+//! - **Checkpoints.** Every second, when [`ftl::Ftl::checkpoint_due`], a checkpoint runs
+//!   on tokio's blocking pool (one at a time); [`Control::shutdown`] waits for it.
+//! - **Stats.** Once told the device is live ([`Event::Live`]), the runtime serves
+//!   `/run/ftlblk/N.sock`: each connection receives one JSON document (`device`: the
+//!   [`DeviceRecord`], `stats`: [`ftl::stats::Stats`], `cleaner`: the cleaner's figures)
+//!   and is closed. The socket is removed on shutdown.
+
+use crate::runfiles::{self, DeviceRecord};
+use cleaner::CleanerHandle;
+use ftl::backing::FileFtl;
+use std::io;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use tokio::net::UnixListener;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+
+/// How often the checkpoint timer looks at `checkpoint_due`.
+const CHECKPOINT_POLL: Duration = Duration::from_secs(1);
+
+/// Messages from the main thread.
+pub enum Event {
+    /// The device is live: publish the stats socket for it.
+    Live(DeviceRecord),
+    /// Stop serving and end the runtime.
+    Shutdown,
+}
+
+#[derive(Default)]
+struct StopState {
+    live_id: Option<u32>,
+    stop_requested: bool,
+}
+
+/// Stop bookkeeping shared by the signal handler and the main thread.
+#[derive(Default)]
+pub struct Shared {
+    state: Mutex<StopState>,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, StopState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records that device `id` is live. Returns true when a stop was requested before:
+    /// the caller must then stop the device itself.
+    pub fn mark_live(&self, id: u32) -> bool {
+        let mut st = self.lock();
+        st.live_id = Some(id);
+        st.stop_requested
+    }
+
+    /// Whether SIGINT/SIGTERM arrived.
+    pub fn stop_requested(&self) -> bool {
+        self.lock().stop_requested
+    }
+
+    /// Handles a stop signal: stops the live device, or remembers the request.
+    fn request_stop(&self, sig: &str) {
+        let mut st = self.lock();
+        if st.stop_requested {
+            eprintln!("ftlblk: {sig}: already stopping");
+            return;
+        }
+        st.stop_requested = true;
+        let Some(id) = st.live_id else {
+            eprintln!("ftlblk: {sig}: the device is not live yet; stopping as soon as it is");
+            return;
+        };
+        drop(st);
+        eprintln!("ftlblk: {sig}: stopping ublk device {id}");
+        if let Err(e) = crate::kctl::kill(id) {
+            eprintln!("ftlblk: {e}");
+        }
+    }
+}
+
+/// Handle on the control thread.
+pub struct Control {
+    tx: mpsc::UnboundedSender<Event>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    shared: Arc<Shared>,
+}
+
+impl Control {
+    /// Starts the runtime; signal handlers are installed when this returns.
+    pub fn spawn(ftl: Arc<FileFtl>, cleaner: Option<Arc<CleanerHandle>>) -> io::Result<Control> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let shared = Arc::new(Shared::default());
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<io::Result<()>>();
+        let sh = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("ftlblk-control".into())
+            .spawn(move || rt.block_on(serve(ftl, cleaner, sh, rx, ready_tx)))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(Control {
+                tx,
+                thread: Some(thread),
+                shared,
+            }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err(io::Error::other("the control thread died while starting"))
+            }
+        }
+    }
+
+    /// Stop bookkeeping (for the main thread's `device_fn`).
+    pub fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+
+    /// Sender for [`Event`]s (usable from any thread).
+    pub fn sender(&self) -> mpsc::UnboundedSender<Event> {
+        self.tx.clone()
+    }
+
+    /// Stops the runtime: waits for a running checkpoint, removes the socket.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        let _ = self.tx.send(Event::Shutdown);
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                eprintln!("ftlblk: the control thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+async fn serve(
+    ftl: Arc<FileFtl>,
+    cleaner: Option<Arc<CleanerHandle>>,
+    shared: Arc<Shared>,
+    mut rx: mpsc::UnboundedReceiver<Event>,
+    ready: std::sync::mpsc::Sender<io::Result<()>>,
+) {
+    let signals = signal(SignalKind::terminate())
+        .and_then(|t| signal(SignalKind::interrupt()).map(|i| (t, i)));
+    let (mut term, mut int) = match signals {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let _ = ready.send(Ok(()));
+    let mut tick = tokio::time::interval(CHECKPOINT_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut listener: Option<(UnixListener, PathBuf)> = None;
+    let mut record: Option<DeviceRecord> = None;
+    let mut checkpoint: Option<tokio::task::JoinHandle<()>> = None;
+    loop {
+        tokio::select! {
+            _ = term.recv() => shared.request_stop("SIGTERM"),
+            _ = int.recv() => shared.request_stop("SIGINT"),
+            ev = rx.recv() => match ev {
+                Some(Event::Live(rec)) => {
+                    match bind(&rec.socket) {
+                        Ok(l) => listener = Some((l, rec.socket.clone())),
+                        Err(e) => eprintln!("ftlblk: stats socket {}: {e}", rec.socket.display()),
+                    }
+                    record = Some(rec);
+                }
+                Some(Event::Shutdown) | None => break,
+            },
+            _ = tick.tick() => {
+                if checkpoint.as_ref().map_or(true, |h| h.is_finished()) && ftl.checkpoint_due() {
+                    let f = ftl.clone();
+                    checkpoint = Some(tokio::task::spawn_blocking(move || {
+                        if let Err(e) = f.checkpoint() {
+                            eprintln!("ftlblk: background checkpoint failed: {e}");
+                        }
+                    }));
+                }
+            }
+            conn = accept(&listener) => match conn {
+                Ok(mut stream) => {
+                    let doc = stats_document(&ftl, cleaner.as_deref(), record.as_ref());
+                    tokio::spawn(async move {
+                        let _ = stream.write_all(doc.as_bytes()).await;
+                        let _ = stream.shutdown().await;
+                    });
+                }
+                Err(e) => eprintln!("ftlblk: stats socket accept: {e}"),
+            },
+        }
+    }
+    if let Some(h) = checkpoint {
+        let _ = h.await;
+    }
+    if let Some((_, path)) = listener {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+fn bind(path: &PathBuf) -> io::Result<UnixListener> {
+    runfiles::ensure_run_dir()?;
+    // A socket left by a crashed daemon for this id is stale: its daemon is gone.
+    let _ = std::fs::remove_file(path);
+    UnixListener::bind(path)
+}
+
+async fn accept(l: &Option<(UnixListener, PathBuf)>) -> io::Result<tokio::net::UnixStream> {
+    match l {
+        Some((l, _)) => l.accept().await.map(|(s, _)| s),
+        None => std::future::pending().await,
+    }
+}
+
+/// The JSON a stats client receives.
+pub fn stats_document(
+    ftl: &FileFtl,
+    cleaner: Option<&CleanerHandle>,
+    record: Option<&DeviceRecord>,
+) -> String {
+    let doc = serde_json::json!({
+        "device": record,
+        "stats": ftl.stats(),
+        "cleaner": cleaner.map(|c| serde_json::json!({
+            "stats": c.stats(),
+            "last_error": c.last_error(),
+        })),
+    });
+    serde_json::to_string_pretty(&doc).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+}

@@ -1,0 +1,375 @@
+//! The device server: `ftlblk add --foreground` and `ftlblk recover --foreground`.
+//!
+//! Contract of [`run`]:
+//! 1. Opens the FTL (recovering after a crash). `add` formats a missing backing file
+//!    (created sparse) or a regular file without an ftlblk superblock first; a block
+//!    device is never formatted implicitly. A backing another server holds fails with the
+//!    FTL's `Busy` error and nothing is created in the kernel.
+//! 2. Starts the cleaner thread (unless disabled) and the control plane ([`Control`]:
+//!    signals, checkpoint timer, stats socket).
+//! 3. `add` creates a new ublk device; `recover` sends START_USER_RECOVERY for the
+//!    existing one and re-attaches (the kernel re-issues the requests in flight when the
+//!    previous server died). Then libublk's `run_target` runs the queues ([`crate::ublk`]).
+//! 4. When `/dev/ublkbN` is live: writes `/run/ftlblk/N.json`, prints the record as JSON on
+//!    stdout, and reports it on the readiness pipe of the `add`/`recover` that started this
+//!    daemon in the background ([`Notifier`]); any failure before that is reported there.
+//! 5. When the device stops (SIGINT/SIGTERM, or `ftlblk del` through the kernel): stops
+//!    the control plane and the cleaner, closes the FTL (flush + checkpoint), removes the
+//!    run files and deletes the device. Returns `Ok` after a clean stop.
+
+use crate::control::{Control, Event};
+use crate::kctl;
+use crate::runfiles::{self, DeviceRecord};
+use crate::ublk;
+use cleaner::CleanerConfig;
+use ftl::backing::{format_backing, open_backing, FileFtl};
+use ftl::device::BLOCK_SIZE;
+use ftl::{BlockDevice, Config, Error as FtlError, FormatOptions};
+use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
+use libublk::io::UblkDev;
+use libublk::UblkFlags;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::FromRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Environment variable naming the readiness pipe's write end (set by the CLI).
+pub const NOTIFY_FD_ENV: &str = "FTLBLK_NOTIFY_FD";
+/// Environment variable naming the log file the CLI opened for this daemon.
+pub const LOG_ENV: &str = "FTLBLK_LOG";
+
+/// Size of a backing file `add` creates when none is given.
+pub const DEFAULT_CREATE_SIZE: u64 = 8 << 30;
+
+/// How long the daemon waits for `/dev/ublkbN` to appear after START_DEV.
+const BDEV_WAIT: Duration = Duration::from_secs(10);
+
+/// What to serve.
+#[derive(Debug, Clone)]
+pub enum Mode {
+    /// A new device (`None`: the kernel picks the id).
+    Add { id: Option<u32> },
+    /// Re-attach to device `id` after its server died.
+    Recover { id: u32, recoveries: u32 },
+}
+
+/// Everything the daemon needs.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    pub backing: PathBuf,
+    pub index: PathBuf,
+    /// Size for a missing backing file, and of the backing to use when formatting.
+    pub size: Option<u64>,
+    pub queues: u16,
+    pub depth: u16,
+    pub io_buf_bytes: u32,
+    pub cleaner: bool,
+    pub mode: Mode,
+    /// The log file stdout/stderr go to (background daemons).
+    pub log: Option<PathBuf>,
+}
+
+/// The readiness pipe to the CLI process that started this daemon; a no-op without one.
+///
+/// Protocol: exactly one line, `OK <json record>` or `ERR <message>`, then the pipe is
+/// closed. End-of-file without a line means the daemon died.
+pub struct Notifier(Mutex<Option<File>>);
+
+impl Notifier {
+    /// Takes the pipe named by `$FTLBLK_NOTIFY_FD` (and clears the variable).
+    pub fn from_env() -> Notifier {
+        let fd = std::env::var(NOTIFY_FD_ENV)
+            .ok()
+            .and_then(|s| s.parse::<i32>().ok());
+        std::env::remove_var(NOTIFY_FD_ENV);
+        let file = fd.filter(|&fd| fd > 2).and_then(|fd| {
+            // SAFETY: the CLI passed this descriptor to us for exactly this purpose; check
+            // that it is open before taking ownership of it.
+            (unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } == 0)
+                .then(|| unsafe { File::from_raw_fd(fd) })
+        });
+        Notifier(Mutex::new(file))
+    }
+
+    fn send(&self, line: &str) {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(mut f) = g.take() {
+            let one_line = line.replace('\n', " ");
+            let _ = writeln!(f, "{one_line}");
+        }
+    }
+
+    /// Reports the live device.
+    pub fn ok(&self, rec: &DeviceRecord) {
+        if let Ok(s) = serde_json::to_string(rec) {
+            self.send(&format!("OK {s}"));
+        }
+    }
+
+    /// Reports a failure (ignored once the device was reported live).
+    pub fn err(&self, msg: &str) {
+        self.send(&format!("ERR {msg}"));
+    }
+}
+
+/// Opens the FTL for `cfg`, formatting a new or unformatted backing file for `add`.
+fn open_ftl(cfg: &DaemonConfig) -> Result<FileFtl, String> {
+    let open = || {
+        open_backing(&cfg.backing, &cfg.index, Config::default()).map(|(f, report)| {
+            eprintln!(
+                "ftlblk: opened {}: {}",
+                cfg.backing.display(),
+                serde_json::to_string(&report).unwrap_or_default()
+            );
+            f
+        })
+    };
+    let formatted = |sb: ftl::superblock::Superblock| {
+        eprintln!(
+            "ftlblk: formatted {} (uuid {}, {} bytes exported)",
+            cfg.backing.display(),
+            sb.uuid_string(),
+            sb.geometry.exported_bytes()
+        );
+    };
+    if matches!(cfg.mode, Mode::Recover { .. }) {
+        return open().map_err(|e| e.to_string());
+    }
+    if !cfg.backing.exists() {
+        let size = cfg.size.unwrap_or(DEFAULT_CREATE_SIZE);
+        let sb = format_backing(
+            &cfg.backing,
+            &cfg.index,
+            Some(size),
+            &FormatOptions::default(),
+            false,
+        )
+        .map_err(|e| e.to_string())?;
+        formatted(sb);
+        return open().map_err(|e| e.to_string());
+    }
+    match open() {
+        Ok(f) => Ok(f),
+        Err(FtlError::NotFormatted(..)) if cfg.backing.is_file() => {
+            let opts = FormatOptions {
+                size_bytes: cfg.size,
+                ..Default::default()
+            };
+            let sb = format_backing(&cfg.backing, &cfg.index, None, &opts, false)
+                .map_err(|e| e.to_string())?;
+            formatted(sb);
+            open().map_err(|e| e.to_string())
+        }
+        Err(FtlError::NotFormatted(..)) => Err(format!(
+            "{} has no ftlblk format; add formats only files: run `ftlblk format --backing {}` first",
+            cfg.backing.display(),
+            cfg.backing.display()
+        )),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Waits for a device node to appear.
+fn wait_for_path(p: &Path, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while !p.exists() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// Serves one device until it is stopped. See the module docs.
+pub fn run(cfg: DaemonConfig, notifier: Arc<Notifier>) -> Result<(), String> {
+    kctl::require_ublk()?;
+    runfiles::ensure_run_dir().map_err(|e| e.to_string())?;
+    if let Mode::Recover { id, .. } = cfg.mode {
+        // Before opening the FTL: a live device has nothing to recover.
+        let state = kctl::state(id)?;
+        if state == "live" {
+            return Err(format!(
+                "ublk device {id} is live: it has a server, nothing to recover"
+            ));
+        }
+    }
+    let ftl = Arc::new(open_ftl(&cfg)?);
+    let cleaner = if cfg.cleaner {
+        Some(Arc::new(
+            cleaner::spawn(ftl.clone(), CleanerConfig::default())
+                .map_err(|e| format!("cannot start the cleaner: {e}"))?,
+        ))
+    } else {
+        None
+    };
+    let control = Control::spawn(ftl.clone(), cleaner.clone())
+        .map_err(|e| format!("cannot start the control plane: {e}"))?;
+
+    let result = serve(&cfg, &ftl, &control, &notifier);
+
+    control.shutdown();
+    drop(cleaner);
+    let closed = ftl.close().map_err(|e| format!("closing the FTL: {e}"));
+    match (&result, &closed) {
+        (Ok(Some(id)), _) => {
+            runfiles::remove_record(*id);
+            eprintln!(
+                "ftlblk: device {id} removed, FTL {}",
+                if closed.is_ok() {
+                    "checkpointed and closed"
+                } else {
+                    "NOT closed cleanly"
+                }
+            );
+        }
+        (Ok(None), _) => eprintln!("ftlblk: stopped before the device was created"),
+        (Err(_), _) => {}
+    }
+    result.and(closed).map(|_| ())
+}
+
+/// Creates (or re-attaches) the device and runs it; returns its id once stopped, or
+/// `None` when a stop was requested before it was created.
+fn serve(
+    cfg: &DaemonConfig,
+    ftl: &Arc<FileFtl>,
+    control: &Control,
+    notifier: &Arc<Notifier>,
+) -> Result<Option<u32>, String> {
+    let shared = control.shared();
+    if shared.stop_requested() {
+        return Ok(None);
+    }
+    let (dev_flags, id_arg, recoveries) = match cfg.mode {
+        Mode::Add { id } => (
+            UblkFlags::UBLK_DEV_F_ADD_DEV,
+            id.map_or(Ok(-1), i32::try_from)
+                .map_err(|_| "device id out of range".to_string())?,
+            0,
+        ),
+        Mode::Recover { id, recoveries } => {
+            let ctrl = kctl::open(id)?;
+            kctl::check(ctrl.start_user_recover()).map_err(|e| {
+                format!(
+                    "START_USER_RECOVERY of ublk device {id} failed: {} (is its old server \
+                     still exiting, or was it created without user recovery?)",
+                    kctl::describe(&e)
+                )
+            })?;
+            drop(ctrl);
+            (UblkFlags::UBLK_DEV_F_RECOVER_DEV, id as i32, recoveries + 1)
+        }
+    };
+    let ctrl = UblkCtrlBuilder::default()
+        .name("ftlblk")
+        .id(id_arg)
+        .nr_queues(cfg.queues)
+        .depth(cfg.depth)
+        .io_buf_bytes(cfg.io_buf_bytes)
+        .ctrl_flags(ublk::CTRL_FLAGS)
+        .dev_flags(dev_flags)
+        .build()
+        .map_err(|e| match (&cfg.mode, &e) {
+            (Mode::Add { id: Some(id) }, libublk::UblkError::UringIOError(n))
+                if *n == -libc::EEXIST =>
+            {
+                format!("ublk device {id} already exists")
+            }
+            _ => format!("cannot create the ublk device: {}", kctl::describe(&e)),
+        })?;
+    let id = ctrl.dev_info().dev_id;
+    let log = cfg.log.as_ref().map(|p| {
+        let want = runfiles::log_path(id);
+        if *p != want && std::fs::rename(p, &want).is_ok() {
+            want
+        } else {
+            p.clone()
+        }
+    });
+    let record = DeviceRecord {
+        id,
+        block_device: runfiles::bdev_path(id),
+        char_device: runfiles::cdev_path(id),
+        backing: cfg.backing.clone(),
+        index: cfg.index.clone(),
+        size_bytes: ftl.capacity_blocks() * BLOCK_SIZE as u64,
+        block_size: BLOCK_SIZE as u32,
+        queues: cfg.queues,
+        depth: cfg.depth,
+        io_buf_bytes: cfg.io_buf_bytes,
+        cleaner: cfg.cleaner,
+        pid: std::process::id(),
+        socket: runfiles::socket_path(id),
+        log,
+        uuid: ftl.superblock().uuid_string(),
+        recoveries,
+    };
+    let backing_fd = ftl
+        .device()
+        .raw_fd()
+        .ok_or_else(|| "the backing has no file descriptor".to_string())?;
+
+    let tgt_ftl = ftl.clone();
+    let tgt_init = move |dev: &mut UblkDev| ublk::init_target(dev, &tgt_ftl, backing_fd);
+    let q_ftl = ftl.clone();
+    let q_fn = move |qid: u16, dev: &UblkDev| ublk::run_queue(qid, dev, q_ftl.clone());
+    let tx = control.sender();
+    let live_notifier = notifier.clone();
+    let live_record = record.clone();
+    let device_fn = move |d_ctrl: &UblkCtrl| {
+        let rec = live_record;
+        let stop = |why: String| {
+            eprintln!("ftlblk: {why}");
+            live_notifier.err(&why);
+            if let Err(e) = kctl::check(d_ctrl.kill_dev()) {
+                eprintln!("ftlblk: stopping device {}: {}", rec.id, kctl::describe(&e));
+            }
+        };
+        if !wait_for_path(&rec.block_device, BDEV_WAIT) {
+            return stop(format!(
+                "{} did not appear within {BDEV_WAIT:?}",
+                rec.block_device.display()
+            ));
+        }
+        if let Err(e) = runfiles::write_record(&rec) {
+            return stop(format!("cannot write the device record: {e}"));
+        }
+        let _ = tx.send(Event::Live(rec.clone()));
+        if let Ok(s) = serde_json::to_string_pretty(&rec) {
+            println!("{s}");
+        }
+        let _ = std::io::stdout().flush();
+        live_notifier.ok(&rec);
+        if shared.mark_live(rec.id) {
+            eprintln!("ftlblk: a stop was requested during start-up; stopping");
+            if let Err(e) = kctl::check(d_ctrl.kill_dev()) {
+                eprintln!("ftlblk: stopping device {}: {}", rec.id, kctl::describe(&e));
+            }
+        }
+    };
+    eprintln!(
+        "ftlblk: {} ublk device {id} ({} queues, depth {}) over {}",
+        if recoveries > 0 {
+            "re-attaching"
+        } else {
+            "starting"
+        },
+        cfg.queues,
+        cfg.depth,
+        cfg.backing.display()
+    );
+    ctrl.run_target(tgt_init, q_fn, device_fn)
+        .map_err(|e| format!("ublk device {id} failed: {}", kctl::describe(&e)))?;
+    eprintln!("ftlblk: device {id} stopped; closing the FTL");
+    // The queues are gone: delete the device (a recovered one is not deleted on drop).
+    match kctl::check(ctrl.del_dev()) {
+        Ok(_) => {}
+        Err(libublk::UblkError::UringIOError(n)) | Err(libublk::UblkError::OtherError(n))
+            if n == -libc::ENODEV || n == -libc::ENOENT => {}
+        Err(e) => eprintln!("ftlblk: deleting device {id}: {}", kctl::describe(&e)),
+    }
+    Ok(Some(id))
+}

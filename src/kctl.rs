@@ -1,0 +1,114 @@
+//! Kernel control of ublk devices (`/dev/ublk-control`) for the CLI and the daemon.
+//!
+//! libublk's control ring is thread-local: every function here creates a fresh
+//! `UblkCtrl` for the device id in the calling thread and drops it before returning, so
+//! they may be called from any thread (a signal-handling thread, another process).
+//! Errors come back as messages a user can act on.
+
+use libublk::ctrl::UblkCtrl;
+use libublk::{sys, UblkError};
+use std::path::Path;
+
+/// The kernel's ublk control device.
+pub const CONTROL_PATH: &str = "/dev/ublk-control";
+
+/// Fails with the standard explanation when the kernel has no ublk driver.
+pub fn require_ublk() -> Result<(), String> {
+    if Path::new(CONTROL_PATH).exists() {
+        Ok(())
+    } else {
+        Err(
+            "/dev/ublk-control missing: the kernel lacks ublk_drv; try modprobe ublk_drv, \
+             or use scripts/vm-run.sh"
+                .into(),
+        )
+    }
+}
+
+/// A libublk error as text (`OtherError(-2)` becomes "No such file or directory").
+pub fn describe(e: &UblkError) -> String {
+    match e {
+        UblkError::OtherError(n) | UblkError::UringIOError(n) if *n < 0 => {
+            std::io::Error::from_raw_os_error(-n).to_string()
+        }
+        UblkError::IOError(e) => e.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Turns libublk's `Ok(negative errno)` (it passes EBUSY through as a value) into an error.
+pub fn check(r: Result<i32, UblkError>) -> Result<i32, UblkError> {
+    match r {
+        Ok(n) if n < 0 => Err(UblkError::OtherError(n)),
+        other => other,
+    }
+}
+
+/// A control handle for an existing device `id`.
+pub fn open(id: u32) -> Result<UblkCtrl, String> {
+    require_ublk()?;
+    let id32 = i32::try_from(id).map_err(|_| format!("device id {id} is out of range"))?;
+    UblkCtrl::new_simple(id32).map_err(|e| match e {
+        UblkError::OtherError(n) | UblkError::UringIOError(n) if n == -libc::ENODEV => {
+            format!("ublk device {id} not found")
+        }
+        e => format!("ublk device {id} not found ({})", describe(&e)),
+    })
+}
+
+/// Kernel state of device `id`: "live", "quiesced" (no server: `recover` it), "dead"
+/// (stopped), "fail-io".
+pub fn state(id: u32) -> Result<&'static str, String> {
+    let ctrl = open(id)?;
+    Ok(match ctrl.dev_info().state as u32 {
+        sys::UBLK_S_DEV_LIVE => "live",
+        sys::UBLK_S_DEV_QUIESCED => "quiesced",
+        sys::UBLK_S_DEV_DEAD => "dead",
+        sys::UBLK_S_DEV_FAIL_IO => "fail-io",
+        _ => "unknown",
+    })
+}
+
+/// STOP_DEV: the queues abort, the daemon's `run_target` returns. Safe while it serves.
+pub fn kill(id: u32) -> Result<(), String> {
+    let ctrl = open(id)?;
+    check(ctrl.kill_dev())
+        .map(|_| ())
+        .map_err(|e| format!("stopping ublk device {id}: {}", describe(&e)))
+}
+
+/// STOP_DEV then DEL_DEV: returns once the kernel has released the device (its server has
+/// closed `/dev/ublkcN`). A device already gone counts as deleted.
+pub fn kill_and_delete(id: u32) -> Result<(), String> {
+    let ctrl = open(id)?;
+    if let Err(e) = check(ctrl.kill_dev()) {
+        // A device that is not started (or already stopped) can still be deleted.
+        eprintln!("ftlblk: stopping ublk device {id}: {}", describe(&e));
+    }
+    match check(ctrl.del_dev()) {
+        Ok(_) => Ok(()),
+        Err(UblkError::OtherError(n)) | Err(UblkError::UringIOError(n))
+            if n == -libc::ENODEV || n == -libc::ENOENT =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(format!("deleting ublk device {id}: {}", describe(&e))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_read_well() {
+        assert!(describe(&UblkError::OtherError(-libc::ENOENT)).contains("No such file"));
+        assert!(check(Ok(-libc::EBUSY)).is_err());
+        assert_eq!(check(Ok(3)).unwrap(), 3);
+        if !Path::new(CONTROL_PATH).exists() {
+            let e = require_ublk().unwrap_err();
+            assert!(e.contains("modprobe ublk_drv"), "{e}");
+            assert!(open(0).is_err());
+        }
+    }
+}

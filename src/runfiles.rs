@@ -1,0 +1,197 @@
+//! The run directory (`/run/ftlblk`, or `$FTLBLK_RUN_DIR`): how the CLI finds its daemons.
+//!
+//! Contract, per device id `N`:
+//! - `N.json` is a [`DeviceRecord`], written atomically (temp file + rename) by the daemon
+//!   once `/dev/ublkbN` is live, and removed by the daemon on a clean exit. After a crash
+//!   (kill -9) it stays: `recover` reads the backing, index and queue layout from it.
+//! - `N.sock` is the daemon's stats socket (see `control`), present while it serves.
+//! - `N.log` is the daemon's stdout/stderr when it runs in the background; kept on exit.
+//!
+//! A record is *current* when its daemon is alive ([`pid_alive`]) or the kernel still has
+//! the device (`/dev/ublkcN` or `/sys/class/ublk-char/ublkcN`).
+
+use serde::{Deserialize, Serialize};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+/// Default run directory.
+pub const DEFAULT_RUN_DIR: &str = "/run/ftlblk";
+
+/// The run directory in force (`$FTLBLK_RUN_DIR` overrides the default).
+pub fn run_dir() -> PathBuf {
+    std::env::var_os("FTLBLK_RUN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_RUN_DIR))
+}
+
+/// Creates the run directory.
+pub fn ensure_run_dir() -> io::Result<PathBuf> {
+    let d = run_dir();
+    std::fs::create_dir_all(&d)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot create {}: {e}", d.display())))?;
+    Ok(d)
+}
+
+pub fn record_path(id: u32) -> PathBuf {
+    run_dir().join(format!("{id}.json"))
+}
+
+pub fn socket_path(id: u32) -> PathBuf {
+    run_dir().join(format!("{id}.sock"))
+}
+
+pub fn log_path(id: u32) -> PathBuf {
+    run_dir().join(format!("{id}.log"))
+}
+
+/// `/dev/ublkbN`.
+pub fn bdev_path(id: u32) -> PathBuf {
+    PathBuf::from(format!("/dev/ublkb{id}"))
+}
+
+/// `/dev/ublkcN`.
+pub fn cdev_path(id: u32) -> PathBuf {
+    PathBuf::from(format!("/dev/ublkc{id}"))
+}
+
+/// Whether the kernel still has ublk device `id` (its char device exists).
+pub fn kernel_has_device(id: u32) -> bool {
+    cdev_path(id).exists() || Path::new(&format!("/sys/class/ublk-char/ublkc{id}")).exists()
+}
+
+/// What a daemon publishes about the device it serves.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DeviceRecord {
+    pub id: u32,
+    pub block_device: PathBuf,
+    pub char_device: PathBuf,
+    pub backing: PathBuf,
+    pub index: PathBuf,
+    pub size_bytes: u64,
+    pub block_size: u32,
+    pub queues: u16,
+    pub depth: u16,
+    pub io_buf_bytes: u32,
+    pub cleaner: bool,
+    pub pid: u32,
+    pub socket: PathBuf,
+    pub log: Option<PathBuf>,
+    pub uuid: String,
+    /// How many times this device was re-attached by `recover`.
+    pub recoveries: u32,
+}
+
+/// Writes `N.json` atomically.
+pub fn write_record(rec: &DeviceRecord) -> io::Result<()> {
+    let dir = ensure_run_dir()?;
+    let path = record_path(rec.id);
+    let tmp = dir.join(format!(".{}.json.tmp", rec.id));
+    let text = serde_json::to_string_pretty(rec).map_err(io::Error::other)?;
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.write_all(b"\n")?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, &path)
+}
+
+/// Reads `N.json`; `Ok(None)` when there is none.
+pub fn read_record(id: u32) -> io::Result<Option<DeviceRecord>> {
+    let path = record_path(id);
+    match std::fs::read_to_string(&path) {
+        Ok(s) => serde_json::from_str(&s).map(Some).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: {e}", path.display()),
+            )
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+    }
+}
+
+/// Every readable record in the run directory, by id.
+pub fn all_records() -> Vec<DeviceRecord> {
+    let Ok(rd) = std::fs::read_dir(run_dir()) else {
+        return Vec::new();
+    };
+    let mut out: Vec<DeviceRecord> = rd
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let id: u32 = name.strip_suffix(".json")?.parse().ok()?;
+            read_record(id).ok().flatten()
+        })
+        .collect();
+    out.sort_by_key(|r| r.id);
+    out
+}
+
+/// Removes `N.json` and `N.sock` (the log stays).
+pub fn remove_record(id: u32) {
+    let _ = std::fs::remove_file(record_path(id));
+    let _ = std::fs::remove_file(socket_path(id));
+}
+
+/// Whether `pid` is a live (not zombie) ftlblk process.
+pub fn pid_alive(pid: u32) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // "pid (comm) S ...": the state follows the last ')'.
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next());
+    if matches!(state, Some("Z") | Some("X") | None) {
+        return false;
+    }
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    comm.trim() == "ftlblk"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_round_trip_and_listing() {
+        let dir = tempfile::tempdir().unwrap();
+        std::env::set_var("FTLBLK_RUN_DIR", dir.path());
+        let rec = DeviceRecord {
+            id: 7,
+            block_device: bdev_path(7),
+            char_device: cdev_path(7),
+            backing: "/tmp/x.img".into(),
+            index: "/tmp/x.img.ftlidx".into(),
+            size_bytes: 1 << 30,
+            block_size: 4096,
+            queues: 2,
+            depth: 128,
+            io_buf_bytes: 512 << 10,
+            cleaner: true,
+            pid: std::process::id(),
+            socket: socket_path(7),
+            log: None,
+            uuid: "u".into(),
+            recoveries: 0,
+        };
+        write_record(&rec).unwrap();
+        assert_eq!(read_record(7).unwrap(), Some(rec.clone()));
+        assert_eq!(read_record(8).unwrap(), None);
+        std::fs::write(dir.path().join("junk.json"), "{").unwrap();
+        assert_eq!(all_records(), vec![rec]);
+        remove_record(7);
+        assert_eq!(read_record(7).unwrap(), None);
+        std::env::remove_var("FTLBLK_RUN_DIR");
+    }
+
+    #[test]
+    fn pid_checks() {
+        assert!(!pid_alive(0));
+        assert!(!pid_alive(u32::MAX - 1));
+    }
+}

@@ -1,0 +1,550 @@
+//! The ublk data path: device parameters and the per-queue request loop.
+//!
+//! Contract:
+//! - The device exports the FTL's capacity with 4 KiB logical and physical blocks,
+//!   advertises a volatile write cache and FUA, DISCARD and WRITE_ZEROES (both unmap: the
+//!   range reads back as zeros).
+//! - Each queue thread sets `PR_SET_IO_FLUSHER` itself, then runs one async task per tag
+//!   on libublk's per-queue `smol` executor; every task owns a 4 KiB-aligned io buffer.
+//! - READ locates every block in the FTL's map. Buffered blocks are copied, unmapped ones
+//!   zero-filled, device-resident ones read with the queue's io_uring straight into the
+//!   io buffer (physically contiguous blocks in one read; the backing's fd is the ring's
+//!   fixed file 1), then checked with [`Ftl::verify_block`]: `Ok(false)` (the block moved
+//!   meanwhile) re-locates and re-reads it, an error fails the request with -EIO.
+//! - WRITE calls [`Ftl::write`] (FUA honoured), FLUSH [`Ftl::flush`], DISCARD and
+//!   WRITE_ZEROES [`Ftl::trim`]. These call the synchronous FTL on the queue thread.
+//! - Every request completes: success with the byte count (READ/WRITE) or 0, failure with
+//!   a negative errno ([`ftl::Error::errno`] at this edge; -EINVAL for requests outside
+//!   the device or not block aligned, -EOPNOTSUPP for unknown operations). A panic while
+//!   handling a request is caught and completes the request with -EIO.
+//!
+//! [`Ftl::verify_block`]: ftl::Ftl::verify_block
+//! [`Ftl::write`]: ftl::Ftl::write
+//! [`Ftl::flush`]: ftl::Ftl::flush
+//! [`Ftl::trim`]: ftl::Ftl::trim
+
+use ftl::backing::FileFtl;
+use ftl::device::BLOCK_SIZE;
+use ftl::{BlockLocation, MapEntry, StreamId};
+use io_uring::{opcode, squeue, types};
+use libublk::helpers::IoBuf;
+use libublk::io::{BufDesc, UblkDev, UblkQueue};
+use libublk::{sys, UblkError};
+use smol::future::FutureExt;
+use std::os::fd::RawFd;
+use std::panic::AssertUnwindSafe;
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// Stream user writes go to (stream 0 takes TRIM records, the top ones the cleaner).
+pub const USER_STREAM: StreamId = StreamId(1);
+
+/// Fixed-file index of the backing in every queue ring (0 is `/dev/ublkcN`).
+const BACKING_FIXED_FILE: u32 = 1;
+
+/// How often a block that keeps moving under a read is located again.
+const READ_RETRIES: usize = 16;
+
+/// How often a backing read answered with EAGAIN/EINTR or a short count is resubmitted.
+const IO_RETRIES: usize = 64;
+
+/// Largest DISCARD / WRITE_ZEROES request (bytes): 1 GiB.
+const MAX_DISCARD_BYTES: u64 = 1 << 30;
+
+/// `SECTOR_SHIFT`: the kernel counts in 512-byte sectors.
+const SECTOR_SHIFT: u32 = 9;
+
+const SECTORS_PER_BLOCK: u64 = (BLOCK_SIZE >> SECTOR_SHIFT) as u64;
+
+/// Control-device flags of every ftlblk device: a crashed daemon leaves the disk in place
+/// (queued I/O waits) until `recover` re-attaches a new one, which re-issues what was in
+/// flight (harmless for the FTL: a re-executed write rewrites the same data).
+pub const CTRL_FLAGS: u64 = (sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE) as u64;
+
+/// Device parameters for an FTL of `capacity_blocks` and io buffers of `io_buf_bytes`.
+pub fn device_params(capacity_blocks: u64, io_buf_bytes: u32) -> sys::ublk_params {
+    let dev_sectors = capacity_blocks * SECTORS_PER_BLOCK;
+    let max_discard =
+        (MAX_DISCARD_BYTES >> SECTOR_SHIFT).min(dev_sectors.max(SECTORS_PER_BLOCK)) as u32;
+    let max_discard = max_discard / SECTORS_PER_BLOCK as u32 * SECTORS_PER_BLOCK as u32;
+    sys::ublk_params {
+        types: sys::UBLK_PARAM_TYPE_BASIC | sys::UBLK_PARAM_TYPE_DISCARD,
+        basic: sys::ublk_param_basic {
+            attrs: sys::UBLK_ATTR_VOLATILE_CACHE | sys::UBLK_ATTR_FUA,
+            logical_bs_shift: BLOCK_SIZE.trailing_zeros() as u8,
+            physical_bs_shift: BLOCK_SIZE.trailing_zeros() as u8,
+            io_opt_shift: BLOCK_SIZE.trailing_zeros() as u8,
+            io_min_shift: BLOCK_SIZE.trailing_zeros() as u8,
+            max_sectors: io_buf_bytes >> SECTOR_SHIFT,
+            dev_sectors,
+            ..Default::default()
+        },
+        discard: sys::ublk_param_discard {
+            discard_alignment: 0,
+            discard_granularity: BLOCK_SIZE as u32,
+            max_discard_sectors: max_discard,
+            max_write_zeroes_sectors: max_discard,
+            max_discard_segments: 1,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// libublk's target init: size, parameters, the backing as fixed file 1, ring depths.
+pub fn init_target(dev: &mut UblkDev, ftl: &FileFtl, backing_fd: RawFd) -> Result<(), UblkError> {
+    let capacity = ftl.capacity_blocks();
+    let io_buf_bytes = dev.dev_info.max_io_buf_bytes;
+    let depth = dev.dev_info.queue_depth;
+    let tgt = &mut dev.tgt;
+    tgt.dev_size = capacity * BLOCK_SIZE as u64;
+    tgt.params = device_params(capacity, io_buf_bytes);
+    let n = tgt.nr_fds as usize;
+    if n != BACKING_FIXED_FILE as usize || n >= tgt.fds.len() {
+        return Err(UblkError::OtherError(-libc::EINVAL));
+    }
+    tgt.fds[n] = backing_fd;
+    tgt.nr_fds += 1;
+    // One uring_cmd per tag plus its backing reads (a fragmented READ issues several).
+    tgt.sq_depth = depth.saturating_mul(2);
+    tgt.cq_depth = depth.saturating_mul(4);
+    Ok(())
+}
+
+/// One decoded block request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    Read { lba: u64, blocks: u64 },
+    Write { lba: u64, blocks: u64, fua: bool },
+    Flush,
+    Trim { lba: u64, blocks: u64 },
+}
+
+/// Decodes a ublk io descriptor; `Err` is the negative errno to complete with.
+pub fn decode(
+    op_flags: u32,
+    start_sector: u64,
+    nr_sectors: u32,
+    capacity_blocks: u64,
+    buf_bytes: usize,
+) -> Result<Request, i32> {
+    let op = op_flags & 0xff;
+    if op == sys::UBLK_IO_OP_FLUSH {
+        return Ok(Request::Flush);
+    }
+    if !matches!(
+        op,
+        sys::UBLK_IO_OP_READ
+            | sys::UBLK_IO_OP_WRITE
+            | sys::UBLK_IO_OP_DISCARD
+            | sys::UBLK_IO_OP_WRITE_ZEROES
+    ) {
+        return Err(-libc::EOPNOTSUPP);
+    }
+    let nr = nr_sectors as u64;
+    if start_sector % SECTORS_PER_BLOCK != 0 || nr % SECTORS_PER_BLOCK != 0 {
+        return Err(-libc::EINVAL);
+    }
+    let lba = start_sector / SECTORS_PER_BLOCK;
+    let blocks = nr / SECTORS_PER_BLOCK;
+    match lba.checked_add(blocks) {
+        Some(end) if end <= capacity_blocks => {}
+        _ => return Err(-libc::EINVAL),
+    }
+    let fits = blocks
+        .checked_mul(BLOCK_SIZE as u64)
+        .is_some_and(|b| b <= buf_bytes as u64);
+    Ok(match op {
+        sys::UBLK_IO_OP_READ | sys::UBLK_IO_OP_WRITE if !fits => return Err(-libc::EINVAL),
+        sys::UBLK_IO_OP_READ => Request::Read { lba, blocks },
+        sys::UBLK_IO_OP_WRITE => Request::Write {
+            lba,
+            blocks,
+            fua: op_flags & sys::UBLK_IO_F_FUA != 0,
+        },
+        _ => Request::Trim { lba, blocks },
+    })
+}
+
+/// Body of one queue thread (the `q_fn` of `run_target`): serves until the queue is down.
+pub fn run_queue(qid: u16, dev: &UblkDev, ftl: Arc<FileFtl>) {
+    set_io_flusher();
+    let q = match UblkQueue::new(qid, dev) {
+        Ok(q) => Rc::new(q),
+        Err(e) => {
+            eprintln!("ftlblk: queue {qid}: cannot set up: {e:?}");
+            return;
+        }
+    };
+    let exe = Rc::new(smol::LocalExecutor::new());
+    let mut tasks = Vec::new();
+    for tag in q.tags() {
+        let q = q.clone();
+        let ftl = ftl.clone();
+        tasks.push(exe.spawn(async move {
+            match serve_tag(&q, tag, &ftl).await {
+                Ok(()) | Err(UblkError::QueueIsDown) => {}
+                Err(e) => eprintln!("ftlblk: queue {qid} tag {tag}: {e:?}"),
+            }
+        }));
+    }
+    let ticker = exe.clone();
+    let qq = q.clone();
+    smol::block_on(exe.run(async move {
+        let run_ops = || while ticker.try_tick() {};
+        let done = || tasks.iter().all(|t| t.is_finished());
+        if let Err(e) = libublk::wait_and_handle_io_events(&qq, Some(20), run_ops, done).await {
+            if !matches!(e, UblkError::QueueIsDown) {
+                eprintln!("ftlblk: queue {qid}: event loop: {e:?}");
+            }
+        }
+    }));
+}
+
+/// `prctl(PR_SET_IO_FLUSHER, 1)`: this thread serves block I/O, so memory reclaim must not
+/// wait on it (libublk <= 0.4.7 cleared the flag instead of setting it).
+fn set_io_flusher() {
+    const PR_SET_IO_FLUSHER: libc::c_int = 57;
+    // SAFETY: prctl with integer arguments only.
+    let r = unsafe { libc::prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) };
+    if r != 0 {
+        eprintln!(
+            "ftlblk: PR_SET_IO_FLUSHER failed: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// One tag's loop: fetch a request, handle it, commit the result and fetch the next.
+async fn serve_tag(q: &UblkQueue<'_>, tag: u16, ftl: &FileFtl) -> Result<(), UblkError> {
+    let mut buf = IoBuf::<u8>::new(q.dev.dev_info.max_io_buf_bytes as usize);
+    q.submit_io_prep_cmd(tag, BufDesc::Slice(buf.as_slice()), 0, Some(&buf))
+        .await?;
+    loop {
+        let iod = *q.get_iod(tag);
+        let res = AssertUnwindSafe(handle(q, &iod, buf.as_mut_slice(), ftl))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|_| {
+                eprintln!("ftlblk: panic while handling {iod:?}; completing with -EIO");
+                -libc::EIO
+            });
+        q.submit_io_commit_cmd(tag, BufDesc::Slice(buf.as_slice()), res)
+            .await?;
+    }
+}
+
+/// Handles one request; returns the ublk result (bytes or 0, or a negative errno).
+async fn handle(
+    q: &UblkQueue<'_>,
+    iod: &sys::ublksrv_io_desc,
+    buf: &mut [u8],
+    ftl: &FileFtl,
+) -> i32 {
+    let req = match decode(
+        iod.op_flags,
+        iod.start_sector,
+        iod.nr_sectors,
+        ftl.capacity_blocks(),
+        buf.len(),
+    ) {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    match req {
+        Request::Read { lba, blocks } => {
+            let bytes = blocks as usize * BLOCK_SIZE;
+            match read_blocks(q, ftl, lba, &mut buf[..bytes]).await {
+                Ok(()) => bytes as i32,
+                Err(e) => e,
+            }
+        }
+        Request::Write { lba, blocks, fua } => {
+            let bytes = blocks as usize * BLOCK_SIZE;
+            match ftl.write(lba, &buf[..bytes], fua, USER_STREAM) {
+                Ok(()) => bytes as i32,
+                Err(e) => e.errno(),
+            }
+        }
+        Request::Flush => ftl.flush().map_or_else(|e| e.errno(), |()| 0),
+        Request::Trim { lba, blocks } => ftl.trim(lba, blocks).map_or_else(|e| e.errno(), |()| 0),
+    }
+}
+
+/// A device-resident block of a READ: index in the request, byte offset, map entry.
+#[derive(Debug, Clone, Copy)]
+struct DevBlock {
+    idx: usize,
+    offset: u64,
+    entry: MapEntry,
+}
+
+/// Groups device blocks into runs that are adjacent both in the request and on the
+/// backing; returns `(first, count)` pairs over `blocks`.
+fn runs(blocks: &[DevBlock]) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for (k, b) in blocks.iter().enumerate() {
+        if let Some((first, count)) = out.last_mut() {
+            let prev = blocks[*first + *count - 1];
+            if prev.idx + 1 == b.idx && prev.offset + BLOCK_SIZE as u64 == b.offset {
+                *count += 1;
+                continue;
+            }
+        }
+        out.push((k, 1));
+    }
+    out
+}
+
+fn read_sqe(buf: *mut u8, len: usize, offset: u64) -> squeue::Entry {
+    opcode::Read::new(types::Fixed(BACKING_FIXED_FILE), buf, len as u32)
+        .offset(offset)
+        .build()
+        .flags(squeue::Flags::FIXED_FILE)
+}
+
+/// Reads `buf.len()` blocks at `lba` into `buf`.
+async fn read_blocks(
+    q: &UblkQueue<'_>,
+    ftl: &FileFtl,
+    lba: u64,
+    buf: &mut [u8],
+) -> Result<(), i32> {
+    let n = buf.len() / BLOCK_SIZE;
+    let mut dev_blocks = Vec::new();
+    for i in 0..n {
+        let blk = &mut buf[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
+        match ftl.locate(lba + i as u64, blk).map_err(|e| e.errno())? {
+            BlockLocation::Zero => blk.fill(0),
+            BlockLocation::Copied => {}
+            BlockLocation::Device { offset, entry } => dev_blocks.push(DevBlock {
+                idx: i,
+                offset,
+                entry,
+            }),
+        }
+    }
+    if dev_blocks.is_empty() {
+        return Ok(());
+    }
+    // Submit every run at once, then wait for all of them before touching the buffer.
+    let runs = runs(&dev_blocks);
+    let base = buf.as_mut_ptr();
+    let futures: Vec<_> = runs
+        .iter()
+        .map(|&(first, count)| {
+            let b = dev_blocks[first];
+            // SAFETY: idx < n, so the run lies inside `buf`.
+            let ptr = unsafe { base.add(b.idx * BLOCK_SIZE) };
+            q.ublk_submit_sqe(read_sqe(ptr, count * BLOCK_SIZE, b.offset))
+        })
+        .collect();
+    let mut results = Vec::with_capacity(futures.len());
+    for f in futures {
+        results.push(f.await);
+    }
+    for (&(first, count), res) in runs.iter().zip(results) {
+        let b = dev_blocks[first];
+        let len = count * BLOCK_SIZE;
+        let done = match res {
+            r if r >= 0 && r as usize >= len => continue,
+            r if r > 0 => r as usize,
+            r if r == -libc::EAGAIN || r == -libc::EINTR => 0,
+            r => return Err(backing_error(r, b.offset, len)),
+        };
+        let run = &mut buf[b.idx * BLOCK_SIZE + done..b.idx * BLOCK_SIZE + len];
+        read_exact(q, run, b.offset + done as u64).await?;
+    }
+    for b in &dev_blocks {
+        let l = lba + b.idx as u64;
+        let blk = &mut buf[b.idx * BLOCK_SIZE..(b.idx + 1) * BLOCK_SIZE];
+        match ftl.verify_block(l, b.entry, blk) {
+            Ok(true) => {}
+            Ok(false) => reread_block(q, ftl, l, blk).await?,
+            Err(e) => {
+                eprintln!("ftlblk: read of block {l}: {e}");
+                return Err(e.errno());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads one block whose map entry moved during the read, locating it again each time.
+async fn reread_block(
+    q: &UblkQueue<'_>,
+    ftl: &FileFtl,
+    lba: u64,
+    blk: &mut [u8],
+) -> Result<(), i32> {
+    for _ in 0..READ_RETRIES {
+        match ftl.locate(lba, blk).map_err(|e| e.errno())? {
+            BlockLocation::Zero => {
+                blk.fill(0);
+                return Ok(());
+            }
+            BlockLocation::Copied => return Ok(()),
+            BlockLocation::Device { offset, entry } => {
+                read_exact(q, blk, offset).await?;
+                match ftl.verify_block(lba, entry, blk) {
+                    Ok(true) => return Ok(()),
+                    Ok(false) => continue,
+                    Err(e) => {
+                        eprintln!("ftlblk: read of block {lba}: {e}");
+                        return Err(e.errno());
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("ftlblk: block {lba} kept moving during {READ_RETRIES} reads");
+    Err(-libc::EIO)
+}
+
+/// Reads exactly `buf.len()` bytes at `offset` through the queue ring.
+async fn read_exact(q: &UblkQueue<'_>, buf: &mut [u8], offset: u64) -> Result<(), i32> {
+    let mut done = 0usize;
+    let mut tries = 0;
+    while done < buf.len() {
+        tries += 1;
+        if tries > IO_RETRIES {
+            return Err(backing_error(-libc::EAGAIN, offset, buf.len()));
+        }
+        let rest = &mut buf[done..];
+        let r = q
+            .ublk_submit_sqe(read_sqe(
+                rest.as_mut_ptr(),
+                rest.len(),
+                offset + done as u64,
+            ))
+            .await;
+        match r {
+            r if r > 0 => done += r as usize,
+            r if r == -libc::EAGAIN || r == -libc::EINTR => {}
+            0 => return Err(backing_error(0, offset + done as u64, rest.len())),
+            r => return Err(backing_error(r, offset + done as u64, rest.len())),
+        }
+    }
+    Ok(())
+}
+
+/// Logs a failed backing read and gives the errno the request completes with (-EIO).
+fn backing_error(res: i32, offset: u64, len: usize) -> i32 {
+    let what = if res == 0 {
+        "end of file".to_string()
+    } else {
+        std::io::Error::from_raw_os_error(-res).to_string()
+    };
+    eprintln!("ftlblk: backing read of {len} bytes at {offset} failed: {what}");
+    -libc::EIO
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CAP: u64 = 1000;
+    const BUF: usize = 512 << 10;
+
+    #[test]
+    fn decodes_reads_writes_and_fua() {
+        assert_eq!(
+            decode(sys::UBLK_IO_OP_READ, 8, 16, CAP, BUF),
+            Ok(Request::Read { lba: 1, blocks: 2 })
+        );
+        assert_eq!(
+            decode(sys::UBLK_IO_OP_WRITE | sys::UBLK_IO_F_FUA, 0, 8, CAP, BUF),
+            Ok(Request::Write {
+                lba: 0,
+                blocks: 1,
+                fua: true
+            })
+        );
+        assert_eq!(
+            decode(sys::UBLK_IO_OP_WRITE, 0, 8, CAP, BUF),
+            Ok(Request::Write {
+                lba: 0,
+                blocks: 1,
+                fua: false
+            })
+        );
+        assert_eq!(
+            decode(sys::UBLK_IO_OP_FLUSH, 0, 0, CAP, BUF),
+            Ok(Request::Flush)
+        );
+        assert_eq!(
+            decode(sys::UBLK_IO_OP_DISCARD, 80, 800, CAP, BUF),
+            Ok(Request::Trim {
+                lba: 10,
+                blocks: 100
+            })
+        );
+        assert_eq!(
+            decode(sys::UBLK_IO_OP_WRITE_ZEROES, 0, 8 * 1000, CAP, BUF),
+            Ok(Request::Trim {
+                lba: 0,
+                blocks: 1000
+            })
+        );
+    }
+
+    #[test]
+    fn rejects_bad_requests() {
+        let einval = Err(-libc::EINVAL);
+        // Past the end, overflowing, unaligned, larger than the io buffer.
+        assert_eq!(decode(sys::UBLK_IO_OP_READ, 8 * 999, 16, CAP, BUF), einval);
+        assert_eq!(
+            decode(sys::UBLK_IO_OP_DISCARD, u64::MAX - 7, 8, CAP, BUF),
+            einval
+        );
+        assert_eq!(decode(sys::UBLK_IO_OP_WRITE, 1, 8, CAP, BUF), einval);
+        assert_eq!(decode(sys::UBLK_IO_OP_WRITE, 0, 9, CAP, BUF), einval);
+        assert_eq!(
+            decode(sys::UBLK_IO_OP_READ, 0, 8 * 200, CAP, BUF),
+            einval,
+            "200 blocks do not fit a 512 KiB buffer"
+        );
+        assert_eq!(
+            decode(sys::UBLK_IO_OP_ZONE_OPEN, 0, 8, CAP, BUF),
+            Err(-libc::EOPNOTSUPP)
+        );
+    }
+
+    #[test]
+    fn params_advertise_4k_fua_discard() {
+        let p = device_params(CAP, BUF as u32);
+        assert_eq!(p.basic.logical_bs_shift, 12);
+        assert_eq!(p.basic.physical_bs_shift, 12);
+        assert_eq!(p.basic.dev_sectors, CAP * 8);
+        assert_eq!(p.basic.max_sectors, (BUF >> 9) as u32);
+        assert_ne!(p.basic.attrs & sys::UBLK_ATTR_FUA, 0);
+        assert_ne!(p.basic.attrs & sys::UBLK_ATTR_VOLATILE_CACHE, 0);
+        assert_ne!(p.types & sys::UBLK_PARAM_TYPE_DISCARD, 0);
+        assert_eq!(p.discard.discard_granularity, 4096);
+        assert_eq!(p.discard.max_discard_segments, 1);
+        assert_eq!(p.discard.max_discard_sectors, (CAP * 8) as u32);
+        assert_eq!(p.discard.max_discard_sectors % 8, 0);
+        let big = device_params(1 << 30, BUF as u32);
+        assert_eq!(big.discard.max_discard_sectors, (1u32 << 30) >> 9);
+    }
+
+    #[test]
+    fn coalesces_contiguous_runs() {
+        let e = MapEntry::UNMAPPED;
+        let b = |idx, offset| DevBlock {
+            idx,
+            offset,
+            entry: e,
+        };
+        let blocks = [
+            b(0, 4096),
+            b(1, 8192),
+            b(2, 0),
+            b(4, 4096),
+            b(5, 8192),
+            b(6, 12288),
+        ];
+        assert_eq!(runs(&blocks), vec![(0, 2), (2, 1), (3, 3)]);
+        assert!(runs(&[]).is_empty());
+    }
+}
