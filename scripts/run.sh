@@ -1,28 +1,45 @@
 #!/usr/bin/env bash
-# run.sh — the main job on a fresh machine.
+# run.sh — the main job on a fresh machine: a real /dev/ublkbN served by ftlblk.
 #
-# Usage: scripts/run.sh [--size 2G] [--dir /var/tmp/ftlblk-run]
+# Usage: scripts/run.sh [--size 2G] [--dir /var/tmp/ftlblk-run] [--fio-seconds 20] [--keep]
 #
-# Today (before the ublk front end lands): builds ftlblk, creates a sparse backing file,
-# formats it, runs the in-process benchmark on it and prints the device's figures.
-# With the ublk server it will start /dev/ublkbN (inside a VM where the host kernel has
-# no ublk), make ext4, mount it, run a short fio and print `ftlblk stats`.
+# 1. installs what it needs (scripts/install-deps.sh) and builds ftlblk (release);
+# 2. runs scripts/main-job.sh: creates a sparse backing file of --size in --dir,
+#    `ftlblk add` (formats it, starts /dev/ublkbN), mkfs.ext4, mounts it, runs a short fio
+#    (4 KiB random writes with crc32c verify, then random reads) on a file in it, prints
+#    `ftlblk stats`, unmounts, `ftlblk del`, and runs the offline checker `ftlblk check`.
+#    Where this kernel has ublk_drv it runs directly (--keep leaves the device up and
+#    mounted); where it does not (this project's machines), it boots Debian's 6.12 kernel
+#    in a QEMU VM (software emulation, see scripts/vm-run.sh) and runs it inside, with
+#    --dir shared so the backing file stays on the host afterwards.
+# Figures from the VM are correctness-grade only; performance: scripts/bench.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIZE=2G
 DIR=/var/tmp/ftlblk-run
+FIO_SECONDS=20
+KEEP=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --size) SIZE=$2; shift 2 ;;
         --dir) DIR=$2; shift 2 ;;
+        --fio-seconds) FIO_SECONDS=$2; shift 2 ;;
+        --keep) KEEP=1; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
+        *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
-scripts/install-deps.sh --host
-cargo build --release
 mkdir -p "$DIR"
-BIN=target/release/ftlblk
-"$BIN" format --backing "$DIR/backing.img" --size "$SIZE" --force
-"$BIN" bench --backing "$DIR/backing.img" --size "$SIZE" --flush-ops 5000
-"$BIN" info --backing "$DIR/backing.img"
+DIR="$(cd "$DIR" && pwd -P)"
+export FTLBLK_RUN_SIZE="$SIZE" FTLBLK_RUN_DIR_DATA="$DIR" FTLBLK_RUN_FIO_SECONDS="$FIO_SECONDS" FTLBLK_RUN_KEEP="$KEEP"
+
+if [ -e /dev/ublk-control ] || modprobe ublk_drv 2>/dev/null; then
+    scripts/install-deps.sh --host
+    cargo build --release
+    exec scripts/main-job.sh
+fi
+echo "run.sh: this kernel ($(uname -r)) has no ublk_drv: running the job in a VM with Debian's 6.12 kernel"
+scripts/install-deps.sh --vm
+cargo build --release
+[ "$KEEP" = 0 ] || echo "run.sh: --keep has no effect in the VM (the device ends with it)"
+exec scripts/vm-run.sh --timeout 1800 --rwdir "$DIR" -- scripts/main-job.sh

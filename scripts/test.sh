@@ -3,18 +3,23 @@
 #
 # Usage: scripts/test.sh
 #
-# 1. scripts/install-deps.sh --host (fio, clang/libclang for bindgen, pkg-config);
+# 1. scripts/install-deps.sh --vm (fio, clang/libclang for bindgen, pkg-config, and what
+#    the VM needs: qemu, Debian's 6.12 kernel with ublk_drv, virtme-ng, fs tools);
 # 2. cargo fmt --check, then cargo test over the workspace (release build: the property
 #    tests run many cases): unit tests, model-based crash-consistency property tests on
 #    the crash-simulating device, file-backend tests (O_DIRECT, io_uring, sled) in a temp
 #    directory, corrupt/too-small/busy tests;
 # 3. the fuzz crate's tests (every seed and regression input replayed), then every
-#    cargo-fuzz target for FUZZ_SECONDS (default 60) with scripts/fuzz.sh.
+#    cargo-fuzz target for FUZZ_SECONDS (default 60) with scripts/fuzz.sh;
+# 4. the ublk end-to-end tests (scripts/vm-e2e.sh): boots the 6.12 kernel under QEMU and
+#    runs scripts/e2e-guest.sh inside (four file systems, fio verify, discard, kill -9 +
+#    recover, double add, SIGTERM; `ftlblk check` after each). A VM that cannot boot
+#    fails the suite (exit 124/125), it is never skipped.
 # Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/install-deps.sh --host
+scripts/install-deps.sh --vm
 command -v cargo >/dev/null || { echo "test.sh: cargo not found (install rustup)" >&2; exit 1; }
 
 echo "== cargo fmt --check"
@@ -34,6 +39,15 @@ cargo test --manifest-path fuzz/Cargo.toml --release 2>&1 | tee -a /tmp/ftlblk-t
 
 echo "== fuzzing: every target ${FUZZ_SECONDS:-60} s from the committed seeds"
 scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
+
+echo "== ublk end-to-end tests in the VM"
+scripts/vm-e2e.sh --no-deps 2>&1 | tee /tmp/ftlblk-e2e.log | grep -E "^(==|e2e|vm-run|vm-e2e)|: ok|IOPS" || true
+e2e_status=${PIPESTATUS[0]}
+if [ "$e2e_status" -ne 0 ]; then
+    echo "test.sh: ublk end-to-end tests failed (exit $e2e_status; full log: /tmp/ftlblk-e2e.log)" >&2
+    tail -60 /tmp/ftlblk-e2e.log >&2
+    exit "$e2e_status"
+fi
 
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "%d passed, %d failed\n", p, f }' /tmp/ftlblk-test.log

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # vm-e2e.sh — host side of the ublk end-to-end test: builds ftlblk (release), checks the
 # clear error the CLI gives where the kernel has no ublk (this host), then boots the
-# 6.12 VM with scripts/vm-run.sh and runs scripts/e2e-smoke.sh inside it.
+# 6.12 VM with scripts/vm-run.sh and runs scripts/e2e-guest.sh inside it.
 #
 # Usage: scripts/vm-e2e.sh [--no-deps]
 #   --no-deps  skip scripts/install-deps.sh --vm (idempotent, but needs root/apt)
 #
 # Environment: FTLBLK_VM_TIMEOUT (seconds for boot + test, default 1500), and every
-# FTLBLK_E2E_* knob of e2e-smoke.sh (passed into the guest by vm-run.sh).
+# FTLBLK_E2E_* knob of e2e-guest.sh (passed into the guest by vm-run.sh).
 # Exit status: the guest test's status; 124/125 when the VM times out or cannot boot.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,5 +36,5 @@ if [ ! -e /dev/ublk-control ]; then
     [ ! -e /tmp/ftlblk-no-ublk.img ] || fail "add created a backing although ublk is missing"
 fi
 
-echo "== booting the VM for scripts/e2e-smoke.sh"
-exec scripts/vm-run.sh --timeout "${FTLBLK_VM_TIMEOUT:-1500}" -- scripts/e2e-smoke.sh
+echo "== booting the VM for scripts/e2e-guest.sh"
+exec scripts/vm-run.sh --timeout "${FTLBLK_VM_TIMEOUT:-1500}" -- scripts/e2e-guest.sh

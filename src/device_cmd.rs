@@ -681,15 +681,38 @@ pub fn format_stats(v: &Value) -> String {
         "index on disk",
         human_bytes(n("/stats/index_bytes_on_disk")),
     );
+    row(
+        "discarded (TRIM out)",
+        human_bytes(n("/stats/counters/discarded_bytes")),
+    );
     if v.pointer("/cleaner/stats").is_some() {
         row(
             "cleaner",
             format!(
-                "{} segments cleaned, {} blocks copied, {} errors",
+                "{} segments freed, {} blocks copied, {} errors",
                 n("/cleaner/stats/cleaner/segments_cleaned"),
                 n("/cleaner/stats/cleaner/blocks_copied"),
                 n("/cleaner/stats/errors")
             ),
+        );
+        row(
+            "cleaning slices",
+            format!(
+                "{} run ({} foreground, {} background), {} preempted",
+                n("/cleaner/stats/cleaner/slices"),
+                n("/cleaner/stats/foreground_slices"),
+                n("/cleaner/stats/background_slices"),
+                n("/cleaner/stats/cleaner/preemptions")
+            ),
+        );
+        let throttle = n("/cleaner/stats/throttle_ns_per_block");
+        row(
+            "write throttle",
+            if throttle == 0 {
+                "off".to_string()
+            } else {
+                format!("{:.1} us per block", throttle as f64 / 1000.0)
+            },
         );
     } else {
         row("cleaner", "off".to_string());
@@ -715,6 +738,19 @@ mod tests {
             },
             "cleaner": null
         });
+        let mut with_cleaner = v.clone();
+        with_cleaner["cleaner"] = serde_json::json!({"stats": {
+            "cleaner": {"segments_cleaned": 4, "blocks_copied": 96, "slices": 9, "preemptions": 3},
+            "foreground_slices": 2, "background_slices": 7, "throttle_ns_per_block": 2500,
+            "errors": 0}});
+        let t2 = format_stats(&with_cleaner);
+        for want in [
+            "4 segments freed, 96 blocks copied",
+            "9 run (2 foreground, 7 background), 3 preempted",
+            "2.5 us per block",
+        ] {
+            assert!(t2.contains(want), "missing {want:?} in\n{t2}");
+        }
         let t = format_stats(&v);
         for want in [
             "/dev/ublkb0",

@@ -25,6 +25,7 @@
 
 use ftl::backing::FileFtl;
 use ftl::device::BLOCK_SIZE;
+use ftl::request::{decode, Request, SECTORS_PER_BLOCK, SECTOR_SHIFT};
 use ftl::{BlockLocation, MapEntry, StreamId};
 use io_uring::{opcode, squeue, types};
 use libublk::helpers::IoBuf;
@@ -50,11 +51,6 @@ const IO_RETRIES: usize = 64;
 
 /// Largest DISCARD / WRITE_ZEROES request (bytes): 1 GiB.
 const MAX_DISCARD_BYTES: u64 = 1 << 30;
-
-/// `SECTOR_SHIFT`: the kernel counts in 512-byte sectors.
-const SECTOR_SHIFT: u32 = 9;
-
-const SECTORS_PER_BLOCK: u64 = (BLOCK_SIZE >> SECTOR_SHIFT) as u64;
 
 /// Control-device flags of every ftlblk device: a crashed daemon leaves the disk in place
 /// (queued I/O waits) until `recover` re-attaches a new one, which re-issues what was in
@@ -109,61 +105,6 @@ pub fn init_target(dev: &mut UblkDev, ftl: &FileFtl, backing_fd: RawFd) -> Resul
     tgt.sq_depth = depth.saturating_mul(2);
     tgt.cq_depth = depth.saturating_mul(4);
     Ok(())
-}
-
-/// One decoded block request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Request {
-    Read { lba: u64, blocks: u64 },
-    Write { lba: u64, blocks: u64, fua: bool },
-    Flush,
-    Trim { lba: u64, blocks: u64 },
-}
-
-/// Decodes a ublk io descriptor; `Err` is the negative errno to complete with.
-pub fn decode(
-    op_flags: u32,
-    start_sector: u64,
-    nr_sectors: u32,
-    capacity_blocks: u64,
-    buf_bytes: usize,
-) -> Result<Request, i32> {
-    let op = op_flags & 0xff;
-    if op == sys::UBLK_IO_OP_FLUSH {
-        return Ok(Request::Flush);
-    }
-    if !matches!(
-        op,
-        sys::UBLK_IO_OP_READ
-            | sys::UBLK_IO_OP_WRITE
-            | sys::UBLK_IO_OP_DISCARD
-            | sys::UBLK_IO_OP_WRITE_ZEROES
-    ) {
-        return Err(-libc::EOPNOTSUPP);
-    }
-    let nr = nr_sectors as u64;
-    if start_sector % SECTORS_PER_BLOCK != 0 || nr % SECTORS_PER_BLOCK != 0 {
-        return Err(-libc::EINVAL);
-    }
-    let lba = start_sector / SECTORS_PER_BLOCK;
-    let blocks = nr / SECTORS_PER_BLOCK;
-    match lba.checked_add(blocks) {
-        Some(end) if end <= capacity_blocks => {}
-        _ => return Err(-libc::EINVAL),
-    }
-    let fits = blocks
-        .checked_mul(BLOCK_SIZE as u64)
-        .is_some_and(|b| b <= buf_bytes as u64);
-    Ok(match op {
-        sys::UBLK_IO_OP_READ | sys::UBLK_IO_OP_WRITE if !fits => return Err(-libc::EINVAL),
-        sys::UBLK_IO_OP_READ => Request::Read { lba, blocks },
-        sys::UBLK_IO_OP_WRITE => Request::Write {
-            lba,
-            blocks,
-            fua: op_flags & sys::UBLK_IO_F_FUA != 0,
-        },
-        _ => Request::Trim { lba, blocks },
-    })
 }
 
 /// Body of one queue thread (the `q_fn` of `run_target`): serves until the queue is down.
@@ -249,7 +190,7 @@ async fn handle(
         buf.len(),
     ) {
         Ok(r) => r,
-        Err(e) => return e,
+        Err(e) => return e.errno(),
     };
     match req {
         Request::Read { lba, blocks } => {
@@ -447,65 +388,16 @@ mod tests {
     const BUF: usize = 512 << 10;
 
     #[test]
-    fn decodes_reads_writes_and_fua() {
+    fn request_codes_match_the_kernel_bindings() {
+        use ftl::request as r;
+        assert_eq!(r::OP_READ, sys::UBLK_IO_OP_READ);
+        assert_eq!(r::OP_WRITE, sys::UBLK_IO_OP_WRITE);
+        assert_eq!(r::OP_FLUSH, sys::UBLK_IO_OP_FLUSH);
+        assert_eq!(r::OP_DISCARD, sys::UBLK_IO_OP_DISCARD);
+        assert_eq!(r::OP_WRITE_ZEROES, sys::UBLK_IO_OP_WRITE_ZEROES);
+        assert_eq!(r::F_FUA, sys::UBLK_IO_F_FUA);
         assert_eq!(
-            decode(sys::UBLK_IO_OP_READ, 8, 16, CAP, BUF),
-            Ok(Request::Read { lba: 1, blocks: 2 })
-        );
-        assert_eq!(
-            decode(sys::UBLK_IO_OP_WRITE | sys::UBLK_IO_F_FUA, 0, 8, CAP, BUF),
-            Ok(Request::Write {
-                lba: 0,
-                blocks: 1,
-                fua: true
-            })
-        );
-        assert_eq!(
-            decode(sys::UBLK_IO_OP_WRITE, 0, 8, CAP, BUF),
-            Ok(Request::Write {
-                lba: 0,
-                blocks: 1,
-                fua: false
-            })
-        );
-        assert_eq!(
-            decode(sys::UBLK_IO_OP_FLUSH, 0, 0, CAP, BUF),
-            Ok(Request::Flush)
-        );
-        assert_eq!(
-            decode(sys::UBLK_IO_OP_DISCARD, 80, 800, CAP, BUF),
-            Ok(Request::Trim {
-                lba: 10,
-                blocks: 100
-            })
-        );
-        assert_eq!(
-            decode(sys::UBLK_IO_OP_WRITE_ZEROES, 0, 8 * 1000, CAP, BUF),
-            Ok(Request::Trim {
-                lba: 0,
-                blocks: 1000
-            })
-        );
-    }
-
-    #[test]
-    fn rejects_bad_requests() {
-        let einval = Err(-libc::EINVAL);
-        // Past the end, overflowing, unaligned, larger than the io buffer.
-        assert_eq!(decode(sys::UBLK_IO_OP_READ, 8 * 999, 16, CAP, BUF), einval);
-        assert_eq!(
-            decode(sys::UBLK_IO_OP_DISCARD, u64::MAX - 7, 8, CAP, BUF),
-            einval
-        );
-        assert_eq!(decode(sys::UBLK_IO_OP_WRITE, 1, 8, CAP, BUF), einval);
-        assert_eq!(decode(sys::UBLK_IO_OP_WRITE, 0, 9, CAP, BUF), einval);
-        assert_eq!(
-            decode(sys::UBLK_IO_OP_READ, 0, 8 * 200, CAP, BUF),
-            einval,
-            "200 blocks do not fit a 512 KiB buffer"
-        );
-        assert_eq!(
-            decode(sys::UBLK_IO_OP_ZONE_OPEN, 0, 8, CAP, BUF),
+            decode(sys::UBLK_IO_OP_ZONE_OPEN, 0, 8, CAP, BUF).map_err(|e| e.errno()),
             Err(-libc::EOPNOTSUPP)
         );
     }

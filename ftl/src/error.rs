@@ -33,6 +33,12 @@ pub enum Error {
     /// Request not a whole number of blocks.
     #[error("request not block aligned: {0}")]
     Unaligned(String),
+    /// A block request the device does not implement (e.g. a zone operation).
+    #[error("unsupported request: {0}")]
+    Unsupported(String),
+    /// A block request that cannot be valid (larger than the request buffer, ...).
+    #[error("invalid request: {0}")]
+    BadRequest(String),
     /// Format or open parameters make no sense.
     #[error("invalid parameters: {0}")]
     InvalidParameters(String),
@@ -85,9 +91,11 @@ impl Error {
             }
             Error::Open { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::Busy(_) => libc::EBUSY,
-            Error::OutOfRange { .. } | Error::Unaligned(_) | Error::InvalidParameters(_) => {
-                libc::EINVAL
-            }
+            Error::OutOfRange { .. }
+            | Error::Unaligned(_)
+            | Error::InvalidParameters(_)
+            | Error::BadRequest(_) => libc::EINVAL,
+            Error::Unsupported(_) => libc::EOPNOTSUPP,
             Error::TooSmall(_) => libc::ENOSPC,
             Error::NoSpace => libc::ENOSPC,
             Error::AlreadyFormatted(_) => libc::EEXIST,

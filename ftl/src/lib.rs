@@ -48,6 +48,7 @@ pub mod map;
 pub mod model;
 pub mod records;
 pub mod recovery;
+pub mod request;
 pub mod segments;
 pub mod stats;
 pub mod summary;

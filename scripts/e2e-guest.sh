@@ -1,0 +1,288 @@
+#!/usr/bin/env bash
+# e2e-guest.sh — end-to-end tests of the ublk front end. Runs INSIDE a guest whose kernel
+# has ublk_drv (normally through scripts/vm-e2e.sh, which boots one); exits non-zero on the
+# first failure, printing the daemon logs. Every scenario ends with the offline checker
+# (`ftlblk check`) over the backing once its daemon has released it.
+#
+# Usage (in the guest, from the repo root): scripts/e2e-guest.sh
+#
+# Scenarios, each printed as "== N. ...":
+#   1. `add` of a new sparse backing: /dev/ublkbN with 4 KiB logical and physical blocks,
+#      write-back cache, FUA, discard and write-zeroes advertised; `list` shows it live.
+#   2. ext4, xfs, btrfs, f2fs in turn: mkfs, mount, write a tree of files, md5sums,
+#      unmount, the file system's own checker in read-only mode, remount, verify; then
+#      `del`, `ftlblk check`, `add` of the same backing, verify again.
+#   3. ext4: fstrim after deleting a file lowers `mapped_blocks` in `ftlblk stats`.
+#   4. kill -9 of the daemon during fio O_SYNC random writes with crc32c verify headers
+#      on the mounted ext4; `recover`; fio completes and verifies every block; e2fsck clean,
+#      old checksums match; `del`, `ftlblk check`.
+#   5. a second `add` of the same backing fails with a clear "in use" message; the first
+#      device keeps serving (re-read after dropping the page cache).
+#   6. raw device: blkdiscard and blkdiscard -z of written ranges read back zeros; fio
+#      4 KiB random write then read with verify=crc32c; a mixed-size (4k-256k) verify run;
+#      short fio IOPS runs through ftlblk and through a loop device over a file of the same
+#      size in the same guest (emulated: correctness-grade figures).
+#   7. SIGTERM removes the device, the daemon exits with the FTL checkpointed;
+#      `ftlblk check` is clean and the next open replays nothing.
+#
+# Knobs: FTLBLK_BIN (default target/release/ftlblk), FTLBLK_E2E_DIR (default
+# /tmp/ftlblk-e2e; must be writable in the guest), FTLBLK_E2E_SIZE (backing size, default
+# 640M; xfs needs >= 300 MiB exported), FTLBLK_E2E_FS (default "ext4 xfs btrfs f2fs"),
+# FTLBLK_E2E_FIO_SECONDS (default 10; 0 skips the IOPS runs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PATH:/usr/sbin:/sbin"
+
+BIN="$(pwd)/${FTLBLK_BIN:-target/release/ftlblk}"
+WORK="${FTLBLK_E2E_DIR:-/tmp/ftlblk-e2e}"
+SIZE="${FTLBLK_E2E_SIZE:-640M}"
+FILESYSTEMS="${FTLBLK_E2E_FS:-ext4 xfs btrfs f2fs}"
+FIO_SECONDS="${FTLBLK_E2E_FIO_SECONDS:-10}"
+IMG="$WORK/t.img"
+MNT="$WORK/m"
+ID=""
+DEV=""
+LOOPDEV=""
+
+step() { echo; echo "== $*"; }
+fail() {
+    echo "e2e: FAIL: $*" >&2
+    for l in /run/ftlblk/*.log; do
+        [ -e "$l" ] && { echo "--- $l (tail)" >&2; tail -n 30 "$l" >&2; }
+    done
+    exit 1
+}
+json_num() { grep -o "\"$1\": *[0-9]*" | head -n1 | grep -o '[0-9]*$'; }
+daemon_pid() { json_num pid < "/run/ftlblk/$ID.json"; }
+mapped() { "$BIN" stats -n "$ID" --json | json_num mapped_blocks; }
+# add_dev [args...]: `ftlblk add --backing $IMG ...`, sets ID and DEV.
+add_dev() {
+    local out
+    out="$("$BIN" add --backing "$IMG" "$@")" || fail "add $* failed"
+    ID="$(echo "$out" | json_num id)"
+    DEV="/dev/ublkb$ID"
+    [ -b "$DEV" ] || fail "$DEV is not a block device after add"
+}
+del_dev() {
+    "$BIN" del -n "$ID" || fail "del -n $ID failed"
+    [ ! -e "$DEV" ] || fail "$DEV still exists after del"
+    [ ! -e "/run/ftlblk/$ID.json" ] || fail "record /run/ftlblk/$ID.json left after del"
+}
+offline_check() { # what
+    "$BIN" check --backing "$IMG" || fail "ftlblk check found problems after $1"
+}
+write_tree() { # dir
+    mkdir -p "$1/tree/a/b" "$1/tree/c"
+    head -c $((12 << 20)) /dev/urandom > "$1/big"
+    for i in $(seq 1 40); do head -c $((i * 2900 + 17)) /dev/urandom > "$1/tree/f$i"; done
+    for i in $(seq 1 20); do head -c $((i * 40000)) /dev/urandom > "$1/tree/a/b/g$i"; done
+    for i in $(seq 1 30); do echo "small file $i" > "$1/tree/c/s$i"; done
+}
+sums_of() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 md5sum); }
+verify_sums() { # dir sums what
+    (cd "$1" && md5sum --quiet -c "$2") || fail "checksums differ $3"
+}
+fs_check() { # fs dev
+    case "$1" in
+        ext4) e2fsck -fn "$2" ;;
+        xfs) xfs_repair -n "$2" ;;
+        btrfs) btrfs check --readonly "$2" ;;
+        f2fs) fsck.f2fs --dry-run -f "$2" ;;
+        *) fail "no checker for $1" ;;
+    esac
+}
+mkfs_of() { # fs dev
+    case "$1" in
+        ext4) mkfs.ext4 -q -F "$2" ;;
+        xfs) mkfs.xfs -q -f "$2" ;;
+        btrfs) mkfs.btrfs -q -f "$2" ;;
+        f2fs) mkfs.f2fs -q -f "$2" ;;
+    esac
+}
+
+cleanup() {
+    set +e
+    mountpoint -q "$MNT" 2>/dev/null && umount "$MNT"
+    [ -n "$LOOPDEV" ] && losetup -d "$LOOPDEV"
+    "$BIN" del --all >/dev/null 2>&1
+}
+trap cleanup EXIT
+
+[ -x "$BIN" ] || fail "$BIN not built (cargo build --release)"
+[ -e /dev/ublk-control ] || modprobe ublk_drv || fail "modprobe ublk_drv failed"
+[ -e /dev/ublk-control ] || fail "/dev/ublk-control missing after modprobe"
+for t in mkfs.ext4 e2fsck mkfs.xfs xfs_repair mkfs.btrfs btrfs mkfs.f2fs fsck.f2fs fio blkdiscard fstrim; do
+    command -v "$t" >/dev/null || fail "$t is not installed (scripts/install-deps.sh --vm)"
+done
+rm -rf "$WORK"
+mkdir -p "$MNT"
+
+# ---------------------------------------------------------------------------------------
+step "1. add a new backing ($SIZE, sparse)"
+add_dev --size "$SIZE" --queues 2
+q="/sys/block/ublkb$ID/queue"
+[ "$(blockdev --getss "$DEV")" = 4096 ] || fail "logical block size is not 4096"
+[ "$(blockdev --getpbsz "$DEV")" = 4096 ] || fail "physical block size is not 4096"
+[ "$(cat "$q/discard_granularity")" = 4096 ] || fail "discard granularity is not 4096"
+[ "$(cat "$q/write_cache")" = "write back" ] || fail "no volatile write cache advertised"
+[ "$(cat "$q/fua")" = 1 ] || fail "FUA not advertised"
+[ "$(cat "$q/write_zeroes_max_bytes")" -gt 0 ] || fail "WRITE_ZEROES not advertised"
+"$BIN" list | tee /dev/stderr | grep -q "ublkb$ID .*live" || fail "list does not show ublkb$ID live"
+"$BIN" list --json | grep -q "\"daemon_running\": true" || fail "list --json"
+
+# ---------------------------------------------------------------------------------------
+for fs in $FILESYSTEMS; do
+    step "2. $fs: mkfs, write a tree, checker, remount, verify; del, ftlblk check, add, verify"
+    mkfs_of "$fs" "$DEV" || fail "mkfs $fs"
+    mount "$DEV" "$MNT" || fail "mount $fs"
+    write_tree "$MNT"
+    sums_of "$MNT" > "$WORK/sums.$fs"
+    umount "$MNT"
+    fs_check "$fs" "$DEV" || fail "$fs checker found problems"
+    mount "$DEV" "$MNT" || fail "remount $fs"
+    verify_sums "$MNT" "$WORK/sums.$fs" "on $fs after remount"
+    umount "$MNT"
+    del_dev
+    offline_check "$fs"
+    add_dev
+    fs_check "$fs" "$DEV" || fail "$fs checker found problems after del + add"
+    mount "$DEV" "$MNT" || fail "mount $fs after del + add"
+    verify_sums "$MNT" "$WORK/sums.$fs" "on $fs after del + add"
+    umount "$MNT"
+    echo "$fs: ok ($(wc -l < "$WORK/sums.$fs") files)"
+done
+
+# ---------------------------------------------------------------------------------------
+step "3. ext4: fstrim lowers mapped_blocks"
+mkfs_of ext4 "$DEV" || fail "mkfs ext4"
+mount "$DEV" "$MNT" || fail "mount ext4"
+write_tree "$MNT"
+sums_of "$MNT" > "$WORK/sums"
+cp "$MNT/big" "$MNT/big2"
+sync
+before="$(mapped)"
+rm "$MNT/big2"
+sync
+fstrim -v "$MNT" || fail "fstrim"
+after="$(mapped)"
+echo "mapped blocks: $before before, $after after fstrim"
+[ "$after" -lt "$before" ] || fail "fstrim did not lower mapped_blocks ($before -> $after)"
+"$BIN" stats -n "$ID" || fail "stats"
+"$BIN" stats -n "$ID" --json | grep -q '"waf"' || fail "stats --json has no waf"
+
+# ---------------------------------------------------------------------------------------
+step "4. kill -9 of the daemon during fio writes, recover, verify"
+pid="$(daemon_pid)"
+# O_DIRECT + O_SYNC: every completed write is FUA/flushed, so none may be lost.
+fio --name=crash --filename="$MNT/fio.dat" --size=24M --rw=randwrite --bs=4k \
+    --ioengine=psync --direct=1 --sync=1 --numjobs=1 --verify=crc32c --verify_fatal=1 \
+    --do_verify=1 --output="$WORK/fio-crash.log" &
+fiopid=$!
+# Kill once fio is past laying out its file and into the random writes.
+for _ in $(seq 1 300); do
+    [ -s "$MNT/fio.dat" ] && [ "$(stat -c %s "$MNT/fio.dat")" -ge $((24 << 20)) ] && break
+    sleep 0.1
+done
+sleep 2
+kill -0 "$fiopid" 2>/dev/null || fail "fio finished before the daemon was killed (nothing tested)"
+kill -9 "$pid"
+sleep 1
+[ -e "/dev/ublkc$ID" ] || fail "the device vanished after kill -9 (user recovery not enabled?)"
+"$BIN" list | tee /dev/stderr | grep -q "ublkb$ID " || fail "list does not show the orphaned device"
+kill -0 "$fiopid" 2>/dev/null || fail "fio ended while the daemon was dead (I/O was failed, not held)"
+"$BIN" recover -n "$ID" || fail "recover failed"
+wait "$fiopid" || { cat "$WORK/fio-crash.log"; fail "fio across kill -9 + recover failed verification"; }
+grep -q "err= 0" "$WORK/fio-crash.log" || { cat "$WORK/fio-crash.log"; fail "fio reported errors"; }
+echo "fio O_SYNC randwrite + verify across kill -9 and recover: ok"
+newpid="$(daemon_pid)"
+[ "$newpid" != "$pid" ] || fail "recover did not start a new daemon"
+grep -q '"recoveries": 1' "/run/ftlblk/$ID.json" || fail "record does not count the recovery"
+verify_sums "$MNT" "$WORK/sums" "after recover"
+md5sum "$MNT/fio.dat" > "$WORK/fio.sum"
+umount "$MNT"
+e2fsck -fn "$DEV" || fail "e2fsck after recover found problems"
+del_dev
+offline_check "kill -9 + recover"
+add_dev
+mount "$DEV" "$MNT" || fail "mount after recover + del + add"
+verify_sums "$MNT" "$WORK/sums" "after recover + del + add"
+md5sum --quiet -c "$WORK/fio.sum" || fail "file written across the crash differs after del + add"
+
+# ---------------------------------------------------------------------------------------
+step "5. a second add of the same backing fails; the first keeps serving"
+if msg="$("$BIN" add --backing "$IMG" 2>&1)"; then
+    fail "second add of $IMG succeeded: $msg"
+fi
+echo "second add failed as it should: $msg"
+echo "$msg" | grep -qi "in use" || fail "the message does not say the backing is in use"
+[ "$(ls /dev/ublkb* | wc -l)" = 1 ] || fail "the failed add left a device behind: $(ls /dev/ublkb*)"
+sync
+echo 3 > /proc/sys/vm/drop_caches
+verify_sums "$MNT" "$WORK/sums" "on the first device after the second add"
+umount "$MNT"
+
+# ---------------------------------------------------------------------------------------
+step "6. raw device: blkdiscard reads zeros; fio verify; IOPS"
+dd if=/dev/urandom of="$DEV" bs=1M count=8 seek=16 oflag=direct status=none || fail "raw write"
+blkdiscard -f -o $((16 << 20)) -l $((8 << 20)) "$DEV" || fail "blkdiscard"
+cmp -n $((8 << 20)) <(dd if="$DEV" bs=1M skip=16 count=8 iflag=direct status=none) /dev/zero \
+    || fail "discarded range does not read back as zeros"
+dd if=/dev/urandom of="$DEV" bs=1M count=4 seek=32 oflag=direct status=none || fail "raw write"
+blkdiscard -f -z -o $((32 << 20)) -l $((4 << 20)) "$DEV" || fail "blkdiscard -z (WRITE_ZEROES)"
+cmp -n $((4 << 20)) <(dd if="$DEV" bs=1M skip=32 count=4 iflag=direct status=none) /dev/zero \
+    || fail "write-zeroed range does not read back as zeros"
+echo "blkdiscard and blkdiscard -z read back zeros: ok"
+fio --name=verify --filename="$DEV" --ioengine=io_uring --direct=1 --rw=randwrite \
+    --bs=4k --size=64M --iodepth=16 --verify=crc32c --verify_fatal=1 --do_verify=1 \
+    --output="$WORK/fio-verify.log" || { cat "$WORK/fio-verify.log"; fail "fio randwrite verify=crc32c"; }
+echo "fio 4k randwrite then read, verify=crc32c, 64 MiB: ok"
+fio --name=mixed --filename="$DEV" --ioengine=io_uring --direct=1 --rw=randrw \
+    --bsrange=4k-256k --size=64M --offset=128M --iodepth=8 --verify=crc32c \
+    --verify_fatal=1 --output="$WORK/fio-mixed.log" || { cat "$WORK/fio-mixed.log"; fail "fio mixed-size verify"; }
+echo "fio mixed 4k-256k randrw + verify: ok"
+if [ "$FIO_SECONDS" -gt 0 ]; then
+    iops() { # dev rw
+        fio --name=iops --filename="$1" --ioengine=io_uring --direct=1 --rw="$2" --bs=4k \
+            --size=128M --iodepth=32 --time_based --runtime="$FIO_SECONDS" \
+            --output-format=terse --terse-version=3 |
+            awk -F';' -v rw="$2" '{ print (rw == "randread") ? $8 : $49 }'
+    }
+    modprobe loop 2>/dev/null || true
+    size_bytes="$(blockdev --getsize64 "$DEV")"
+    truncate -s "$size_bytes" "$WORK/loop.img"
+    dd if=/dev/urandom of="$WORK/loop.img" bs=1M count=128 conv=notrunc status=none
+    dd if=/dev/urandom of="$DEV" bs=1M count=128 oflag=direct status=none
+    LOOPDEV="$(losetup --direct-io=on -f --show "$WORK/loop.img")" || fail "losetup"
+    for rw in randwrite randread; do
+        a="$(iops "$DEV" "$rw")"
+        b="$(iops "$LOOPDEV" "$rw")"
+        echo "IOPS 4k $rw QD32 ${FIO_SECONDS}s: ftlblk $a, loop $b (emulated VM; correctness-grade)"
+    done
+    losetup -d "$LOOPDEV"
+    LOOPDEV=""
+fi
+"$BIN" stats -n "$ID"
+
+# ---------------------------------------------------------------------------------------
+step "7. SIGTERM removes the device cleanly"
+pid="$(daemon_pid)"
+kill -TERM "$pid"
+for _ in $(seq 1 600); do
+    [ -e "/proc/$pid" ] && [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ] || break
+    sleep 0.1
+done
+[ ! -e "/proc/$pid" ] || fail "daemon $pid did not exit after SIGTERM"
+[ ! -e "$DEV" ] || fail "$DEV still exists after SIGTERM"
+[ ! -e "/run/ftlblk/$ID.json" ] || fail "record left after SIGTERM"
+grep -q "FTL checkpointed and closed" "/run/ftlblk/$ID.log" || fail "daemon did not close the FTL"
+if grep -qi "panick" /run/ftlblk/*.log; then fail "a daemon panicked"; fi
+if "$BIN" list | grep -q "ublkb$ID "; then fail "list still shows ublkb$ID"; fi
+offline_check "SIGTERM"
+add_dev
+grep "ftlblk: opened" "/run/ftlblk/$ID.log" | tail -n1 | grep -q '"chunks_replayed":0' \
+    || fail "reopen after a clean stop replayed chunks"
+del_dev
+offline_check "the last del"
+
+echo
+echo "e2e: all scenarios passed"
