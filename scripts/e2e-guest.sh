@@ -175,7 +175,7 @@ step "4. kill -9 of the daemon during fio writes, recover, verify"
 pid="$(daemon_pid)"
 # O_DIRECT + O_SYNC: every completed write is FUA/flushed, so none may be lost.
 fio --name=crash --filename="$MNT/fio.dat" --size=24M --rw=randwrite --bs=4k \
-    --ioengine=psync --direct=1 --sync=1 --numjobs=1 --verify=crc32c --verify_fatal=1 \
+    --ioengine=psync --direct=1 --sync=1 --numjobs=1 --verify=crc32c --verify_fatal=1 --verify_state_save=0 \
     --do_verify=1 --output="$WORK/fio-crash.log" &
 fiopid=$!
 # Kill once fio is past laying out its file and into the random writes.
@@ -233,12 +233,12 @@ cmp -n $((4 << 20)) <(dd if="$DEV" bs=1M skip=32 count=4 iflag=direct status=non
     || fail "write-zeroed range does not read back as zeros"
 echo "blkdiscard and blkdiscard -z read back zeros: ok"
 fio --name=verify --filename="$DEV" --ioengine=io_uring --direct=1 --rw=randwrite \
-    --bs=4k --size=64M --iodepth=16 --verify=crc32c --verify_fatal=1 --do_verify=1 \
+    --bs=4k --size=64M --iodepth=16 --verify=crc32c --verify_fatal=1 --verify_state_save=0 --do_verify=1 \
     --output="$WORK/fio-verify.log" || { cat "$WORK/fio-verify.log"; fail "fio randwrite verify=crc32c"; }
 echo "fio 4k randwrite then read, verify=crc32c, 64 MiB: ok"
 fio --name=mixed --filename="$DEV" --ioengine=io_uring --direct=1 --rw=randrw \
     --bsrange=4k-256k --size=64M --offset=128M --iodepth=8 --verify=crc32c \
-    --verify_fatal=1 --output="$WORK/fio-mixed.log" || { cat "$WORK/fio-mixed.log"; fail "fio mixed-size verify"; }
+    --verify_fatal=1 --verify_state_save=0 --output="$WORK/fio-mixed.log" || { cat "$WORK/fio-mixed.log"; fail "fio mixed-size verify"; }
 echo "fio mixed 4k-256k randrw + verify: ok"
 if [ "$FIO_SECONDS" -gt 0 ]; then
     iops() { # dev rw

@@ -48,7 +48,7 @@ mkdir -p "$logs"
 sanitizer_for() {
     if [ -n "${FUZZ_SANITIZER:-}" ]; then echo "$FUZZ_SANITIZER"; return; fi
     case "$1" in
-        decode) echo address ;;
+        decode|request) echo address ;;
         *) echo none ;;
     esac
 }

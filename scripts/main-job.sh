@@ -41,7 +41,7 @@ mount "$DEV" "$MNT"
 echo "== fio: 4 KiB random write with crc32c verify, then random read (${SECS}s each)"
 fio --name=randwrite --directory="$MNT" --filename=fio.dat --size=256M --bs=4k \
     --rw=randwrite --ioengine=io_uring --direct=1 --iodepth=32 --runtime="$SECS" \
-    --time_based --verify=crc32c --verify_fatal=1 --verify_backlog=4096 --group_reporting \
+    --time_based --verify=crc32c --verify_fatal=1 --verify_state_save=0 --verify_backlog=4096 --group_reporting \
     | grep -E "IOPS|err="
 fio --name=randread --directory="$MNT" --filename=fio.dat --size=256M --bs=4k \
     --rw=randread --ioengine=io_uring --direct=1 --iodepth=32 --runtime="$SECS" \

@@ -7,7 +7,8 @@
 //!   crash-simulating device, checked against the reference model [`ftl::model::Model`];
 //! - [`decode::fuzz`]: arbitrary bytes through every on-disk decoder;
 //! - [`open_corrupt::fuzz`]: a small formatted image damaged by the fuzzer, then the
-//!   offline checker, `Ftl::open` and reads of every LBA.
+//!   offline checker, `Ftl::open` and reads of every LBA;
+//! - [`request::fuzz`]: the ublk edge's block-request decoding against an oracle.
 //!
 //! Every target panics on a violated property, so libFuzzer reports it as a crash. Each
 //! also has a `run`-style function that returns the failure as a `String` instead.
@@ -20,6 +21,7 @@ pub mod enc;
 pub mod known;
 pub mod open_corrupt;
 pub mod ops;
+pub mod request;
 pub mod seeds;
 pub mod tiny;
 
@@ -31,4 +33,5 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("ops", ops::fuzz),
     ("decode", decode::fuzz),
     ("open_corrupt", open_corrupt::fuzz),
+    ("request", request::fuzz),
 ];

@@ -649,6 +649,14 @@ pub fn all() -> Vec<Seed> {
             bytes: enc::case(&case),
         });
     }
+    for (name, input) in request_seeds() {
+        out.push(Seed {
+            dir: "corpus",
+            target: "request",
+            name,
+            bytes: crate::request::encode(&input),
+        });
+    }
     for (name, case) in open_corrupt_regressions() {
         out.push(Seed {
             dir: "regressions",
@@ -658,4 +666,86 @@ pub fn all() -> Vec<Seed> {
         });
     }
     out
+}
+
+/// `request` seeds: one of each operation, and the edges of each check.
+pub fn request_seeds() -> Vec<(&'static str, crate::request::Input)> {
+    use crate::request::Input;
+    use ftl::request::{F_FUA, OP_DISCARD, OP_FLUSH, OP_READ, OP_WRITE, OP_WRITE_ZEROES};
+    let base = Input {
+        op_flags: OP_READ,
+        start_sector: 64,
+        nr_sectors: 128,
+        capacity_blocks: 1 << 20,
+        buf_bytes: 512 << 10,
+    };
+    vec![
+        ("read", base),
+        (
+            "write-fua",
+            Input {
+                op_flags: OP_WRITE | F_FUA,
+                ..base
+            },
+        ),
+        (
+            "flush",
+            Input {
+                op_flags: OP_FLUSH,
+                ..base
+            },
+        ),
+        (
+            "discard-big",
+            Input {
+                op_flags: OP_DISCARD,
+                nr_sectors: 1 << 21,
+                ..base
+            },
+        ),
+        (
+            "write-zeroes",
+            Input {
+                op_flags: OP_WRITE_ZEROES,
+                ..base
+            },
+        ),
+        (
+            "past-end",
+            Input {
+                start_sector: (1 << 23) - 64,
+                ..base
+            },
+        ),
+        (
+            "unaligned",
+            Input {
+                start_sector: 65,
+                ..base
+            },
+        ),
+        (
+            "too-big",
+            Input {
+                op_flags: OP_WRITE,
+                nr_sectors: 1032,
+                ..base
+            },
+        ),
+        (
+            "overflow",
+            Input {
+                op_flags: OP_DISCARD,
+                start_sector: u64::MAX - 7,
+                ..base
+            },
+        ),
+        (
+            "zone-op",
+            Input {
+                op_flags: 10,
+                ..base
+            },
+        ),
+    ]
 }
