@@ -19,6 +19,7 @@
 
 use crate::control::{Control, Event};
 use crate::kctl;
+use crate::offload::Offload;
 use crate::runfiles::{self, DeviceRecord};
 use crate::ublk;
 use cleaner::CleanerConfig;
@@ -42,6 +43,9 @@ pub const LOG_ENV: &str = "FTLBLK_LOG";
 
 /// Size of a backing file `add` creates when none is given.
 pub const DEFAULT_CREATE_SIZE: u64 = 8 << 30;
+
+/// I/O worker threads per queue (see [`crate::offload`]).
+const IO_WORKERS_PER_QUEUE: usize = 4;
 
 /// How long the daemon waits for `/dev/ublkbN` to appear after START_DEV.
 const BDEV_WAIT: Duration = Duration::from_secs(10);
@@ -315,7 +319,13 @@ fn serve(
     let tgt_ftl = ftl.clone();
     let tgt_init = move |dev: &mut UblkDev| ublk::init_target(dev, &tgt_ftl, backing_fd);
     let q_ftl = ftl.clone();
-    let q_fn = move |qid: u16, dev: &UblkDev| ublk::run_queue(qid, dev, q_ftl.clone());
+    // Enough workers that every queue can have several writes and flushes in flight (the
+    // FTL batches concurrent flushes into one device sync).
+    let workers = (cfg.queues as usize * IO_WORKERS_PER_QUEUE).clamp(4, 64);
+    let offload = Offload::new(workers).map_err(|e| format!("cannot start I/O workers: {e}"))?;
+    let q_offload = offload.clone();
+    let q_fn =
+        move |qid: u16, dev: &UblkDev| ublk::run_queue(qid, dev, q_ftl.clone(), q_offload.clone());
     let tx = control.sender();
     let live_notifier = notifier.clone();
     let live_record = record.clone();
@@ -363,6 +373,7 @@ fn serve(
     );
     ctrl.run_target(tgt_init, q_fn, device_fn)
         .map_err(|e| format!("ublk device {id} failed: {}", kctl::describe(&e)))?;
+    offload.shutdown();
     eprintln!("ftlblk: device {id} stopped; closing the FTL");
     // The queues are gone: delete the device (a recovered one is not deleted on drop).
     match kctl::check(ctrl.del_dev()) {

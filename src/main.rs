@@ -4,7 +4,8 @@
 //! and the ublk front end: `add`, `del`, `list`, `recover`, `stats`.
 //!
 //! Front-end modules: [`ublk`] (data path), [`daemon`] (device server), [`control`]
-//! (tokio control plane: signals, checkpoints, stats socket), [`kctl`] (kernel control),
+//! (tokio control plane: signals, checkpoints, stats socket), [`offload`] (I/O workers),
+//! [`kctl`] (kernel control),
 //! [`runfiles`] (`/run/ftlblk`), [`device_cmd`] (the subcommands).
 
 mod bench;
@@ -14,6 +15,7 @@ mod control;
 mod daemon;
 mod device_cmd;
 mod kctl;
+mod offload;
 mod replay_cmd;
 mod runfiles;
 mod ublk;

@@ -12,7 +12,8 @@
 //!   fixed file 1), then checked with [`Ftl::verify_block`]: `Ok(false)` (the block moved
 //!   meanwhile) re-locates and re-reads it, an error fails the request with -EIO.
 //! - WRITE calls [`Ftl::write`] (FUA honoured), FLUSH [`Ftl::flush`], DISCARD and
-//!   WRITE_ZEROES [`Ftl::trim`]. These call the synchronous FTL on the queue thread.
+//!   WRITE_ZEROES [`Ftl::trim`], each on an I/O worker ([`crate::offload`]): the queue
+//!   thread only awaits the completion through its ring, never blocks on the FTL.
 //! - Every request completes: success with the byte count (READ/WRITE) or 0, failure with
 //!   a negative errno ([`ftl::Error::errno`] at this edge; -EINVAL for requests outside
 //!   the device or not block aligned, -EOPNOTSUPP for unknown operations). A panic while
@@ -23,6 +24,7 @@
 //! [`Ftl::flush`]: ftl::Ftl::flush
 //! [`Ftl::trim`]: ftl::Ftl::trim
 
+use crate::offload::{Offload, TagEvent};
 use ftl::backing::FileFtl;
 use ftl::device::BLOCK_SIZE;
 use ftl::request::{decode, Request, SECTORS_PER_BLOCK, SECTOR_SHIFT};
@@ -108,7 +110,7 @@ pub fn init_target(dev: &mut UblkDev, ftl: &FileFtl, backing_fd: RawFd) -> Resul
 }
 
 /// Body of one queue thread (the `q_fn` of `run_target`): serves until the queue is down.
-pub fn run_queue(qid: u16, dev: &UblkDev, ftl: Arc<FileFtl>) {
+pub fn run_queue(qid: u16, dev: &UblkDev, ftl: Arc<FileFtl>, offload: Arc<Offload>) {
     set_io_flusher();
     let q = match UblkQueue::new(qid, dev) {
         Ok(q) => Rc::new(q),
@@ -122,8 +124,9 @@ pub fn run_queue(qid: u16, dev: &UblkDev, ftl: Arc<FileFtl>) {
     for tag in q.tags() {
         let q = q.clone();
         let ftl = ftl.clone();
+        let offload = offload.clone();
         tasks.push(exe.spawn(async move {
-            match serve_tag(&q, tag, &ftl).await {
+            match serve_tag(&q, tag, &ftl, &offload).await {
                 Ok(()) | Err(UblkError::QueueIsDown) => {}
                 Err(e) => eprintln!("ftlblk: queue {qid} tag {tag}: {e:?}"),
             }
@@ -157,13 +160,19 @@ fn set_io_flusher() {
 }
 
 /// One tag's loop: fetch a request, handle it, commit the result and fetch the next.
-async fn serve_tag(q: &UblkQueue<'_>, tag: u16, ftl: &FileFtl) -> Result<(), UblkError> {
+async fn serve_tag(
+    q: &UblkQueue<'_>,
+    tag: u16,
+    ftl: &Arc<FileFtl>,
+    offload: &Offload,
+) -> Result<(), UblkError> {
+    let wake = TagEvent::new().map_err(UblkError::IOError)?;
     let mut buf = IoBuf::<u8>::new(q.dev.dev_info.max_io_buf_bytes as usize);
     q.submit_io_prep_cmd(tag, BufDesc::Slice(buf.as_slice()), 0, Some(&buf))
         .await?;
     loop {
         let iod = *q.get_iod(tag);
-        let res = AssertUnwindSafe(handle(q, &iod, buf.as_mut_slice(), ftl))
+        let res = AssertUnwindSafe(handle(q, &iod, buf.as_mut_slice(), ftl, offload, &wake))
             .catch_unwind()
             .await
             .unwrap_or_else(|_| {
@@ -180,7 +189,9 @@ async fn handle(
     q: &UblkQueue<'_>,
     iod: &sys::ublksrv_io_desc,
     buf: &mut [u8],
-    ftl: &FileFtl,
+    ftl: &Arc<FileFtl>,
+    offload: &Offload,
+    wake: &TagEvent,
 ) -> i32 {
     let req = match decode(
         iod.op_flags,
@@ -202,13 +213,33 @@ async fn handle(
         }
         Request::Write { lba, blocks, fua } => {
             let bytes = blocks as usize * BLOCK_SIZE;
-            match ftl.write(lba, &buf[..bytes], fua, USER_STREAM) {
-                Ok(()) => bytes as i32,
-                Err(e) => e.errno(),
-            }
+            let data = buf[..bytes].to_vec();
+            let f = ftl.clone();
+            offload
+                .run(q, wake, move || {
+                    match f.write(lba, &data, fua, USER_STREAM) {
+                        Ok(()) => bytes as i32,
+                        Err(e) => e.errno(),
+                    }
+                })
+                .await
         }
-        Request::Flush => ftl.flush().map_or_else(|e| e.errno(), |()| 0),
-        Request::Trim { lba, blocks } => ftl.trim(lba, blocks).map_or_else(|e| e.errno(), |()| 0),
+        Request::Flush => {
+            let f = ftl.clone();
+            offload
+                .run(q, wake, move || {
+                    f.flush().map_or_else(|e| e.errno(), |()| 0)
+                })
+                .await
+        }
+        Request::Trim { lba, blocks } => {
+            let f = ftl.clone();
+            offload
+                .run(q, wake, move || {
+                    f.trim(lba, blocks).map_or_else(|e| e.errno(), |()| 0)
+                })
+                .await
+        }
     }
 }
 
