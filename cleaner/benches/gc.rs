@@ -9,8 +9,13 @@
 //!    analytic greedy figure (Desnoyers: WAF = 1 / (1 - u), (u - 1) / ln u = logical /
 //!    physical), on the in-memory device with greedy cleaning run synchronously.
 //!
+//! 3. Slice-length sweep: run 1(a) again for each slice length of GC_BENCH_SLICES (ms,
+//!    default "0.5,1,2,5,10,20"): p99.9 and max write latency, IOPS and blocks copied per
+//!    slice length; the default slice (`CleanerConfig::default().slice`) is picked from it.
+//!
 //! Environment: GC_BENCH_DIR (default /var/tmp/ftlblk-gc-bench), GC_BENCH_SIZE_MB (default
-//! 1024), GC_BENCH_OPS (default 200000), GC_BENCH_JSON (write the results there too).
+//! 1024), GC_BENCH_OPS (default 200000), GC_BENCH_SLICES (empty: no sweep), GC_BENCH_JSON
+//! (write the results there too).
 
 use cleaner::{Budget, Cleaner, CleanerConfig, Policy, SliceEnd};
 use ftl::backing::{format_backing, open_backing};
@@ -239,13 +244,42 @@ fn main() {
             r.max_us / 1000.0
         );
     }
+    let slices: Vec<f64> = std::env::var("GC_BENCH_SLICES")
+        .unwrap_or_else(|_| "0.5,1,2,5,10,20".into())
+        .split(',')
+        .filter_map(|x| x.trim().parse().ok())
+        .collect();
+    let mut sweep = Vec::new();
+    for ms in &slices {
+        let cfg = CleanerConfig {
+            slice: Duration::from_secs_f64(ms / 1000.0),
+            ..CleanerConfig::default()
+        };
+        sweep.push(latency_run(&format!("slice {ms} ms"), 0.90, Some(cfg), ops));
+    }
+    if !sweep.is_empty() {
+        println!(
+            "slice sweep (90% full, default slice {:?}):",
+            CleanerConfig::default().slice
+        );
+        println!(
+            "{:<14}{:>10}{:>10}{:>10}{:>10}{:>14}{:>12}",
+            "slice", "p99 us", "p99.9 us", "max us", "IOPS", "copied", "preempted"
+        );
+        for r in &sweep {
+            println!(
+                "{:<14}{:>10.1}{:>10.1}{:>10.0}{:>10.0}{:>14}{:>12}",
+                r.run, r.p99_us, r.p999_us, r.max_us, r.iops, r.blocks_copied, r.preemptions
+            );
+        }
+    }
     let w = waf_run();
     println!(
         "WAF, uniform random overwrites, spare factor {:.3}: measured {:.3} (copies only {:.3}), analytic greedy {:.3}, ratio {:.3} (target within 10%)",
         w.spare_factor, w.measured_waf, w.measured_copy_waf, w.analytic_greedy_waf, w.ratio
     );
     if let Ok(path) = std::env::var("GC_BENCH_JSON") {
-        let j = serde_json::json!({"latency": runs, "waf": w});
+        let j = serde_json::json!({"latency": runs, "slice_sweep": sweep, "waf": w});
         std::fs::write(&path, serde_json::to_string_pretty(&j).unwrap_or_default())
             .expect("write json");
     }
