@@ -5,7 +5,8 @@
 //!    (created sparse) or a regular file without an ftlblk superblock first; a block
 //!    device is never formatted implicitly. A backing another server holds fails with the
 //!    FTL's `Busy` error and nothing is created in the kernel.
-//! 2. Starts the cleaner thread (unless disabled) and the control plane ([`Control`]:
+//! 2. Starts the write-time stream classifier, the cleaner thread (unless disabled; its
+//!    output split by age through the classifier) and the control plane ([`Control`]:
 //!    signals, checkpoint timer, stats socket).
 //! 3. `add` creates a new ublk device; `recover` sends START_USER_RECOVERY for the
 //!    existing one and re-attaches (the kernel re-issues the requests in flight when the
@@ -24,6 +25,7 @@ use crate::runfiles::{self, DeviceRecord};
 use crate::ublk;
 use cleaner::CleanerConfig;
 use ftl::backing::{format_backing, open_backing, FileFtl};
+use ftl::classify::Classifier;
 use ftl::device::BLOCK_SIZE;
 use ftl::{BlockDevice, Config, Error as FtlError, FormatOptions};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
@@ -201,10 +203,15 @@ pub fn run(cfg: DaemonConfig, notifier: Arc<Notifier>) -> Result<(), String> {
         }
     }
     let ftl = Arc::new(open_ftl(&cfg)?);
+    // Write-time stream classification (in memory, rebuilt from scratch at each start).
+    let classifier = Arc::new(Classifier::new(ftl.capacity_blocks()));
     let cleaner = if cfg.cleaner {
+        let c = classifier.clone();
         Some(Arc::new(
-            cleaner::spawn(ftl.clone(), CleanerConfig::default())
-                .map_err(|e| format!("cannot start the cleaner: {e}"))?,
+            cleaner::spawn_with_gc_stream(ftl.clone(), CleanerConfig::default(), move |lba| {
+                c.on_relocate(lba)
+            })
+            .map_err(|e| format!("cannot start the cleaner: {e}"))?,
         ))
     } else {
         None
@@ -212,7 +219,7 @@ pub fn run(cfg: DaemonConfig, notifier: Arc<Notifier>) -> Result<(), String> {
     let control = Control::spawn(ftl.clone(), cleaner.clone())
         .map_err(|e| format!("cannot start the control plane: {e}"))?;
 
-    let result = serve(&cfg, &ftl, &control, &notifier);
+    let result = serve(&cfg, &ftl, &classifier, &control, &notifier);
 
     control.shutdown();
     drop(cleaner);
@@ -240,6 +247,7 @@ pub fn run(cfg: DaemonConfig, notifier: Arc<Notifier>) -> Result<(), String> {
 fn serve(
     cfg: &DaemonConfig,
     ftl: &Arc<FileFtl>,
+    classifier: &Arc<Classifier>,
     control: &Control,
     notifier: &Arc<Notifier>,
 ) -> Result<Option<u32>, String> {
@@ -324,8 +332,16 @@ fn serve(
     let workers = (cfg.queues as usize * IO_WORKERS_PER_QUEUE).clamp(4, 64);
     let offload = Offload::new(workers).map_err(|e| format!("cannot start I/O workers: {e}"))?;
     let q_offload = offload.clone();
-    let q_fn =
-        move |qid: u16, dev: &UblkDev| ublk::run_queue(qid, dev, q_ftl.clone(), q_offload.clone());
+    let q_classifier = classifier.clone();
+    let q_fn = move |qid: u16, dev: &UblkDev| {
+        ublk::run_queue(
+            qid,
+            dev,
+            q_ftl.clone(),
+            q_classifier.clone(),
+            q_offload.clone(),
+        )
+    };
     let tx = control.sender();
     let live_notifier = notifier.clone();
     let live_record = record.clone();

@@ -11,7 +11,8 @@
 //!   io buffer (physically contiguous blocks in one read; the backing's fd is the ring's
 //!   fixed file 1), then checked with [`Ftl::verify_block`]: `Ok(false)` (the block moved
 //!   meanwhile) re-locates and re-reads it, an error fails the request with -EIO.
-//! - WRITE calls [`Ftl::write`] (FUA honoured), FLUSH [`Ftl::flush`], DISCARD and
+//! - WRITE calls [`Ftl::write`] (FUA honoured) with each block in the stream the online
+//!   classifier ([`ftl::classify`]) picks: hot / warm / cold by expected lifetime, FLUSH [`Ftl::flush`], DISCARD and
 //!   WRITE_ZEROES [`Ftl::trim`], each on an I/O worker ([`crate::offload`]): the queue
 //!   thread only awaits the completion through its ring, never blocks on the FTL.
 //! - Every request completes: success with the byte count (READ/WRITE) or 0, failure with
@@ -26,9 +27,10 @@
 
 use crate::offload::{Offload, TagEvent};
 use ftl::backing::FileFtl;
+use ftl::classify::Classifier;
 use ftl::device::BLOCK_SIZE;
 use ftl::request::{decode, Request, SECTORS_PER_BLOCK, SECTOR_SHIFT};
-use ftl::{BlockLocation, MapEntry, StreamId};
+use ftl::{BlockLocation, MapEntry};
 use io_uring::{opcode, squeue, types};
 use libublk::helpers::IoBuf;
 use libublk::io::{BufDesc, UblkDev, UblkQueue};
@@ -39,8 +41,37 @@ use std::panic::AssertUnwindSafe;
 use std::rc::Rc;
 use std::sync::Arc;
 
-/// Stream user writes go to (stream 0 takes TRIM records, the top ones the cleaner).
-pub const USER_STREAM: StreamId = StreamId(1);
+/// Writes `data` at `lba`, each block into the stream the classifier picks for it (runs
+/// of blocks with the same stream go in one call); FUA rides on the last call, whose
+/// flush covers the earlier ones.
+pub fn write_classified<D: ftl::BlockDevice, I: ftl::IndexStore>(
+    ftl: &ftl::Ftl<D, I>,
+    classifier: &Classifier,
+    lba: u64,
+    data: &[u8],
+    fua: bool,
+) -> ftl::Result<()> {
+    let n = data.len() / BLOCK_SIZE;
+    if n == 0 {
+        return Ok(());
+    }
+    let mut start = 0;
+    let mut stream = classifier.on_write(lba);
+    for i in 1..n {
+        let s = classifier.on_write(lba + i as u64);
+        if s != stream {
+            ftl.write(
+                lba + start as u64,
+                &data[start * BLOCK_SIZE..i * BLOCK_SIZE],
+                false,
+                stream,
+            )?;
+            start = i;
+            stream = s;
+        }
+    }
+    ftl.write(lba + start as u64, &data[start * BLOCK_SIZE..], fua, stream)
+}
 
 /// Fixed-file index of the backing in every queue ring (0 is `/dev/ublkcN`).
 const BACKING_FIXED_FILE: u32 = 1;
@@ -110,7 +141,13 @@ pub fn init_target(dev: &mut UblkDev, ftl: &FileFtl, backing_fd: RawFd) -> Resul
 }
 
 /// Body of one queue thread (the `q_fn` of `run_target`): serves until the queue is down.
-pub fn run_queue(qid: u16, dev: &UblkDev, ftl: Arc<FileFtl>, offload: Arc<Offload>) {
+pub fn run_queue(
+    qid: u16,
+    dev: &UblkDev,
+    ftl: Arc<FileFtl>,
+    classifier: Arc<Classifier>,
+    offload: Arc<Offload>,
+) {
     set_io_flusher();
     let q = match UblkQueue::new(qid, dev) {
         Ok(q) => Rc::new(q),
@@ -123,10 +160,13 @@ pub fn run_queue(qid: u16, dev: &UblkDev, ftl: Arc<FileFtl>, offload: Arc<Offloa
     let mut tasks = Vec::new();
     for tag in q.tags() {
         let q = q.clone();
-        let ftl = ftl.clone();
-        let offload = offload.clone();
+        let ctx = TagContext {
+            ftl: ftl.clone(),
+            classifier: classifier.clone(),
+            offload: offload.clone(),
+        };
         tasks.push(exe.spawn(async move {
-            match serve_tag(&q, tag, &ftl, &offload).await {
+            match serve_tag(&q, tag, &ctx).await {
                 Ok(()) | Err(UblkError::QueueIsDown) => {}
                 Err(e) => eprintln!("ftlblk: queue {qid} tag {tag}: {e:?}"),
             }
@@ -160,19 +200,21 @@ fn set_io_flusher() {
 }
 
 /// One tag's loop: fetch a request, handle it, commit the result and fetch the next.
-async fn serve_tag(
-    q: &UblkQueue<'_>,
-    tag: u16,
-    ftl: &Arc<FileFtl>,
-    offload: &Offload,
-) -> Result<(), UblkError> {
+/// What every tag task of a queue shares.
+struct TagContext {
+    ftl: Arc<FileFtl>,
+    classifier: Arc<Classifier>,
+    offload: Arc<Offload>,
+}
+
+async fn serve_tag(q: &UblkQueue<'_>, tag: u16, ctx: &TagContext) -> Result<(), UblkError> {
     let wake = TagEvent::new().map_err(UblkError::IOError)?;
     let mut buf = IoBuf::<u8>::new(q.dev.dev_info.max_io_buf_bytes as usize);
     q.submit_io_prep_cmd(tag, BufDesc::Slice(buf.as_slice()), 0, Some(&buf))
         .await?;
     loop {
         let iod = *q.get_iod(tag);
-        let res = AssertUnwindSafe(handle(q, &iod, buf.as_mut_slice(), ftl, offload, &wake))
+        let res = AssertUnwindSafe(handle(q, &iod, buf.as_mut_slice(), ctx, &wake))
             .catch_unwind()
             .await
             .unwrap_or_else(|_| {
@@ -189,10 +231,10 @@ async fn handle(
     q: &UblkQueue<'_>,
     iod: &sys::ublksrv_io_desc,
     buf: &mut [u8],
-    ftl: &Arc<FileFtl>,
-    offload: &Offload,
+    ctx: &TagContext,
     wake: &TagEvent,
 ) -> i32 {
+    let (ftl, offload) = (&ctx.ftl, &ctx.offload);
     let req = match decode(
         iod.op_flags,
         iod.start_sector,
@@ -214,10 +256,10 @@ async fn handle(
         Request::Write { lba, blocks, fua } => {
             let bytes = blocks as usize * BLOCK_SIZE;
             let data = buf[..bytes].to_vec();
-            let f = ftl.clone();
+            let (f, c) = (ftl.clone(), ctx.classifier.clone());
             offload
                 .run(q, wake, move || {
-                    match f.write(lba, &data, fua, USER_STREAM) {
+                    match write_classified(&f, &c, lba, &data, fua) {
                         Ok(()) => bytes as i32,
                         Err(e) => e.errno(),
                     }
@@ -233,9 +275,10 @@ async fn handle(
                 .await
         }
         Request::Trim { lba, blocks } => {
-            let f = ftl.clone();
+            let (f, c) = (ftl.clone(), ctx.classifier.clone());
             offload
                 .run(q, wake, move || {
+                    c.on_trim(lba, blocks);
                     f.trim(lba, blocks).map_or_else(|e| e.errno(), |()| 0)
                 })
                 .await
@@ -431,6 +474,33 @@ mod tests {
             decode(sys::UBLK_IO_OP_ZONE_OPEN, 0, 8, CAP, BUF).map_err(|e| e.errno()),
             Err(-libc::EOPNOTSUPP)
         );
+    }
+
+    #[test]
+    fn classified_writes_split_into_runs_and_read_back() {
+        use ftl::device::mem::MemDevice;
+        use ftl::index::mem::MemIndex;
+        let (dev, idx) = (MemDevice::new(64 << 20), MemIndex::new());
+        ftl::format(&dev, &idx, &ftl::FormatOptions::default(), false).unwrap();
+        let (f, _) = ftl::Ftl::open(dev, idx, ftl::Config::default()).unwrap();
+        let c = Classifier::new(f.capacity_blocks());
+        let block = |lba: u64, round: u8| vec![lba as u8 ^ round; BLOCK_SIZE];
+        // Blocks 0..4 rewritten often (short lifetimes), 4..16 written once: one request
+        // over 0..16 then spans classes.
+        for round in 0..4u8 {
+            let data: Vec<u8> = (0..4).flat_map(|l| block(l, round)).collect();
+            write_classified(&f, &c, 0, &data, false).unwrap();
+        }
+        let data: Vec<u8> = (0..16).flat_map(|l| block(l, 9)).collect();
+        write_classified(&f, &c, 0, &data, true).unwrap();
+        let mut back = vec![0u8; 16 * BLOCK_SIZE];
+        f.read(0, &mut back).unwrap();
+        assert!(
+            back == data,
+            "a classified multi-stream write reads back wrong"
+        );
+        assert_eq!(f.stats().counters.user_blocks_written, 4 * 4 + 16);
+        write_classified(&f, &c, 3, &[], false).unwrap();
     }
 
     #[test]

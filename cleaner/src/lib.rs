@@ -18,7 +18,7 @@ pub mod slice;
 pub mod trigger;
 
 pub use policy::Policy;
-pub use runner::{spawn, CleanerConfig, CleanerHandle, RunnerStats};
+pub use runner::{spawn, spawn_with_gc_stream, CleanerConfig, CleanerHandle, RunnerStats};
 pub use slice::{Budget, Cleaner, CleanerStats, SliceEnd};
 
 /// Errors of the cleaner.

@@ -114,6 +114,20 @@ where
     D: BlockDevice + 'static,
     I: IndexStore + 'static,
 {
+    spawn_with_gc_stream(ftl, cfg, |_| ftl::GC_STREAM)
+}
+
+/// [`spawn`], with relocated blocks written to the stream `gc_stream(lba)` picks (GC
+/// output split by age, see `ftl::classify`) instead of the single GC stream.
+pub fn spawn_with_gc_stream<D, I>(
+    ftl: Arc<Ftl<D, I>>,
+    cfg: CleanerConfig,
+    gc_stream: impl Fn(u64) -> ftl::StreamId + Send + 'static,
+) -> std::io::Result<CleanerHandle>
+where
+    D: BlockDevice + 'static,
+    I: IndexStore + 'static,
+{
     let stop = Arc::new(AtomicBool::new(false));
     let stats = Arc::new(Mutex::new(RunnerStats::default()));
     let last_error = Arc::new(Mutex::new(None));
@@ -122,7 +136,8 @@ where
     let thread = std::thread::Builder::new()
         .name("ftl-cleaner".into())
         .spawn(move || {
-            run(ftl.clone(), cfg, &s2, &st2, &e2);
+            let cleaner = Cleaner::new(ftl.clone()).with_gc_stream(gc_stream);
+            run(ftl.clone(), cleaner, cfg, &s2, &st2, &e2);
             ftl.attach_cleaner(false);
             ftl.set_write_delay(Duration::ZERO);
         })?;
@@ -136,6 +151,7 @@ where
 
 fn run<D: BlockDevice, I: IndexStore>(
     ftl: Arc<Ftl<D, I>>,
+    mut cleaner: Cleaner<D, I>,
     cfg: CleanerConfig,
     stop: &AtomicBool,
     stats: &Mutex<RunnerStats>,
@@ -164,7 +180,6 @@ fn run<D: BlockDevice, I: IndexStore>(
         Budget::time(cfg.slice)
     };
     let bps = ftl.geometry().blocks_per_segment() as f64;
-    let mut cleaner = Cleaner::new(ftl.clone());
     let mut last_bg = Instant::now();
     let mut last_ops = ftl.foreground_ops();
     let mut last_activity = Instant::now();
