@@ -29,7 +29,7 @@
 # Knobs: FTLBLK_BIN (default target/release/ftlblk), FTLBLK_E2E_DIR (default
 # /tmp/ftlblk-e2e; must be writable in the guest), FTLBLK_E2E_SIZE (backing size, default
 # 640M; xfs needs >= 300 MiB exported), FTLBLK_E2E_FS (default "ext4 xfs btrfs f2fs"),
-# FTLBLK_E2E_FIO_SECONDS (default 10; 0 skips the IOPS runs).
+# FTLBLK_E2E_FIO_SECONDS (default 5; 0 skips the IOPS runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/sbin:/sbin"
@@ -38,14 +38,14 @@ BIN="$(pwd)/${FTLBLK_BIN:-target/release/ftlblk}"
 WORK="${FTLBLK_E2E_DIR:-/tmp/ftlblk-e2e}"
 SIZE="${FTLBLK_E2E_SIZE:-640M}"
 FILESYSTEMS="${FTLBLK_E2E_FS:-ext4 xfs btrfs f2fs}"
-FIO_SECONDS="${FTLBLK_E2E_FIO_SECONDS:-10}"
+FIO_SECONDS="${FTLBLK_E2E_FIO_SECONDS:-5}"
 IMG="$WORK/t.img"
 MNT="$WORK/m"
 ID=""
 DEV=""
 LOOPDEV=""
 
-step() { echo; echo "== $*"; }
+step() { echo; echo "== [${SECONDS}s] $*"; }
 fail() {
     echo "e2e: FAIL: $*" >&2
     for l in /run/ftlblk/*.log; do
@@ -74,7 +74,7 @@ offline_check() { # what
 }
 write_tree() { # dir
     mkdir -p "$1/tree/a/b" "$1/tree/c"
-    head -c $((12 << 20)) /dev/urandom > "$1/big"
+    head -c $((8 << 20)) /dev/urandom > "$1/big"
     for i in $(seq 1 40); do head -c $((i * 2900 + 17)) /dev/urandom > "$1/tree/f$i"; done
     for i in $(seq 1 20); do head -c $((i * 40000)) /dev/urandom > "$1/tree/a/b/g$i"; done
     for i in $(seq 1 30); do echo "small file $i" > "$1/tree/c/s$i"; done
@@ -175,13 +175,13 @@ echo "mapped blocks: $before before, $after after fstrim"
 step "4. kill -9 of the daemon during fio writes, recover, verify"
 pid="$(daemon_pid)"
 # O_DIRECT + O_SYNC: every completed write is FUA/flushed, so none may be lost.
-fio --name=crash --filename="$MNT/fio.dat" --size=24M --rw=randwrite --bs=4k \
+fio --name=crash --filename="$MNT/fio.dat" --size=12M --rw=randwrite --bs=4k \
     --ioengine=psync --direct=1 --sync=1 --numjobs=1 --verify=crc32c --verify_fatal=1 --verify_state_save=0 \
     --do_verify=1 --output="$WORK/fio-crash.log" &
 fiopid=$!
 # Kill once fio is past laying out its file and into the random writes.
 for _ in $(seq 1 300); do
-    [ -s "$MNT/fio.dat" ] && [ "$(stat -c %s "$MNT/fio.dat")" -ge $((24 << 20)) ] && break
+    [ -s "$MNT/fio.dat" ] && [ "$(stat -c %s "$MNT/fio.dat")" -ge $((12 << 20)) ] && break
     sleep 0.1
 done
 sleep 2
@@ -290,4 +290,4 @@ if [ "$FIO_SECONDS" -gt 0 ]; then
 fi
 
 echo
-echo "e2e: all scenarios passed"
+echo "e2e: all scenarios passed in ${SECONDS}s"
