@@ -2,11 +2,15 @@
 //! the log written since.
 //!
 //! Crash-ordering rules of a checkpoint:
-//! 1. every stream's open chunk is sealed and written, and the device is synced, BEFORE
-//!    the snapshot is taken: the snapshot may only name blocks that are durable;
+//! 1. every stream's open chunk is sealed and written BEFORE the snapshot is taken, so
+//!    the snapshot only names blocks of chunks below `next_chunk_seq`;
 //! 2. the snapshot (dirty map pages, every segment record, the checkpoint header with the
 //!    next chain number) is taken with every stream lock held, so it is exactly the state
 //!    after chain number `next_chunk_seq - 1` and no append is half done;
+//! 2a. the device is synced up to `next_chunk_seq` AFTER the stream locks are released
+//!    (writers go on meanwhile; a sync under the locks stalled every writer for its whole
+//!    duration) and BEFORE the index commit: the checkpoint never names a block that is
+//!    not durable;
 //! 3. the index batch is committed atomically and durably BEFORE any segment it records
 //!    as dead is put on the free list or discarded: a dead segment's blocks may be
 //!    overwritten only when the map changes that killed them are durable, and recovery
@@ -49,7 +53,6 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             }
         }
         let next_chunk_seq = self.tracker.next_seq();
-        self.flush_upto(next_chunk_seq)?;
         // Rule 2.
         let dirty = self.map.take_dirty();
         let pages: Vec<(u64, Vec<u64>)> = dirty.iter().map(|&p| (p, self.map.page(p))).collect();
@@ -67,6 +70,13 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         };
         self.appended_since_checkpoint.store(0, Ordering::Relaxed);
         drop(guards);
+        // Rule 2a.
+        if let Err(e) = self.flush_upto(next_chunk_seq) {
+            for &p in &dirty {
+                self.map.mark_dirty(p);
+            }
+            return Err(e);
+        }
 
         let mut ops = Vec::with_capacity(pages.len() + seg_records.len() + 1);
         for (p, entries) in &pages {
