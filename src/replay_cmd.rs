@@ -5,7 +5,7 @@ use clap::Args;
 use cleaner::Policy;
 use replay::sim::{simulate, ClassifierKind, SimConfig};
 use replay::trace::{parse, remap_dense, Format};
-use replay::workload::{generate, Workload};
+use replay::workload::{generate, write_probabilities, Workload};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
@@ -29,11 +29,14 @@ pub struct ReplayArgs {
     /// Segment size (default: the FTL's default for the size).
     #[arg(long, value_parser = crate::cli::parse_size)]
     pub segment_size: Option<u64>,
-    /// User streams: 1 (everything in one stream) or 3 (hot / warm / cold).
-    #[arg(long, default_value_t = 3)]
+    /// Lifetime classes (streams) at most, 1 ..= 7; 1 is one stream (classifier none).
+    /// The classifier gives a class its own stream only while it is busy enough.
+    #[arg(long, default_value_t = 7)]
     pub streams: u8,
-    /// Placement: none, online (write-time classifier), oracle (knows each write's next
-    /// overwrite from the trace: the practical lower bound).
+    /// Placement: none (one stream, GC output in another), online (write-time classifier,
+    /// by each block's history), oracle (knows each write's next overwrite from the trace:
+    /// the practical lower bound), frequency (knows each block's true write rate over the
+    /// trace: the best a history-based classifier can know on a stationary workload).
     #[arg(long, default_value = "online")]
     pub classifier: String,
     /// Victim policy: greedy, cost-benefit, cost-hotness.
@@ -68,13 +71,14 @@ pub fn run(a: ReplayArgs) -> Result<(), String> {
     let mut classifier: ClassifierKind = a.classifier.parse()?;
     match a.streams {
         1 => classifier = ClassifierKind::None,
-        3 => {}
-        n => return Err(format!("--streams {n}: use 1 or 3")),
+        2..=7 => {}
+        n => return Err(format!("--streams {n}: use 1 ..= 7")),
     }
     let policy: Policy = a
         .policy
         .parse()
         .map_err(|e: cleaner::Error| e.to_string())?;
+    let mut probabilities = None;
     let (ops, label) = match (&a.trace, &a.workload) {
         (Some(path), _) => {
             let format: Format = a.format.parse()?;
@@ -98,6 +102,9 @@ pub fn run(a: ReplayArgs) -> Result<(), String> {
                 ));
             }
             let logical = ((capacity as f64) * a.utilization / 100.0) as u64;
+            if classifier == ClassifierKind::Frequency {
+                probabilities = Some(write_probabilities(&workload, logical.max(1), a.seed).into());
+            }
             (
                 generate(&workload, logical.max(1), a.loops * logical, a.seed),
                 w.clone(),
@@ -110,6 +117,8 @@ pub fn run(a: ReplayArgs) -> Result<(), String> {
         op_permille: (a.op * 10.0).round() as u32,
         segment_bytes: a.segment_size,
         classifier,
+        classes: a.streams,
+        write_probabilities: probabilities,
         policy,
         series_points: 100,
     };
@@ -148,6 +157,7 @@ pub fn run(a: ReplayArgs) -> Result<(), String> {
         println!("WAF (whole run)     {:.3}", report.waf);
         println!("WAF (second half)   {:.3}", report.waf_steady);
         println!("segments cleaned    {}", report.segments_cleaned);
+        println!("diverted to GC      {} blocks", report.relocated_diverted);
         println!(
             "victim utilisation  {:?} (10% bins)",
             report.victim_utilization_histogram
@@ -155,6 +165,14 @@ pub fn run(a: ReplayArgs) -> Result<(), String> {
         for s in &report.per_stream {
             println!("stream {}            {} blocks", s.stream, s.blocks);
         }
+        println!(
+            "classes with stream {:#09b} (bit c = class c, hottest first)",
+            report.active_classes
+        );
+        println!(
+            "analytic greedy WAF {:.3} (uniform random, same logical/physical ratio)",
+            report.analytic_greedy_waf
+        );
         println!(
             "classifier memory   {} bytes per block",
             report.classifier_bytes_per_block

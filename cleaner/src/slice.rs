@@ -95,8 +95,9 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
         }
     }
 
-    /// Chooses the GC output stream per relocated LBA (e.g. split by age); the default
-    /// puts everything into the FTL's GC stream.
+    /// Chooses the GC output stream per relocated LBA (e.g. by expected lifetime); the
+    /// default puts everything into the FTL's GC stream. (The FTL diverts a relocation to
+    /// [`GC_STREAM`] when its stream would need the last free segment.)
     pub fn with_gc_stream(mut self, f: impl Fn(u64) -> StreamId + Send + 'static) -> Self {
         self.gc_stream = Box::new(f);
         self

@@ -6,7 +6,9 @@
 //! - [`Ftl::relocate`] (in `engine.rs`): compare-and-swap move into [`GC_STREAM`];
 //! - free-space signalling: writers that find no free segment wait (bounded by
 //!   `Config::space_wait`) while a cleaner is attached, instead of failing at once;
-//! - [`Ftl::set_write_delay`]: the per-block delay the cleaner's throttle asks writers for.
+//! - [`Ftl::set_write_delay`]: the per-block delay the cleaner's throttle asks writers for;
+//! - [`Ftl::close_stream`]: gives up a stream's open segment, so the free space left in it
+//!   (an idle stream's, otherwise held until the stream fills it) can be cleaned back.
 //!
 //! Invariant: a relocation moves a block only if the map still points at the old place,
 //! so a user write landing on a victim's block meanwhile is never lost.
@@ -129,6 +131,33 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Free segments now (including the cleaner's reserve).
     pub fn free_segments(&self) -> usize {
         self.segs.free_count()
+    }
+
+    /// Closes `stream`'s open segment: seals and writes its open chunk if it holds
+    /// anything, then closes the segment (its unwritten tail counts as dead space for
+    /// victim selection). The stream's next write opens a new segment. Recovery is not
+    /// affected: chunks written later are found at the start of segments that were free
+    /// at the checkpoint, like after a segment fills.
+    pub fn close_stream(&self, stream: crate::StreamId) -> Result<()> {
+        let Some(m) = self.streams.get(stream.0 as usize) else {
+            return Err(Error::InvalidParameters(format!("no stream {}", stream.0)));
+        };
+        let mut out = Vec::new();
+        {
+            let mut st = m.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(sealed) = self.seal_open(stream.0, &mut st)? {
+                out.push(sealed);
+            }
+            // Left: an open chunk with nothing in it, which nobody reads.
+            if let Some(empty) = st.chunk.take() {
+                self.segs.unwritten[empty.seg as usize].fetch_sub(1, Ordering::SeqCst);
+                self.pool.put(empty.buf);
+            }
+            if let Some((seg, _)) = st.cursor.take() {
+                self.segs.close(seg);
+            }
+        }
+        self.write_chunks(out)
     }
 
     /// The cleaner's reserve, in segments.

@@ -25,10 +25,9 @@ pub struct StreamId(pub u8);
 
 /// Stream that TRIM records are logged in.
 pub const TRIM_STREAM: StreamId = StreamId(0);
-/// Stream the cleaner relocates into (GC output is cold); it may use the reserve.
+/// Stream the cleaner relocates into by default (GC output is cold); relocations into
+/// other streams fall back to it when only one free segment is left.
 pub const GC_STREAM: StreamId = StreamId(7);
-/// Streams from this id up are cleaner output: they may take the reserved segments.
-pub const FIRST_GC_STREAM: u8 = 6;
 
 /// Number of LBA stripe locks.
 const STRIPES: usize = 4096;
@@ -40,7 +39,8 @@ pub struct Config {
     pub discard_freed: bool,
     /// Blocks appended since the last checkpoint after which one is due.
     pub checkpoint_blocks: u64,
-    /// Free segments user streams may not take: the cleaner's room to make progress.
+    /// Free segments that only relocations ([`Ftl::relocate`], into any stream) may
+    /// take; user writes and TRIM records never do: the cleaner's room to make progress.
     pub gc_reserve_segments: usize,
     /// With a cleaner attached, how long a write waits for a free segment before it
     /// fails with ENOSPC.
@@ -127,8 +127,10 @@ pub struct Ftl<D: BlockDevice, I: IndexStore> {
     pub(crate) mapped: AtomicU64,
     pub(crate) appended_since_checkpoint: AtomicU64,
     pub(crate) checkpoints: AtomicU64,
+    /// Relocations sent to [`GC_STREAM`] because their stream needed the last free segment.
+    diverted: AtomicU64,
     pub(crate) checkpoint_lock: Mutex<()>,
-    pool: BufferPool,
+    pub(crate) pool: BufferPool,
     poison: Mutex<Option<String>>,
     flush_group: FlushGroup,
     pub(crate) space: crate::clean::SpaceWaiters,
@@ -212,6 +214,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             counters: LiveCounters::from(&p.counters),
             mapped: AtomicU64::new(p.mapped),
             appended_since_checkpoint: AtomicU64::new(0),
+            diverted: AtomicU64::new(0),
             checkpoints: AtomicU64::new(0),
             checkpoint_lock: Mutex::new(()),
             pool: BufferPool::default(),
@@ -351,12 +354,14 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     }
 
     /// Makes sure the stream has an open chunk with room for one entry (and a data block
-    /// when `data`), sealing the full one into `out`.
+    /// when `data`), sealing the full one into `out`. Only a `relocation` may open a
+    /// segment out of the cleaner's reserve.
     fn ensure_room(
         &self,
         stream: u8,
         st: &mut StreamLog,
         data: bool,
+        relocation: bool,
         out: &mut Vec<Arc<SealedChunk>>,
     ) -> Result<Room> {
         loop {
@@ -382,8 +387,12 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                         self.segs.close(seg);
                         st.cursor = None;
                     }
-                    let keep = if stream >= FIRST_GC_STREAM {
+                    // The last free segment is the GC stream's: it needs at most one
+                    // per victim, so cleaning a victim always completes.
+                    let keep = if relocation && stream == GC_STREAM.0 {
                         0
+                    } else if relocation {
+                        1
                     } else {
                         self.cfg.gc_reserve_segments
                     };
@@ -493,12 +502,14 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     }
 
     /// Runs `f` for each block with the stream lock held and room ensured; handles
-    /// sealing, device writes and running out of free segments.
+    /// sealing, device writes and running out of free segments (`relocation`: may take
+    /// the reserve).
     fn append_loop(
         &self,
         stream: StreamId,
         items: u64,
         data: bool,
+        relocation: bool,
         mut f: impl FnMut(&Self, &mut StreamLog, u64) -> Result<()>,
     ) -> Result<()> {
         let sid = stream.0;
@@ -515,7 +526,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             {
                 let mut st = lock(&self.streams[sid as usize]);
                 while i < items {
-                    match self.ensure_room(sid, &mut st, data, &mut out) {
+                    match self.ensure_room(sid, &mut st, data, relocation, &mut out) {
                         Ok(Room::Ready) => {}
                         Ok(Room::NeedSpace) => {
                             need_space = true;
@@ -544,13 +555,19 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                     retried = true;
                     continue;
                 }
-                if !self.wait_for_space()? {
+                // The cleaner makes space; it must not wait for it.
+                if relocation || !self.wait_for_space()? {
                     return Err(Error::NoSpace);
                 }
                 retried = false;
             }
         }
         Ok(())
+    }
+
+    /// Relocations diverted to [`GC_STREAM`] since open (see [`Ftl::relocate`]).
+    pub fn relocations_diverted(&self) -> u64 {
+        self.diverted.load(Ordering::Relaxed)
     }
 
     /// Writes whole blocks at `lba`. With `fua`, returns only once they are durable.
@@ -560,7 +577,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.check_poison()?;
         self.note_foreground();
         self.throttle(n);
-        self.append_loop(stream, n, true, |ftl, st, i| {
+        self.append_loop(stream, n, true, false, |ftl, st, i| {
             let block = &data[i as usize * BLOCK_SIZE..(i as usize + 1) * BLOCK_SIZE];
             let crc = crc32c::crc32c(block);
             ftl.append_block(st, lba + i, block, crc, None).map(|_| ())
@@ -576,7 +593,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     }
 
     /// Moves a block for the cleaner: appends `data` for `lba` in `stream` only if the map
-    /// still holds `expected` (compare-and-swap). Returns whether it moved.
+    /// still holds `expected` (compare-and-swap). Returns whether it moved. Relocations
+    /// may open segments out of the reserve, whatever the stream, except the last free
+    /// one: a relocation whose stream would need it goes to [`GC_STREAM`] instead.
     pub fn relocate(
         &self,
         lba: u64,
@@ -600,10 +619,19 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             });
         }
         let mut moved = false;
-        self.append_loop(stream, 1, true, |ftl, st, _| {
-            moved = ftl.append_block(st, lba, data, crc, Some(expected))?;
-            Ok(())
-        })?;
+        let mut append = |s: StreamId| {
+            self.append_loop(s, 1, true, true, |ftl, st, _| {
+                moved = ftl.append_block(st, lba, data, crc, Some(expected))?;
+                Ok(())
+            })
+        };
+        match append(stream) {
+            Err(Error::NoSpace) if stream != GC_STREAM => {
+                self.diverted.fetch_add(1, Ordering::Relaxed);
+                append(GC_STREAM)?;
+            }
+            r => r?,
+        }
         if moved {
             self.counters
                 .relocated_blocks
@@ -620,7 +648,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.check_poison()?;
         self.note_foreground();
         let pieces = blocks.div_ceil(STRIPES as u64);
-        self.append_loop(TRIM_STREAM, pieces, false, |ftl, st, i| {
+        self.append_loop(TRIM_STREAM, pieces, false, false, |ftl, st, i| {
             let start = lba + i * STRIPES as u64;
             let count = (blocks - i * STRIPES as u64).min(STRIPES as u64);
             ftl.trim_piece(st, start, count as u32)

@@ -1,5 +1,6 @@
 //! Model-based property test: random sequences of write / read / trim / flush / FUA write /
-//! checkpoint / crash + reopen on the crash-simulating device, against the reference model.
+//! checkpoint / closing a stream's open segment / crash + reopen on the crash-simulating
+//! device, against the reference model.
 
 mod common;
 
@@ -25,6 +26,9 @@ enum Op {
     },
     Flush,
     Checkpoint,
+    CloseStream {
+        stream: u8,
+    },
     Crash {
         seed: u64,
     },
@@ -38,6 +42,7 @@ fn op(cap: u64) -> impl Strategy<Value = Op> {
         1 => (0..cap, 1..20u64).prop_map(move |(lba, b)| Op::Trim { lba, blocks: b.min(cap - lba) }),
         1 => Just(Op::Flush),
         1 => Just(Op::Checkpoint),
+        1 => (0..3u8).prop_map(|stream| Op::CloseStream { stream }),
         1 => any::<u64>().prop_map(|seed| Op::Crash { seed }),
     ]
 }
@@ -80,6 +85,10 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Checkpoint => {
                 ftl.checkpoint()
                     .map_err(|e| TestCaseError::fail(format!("step {step}: checkpoint: {e}")))?;
+            }
+            Op::CloseStream { stream } => {
+                ftl.close_stream(StreamId(stream))
+                    .map_err(|e| TestCaseError::fail(format!("step {step}: close: {e}")))?;
             }
             Op::Crash { seed } => {
                 drop(f.take());

@@ -4,10 +4,13 @@
 //!   malformed lines are errors naming the line, never panics;
 //! - [`workload`]: seeded synthetic workloads (uniform, zipf, hot/cold, sequential mix);
 //! - [`sim`]: drives the real FTL and cleaner on a sparse in-memory device with zero
-//!   payloads (metadata-only), with one stream or hot/warm/cold streams chosen by no
-//!   classifier, the online classifier, or an oracle that knows each write's next
-//!   overwrite from the trace.
+//!   payloads (metadata-only);
+//! - [`placement`]: one stream, or lifetime classes chosen by the online classifier, by an
+//!   oracle that knows each write's next overwrite, or by each block's true write rate;
+//! - [`model`]: the analytic greedy WAF the uniform workload is held to.
 
+pub mod model;
+pub mod placement;
 pub mod plot;
 pub mod sim;
 pub mod trace;

@@ -1,41 +1,20 @@
 //! Metadata-only replay: the real FTL and cleaner on a sparse in-memory device, with zero
 //! payloads (so only chunk summaries take memory). Cleaning runs synchronously when the
-//! log runs out of free segments, with the configured victim policy.
+//! log runs out of free segments, with the configured victim policy; user writes and
+//! relocations go to the streams [`crate::placement`] picks.
+//!
+//! Deterministic: the same ops and configuration give the same report.
 
+pub use crate::placement::ClassifierKind;
+use crate::placement::Placer;
 use crate::trace::TraceOp;
 use crate::Error;
 use cleaner::{Budget, Cleaner, Policy, SliceEnd};
-use ftl::classify::{classify, classify_gc, Classifier, Windows, COLD, GC_OLD, HOT};
 use ftl::device::sparse::SparseDevice;
 use ftl::index::mem::MemIndex;
 use ftl::{Config, FormatOptions, Ftl, StreamId};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-
-/// How user writes are placed into streams.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ClassifierKind {
-    /// One user stream, one GC stream.
-    None,
-    /// Hot / warm / cold from each block's previous lifetime; GC output split by age.
-    Online,
-    /// Hot / warm / cold from each write's true next overwrite (look-ahead).
-    Oracle,
-}
-
-impl std::str::FromStr for ClassifierKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "none" => Ok(ClassifierKind::None),
-            "online" => Ok(ClassifierKind::Online),
-            "oracle" => Ok(ClassifierKind::Oracle),
-            o => Err(format!("unknown classifier {o:?} (none, online, oracle)")),
-        }
-    }
-}
+use std::sync::Arc;
 
 /// Replay configuration.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -47,6 +26,12 @@ pub struct SimConfig {
     /// Segment size in bytes (default: the FTL's default for the size).
     pub segment_bytes: Option<u64>,
     pub classifier: ClassifierKind,
+    /// Classes (streams) the classifying kinds may use, 1 ..= `ftl::classify::CLASSES`.
+    pub classes: u8,
+    /// The workload's write probability per LBA, for the `frequency` classifier
+    /// (`workload::write_probabilities`); without it the trace's counts stand in.
+    #[serde(skip)]
+    pub write_probabilities: Option<Arc<[f64]>>,
     pub policy: Policy,
     /// Points of the WAF-over-time series.
     pub series_points: usize,
@@ -72,12 +57,20 @@ pub struct SimReport {
     /// The same over the second half of the run (steady state).
     pub waf_steady: f64,
     pub segments_cleaned: u64,
+    /// Relocations the FTL sent to its GC stream because their stream would have needed
+    /// the last free segment.
+    pub relocated_diverted: u64,
     pub per_stream: Vec<StreamFigures>,
     /// Victim utilisation at cleaning time, 10 bins of 10%.
     pub victim_utilization_histogram: [u64; 10],
     /// (user blocks written, cumulative WAF).
     pub waf_series: Vec<(u64, f64)>,
     pub classifier_bytes_per_block: usize,
+    /// Classes that had a stream of their own at the end (bit `c` = class `c`).
+    pub active_classes: u8,
+    /// Desnoyers' greedy WAF for the logical / physical ratio at the end (uniform
+    /// random overwrites; what no placement can improve on for that workload).
+    pub analytic_greedy_waf: f64,
 }
 
 type SimFtl = Ftl<Arc<SparseDevice>, Arc<MemIndex>>;
@@ -120,25 +113,6 @@ fn build(cfg: &SimConfig) -> Result<(Arc<SimFtl>, u64), Error> {
     ))
 }
 
-/// Next-overwrite distance (in block writes) of every block write, for the oracle.
-fn lookahead(ops: &[TraceOp]) -> Vec<u32> {
-    let mut writes: Vec<u64> = Vec::new();
-    for op in ops {
-        if let TraceOp::Write { lba, blocks } = *op {
-            writes.extend(lba..lba + blocks as u64);
-        }
-    }
-    let mut next: HashMap<u64, usize> = HashMap::new();
-    let mut out = vec![u32::MAX; writes.len()];
-    for i in (0..writes.len()).rev() {
-        if let Some(&n) = next.get(&writes[i]) {
-            out[i] = (n - i).min(u32::MAX as usize - 1) as u32;
-        }
-        next.insert(writes[i], i);
-    }
-    out
-}
-
 /// Replays `ops` (LBAs already within the capacity).
 pub fn simulate(
     ops: &[TraceOp],
@@ -146,36 +120,21 @@ pub fn simulate(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<SimReport, Error> {
     let (f, capacity) = build(cfg)?;
-    let windows = Windows::for_capacity(cfg.capacity_blocks);
-    let online = Arc::new(Classifier::new(capacity));
-    let oracle_next = if cfg.classifier == ClassifierKind::Oracle {
-        lookahead(ops)
-    } else {
-        Vec::new()
-    };
-    // For the oracle's GC split: when each LBA is next written (block-write index).
-    let next_write_at: Arc<Mutex<HashMap<u64, u64>>> = Arc::new(Mutex::new(HashMap::new()));
-    let clock = Arc::new(AtomicU64::new(0));
+    let placer = Arc::new(Placer::new(
+        cfg.classifier,
+        ops,
+        capacity,
+        cfg.classes,
+        cfg.write_probabilities.as_deref(),
+    ));
     let gc_counts: Arc<[AtomicU64; 8]> = Arc::new(Default::default());
     let mut cleaner = {
-        let (online, nwa, clock, counts, kind) = (
-            online.clone(),
-            next_write_at.clone(),
-            clock.clone(),
-            gc_counts.clone(),
-            cfg.classifier,
-        );
+        let (placer, counts) = (placer.clone(), gc_counts.clone());
         Cleaner::new(f.clone()).with_gc_stream(move |lba| {
-            let s = match kind {
-                ClassifierKind::None => GC_OLD,
-                ClassifierKind::Online => online.on_relocate(lba),
-                ClassifierKind::Oracle => {
-                    let now = clock.load(Ordering::Relaxed);
-                    let at = nwa.lock().ok().and_then(|m| m.get(&lba).copied());
-                    classify_gc(at.map(|a| a.saturating_sub(now)), windows)
-                }
-            };
-            counts[s.0 as usize].fetch_add(1, Ordering::Relaxed);
+            let s = placer.relocate(lba);
+            if let Some(c) = counts.get(s.0 as usize) {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
             s
         })
     };
@@ -196,32 +155,23 @@ pub fn simulate(
     let mut half: Option<ftl::records::Counters> = None;
     let mut wi = 0u64;
     let mut trimmed = 0u64;
+    let mut plans = 0u64;
     for op in ops {
         match *op {
             TraceOp::Write { lba, blocks } => {
                 for l in lba..lba + blocks as u64 {
-                    let stream: StreamId = match cfg.classifier {
-                        ClassifierKind::None => HOT,
-                        ClassifierKind::Online => online.on_write(l),
-                        ClassifierKind::Oracle => {
-                            let d = oracle_next.get(wi as usize).copied().unwrap_or(u32::MAX);
-                            if let Ok(mut m) = next_write_at.lock() {
-                                if d == u32::MAX {
-                                    m.remove(&l);
-                                } else {
-                                    m.insert(l, wi + d as u64);
-                                }
-                            }
-                            if d == u32::MAX {
-                                COLD
-                            } else {
-                                classify(Some(d as u64), windows)
-                            }
-                        }
-                    };
-                    clock.store(wi, Ordering::Relaxed);
+                    let stream: StreamId = placer.user(l);
                     write_cleaning(&f, &mut cleaner, cfg.policy, l, &zero, stream)?;
-                    user_counts[stream.0 as usize] += 1;
+                    if placer.plans() != plans {
+                        // Streams that fell idle give their open segments back.
+                        plans = placer.plans();
+                        for s in placer.idle_streams() {
+                            f.close_stream(s)?;
+                        }
+                    }
+                    if let Some(c) = user_counts.get_mut(stream.0 as usize) {
+                        *c += 1;
+                    }
                     wi += 1;
                     if wi % every == 0 {
                         let c = f.stats().counters;
@@ -238,7 +188,7 @@ pub fn simulate(
             }
             TraceOp::Trim { lba, blocks } => {
                 f.trim(lba, blocks as u64)?;
-                online.on_trim(lba, blocks as u64);
+                placer.trim(lba, blocks as u64);
                 trimmed += blocks as u64;
             }
             TraceOp::Read { .. } => {}
@@ -279,13 +229,16 @@ pub fn simulate(
         waf_steady: (end.backing_blocks_written - mid.backing_blocks_written) as f64
             / (end.user_blocks_written - mid.user_blocks_written).max(1) as f64,
         segments_cleaned: cleaner.stats.segments_cleaned,
+        relocated_diverted: f.relocations_diverted(),
         per_stream,
         victim_utilization_histogram: hist,
         waf_series: series,
-        classifier_bytes_per_block: if cfg.classifier == ClassifierKind::Online {
-            Classifier::BYTES_PER_BLOCK
-        } else {
-            0
+        classifier_bytes_per_block: placer.bytes_per_block(),
+        active_classes: placer.active_classes(),
+        analytic_greedy_waf: {
+            let g = f.geometry();
+            let physical = (g.segment_count as u64 - 1) * g.blocks_per_segment() as u64;
+            crate::model::greedy_waf(f.stats().mapped_blocks as f64 / physical.max(1) as f64)
         },
     })
 }

@@ -62,15 +62,58 @@ impl std::str::FromStr for Workload {
     }
 }
 
+/// The seeded generator and the rank -> LBA permutation both functions below start from.
+fn layout(logical: u64, seed: u64) -> (SmallRng, Vec<u64>) {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut perm: Vec<u64> = (0..logical).collect();
+    perm.shuffle(&mut rng);
+    (rng, perm)
+}
+
+/// Hot blocks of `hotcold:W/D` over `logical` blocks.
+fn hot_blocks(logical: u64, data_pct: f64) -> u64 {
+    ((logical as f64 * data_pct / 100.0) as u64).clamp(1, logical - 1)
+}
+
+/// The probability that an overwrite of [`generate`] (same workload, size and seed) hits
+/// each LBA: the workload's true write rate per block, which a trace does not show.
+/// `seqmix` is taken as uniform (its runs start at uniform positions).
+pub fn write_probabilities(w: &Workload, logical: u64, seed: u64) -> Vec<f64> {
+    let (_, perm) = layout(logical, seed);
+    let mut p = vec![1.0 / logical as f64; logical as usize];
+    match w {
+        Workload::Uniform | Workload::SeqMix => {}
+        Workload::Zipf(theta) => {
+            let weight = |r: u64| 1.0 / (r as f64).powf(*theta);
+            let total: f64 = (1..=logical).map(weight).sum();
+            for (r, &lba) in perm.iter().enumerate() {
+                p[lba as usize] = weight(r as u64 + 1) / total;
+            }
+        }
+        Workload::HotCold {
+            writes_pct,
+            data_pct,
+        } => {
+            let hot = hot_blocks(logical, *data_pct);
+            for (i, &lba) in perm.iter().enumerate() {
+                p[lba as usize] = if (i as u64) < hot {
+                    writes_pct / 100.0 / hot as f64
+                } else {
+                    (1.0 - writes_pct / 100.0) / (logical - hot) as f64
+                };
+            }
+        }
+    }
+    p
+}
+
 /// Generates the fill plus `overwrites` single-block writes over `logical` blocks.
 pub fn generate(w: &Workload, logical: u64, overwrites: u64, seed: u64) -> Vec<TraceOp> {
-    let mut rng = SmallRng::seed_from_u64(seed);
+    let (mut rng, perm) = layout(logical, seed);
     let mut ops: Vec<TraceOp> = (0..logical)
         .map(|lba| TraceOp::Write { lba, blocks: 1 })
         .collect();
     ops.reserve(overwrites as usize);
-    let mut perm: Vec<u64> = (0..logical).collect();
-    perm.shuffle(&mut rng);
     match w {
         Workload::Uniform => {
             for _ in 0..overwrites {
@@ -101,7 +144,7 @@ pub fn generate(w: &Workload, logical: u64, overwrites: u64, seed: u64) -> Vec<T
             writes_pct,
             data_pct,
         } => {
-            let hot = ((logical as f64 * data_pct / 100.0) as u64).clamp(1, logical - 1);
+            let hot = hot_blocks(logical, *data_pct);
             for _ in 0..overwrites {
                 let i = if rng.gen::<f64>() * 100.0 < *writes_pct {
                     rng.gen_range(0..hot)
@@ -181,5 +224,37 @@ mod tests {
         assert!((8500..=9500).contains(&top), "{top}");
         let z = generate(&Workload::Zipf(0.99), 1000, 10_000, 1);
         assert!(z.iter().all(|o| o.range().0 < 1000));
+    }
+
+    /// The probabilities match the generated frequencies (so the layout is the same).
+    #[test]
+    fn probabilities_match_the_ops() {
+        for w in [
+            Workload::Zipf(0.99),
+            Workload::HotCold {
+                writes_pct: 80.0,
+                data_pct: 20.0,
+            },
+            Workload::Uniform,
+        ] {
+            let n = 200_000u64;
+            let ops = generate(&w, 1000, n, 7);
+            let p = write_probabilities(&w, 1000, 7);
+            assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-9, "{w:?}");
+            let mut counts = vec![0f64; 1000];
+            for op in &ops[1000..] {
+                counts[op.range().0 as usize] += 1.0;
+            }
+            // The most popular LBA by probability is among the most written ones, and
+            // the heaviest 10% by probability take their share of the writes.
+            let mut by_p: Vec<usize> = (0..1000).collect();
+            by_p.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+            let expected: f64 = by_p[..100].iter().map(|&l| p[l]).sum();
+            let seen: f64 = by_p[..100].iter().map(|&l| counts[l]).sum::<f64>() / n as f64;
+            assert!(
+                (seen - expected).abs() < 0.01,
+                "{w:?}: {seen} vs {expected}"
+            );
+        }
     }
 }

@@ -3,9 +3,9 @@
 
 use cleaner::Policy;
 use replay::sim::{simulate, ClassifierKind, SimConfig, SimReport};
-use replay::workload::{generate, Workload};
+use replay::workload::{generate, write_probabilities, Workload};
 
-fn run(workload: &str, classifier: ClassifierKind, seed: u64) -> SimReport {
+fn run_with(workload: &str, classifier: ClassifierKind, policy: Policy, seed: u64) -> SimReport {
     let capacity = 16384; // 64 MiB logical
     let logical = capacity * 8 / 10; // 80% logical utilisation
     let w: Workload = workload.parse().unwrap();
@@ -15,10 +15,16 @@ fn run(workload: &str, classifier: ClassifierKind, seed: u64) -> SimReport {
         op_permille: 200,
         segment_bytes: Some(1 << 20),
         classifier,
-        policy: Policy::Greedy,
+        classes: 7,
+        write_probabilities: Some(write_probabilities(&w, logical, seed).into()),
+        policy,
         series_points: 20,
     };
     simulate(&ops, &cfg, &mut |_, _| {}).unwrap()
+}
+
+fn run(workload: &str, classifier: ClassifierKind, seed: u64) -> SimReport {
+    run_with(workload, classifier, Policy::Greedy, seed)
 }
 
 #[test]
@@ -34,11 +40,28 @@ fn uniform_no_classifier_helps_or_hurts_much_skewed_streams_help() {
     let none = run("uniform", ClassifierKind::None, 1);
     let online = run("uniform", ClassifierKind::Online, 1);
     assert!(
-        (online.waf_steady / none.waf_steady - 1.0).abs() < 0.10,
+        (online.waf_steady / none.waf_steady - 1.0).abs() < 0.05,
         "uniform: online {} vs one stream {}",
         online.waf_steady,
         none.waf_steady
     );
+    // Small segments (256 blocks) cost summaries and open-segment space the model does
+    // not count: 15% here; docs/waf.md holds the 10% target at the full size.
+    for r in [&none, &online] {
+        assert!(
+            (r.waf_steady / r.analytic_greedy_waf - 1.0).abs() < 0.15,
+            "uniform {:?}: {} vs analytic {}",
+            r.config.classifier,
+            r.waf_steady,
+            r.analytic_greedy_waf
+        );
+    }
+    assert_eq!(
+        online.active_classes.count_ones(),
+        1,
+        "uniform: lifetimes alike, one stream"
+    );
+    assert_eq!(online.classifier_bytes_per_block, 6);
     for w in ["hotcold:90/10", "zipf:0.99"] {
         let none = run(w, ClassifierKind::None, 1);
         let online = run(w, ClassifierKind::Online, 1);
@@ -55,10 +78,39 @@ fn uniform_no_classifier_helps_or_hurts_much_skewed_streams_help() {
             oracle.waf_steady,
             online.waf_steady
         );
-        // GC output is split by age when streams are on.
         assert!(
-            online.per_stream.iter().any(|s| s.stream == 6)
-                && online.per_stream.iter().any(|s| s.stream == 7)
+            online.active_classes.count_ones() >= 2,
+            "{w}: classes {:#b}",
+            online.active_classes
+        );
+    }
+}
+
+/// With cost-hotness the online classes cut the skewed workloads' WAF by at least a fifth
+/// against one stream under greedy, and come within 1.3x of the oracle; the knowledge of
+/// each block's true write rate (frequency) does at least about as well as the online
+/// estimate from history.
+#[test]
+fn skewed_workloads_with_cost_hotness() {
+    for w in ["hotcold:90/10", "zipf:0.99"] {
+        let base = run(w, ClassifierKind::None, 3).waf_steady;
+        let [online, oracle, frequency] = [
+            ClassifierKind::Online,
+            ClassifierKind::Oracle,
+            ClassifierKind::Frequency,
+        ]
+        .map(|c| run_with(w, c, Policy::CostHotness, 3).waf_steady);
+        assert!(
+            online < 0.8 * base,
+            "{w}: online {online} vs one stream {base}"
+        );
+        assert!(
+            online < 1.3 * oracle,
+            "{w}: online {online} vs oracle {oracle}"
+        );
+        assert!(
+            frequency < 1.05 * online,
+            "{w}: frequency {frequency} vs online {online}"
         );
     }
 }

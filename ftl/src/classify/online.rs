@@ -1,0 +1,195 @@
+//! The classifier's bounded per-block state (see the module docs for the estimate).
+
+use super::{
+    class_lifetime, class_of, implied_lifetime_log2, plan, relocation_lifetime, stream_of,
+    write_lifetime, Params, Stat, CLASSES,
+};
+use crate::engine::StreamId;
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+
+/// Per-block write clock and interval stat (6 bytes per block), the live-block count
+/// (the scale) and the stream plan.
+pub struct Classifier {
+    last: Box<[AtomicU32]>,
+    stat: Box<[AtomicU16]>,
+    clock: AtomicU64,
+    live: AtomicU64,
+    placed: AtomicU64,
+    counts: [AtomicU64; CLASSES],
+    /// Per class, this period: user writes predicted into it, and user writes whose
+    /// previous write was predicted into it and died within the class's lifetime.
+    predicted: [AtomicU64; CLASSES],
+    died: [AtomicU64; CLASSES],
+    active: AtomicU8,
+    plans: AtomicU64,
+    map: [AtomicU8; CLASSES],
+    params: Params,
+}
+
+impl Classifier {
+    /// Bytes of state per block.
+    pub const BYTES_PER_BLOCK: usize = std::mem::size_of::<u32>() + std::mem::size_of::<u16>();
+
+    /// A classifier for `capacity` blocks with the default parameters.
+    pub fn new(capacity: u64) -> Self {
+        Self::with_params(capacity, Params::for_capacity(capacity))
+    }
+
+    pub fn with_params(capacity: u64, params: Params) -> Self {
+        let mid = params.middle();
+        Classifier {
+            last: (0..capacity).map(|_| AtomicU32::new(0)).collect(),
+            stat: (0..capacity).map(|_| AtomicU16::new(0)).collect(),
+            clock: AtomicU64::new(1),
+            live: AtomicU64::new(0),
+            placed: AtomicU64::new(0),
+            counts: Default::default(),
+            predicted: Default::default(),
+            died: Default::default(),
+            active: AtomicU8::new(1 << mid),
+            plans: AtomicU64::new(0),
+            map: std::array::from_fn(|_| AtomicU8::new(mid)),
+            params,
+        }
+    }
+
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+
+    /// The scale: blocks written and not trimmed since the classifier started.
+    pub fn scale(&self) -> u64 {
+        self.live.load(Relaxed).max(1)
+    }
+
+    /// Classes with a stream of their own (bit `c` = class `c`).
+    pub fn active_classes(&self) -> u8 {
+        self.active.load(Relaxed)
+    }
+
+    /// Plans made so far: when it changes, streams may have fallen idle.
+    pub fn plans(&self) -> u64 {
+        self.plans.load(Relaxed)
+    }
+
+    /// The classes' streams no class writes to under the current plan. Their open
+    /// segments only hold free space until closed (`Ftl::close_stream`).
+    pub fn idle_streams(&self) -> Vec<StreamId> {
+        let active = self.active_classes();
+        (0..self.params.classes.clamp(1, CLASSES as u8))
+            .filter(|c| active & (1 << c) == 0)
+            .map(stream_of)
+            .collect()
+    }
+
+    /// Records a user write of `lba`: returns the interval since its previous write
+    /// (`None`: first write), its stat with that interval folded in, and before.
+    fn record_write(&self, lba: u64) -> (Option<u64>, Stat, Stat) {
+        let now = self.clock.fetch_add(1, Relaxed);
+        let (Some(last), Some(stat)) = (self.last.get(lba as usize), self.stat.get(lba as usize))
+        else {
+            return (None, Stat::default(), Stat::default());
+        };
+        // The clock is kept modulo 2^32 (0 = never written); intervals wrap accordingly.
+        let stamp = (now as u32).max(1);
+        let prev = last.swap(stamp, Relaxed);
+        if prev == 0 {
+            self.live.fetch_add(1, Relaxed);
+            stat.store(0, Relaxed);
+            return (None, Stat::default(), Stat::default());
+        }
+        let d = stamp.wrapping_sub(prev) as u64;
+        let before = Stat(stat.load(Relaxed));
+        let s = before.observe(d, self.params.max_samples);
+        stat.store(s.0, Relaxed);
+        (Some(d), s, before)
+    }
+
+    /// Classifies a user write of `lba` and records it.
+    pub fn on_write(&self, lba: u64) -> StreamId {
+        let (d, stat, before) = self.record_write(lba);
+        let (p, scale) = (&self.params, self.scale());
+        if let Some(d) = d {
+            // Did the previous write of this block die within its class's lifetime?
+            let c = class_of(write_lifetime(before, scale), scale, p);
+            if (d as f64) < class_lifetime(c, scale, p) {
+                self.died[c as usize].fetch_add(1, Relaxed);
+            }
+        }
+        let c = class_of(write_lifetime(stat, scale), scale, p);
+        self.predicted[c as usize].fetch_add(1, Relaxed);
+        self.place_class(c)
+    }
+
+    /// Records a user write of `lba` like [`Classifier::on_write`] but places it by a
+    /// lifetime known otherwise (an oracle's; `None`: never overwritten). Such placements
+    /// are not measured against what they live: only shares decide the streams.
+    pub fn on_write_known(&self, lba: u64, lifetime: Option<f64>) -> StreamId {
+        let _ = self.record_write(lba);
+        self.place(lifetime)
+    }
+
+    /// Stream for relocating `lba` (does not change its state).
+    pub fn on_relocate(&self, lba: u64) -> StreamId {
+        let i = lba as usize;
+        let last = self.last.get(i).map_or(0, |l| l.load(Relaxed));
+        if last == 0 {
+            return self.place(Some(self.scale() as f64));
+        }
+        let now = self.clock.load(Relaxed) as u32;
+        let age = now.wrapping_sub(last) as u64;
+        let stat = Stat(self.stat.get(i).map_or(0, |s| s.load(Relaxed)));
+        self.place(Some(relocation_lifetime(stat, age)))
+    }
+
+    /// Stream for a block expected to live `lifetime` user writes (`None`: forever),
+    /// counted towards the next plan.
+    pub fn place(&self, lifetime: Option<f64>) -> StreamId {
+        let p = &self.params;
+        self.place_class(match lifetime {
+            Some(l) => class_of(l, self.scale(), p),
+            None => p.classes.clamp(1, CLASSES as u8) - 1,
+        })
+    }
+
+    /// Counts a placement into `class` and returns the stream it uses; plans every period.
+    fn place_class(&self, class: u8) -> StreamId {
+        let (p, class) = (&self.params, class as usize);
+        self.counts[class].fetch_add(1, Relaxed);
+        if (self.placed.fetch_add(1, Relaxed) + 1) % p.period.max(1) == 0 {
+            let counts: [u64; CLASSES] = std::array::from_fn(|c| self.counts[c].swap(0, Relaxed));
+            let scale = self.scale();
+            let realized: [Option<f64>; CLASSES] = std::array::from_fn(|c| {
+                let n = self.predicted[c].swap(0, Relaxed);
+                let died = self.died[c].swap(0, Relaxed);
+                let nominal = class_lifetime(c as u8, scale, p);
+                (n >= p.min_samples.max(1))
+                    .then(|| implied_lifetime_log2(died, n, nominal))
+                    .flatten()
+            });
+            let (active, map) = plan(&counts, &realized, self.active.load(Relaxed), p);
+            for (slot, m) in self.map.iter().zip(map) {
+                slot.store(m, Relaxed);
+            }
+            self.active.store(active, Relaxed);
+            self.plans.fetch_add(1, Relaxed);
+        }
+        stream_of(self.map[class].load(Relaxed))
+    }
+
+    /// Forgets `blocks` blocks from `lba` (trimmed).
+    pub fn on_trim(&self, lba: u64, blocks: u64) {
+        for l in lba..lba.saturating_add(blocks) {
+            let i = l as usize;
+            let Some(last) = self.last.get(i) else {
+                break;
+            };
+            if last.swap(0, Relaxed) != 0 {
+                self.live.fetch_sub(1, Relaxed);
+            }
+            if let Some(s) = self.stat.get(i) {
+                s.store(0, Relaxed);
+            }
+        }
+    }
+}
