@@ -170,6 +170,7 @@ echo "mapped blocks: $before before, $after after fstrim"
 [ "$after" -lt "$before" ] || fail "fstrim did not lower mapped_blocks ($before -> $after)"
 "$BIN" stats -n "$ID" || fail "stats"
 "$BIN" stats -n "$ID" --json | grep -q '"waf"' || fail "stats --json has no waf"
+"$BIN" stats -n "$ID" --json | grep -q '"bytes_per_block"' || fail "stats --json has no classifier figures"
 
 # ---------------------------------------------------------------------------------------
 step "4. kill -9 of the daemon during fio writes, recover, verify"

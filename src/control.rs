@@ -9,6 +9,8 @@
 //!   [`Shared::mark_live`] tells the main thread to stop the device itself.
 //! - **Checkpoints.** Every second, when [`ftl::Ftl::checkpoint_due`], a checkpoint runs
 //!   on tokio's blocking pool (one at a time); [`Control::shutdown`] waits for it.
+//! - **Streams.** On the same tick, when the classifier has made a new stream plan, the
+//!   streams it no longer uses are closed ([`ftl::Ftl::close_stream`]) on the blocking pool.
 //! - **Stats.** Once told the device is live ([`Event::Live`]), the runtime serves
 //!   `/run/ftlblk/N.sock`: each connection receives one JSON document (`device`: the
 //!   [`DeviceRecord`], `stats`: [`ftl::stats::Stats`], `cleaner`: the cleaner's figures)
@@ -17,6 +19,7 @@
 use crate::runfiles::{self, DeviceRecord};
 use cleaner::CleanerHandle;
 use ftl::backing::FileFtl;
+use ftl::classify::Classifier;
 use std::io;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -96,7 +99,11 @@ pub struct Control {
 
 impl Control {
     /// Starts the runtime; signal handlers are installed when this returns.
-    pub fn spawn(ftl: Arc<FileFtl>, cleaner: Option<Arc<CleanerHandle>>) -> io::Result<Control> {
+    pub fn spawn(
+        ftl: Arc<FileFtl>,
+        cleaner: Option<Arc<CleanerHandle>>,
+        classifier: Arc<Classifier>,
+    ) -> io::Result<Control> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -106,7 +113,7 @@ impl Control {
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
             .name("ftlblk-control".into())
-            .spawn(move || rt.block_on(serve(ftl, cleaner, sh, rx, ready_tx)))?;
+            .spawn(move || rt.block_on(serve(ftl, cleaner, classifier, sh, rx, ready_tx)))?;
         match ready_rx.recv() {
             Ok(Ok(())) => Ok(Control {
                 tx,
@@ -158,6 +165,7 @@ impl Drop for Control {
 async fn serve(
     ftl: Arc<FileFtl>,
     cleaner: Option<Arc<CleanerHandle>>,
+    classifier: Arc<Classifier>,
     shared: Arc<Shared>,
     mut rx: mpsc::UnboundedReceiver<Event>,
     ready: std::sync::mpsc::Sender<io::Result<()>>,
@@ -177,6 +185,7 @@ async fn serve(
     let mut listener: Option<(UnixListener, PathBuf)> = None;
     let mut record: Option<DeviceRecord> = None;
     let mut checkpoint: Option<tokio::task::JoinHandle<()>> = None;
+    let mut plans_seen = classifier.plans();
     loop {
         tokio::select! {
             _ = term.recv() => shared.request_stop("SIGTERM"),
@@ -192,6 +201,20 @@ async fn serve(
                 Some(Event::Shutdown) | None => break,
             },
             _ = tick.tick() => {
+                let plans = classifier.plans();
+                if plans != plans_seen {
+                    plans_seen = plans;
+                    let (f, c) = (ftl.clone(), classifier.clone());
+                    // Streams the new plan no longer uses give up their open segments, so
+                    // their free space can be cleaned back.
+                    tokio::task::spawn_blocking(move || {
+                        for s in c.idle_streams() {
+                            if let Err(e) = f.close_stream(s) {
+                                eprintln!("ftlblk: closing idle stream {}: {e}", s.0);
+                            }
+                        }
+                    });
+                }
                 if checkpoint.as_ref().map_or(true, |h| h.is_finished()) && ftl.checkpoint_due() {
                     let f = ftl.clone();
                     checkpoint = Some(tokio::task::spawn_blocking(move || {
@@ -203,7 +226,7 @@ async fn serve(
             }
             conn = accept(&listener) => match conn {
                 Ok(mut stream) => {
-                    let doc = stats_document(&ftl, cleaner.as_deref(), record.as_ref());
+                    let doc = stats_document(&ftl, cleaner.as_deref(), &classifier, record.as_ref());
                     tokio::spawn(async move {
                         let _ = stream.write_all(doc.as_bytes()).await;
                         let _ = stream.shutdown().await;
@@ -239,11 +262,17 @@ async fn accept(l: &Option<(UnixListener, PathBuf)>) -> io::Result<tokio::net::U
 pub fn stats_document(
     ftl: &FileFtl,
     cleaner: Option<&CleanerHandle>,
+    classifier: &Classifier,
     record: Option<&DeviceRecord>,
 ) -> String {
     let doc = serde_json::json!({
         "device": record,
         "stats": ftl.stats(),
+        "classifier": serde_json::json!({
+            "bytes_per_block": Classifier::BYTES_PER_BLOCK,
+            "plans": classifier.plans(),
+            "idle_streams": classifier.idle_streams().iter().map(|s| s.0).collect::<Vec<_>>(),
+        }),
         "cleaner": cleaner.map(|c| serde_json::json!({
             "stats": c.stats(),
             "last_error": c.last_error(),

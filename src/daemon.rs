@@ -216,7 +216,7 @@ pub fn run(cfg: DaemonConfig, notifier: Arc<Notifier>) -> Result<(), String> {
     } else {
         None
     };
-    let control = Control::spawn(ftl.clone(), cleaner.clone())
+    let control = Control::spawn(ftl.clone(), cleaner.clone(), classifier.clone())
         .map_err(|e| format!("cannot start the control plane: {e}"))?;
 
     let result = serve(&cfg, &ftl, &classifier, &control, &notifier);

@@ -12,9 +12,11 @@
 //!   fixed file 1), then checked with [`Ftl::verify_block`]: `Ok(false)` (the block moved
 //!   meanwhile) re-locates and re-reads it, an error fails the request with -EIO.
 //! - WRITE calls [`Ftl::write`] (FUA honoured) with each block in the stream the online
-//!   classifier ([`ftl::classify`]) picks: hot / warm / cold by expected lifetime, FLUSH [`Ftl::flush`], DISCARD and
-//!   WRITE_ZEROES [`Ftl::trim`], each on an I/O worker ([`crate::offload`]): the queue
-//!   thread only awaits the completion through its ring, never blocks on the FTL.
+//!   classifier ([`ftl::classify`]) picks by the block's expected lifetime (classes a
+//!   factor 4 apart; the cleaner places relocations in the same classes), FLUSH
+//!   [`Ftl::flush`], DISCARD and WRITE_ZEROES [`Ftl::trim`], each on an I/O worker
+//!   ([`crate::offload`]): the queue thread only awaits the completion through its ring,
+//!   never blocks on the FTL.
 //! - Every request completes: success with the byte count (READ/WRITE) or 0, failure with
 //!   a negative errno ([`ftl::Error::errno`] at this edge; -EINVAL for requests outside
 //!   the device or not block aligned, -EOPNOTSUPP for unknown operations). A panic while
