@@ -41,8 +41,8 @@ pub enum Cmd {
     /// Re-attach a new daemon to device N after its daemon died (kill -9, crash): the FTL
     /// recovers and the kernel re-issues the requests that were in flight.
     Recover(crate::device_cmd::RecoverArgs),
-    /// Show a device's figures (WAF, free segments, mapped blocks, flushes, trims) from
-    /// its daemon.
+    /// Show a device's figures from its daemon: WAF, free segments, mapped blocks,
+    /// flushes, trims, discards, cleaning (copies, slices, preemptions, throttle), streams.
     Stats(crate::device_cmd::StatsArgs),
 }
 
