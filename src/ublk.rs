@@ -247,16 +247,13 @@ async fn handle(
         Ok(r) => r,
         Err(e) => return e.errno(),
     };
+    let bytes = req.payload_bytes();
     match req {
-        Request::Read { lba, blocks } => {
-            let bytes = blocks as usize * BLOCK_SIZE;
-            match read_blocks(q, ftl, lba, &mut buf[..bytes]).await {
-                Ok(()) => bytes as i32,
-                Err(e) => e,
-            }
-        }
-        Request::Write { lba, blocks, fua } => {
-            let bytes = blocks as usize * BLOCK_SIZE;
+        Request::Read { lba, .. } => match read_blocks(q, ftl, lba, &mut buf[..bytes]).await {
+            Ok(()) => bytes as i32,
+            Err(e) => e,
+        },
+        Request::Write { lba, fua, .. } => {
             let data = buf[..bytes].to_vec();
             let (f, c) = (ftl.clone(), ctx.classifier.clone());
             offload
@@ -375,16 +372,20 @@ async fn read_blocks(
     for b in &dev_blocks {
         let l = lba + b.idx as u64;
         let blk = &mut buf[b.idx * BLOCK_SIZE..(b.idx + 1) * BLOCK_SIZE];
-        match ftl.verify_block(l, b.entry, blk) {
-            Ok(true) => {}
-            Ok(false) => reread_block(q, ftl, l, blk).await?,
-            Err(e) => {
-                eprintln!("ftlblk: read of block {l}: {e}");
-                return Err(e.errno());
-            }
+        if !verify(ftl, l, b.entry, blk)? {
+            reread_block(q, ftl, l, blk).await?;
         }
     }
     Ok(())
+}
+
+/// [`ftl::Ftl::verify_block`] at the ublk edge: `Ok(false)` when the block moved meanwhile
+/// (locate it again), a logged -EIO when its checksum is wrong.
+fn verify(ftl: &FileFtl, lba: u64, entry: MapEntry, blk: &[u8]) -> Result<bool, i32> {
+    ftl.verify_block(lba, entry, blk).map_err(|e| {
+        eprintln!("ftlblk: read of block {lba}: {e}");
+        e.errno()
+    })
 }
 
 /// Reads one block whose map entry moved during the read, locating it again each time.
@@ -403,13 +404,8 @@ async fn reread_block(
             BlockLocation::Copied => return Ok(()),
             BlockLocation::Device { offset, entry } => {
                 read_exact(q, blk, offset).await?;
-                match ftl.verify_block(lba, entry, blk) {
-                    Ok(true) => return Ok(()),
-                    Ok(false) => continue,
-                    Err(e) => {
-                        eprintln!("ftlblk: read of block {lba}: {e}");
-                        return Err(e.errno());
-                    }
+                if verify(ftl, lba, entry, blk)? {
+                    return Ok(());
                 }
             }
         }

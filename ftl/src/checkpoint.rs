@@ -70,13 +70,6 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         };
         self.appended_since_checkpoint.store(0, Ordering::Relaxed);
         drop(guards);
-        // Rule 2a.
-        if let Err(e) = self.flush_upto(next_chunk_seq) {
-            for &p in &dirty {
-                self.map.mark_dirty(p);
-            }
-            return Err(e);
-        }
 
         let mut ops = Vec::with_capacity(pages.len() + seg_records.len() + 1);
         for (p, entries) in &pages {
@@ -97,8 +90,11 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             ops.push(Op::Put(Key::segment(r.segment), r.encode()));
         }
         ops.push(Op::Put(Key::checkpoint(), header.encode()));
-        // Rule 3.
-        if let Err(e) = self.index.commit(ops) {
+        // Rule 2a, then rule 3; on failure the pages stay dirty for the next checkpoint.
+        let committed = self
+            .flush_upto(next_chunk_seq)
+            .and_then(|()| self.index.commit(ops));
+        if let Err(e) = committed {
             for p in dirty {
                 self.map.mark_dirty(p);
             }
