@@ -2,7 +2,7 @@
 
 use crate::bench;
 use clap::{Args, Parser, Subcommand};
-use ftl::backing::{default_index_dir, format_backing, open_backing};
+use ftl::backing::{default_index_dir, format_backing, open_backing_staged, StagingPlace};
 use ftl::{Config, FormatOptions};
 use std::path::PathBuf;
 
@@ -182,8 +182,12 @@ pub fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Cmd::Info(a) => {
-            let (f, report) = open_backing(&a.backing, &a.index_dir(), Config::default())
-                .map_err(|e| e.to_string())?;
+            // The server's staging directory: what a killed server staged is replayed
+            // here too rather than left behind by a newer checkpoint.
+            let staging = StagingPlace::Dir(crate::runfiles::run_dir());
+            let (f, report) =
+                open_backing_staged(&a.backing, &a.index_dir(), Config::default(), &staging)
+                    .map_err(|e| e.to_string())?;
             let out = serde_json::json!({
                 "uuid": f.superblock().uuid_string(),
                 "geometry": f.geometry(),
@@ -191,6 +195,7 @@ pub fn run(cli: Cli) -> Result<(), String> {
                 "stats": f.stats(),
             });
             f.close().map_err(|e| e.to_string())?;
+            f.staging().remove_file().map_err(|e| e.to_string())?;
             println!(
                 "{}",
                 serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?

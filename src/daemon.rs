@@ -24,7 +24,7 @@ use crate::offload::Offload;
 use crate::runfiles::{self, DeviceRecord};
 use crate::ublk;
 use cleaner::CleanerConfig;
-use ftl::backing::{format_backing, open_backing, FileFtl};
+use ftl::backing::{format_backing, open_backing_staged, FileFtl, StagingPlace};
 use ftl::classify::Classifier;
 use ftl::device::BLOCK_SIZE;
 use ftl::{BlockDevice, Config, Error as FtlError, FormatOptions};
@@ -123,14 +123,17 @@ impl Notifier {
 /// Opens the FTL for `cfg`, formatting a new or unformatted backing file for `add`.
 fn open_ftl(cfg: &DaemonConfig) -> Result<FileFtl, String> {
     let open = || {
-        open_backing(&cfg.backing, &cfg.index, Config::default()).map(|(f, report)| {
-            eprintln!(
-                "ftlblk: opened {}: {}",
-                cfg.backing.display(),
-                serde_json::to_string(&report).unwrap_or_default()
-            );
-            f
-        })
+        let staging = StagingPlace::Dir(runfiles::run_dir());
+        open_backing_staged(&cfg.backing, &cfg.index, Config::default(), &staging).map(
+            |(f, report)| {
+                eprintln!(
+                    "ftlblk: opened {}: {}",
+                    cfg.backing.display(),
+                    serde_json::to_string(&report).unwrap_or_default()
+                );
+                f
+            },
+        )
     };
     let formatted = |sb: ftl::superblock::Superblock| {
         eprintln!(
@@ -224,6 +227,13 @@ pub fn run(cfg: DaemonConfig, notifier: Arc<Notifier>) -> Result<(), String> {
     control.shutdown();
     drop(cleaner);
     let closed = ftl.close().map_err(|e| format!("closing the FTL: {e}"));
+    if closed.is_ok() {
+        // Everything staged is in the log and checkpointed. On failure the file stays:
+        // the next open replays it.
+        if let Err(e) = ftl.staging().remove_file() {
+            eprintln!("ftlblk: cannot remove the staging file: {e}");
+        }
+    }
     match (&result, &closed) {
         (Ok(Some(id)), _) => {
             runfiles::remove_record(*id);

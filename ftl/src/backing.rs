@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 use crate::geometry::FormatOptions;
 use crate::index::sled_store::SledIndex;
 use crate::lifecycle::OpenReport;
+use crate::staging::{StagingArea, DEFAULT_SLOTS};
 use crate::superblock::Superblock;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -102,10 +103,37 @@ pub fn format_backing(
     crate::lifecycle::format(&dev, &index, &opts, force)
 }
 
-/// Opens a formatted backing and its index, recovering as needed.
+/// Where an opened backing keeps its chunk buffers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StagingPlace {
+    /// Process memory: a `kill -9` loses writes not yet flushed (benchmarks, tools).
+    Memory,
+    /// `<dir>/<uuid>.stage`, shared-mapped: put `dir` on tmpfs (the server uses its run
+    /// directory, `/run/ftlblk`). What a dead server staged there is replayed at the next
+    /// open, so its completed writes survive; a clean close removes the file.
+    Dir(PathBuf),
+}
+
+/// The staging file of the backing with `uuid` under `dir`.
+pub fn staging_file(dir: &Path, uuid: &[u8; 16]) -> PathBuf {
+    dir.join(format!("{}.stage", crate::superblock::uuid_string(uuid)))
+}
+
+/// Opens a formatted backing and its index, recovering as needed; chunk buffers in memory.
 pub fn open_backing(path: &Path, index_dir: &Path, cfg: Config) -> Result<(FileFtl, OpenReport)> {
+    open_backing_staged(path, index_dir, cfg, &StagingPlace::Memory)
+}
+
+/// Opens a formatted backing and its index with the chunk buffers at `place`, replaying
+/// what a dead server left there.
+pub fn open_backing_staged(
+    path: &Path,
+    index_dir: &Path,
+    cfg: Config,
+    place: &StagingPlace,
+) -> Result<(FileFtl, OpenReport)> {
     let dev = open_device(path, None)?;
-    crate::lifecycle::read_superblock(&dev)?;
+    let (sb, _) = crate::lifecycle::read_superblock(&dev)?;
     if !index_dir.exists() {
         return Err(Error::IndexMismatch {
             path: index_dir.display().to_string(),
@@ -113,5 +141,12 @@ pub fn open_backing(path: &Path, index_dir: &Path, cfg: Config) -> Result<(FileF
         });
     }
     let index = open_index(index_dir)?;
-    Ftl::open(dev, index, cfg)
+    // Opened only once the backing is locked: one server per staging file.
+    let staging = match place {
+        StagingPlace::Memory => StagingArea::in_memory(DEFAULT_SLOTS),
+        StagingPlace::Dir(dir) => {
+            StagingArea::open_file(&staging_file(dir, &sb.uuid), DEFAULT_SLOTS)?
+        }
+    };
+    Ftl::open_staged(dev, index, cfg, staging)
 }

@@ -116,7 +116,16 @@ pub fn check<D: BlockDevice, I: IndexStore>(
         }
     }
     // 4. Replay (read-only) and compare map with summaries.
-    let (parts, rec) = recover(&dev, &index, sb.clone(), Config::default(), "index")?;
+    // A fresh (ownerless) staging area: checking never replays or writes anything.
+    let staging = crate::staging::StagingArea::in_memory(1);
+    let (parts, rec) = recover(
+        &dev,
+        &index,
+        sb.clone(),
+        Config::default(),
+        "index",
+        staging,
+    )?;
     report.chunks_replayed = rec.chunks_replayed;
     let map = &parts.map;
     let segs = &parts.segs;

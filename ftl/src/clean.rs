@@ -151,7 +151,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             // Left: an open chunk with nothing in it, which nobody reads.
             if let Some(empty) = st.chunk.take() {
                 self.segs.unwritten[empty.seg as usize].fetch_sub(1, Ordering::SeqCst);
-                self.pool.put(empty.buf);
+                drop(empty);
             }
             if let Some((seg, _)) = st.cursor.take() {
                 self.segs.close(seg);

@@ -9,11 +9,12 @@ use crate::device::{BlockDevice, BLOCK_SIZE};
 use crate::error::{Error, Result};
 use crate::geometry::Geometry;
 use crate::index::IndexStore;
-use crate::log::{seal, BufferPool, OpenChunk, SealParams, SealedChunk, StreamLog, STREAMS};
+use crate::log::{seal, OpenChunk, SealParams, SealedChunk, StreamLog, STREAMS};
 use crate::map::{L2p, MapEntry};
 use crate::records::Counters;
 use crate::segments::Segments;
-use crate::summary::{Entry, MAX_CHUNK_DATA};
+use crate::staging::{SlotPlace, StagingArea};
+use crate::summary::MAX_CHUNK_DATA;
 use crate::superblock::Superblock;
 use crate::tracker::{ChunkTracker, SyncGroup};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -106,6 +107,8 @@ impl LiveCounters {
 enum Room {
     Ready,
     NeedSpace,
+    /// Every staging slot is taken: wait for a chunk write to complete (no lock held).
+    NeedBuffer,
 }
 
 /// A log-structured FTL over a backing device `D` with its checkpoints in index `I`.
@@ -130,7 +133,7 @@ pub struct Ftl<D: BlockDevice, I: IndexStore> {
     /// Relocations sent to [`GC_STREAM`] because their stream needed the last free segment.
     diverted: AtomicU64,
     pub(crate) checkpoint_lock: Mutex<()>,
-    pub(crate) pool: BufferPool,
+    pub(crate) staging: Arc<StagingArea>,
     poison: Mutex<Option<String>>,
     flush_group: FlushGroup,
     pub(crate) space: crate::clean::SpaceWaiters,
@@ -172,6 +175,7 @@ pub(crate) struct Parts<D, I> {
     pub epoch: u64,
     pub counters: Counters,
     pub mapped: u64,
+    pub staging: Arc<StagingArea>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -217,7 +221,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             diverted: AtomicU64::new(0),
             checkpoints: AtomicU64::new(0),
             checkpoint_lock: Mutex::new(()),
-            pool: BufferPool::default(),
+            staging: p.staging,
             poison: Mutex::new(None),
             space: crate::clean::SpaceWaiters::default(),
             flush_group: FlushGroup {
@@ -303,9 +307,12 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
 
     /// First 8 bytes of the superblock uuid, stamped into every chunk summary.
     pub fn format_id(&self) -> u64 {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&self.sb.uuid[..8]);
-        u64::from_le_bytes(b)
+        self.sb.format_id()
+    }
+
+    /// The staging area the chunk buffers live in.
+    pub fn staging(&self) -> &Arc<StagingArea> {
+        &self.staging
     }
 
     // ----- the log -----
@@ -324,7 +331,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             st.chunk = Some(chunk);
             return Ok(None);
         }
-        let seq = self.tracker.begin();
+        // Staging rule 2: the slot learns its number under the tracker lock.
+        let seq = self.tracker.begin_with(|n| chunk.buf.mark_sealed(n));
         let offset = chunk.offset;
         let seg = chunk.seg;
         let (sealed, pad) = match seal(chunk, &self.seal_params(stream, seq)) {
@@ -379,6 +387,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 }
                 continue;
             }
+            let Some(mut buf) = self.staging.try_take() else {
+                return Ok(Room::NeedBuffer);
+            };
             let bps = self.geo.blocks_per_segment();
             let (seg, offset) = match st.cursor {
                 Some((seg, off)) if off + 2 <= bps => (seg, off),
@@ -407,16 +418,23 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             };
             st.cursor = Some((seg, offset));
             let capacity = (MAX_CHUNK_DATA as u32).min(bps - offset - 1) as u16;
+            let start_pba = self.geo.segment_start(seg) + offset as u64;
+            buf.open(SlotPlace {
+                stream,
+                seg,
+                offset,
+                start_pba,
+            });
             self.segs.owner[seg as usize].store(stream, Ordering::SeqCst);
             self.segs.unwritten[seg as usize].fetch_add(1, Ordering::SeqCst);
             st.chunk = Some(OpenChunk {
                 seg,
                 offset,
-                start_pba: self.geo.segment_start(seg) + offset as u64,
+                start_pba,
                 capacity,
                 entries: Vec::new(),
                 data_blocks: 0,
-                buf: self.pool.get(),
+                buf,
             });
         }
     }
@@ -427,6 +445,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     pub(crate) fn write_chunk_io(&self, c: &SealedChunk) -> Result<()> {
         let offset = c.start_pba * BLOCK_SIZE as u64;
         let r = self.dev.write_at(offset, c.bytes());
+        if r.is_ok() {
+            // Staging rule 3: free in the staging area before the tracker knows.
+            c.buf.mark_written();
+        }
         self.tracker.complete(c.chunk_seq);
         r.map_err(|e| {
             let err = Error::io("chunk write", offset, e);
@@ -439,9 +461,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     pub(crate) fn retire(&self, st: &mut StreamLog, c: Arc<SealedChunk>) {
         st.inflight.retain(|x| !Arc::ptr_eq(x, &c));
         self.segs.unwritten[c.seg as usize].fetch_sub(1, Ordering::SeqCst);
-        if let Ok(sc) = Arc::try_unwrap(c) {
-            self.pool.put(sc.buf);
-        }
+        // The staging slot returns to the free list with the last reference.
+        drop(c);
     }
 
     /// Writes sealed chunks to the device, then retires them. All writes complete before
@@ -523,6 +544,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         while i < items {
             let mut out = Vec::new();
             let mut need_space = false;
+            let mut need_buffer = false;
             {
                 let mut st = lock(&self.streams[sid as usize]);
                 while i < items {
@@ -530,6 +552,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                         Ok(Room::Ready) => {}
                         Ok(Room::NeedSpace) => {
                             need_space = true;
+                            break;
+                        }
+                        Ok(Room::NeedBuffer) => {
+                            need_buffer = true;
                             break;
                         }
                         Err(e) => {
@@ -548,6 +574,12 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 }
             }
             self.write_chunks(out)?;
+            if need_buffer {
+                // Slots come back as chunk writes complete; none is waited for under a lock.
+                self.staging
+                    .wait_for_slot(std::time::Duration::from_millis(50));
+                continue;
+            }
             if need_space {
                 // Dead segments come back only through a durable checkpoint.
                 if !retried && !self.segs.dead_closed().is_empty() {
@@ -679,7 +711,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 self.mapped.fetch_sub(1, Ordering::Relaxed);
             }
         }
-        chunk.entries.push(Entry::Trim { lba, seq, count });
+        chunk.push_trim(lba, seq, count);
         Ok(())
     }
 

@@ -10,7 +10,9 @@
 //! ## Durability contract
 //! 1. A completed write is visible to every later read.
 //! 2. After a completed [`Ftl::flush`], every write completed before the flush survives a
-//!    crash. A FUA write survives as soon as it completes.
+//!    crash. A FUA write survives as soon as it completes. When only the *process* dies
+//!    (the backing and the [`staging`] area survive, as with `kill -9` of the server),
+//!    every completed write survives, flushed or not.
 //! 3. After a crash at any instant, each LBA reads data that was written to it (what was
 //!    flushed, or a later write), or zeros if it was never written or was trimmed and the
 //!    trim was flushed; never another LBA's data, never garbage (each block's crc32c is
@@ -29,6 +31,7 @@
 //! - [`index`]: the index-store trait, sled and memory implementations;
 //! - [`geometry`], [`superblock`], [`summary`], [`records`]: on-disk structures;
 //! - [`engine`] (I/O API), [`checkpoint`], [`recovery`], [`lifecycle`] (format, open);
+//! - [`staging`]: the chunk buffers, kept where they outlive the server process;
 //! - [`model`]: the reference model shared by property tests and fuzz targets.
 
 pub mod backing;
@@ -50,6 +53,7 @@ pub mod records;
 pub mod recovery;
 pub mod request;
 pub mod segments;
+pub mod staging;
 pub mod stats;
 pub mod summary;
 pub mod superblock;

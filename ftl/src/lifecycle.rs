@@ -22,7 +22,9 @@ use crate::log::STREAMS;
 use crate::records::{CheckpointRecord, Counters};
 use crate::recovery::{recover, RecoveryReport};
 use crate::segments::Segments;
+use crate::staging::{AreaOwner, StagingArea, DEFAULT_SLOTS};
 use crate::superblock::{SbDecode, Superblock, SB_VERSION};
+use std::sync::Arc;
 
 /// What `open` found and did.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -230,13 +232,35 @@ pub fn format<D: BlockDevice, I: IndexStore>(
 }
 
 impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
-    /// Opens a formatted backing: validates, recovers, and starts a new epoch.
+    /// Opens a formatted backing: validates, recovers, and starts a new epoch. The chunk
+    /// buffers live in process memory (see [`Ftl::open_staged`]).
     pub fn open(dev: D, index: I, cfg: Config) -> Result<(Self, OpenReport)> {
+        Self::open_staged(dev, index, cfg, StagingArea::in_memory(DEFAULT_SLOTS))
+    }
+
+    /// Opens with the chunk buffers in `staging`. When the area holds what a dead
+    /// process of the last session had staged, recovery writes it to the log first, so
+    /// every write that process completed survives.
+    pub fn open_staged(
+        dev: D,
+        index: I,
+        cfg: Config,
+        staging: Arc<StagingArea>,
+    ) -> Result<(Self, OpenReport)> {
         let (sb, warnings) = read_superblock(&dev)?;
-        let (parts, recovery) = recover(dev, index, sb, cfg, "index")?;
+        let (parts, recovery) = recover(dev, index, sb, cfg, "index", staging)?;
         let ftl = Ftl::from_parts(parts);
         ftl.map.mark_all_dirty();
         ftl.checkpoint()?;
+        // Staging rule 4: the area is handed to this session only after the checkpoint
+        // that starts it is committed.
+        ftl.staging.reset(
+            AreaOwner {
+                uuid: ftl.sb.uuid,
+                epoch: ftl.epoch,
+            },
+            ftl.tracker.next_seq(),
+        );
         Ok((ftl, OpenReport { recovery, warnings }))
     }
 }

@@ -7,9 +7,12 @@
 //! flash-page boundary (block patching) and it moves to the stream's in-flight list until
 //! its write completes. Reads of a block still in memory are served from these buffers.
 
-use crate::device::{AlignedBuf, BLOCK_SIZE};
-use crate::summary::{ChunkSummary, Entry, MAX_CHUNK_DATA, MAX_ENTRIES};
-use std::sync::{Arc, Mutex};
+use crate::device::BLOCK_SIZE;
+use crate::staging::ChunkBuf;
+use crate::summary::{ChunkSummary, Entry, MAX_ENTRIES};
+use std::sync::Arc;
+
+pub use crate::staging::CHUNK_BUF_BYTES;
 
 /// Number of stream slots (user streams plus cleaner streams).
 pub const STREAMS: usize = 8;
@@ -25,8 +28,9 @@ pub struct OpenChunk {
     pub capacity: u16,
     pub entries: Vec<Entry>,
     pub data_blocks: u16,
-    /// Summary block + `capacity` data blocks (+ room for padding).
-    pub buf: AlignedBuf,
+    /// Summary block + `capacity` data blocks (+ room for padding), in a staging slot
+    /// that records every entry (so a dead process's completed writes are replayed).
+    pub buf: ChunkBuf,
 }
 
 impl OpenChunk {
@@ -48,12 +52,20 @@ impl OpenChunk {
     pub fn next_data_pba(&self) -> u64 {
         self.start_pba + 1 + self.data_blocks as u64
     }
-    /// Copies a data block in and records its entry.
+    /// Copies a data block in and records its entry (staging rule 1: data first).
     pub fn push_data(&mut self, lba: u64, seq: u64, crc: u32, data: &[u8]) {
         let at = (1 + self.data_blocks as usize) * BLOCK_SIZE;
         self.buf[at..at + BLOCK_SIZE].copy_from_slice(data);
         self.data_blocks += 1;
-        self.entries.push(Entry::Data { lba, seq, crc });
+        self.push_entry(Entry::Data { lba, seq, crc });
+    }
+    /// Records a trim of `count` blocks from `lba`.
+    pub fn push_trim(&mut self, lba: u64, seq: u64, count: u32) {
+        self.push_entry(Entry::Trim { lba, seq, count });
+    }
+    fn push_entry(&mut self, e: Entry) {
+        self.buf.record(self.entries.len(), &e);
+        self.entries.push(e);
     }
     /// The buffered contents of physical block `pba`, if it is one of this chunk's data blocks.
     pub fn data_block(&self, pba: u64) -> Option<&[u8]> {
@@ -78,7 +90,7 @@ pub struct SealedChunk {
     pub start_pba: u64,
     pub data_blocks: u16,
     pub total_blocks: u32,
-    pub buf: AlignedBuf,
+    pub buf: ChunkBuf,
 }
 
 impl SealedChunk {
@@ -156,36 +168,12 @@ impl StreamLog {
     }
 }
 
-/// Recycles chunk buffers so a flush per write does not allocate a megabyte each time.
-#[derive(Default)]
-pub struct BufferPool {
-    free: Mutex<Vec<AlignedBuf>>,
-}
-
-/// Bytes of a chunk buffer: summary + the largest data payload.
-pub const CHUNK_BUF_BYTES: usize = (1 + MAX_CHUNK_DATA) * BLOCK_SIZE;
-
-impl BufferPool {
-    /// A chunk-sized buffer (contents unspecified).
-    pub fn get(&self) -> AlignedBuf {
-        let reused = self.free.lock().ok().and_then(|mut f| f.pop());
-        reused.unwrap_or_else(|| AlignedBuf::new(CHUNK_BUF_BYTES))
-    }
-    /// Returns a buffer (keeps at most 16).
-    pub fn put(&self, b: AlignedBuf) {
-        if let Ok(mut f) = self.free.lock() {
-            if f.len() < 16 && b.len() == CHUNK_BUF_BYTES {
-                f.push(b);
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn open(capacity: u16, offset: u32) -> OpenChunk {
+        let area = crate::staging::StagingArea::in_memory(1);
         OpenChunk {
             seg: 1,
             offset,
@@ -193,7 +181,7 @@ mod tests {
             capacity,
             entries: vec![],
             data_blocks: 0,
-            buf: AlignedBuf::new(CHUNK_BUF_BYTES),
+            buf: area.try_take().unwrap(),
         }
     }
 

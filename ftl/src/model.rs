@@ -120,6 +120,12 @@ impl Model {
         }
     }
 
+    /// Records the death of the server process with its staging area intact (`kill -9`,
+    /// not a power cut): every completed write and trim survives, as after a FLUSH.
+    pub fn process_died(&mut self) {
+        self.flush();
+    }
+
     /// The tag a read of `lba` must return now.
     pub fn expected(&self, lba: u64) -> Tag {
         self.slots.get(&lba).map_or(0, |s| s.current)

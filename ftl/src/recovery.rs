@@ -11,6 +11,9 @@
 //! applied in entry-sequence order, a data entry only if its block's crc32c matches
 //! (an unsynced block may have been lost even though its summary survived).
 //!
+//! Replayed chunks are synced before the open checkpoint names them: when only the
+//! process died they may sit unsynced in the backing's cache.
+//!
 //! Why the epoch: open writes a checkpoint with epoch+1 before any chunk of the new
 //! session, so chunks left beyond the break by a crashed session (epoch E) can never be
 //! mistaken for the new session's chunks with the same chain numbers (epoch E+1).
@@ -37,6 +40,8 @@ pub struct RecoveryReport {
     /// Data entries whose block did not match its checksum (unsynced, lost in a crash).
     pub entries_skipped: u64,
     pub mapped_blocks: u64,
+    /// What the staging area of a dead process gave back before the roll-forward.
+    pub staged: crate::staging::StagedReport,
 }
 
 /// Loaded index contents, validated.
@@ -130,6 +135,7 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
     sb: Superblock,
     cfg: Config,
     index_name: &str,
+    staging: std::sync::Arc<crate::staging::StagingArea>,
 ) -> Result<(Parts<D, I>, RecoveryReport)> {
     let geo = sb.geometry;
     let loaded = load_index(&index, &sb, index_name)?;
@@ -169,11 +175,9 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
             )));
         }
     }
-    let format_id = {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&sb.uuid[..8]);
-        u64::from_le_bytes(b)
-    };
+    let format_id = sb.format_id();
+    // Staging rule 4: a dead process's staged chunks are in the log before it is scanned.
+    let staged = crate::staging::replay(&dev, &staging, &sb, ck.epoch, ck.next_chunk_seq)?;
     let accept = |s: &ChunkSummary, seq: u64| {
         s.chunk_seq == seq && s.epoch == ck.epoch && s.format_id == format_id
     };
@@ -205,6 +209,7 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
     let bps = geo.blocks_per_segment();
     let mut report = RecoveryReport {
         checkpoint_epoch: ck.epoch,
+        staged,
         ..Default::default()
     };
     let mut expected = ck.next_chunk_seq;
@@ -276,6 +281,12 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         report.chunks_replayed += 1;
     }
 
+    // Recovery rule: the replayed chunks are made durable BEFORE the open checkpoint
+    // names their blocks. After the death of a process (not a power cut) they can be
+    // written but unsynced, readable from the backing's cache yet lost by a later cut.
+    if report.chunks_replayed > 0 {
+        dev.sync().map_err(|e| Error::io("recovery sync", 0, e))?;
+    }
     collected.sort_by_key(|(e, _)| e.seq());
     let mut max_seq = ck.next_entry_seq;
     for (e, pba) in &collected {
@@ -324,6 +335,7 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
             epoch: ck.epoch + 1,
             counters: ck.counters,
             mapped,
+            staging,
         },
         report,
     ))

@@ -51,6 +51,14 @@ pub enum SbDecode {
 }
 
 impl Superblock {
+    /// First 8 bytes of the uuid: stamped into every chunk summary, so chunks of an
+    /// earlier format of the same backing are never taken for this one's.
+    pub fn format_id(&self) -> u64 {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&self.uuid[..8]);
+        u64::from_le_bytes(b)
+    }
+
     /// Encodes into one block.
     pub fn encode(&self) -> Vec<u8> {
         let g = &self.geometry;

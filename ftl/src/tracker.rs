@@ -37,10 +37,17 @@ impl ChunkTracker {
 
     /// Assigns the next chain number and registers it as incomplete.
     pub fn begin(&self) -> u64 {
+        self.begin_with(|_| {})
+    }
+
+    /// As [`ChunkTracker::begin`], running `note` with the number before the lock is
+    /// released (so the number is recorded before any later one exists).
+    pub fn begin_with(&self, note: impl FnOnce(u64)) -> u64 {
         let mut g = self.lock();
         let s = g.next_seq;
         g.next_seq += 1;
         g.incomplete.insert(s);
+        note(s);
         s
     }
 

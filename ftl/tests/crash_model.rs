@@ -1,6 +1,6 @@
 //! Model-based property test: random sequences of write / read / trim / flush / FUA write /
 //! checkpoint / closing a stream's open segment / crash + reopen on the crash-simulating
-//! device, against the reference model.
+//! device / death of the process (staging area kept) + reopen, against the reference model.
 
 mod common;
 
@@ -32,6 +32,8 @@ enum Op {
     Crash {
         seed: u64,
     },
+    /// The process dies: the device keeps every completed write, the staging area lives.
+    Kill,
 }
 
 fn op(cap: u64) -> impl Strategy<Value = Op> {
@@ -44,6 +46,7 @@ fn op(cap: u64) -> impl Strategy<Value = Op> {
         1 => Just(Op::Checkpoint),
         1 => (0..3u8).prop_map(|stream| Op::CloseStream { stream }),
         1 => any::<u64>().prop_map(|seed| Op::Crash { seed }),
+        1 => Just(Op::Kill),
     ]
 }
 
@@ -106,6 +109,28 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     .map_err(|e| TestCaseError::fail(format!("step {step}: reopen: {e}")))?;
                 check_after_crash(&nf, &mut m)
                     .map_err(|e| TestCaseError::fail(format!("step {step}: {e}")))?;
+                f = Some(nf);
+            }
+            Op::Kill => {
+                let staging = f.as_ref().unwrap().staging().clone();
+                drop(f.take());
+                let (nf, rep) =
+                    Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), staging)
+                        .map_err(|e| {
+                            TestCaseError::fail(format!("step {step}: reopen after kill: {e}"))
+                        })?;
+                prop_assert!(
+                    !rep.recovery.staged.ignored_stale,
+                    "step {}: staging ignored",
+                    step
+                );
+                m.process_died();
+                // Strict: every completed write and trim, flushed or not.
+                for lba in 0..nf.capacity_blocks() {
+                    check_read(&nf, &m, lba).map_err(|e| {
+                        TestCaseError::fail(format!("step {step}: after kill: {e}"))
+                    })?;
+                }
                 f = Some(nf);
             }
         }

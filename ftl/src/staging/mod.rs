@@ -1,0 +1,483 @@
+//! The staging area: chunk buffers that survive the death of the server process.
+//!
+//! ## Why
+//! A write completes as soon as it is copied into its stream's open chunk; the chunk
+//! reaches the backing later (when full, or on FLUSH/FUA). Losing such a write in a
+//! *power cut* is allowed (the device advertises a volatile cache). Losing it when only
+//! the *server process* dies is not: with ublk user recovery the kernel, its page cache
+//! and the file system live on, the next server re-attaches, and a FLUSH re-issued to it
+//! would succeed although the writes it covers vanished with the old process. So every
+//! chunk buffer lives here: in memory for tests and in-process use, or in a file on
+//! tmpfs (`/run`) shared-mapped by the server. A file on tmpfs survives a `kill -9` and
+//! is gone after a power cut: exactly the lifetime of a disk's volatile cache.
+//!
+//! ## Contract
+//! Every entry appended to an open chunk is recorded in its slot's metadata before the
+//! append returns; every sealed chunk keeps its slot marked *sealed* until its device
+//! write has completed. [`replay`] (run by recovery, before the log scan) seals what was
+//! open and writes every staged chunk to its place in the log, so the ordinary roll-forward
+//! finds every completed write of the dead process.
+//!
+//! Crash-ordering rules (process death can strike between any two steps):
+//! 1. a block's data is copied into the slot BEFORE its entry is recorded, and the entry
+//!    is complete BEFORE the slot's entry count covers it (release store): replay never
+//!    sees an entry without its data;
+//! 2. a chunk number is stored in its slot, and the area's next-chunk mark raised past
+//!    it, under the tracker lock that hands the number out: no other thread can write
+//!    chunk N+1 while N is known to nobody but a dying thread;
+//! 3. a slot is marked free only AFTER its chunk's device write completed and BEFORE the
+//!    tracker learns it (so no checkpoint can free the segment while replay would still
+//!    rewrite the slot there);
+//! 4. replay writes every staged chunk and syncs the device BEFORE the log scan and the
+//!    open checkpoint; the area is reset for the new session only AFTER that checkpoint
+//!    committed (a crash in between replays the same slots again, with the same bytes).
+//!
+//! ## Layout (little-endian; the file is `4096 + slots * SLOT_BYTES` bytes)
+//! ```text
+//! area header, 4096 bytes
+//!   0  [u8; 8]  magic "FTLSTAGE"
+//!   8  u16      version (1)
+//!  10  u16      reserved (0)
+//!  12  u32      slot count
+//!  16  [u8; 16] uuid of the backing's format
+//!  32  u64      epoch of the session that owns the area
+//!  40  u32      SLOT_BYTES
+//!  44  u32      crc32c of bytes 0..44
+//!  48  u64      next-chunk mark: every chunk number handed out is below it (atomic)
+//!  56  ...      zero
+//! slot i at 4096 + i * SLOT_BYTES:
+//!   meta, 8192 bytes
+//!     0  u32  state: 0 free, 1 open, 2 sealed (atomic)
+//!     4  u32  entries recorded (atomic)
+//!     8  u64  chunk number (valid when sealed)
+//!    16  u32  segment
+//!    20  u32  block offset of the chunk in the segment
+//!    24  u64  physical block of the chunk (its summary)
+//!    32  u8   stream, then 3 zero bytes
+//!    36  u32  crc32c of bytes 16..36
+//!    40  ...  zero up to 64
+//!    64 + 24 * k: entry k
+//!          0 u64 LBA (| TRIM_FLAG for a trim), 8 u64 entry sequence,
+//!         16 u32 data crc32c (data) or block count (trim), 20 u32 crc32c of bytes 0..20
+//!   chunk buffer, CHUNK_BUF_BYTES: the summary block then the data blocks, as written
+//! ```
+
+mod region;
+mod replay;
+
+pub use replay::{replay, StagedReport};
+
+use crate::device::BLOCK_SIZE;
+use crate::error::{Error, Result};
+use crate::summary::{Entry, MAX_CHUNK_DATA, MAX_ENTRIES, TRIM_FLAG};
+use region::Region;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+/// Bytes of a chunk buffer: summary + the largest data payload.
+pub const CHUNK_BUF_BYTES: usize = (1 + MAX_CHUNK_DATA) * BLOCK_SIZE;
+/// Bytes of a slot's metadata (header + entry table).
+pub const SLOT_META_BYTES: usize = 8192;
+/// Bytes of one slot: metadata then chunk buffer.
+pub const SLOT_BYTES: usize = SLOT_META_BYTES + CHUNK_BUF_BYTES;
+/// Bytes of the area header.
+pub const HEADER_BYTES: usize = 4096;
+/// Slots of a default area: one open chunk per stream plus chunks waiting for their write.
+pub const DEFAULT_SLOTS: usize = 32;
+
+const MAGIC: &[u8; 8] = b"FTLSTAGE";
+const VERSION: u16 = 1;
+const META_HEADER: usize = 64;
+const META_ENTRY: usize = 24;
+
+const STATE_FREE: u32 = 0;
+const STATE_OPEN: u32 = 1;
+const STATE_SEALED: u32 = 2;
+
+const _: () = assert!(META_HEADER + MAX_ENTRIES * META_ENTRY <= SLOT_META_BYTES);
+const _: () = assert!(SLOT_BYTES % BLOCK_SIZE == 0);
+
+/// Who owns the area: written by [`StagingArea::reset`], checked by [`replay`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AreaOwner {
+    pub uuid: [u8; 16],
+    pub epoch: u64,
+}
+
+/// Where a staged chunk goes in the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotPlace {
+    pub stream: u8,
+    pub seg: u32,
+    pub offset: u32,
+    pub start_pba: u64,
+}
+
+/// A fixed set of chunk-buffer slots, in memory or in a shared-mapped file.
+pub struct StagingArea {
+    region: Region,
+    slots: usize,
+    free: Mutex<Vec<u32>>,
+    freed: Condvar,
+}
+
+impl std::fmt::Debug for StagingArea {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "StagingArea({} slots, {:?})",
+            self.slots,
+            self.region.path()
+        )
+    }
+}
+
+fn le32(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn le64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+impl StagingArea {
+    /// An area in process memory: survives nothing but is shared by `Arc`, so tests can
+    /// hand it to the next open to model a process crash.
+    pub fn in_memory(slots: usize) -> Arc<Self> {
+        Self::over(Region::heap(HEADER_BYTES + slots.max(1) * SLOT_BYTES))
+    }
+
+    /// Maps (creating it if missing) the area file at `path` with room for `slots` slots;
+    /// a larger existing file keeps its size. Put it on tmpfs.
+    pub fn open_file(path: &Path, slots: usize) -> Result<Arc<Self>> {
+        let region = Region::map_file(path, HEADER_BYTES + slots.max(1) * SLOT_BYTES)?;
+        Ok(Self::over(region))
+    }
+
+    fn over(region: Region) -> Arc<Self> {
+        let slots = (region.len() - HEADER_BYTES) / SLOT_BYTES;
+        Arc::new(StagingArea {
+            region,
+            slots,
+            free: Mutex::new((0..slots as u32).rev().collect()),
+            freed: Condvar::new(),
+        })
+    }
+
+    /// Number of slots.
+    pub fn slot_count(&self) -> usize {
+        self.slots
+    }
+
+    /// The file behind the area, if any.
+    pub fn path(&self) -> Option<&Path> {
+        self.region.path()
+    }
+
+    /// Removes the area file (after a clean shutdown left nothing staged).
+    pub fn remove_file(&self) -> Result<()> {
+        match self.region.path() {
+            Some(p) => std::fs::remove_file(p).map_err(|e| Error::Open {
+                path: PathBuf::from(p),
+                source: e,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn bytes(&self, at: usize, len: usize) -> &[u8] {
+        // SAFETY: callers stay within the region; shared reads of bytes that another
+        // thread may be writing only happen during replay, when no other user exists.
+        unsafe { std::slice::from_raw_parts(self.region.ptr().add(at), len) }
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    fn bytes_mut(&self, at: usize, len: usize) -> &mut [u8] {
+        // SAFETY: within the region; each slot's bytes are written only by the owner of
+        // its `ChunkBuf` (or by the single-threaded reset/replay), the header only by
+        // reset.
+        unsafe { std::slice::from_raw_parts_mut(self.region.ptr().add(at), len) }
+    }
+
+    fn atomic32(&self, at: usize) -> &AtomicU32 {
+        debug_assert!(at % 4 == 0 && at + 4 <= self.region.len());
+        // SAFETY: in bounds, 4-aligned (the region is page-aligned), and only ever
+        // accessed through atomics.
+        unsafe { &*(self.region.ptr().add(at) as *const AtomicU32) }
+    }
+
+    fn atomic64(&self, at: usize) -> &AtomicU64 {
+        debug_assert!(at % 8 == 0 && at + 8 <= self.region.len());
+        // SAFETY: as for `atomic32`, 8-aligned.
+        unsafe { &*(self.region.ptr().add(at) as *const AtomicU64) }
+    }
+
+    fn slot_at(slot: u32) -> usize {
+        HEADER_BYTES + slot as usize * SLOT_BYTES
+    }
+
+    /// The owner recorded in the header, if the header is intact.
+    pub fn owner(&self) -> Option<AreaOwner> {
+        let h = self.bytes(0, 48);
+        if &h[..8] != MAGIC
+            || u16::from_le_bytes([h[8], h[9]]) != VERSION
+            || le32(h, 44) != crc32c::crc32c(&h[..44])
+            || le32(h, 40) as usize != SLOT_BYTES
+            || le32(h, 12) as usize > self.slots
+        {
+            return None;
+        }
+        let mut uuid = [0u8; 16];
+        uuid.copy_from_slice(&h[16..32]);
+        Some(AreaOwner {
+            uuid,
+            epoch: le64(h, 32),
+        })
+    }
+
+    /// Every chunk number handed out by the owner is below this.
+    pub fn next_chunk_mark(&self) -> u64 {
+        self.atomic64(48).load(Ordering::Acquire)
+    }
+
+    /// Rule 2: raises the next-chunk mark past `chunk_seq`.
+    pub(crate) fn note_chunk(&self, chunk_seq: u64) {
+        self.atomic64(48)
+            .fetch_max(chunk_seq.saturating_add(1), Ordering::AcqRel);
+    }
+
+    /// Hands the area to a new session: every slot free, the owner and mark set. Only
+    /// while no slot is taken (at open, rule 4).
+    pub fn reset(&self, owner: AreaOwner, next_chunk_seq: u64) {
+        for s in 0..self.slots as u32 {
+            let at = Self::slot_at(s);
+            self.atomic32(at).store(STATE_FREE, Ordering::Release);
+            self.atomic32(at + 4).store(0, Ordering::Release);
+        }
+        let h = self.bytes_mut(0, 48);
+        h.fill(0);
+        h[..8].copy_from_slice(MAGIC);
+        h[8..10].copy_from_slice(&VERSION.to_le_bytes());
+        h[12..16].copy_from_slice(&(self.slots as u32).to_le_bytes());
+        h[16..32].copy_from_slice(&owner.uuid);
+        h[32..40].copy_from_slice(&owner.epoch.to_le_bytes());
+        h[40..44].copy_from_slice(&(SLOT_BYTES as u32).to_le_bytes());
+        let crc = crc32c::crc32c(&h[..44]);
+        h[44..48].copy_from_slice(&crc.to_le_bytes());
+        self.atomic64(48).store(next_chunk_seq, Ordering::Release);
+    }
+
+    /// A free slot, if one is left.
+    pub(crate) fn try_take(self: &Arc<Self>) -> Option<ChunkBuf> {
+        let slot = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
+        Some(ChunkBuf {
+            area: self.clone(),
+            slot,
+        })
+    }
+
+    /// Slot `slot`, if it is free (replay takes the slots it rewrites).
+    pub(crate) fn take(self: &Arc<Self>, slot: u32) -> Option<ChunkBuf> {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let pos = free.iter().position(|&s| s == slot)?;
+        free.swap_remove(pos);
+        Some(ChunkBuf {
+            area: self.clone(),
+            slot,
+        })
+    }
+
+    /// Waits (at most `limit`) until a slot is free. Called with no lock held.
+    pub(crate) fn wait_for_slot(&self, limit: Duration) {
+        let free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        if free.is_empty() {
+            let _ = self.freed.wait_timeout(free, limit);
+        }
+    }
+
+    fn give_back(&self, slot: u32) {
+        self.free
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(slot);
+        self.freed.notify_one();
+    }
+
+    /// Slots currently free (for tests and stats).
+    pub fn free_slots(&self) -> usize {
+        self.free.lock().map(|f| f.len()).unwrap_or(0)
+    }
+
+    /// What slot `slot` holds, as replay sees it: state, place, chunk number and the
+    /// entries whose checksums hold (a torn tail is cut off).
+    pub(crate) fn read_slot(&self, slot: u32) -> StagedSlot {
+        let at = Self::slot_at(slot);
+        let state = self.atomic32(at).load(Ordering::Acquire);
+        let count = (self.atomic32(at + 4).load(Ordering::Acquire) as usize).min(MAX_ENTRIES);
+        let m = self.bytes(at, META_HEADER + count * META_ENTRY);
+        let place = (le32(m, 36) == crc32c::crc32c(&m[16..36])).then(|| SlotPlace {
+            stream: m[32],
+            seg: le32(m, 16),
+            offset: le32(m, 20),
+            start_pba: le64(m, 24),
+        });
+        let mut entries = Vec::with_capacity(count);
+        for k in 0..count {
+            let e = &m[META_HEADER + k * META_ENTRY..META_HEADER + (k + 1) * META_ENTRY];
+            if le32(e, 20) != crc32c::crc32c(&e[..20]) {
+                break;
+            }
+            let (key, seq, v) = (le64(e, 0), le64(e, 8), le32(e, 16));
+            entries.push(if key & TRIM_FLAG != 0 {
+                Entry::Trim {
+                    lba: key & !TRIM_FLAG,
+                    seq,
+                    count: v,
+                }
+            } else {
+                Entry::Data {
+                    lba: key,
+                    seq,
+                    crc: v,
+                }
+            });
+        }
+        StagedSlot {
+            state: match state {
+                STATE_OPEN => SlotState::Open,
+                STATE_SEALED => SlotState::Sealed(self.atomic64(at + 8).load(Ordering::Acquire)),
+                _ => SlotState::Free,
+            },
+            place,
+            entries,
+        }
+    }
+}
+
+/// State of a slot as replay reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SlotState {
+    Free,
+    Open,
+    Sealed(u64),
+}
+
+/// A slot's contents as replay reads them.
+pub(crate) struct StagedSlot {
+    pub state: SlotState,
+    pub place: Option<SlotPlace>,
+    pub entries: Vec<Entry>,
+}
+
+/// Exclusive use of one slot: its chunk buffer (as bytes) and its metadata. Dropping it
+/// returns the slot to the area's free list (the metadata is left as it is).
+pub struct ChunkBuf {
+    area: Arc<StagingArea>,
+    slot: u32,
+}
+
+impl std::fmt::Debug for ChunkBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ChunkBuf(slot {})", self.slot)
+    }
+}
+
+impl ChunkBuf {
+    fn meta_at(&self) -> usize {
+        StagingArea::slot_at(self.slot)
+    }
+
+    /// The slot number.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// Starts a new open chunk at `place` with no entries.
+    pub(crate) fn open(&mut self, place: SlotPlace) {
+        let at = self.meta_at();
+        let a = &self.area;
+        a.atomic32(at).store(STATE_FREE, Ordering::Release);
+        a.atomic32(at + 4).store(0, Ordering::Release);
+        let m = a.bytes_mut(at + 16, 24);
+        m.fill(0);
+        m[0..4].copy_from_slice(&place.seg.to_le_bytes());
+        m[4..8].copy_from_slice(&place.offset.to_le_bytes());
+        m[8..16].copy_from_slice(&place.start_pba.to_le_bytes());
+        m[16] = place.stream;
+        let crc = crc32c::crc32c(&m[..20]);
+        m[20..24].copy_from_slice(&crc.to_le_bytes());
+        a.atomic32(at).store(STATE_OPEN, Ordering::Release);
+    }
+
+    /// Rule 1: records entry number `k` (the data, if any, is already in the buffer).
+    pub(crate) fn record(&mut self, k: usize, e: &Entry) {
+        if k >= MAX_ENTRIES {
+            return;
+        }
+        let at = self.meta_at();
+        let (key, seq, v) = match *e {
+            Entry::Data { lba, seq, crc } => (lba, seq, crc),
+            Entry::Trim { lba, seq, count } => (lba | TRIM_FLAG, seq, count),
+        };
+        let m = self
+            .area
+            .bytes_mut(at + META_HEADER + k * META_ENTRY, META_ENTRY);
+        m[0..8].copy_from_slice(&key.to_le_bytes());
+        m[8..16].copy_from_slice(&seq.to_le_bytes());
+        m[16..20].copy_from_slice(&v.to_le_bytes());
+        let crc = crc32c::crc32c(&m[..20]);
+        m[20..24].copy_from_slice(&crc.to_le_bytes());
+        self.area
+            .atomic32(at + 4)
+            .store(k as u32 + 1, Ordering::Release);
+    }
+
+    /// Rule 2: the chunk got number `chunk_seq` (call under the tracker lock).
+    pub(crate) fn mark_sealed(&self, chunk_seq: u64) {
+        let at = self.meta_at();
+        self.area
+            .atomic64(at + 8)
+            .store(chunk_seq, Ordering::Release);
+        self.area.note_chunk(chunk_seq);
+        self.area
+            .atomic32(at)
+            .store(STATE_SEALED, Ordering::Release);
+    }
+
+    /// Rule 3: the chunk's device write completed.
+    pub(crate) fn mark_written(&self) {
+        self.area
+            .atomic32(self.meta_at())
+            .store(STATE_FREE, Ordering::Release);
+    }
+}
+
+impl std::ops::Deref for ChunkBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.area
+            .bytes(self.meta_at() + SLOT_META_BYTES, CHUNK_BUF_BYTES)
+    }
+}
+
+impl std::ops::DerefMut for ChunkBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.area
+            .bytes_mut(self.meta_at() + SLOT_META_BYTES, CHUNK_BUF_BYTES)
+    }
+}
+
+impl Drop for ChunkBuf {
+    fn drop(&mut self) {
+        self.area.give_back(self.slot);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,153 @@
+//! Replay of a dead process's staging area into the log (see the module docs, rule 4).
+//!
+//! Every slot still *sealed* holds a chunk whose write may not have completed: it is
+//! sealed again from its recorded entries (same number, same bytes) and written. Every
+//! slot still *open* with entries holds writes that completed but were never sealed: it
+//! is sealed with the next numbers after the area's next-chunk mark, at the place it was
+//! opened at (its stream's cursor, or the head of a segment that was free at the last
+//! checkpoint), and written. Then the device is synced, and the ordinary roll-forward
+//! finds the chain complete.
+
+use super::{SlotState, StagedSlot, StagingArea};
+use crate::device::{BlockDevice, BLOCK_SIZE};
+use crate::error::{Error, Result};
+use crate::log::{seal, OpenChunk, SealParams, STREAMS};
+use crate::summary::{Entry, MAX_CHUNK_DATA};
+use crate::superblock::Superblock;
+use std::sync::Arc;
+
+/// What replay did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StagedReport {
+    /// Sealed chunks rewritten (their write may not have completed).
+    pub sealed_chunks: u64,
+    /// Open chunks sealed and written (completed writes that were only in memory).
+    pub open_chunks: u64,
+    /// Entries in those chunks.
+    pub entries: u64,
+    /// The area belonged to another format or session and was ignored.
+    pub ignored_stale: bool,
+}
+
+/// Replays `area` into `dev` when it belongs to the session that wrote the checkpoint
+/// recovery starts from (`ck_epoch`, chunks from `ck_next_chunk`).
+pub fn replay<D: BlockDevice>(
+    dev: &D,
+    area: &Arc<StagingArea>,
+    sb: &Superblock,
+    ck_epoch: u64,
+    ck_next_chunk: u64,
+) -> Result<StagedReport> {
+    let mut report = StagedReport::default();
+    match area.owner() {
+        Some(o) if o.uuid == sb.uuid && o.epoch == ck_epoch => {}
+        Some(_) => {
+            report.ignored_stale = true;
+            return Ok(report);
+        }
+        None => return Ok(report),
+    }
+    let mark = area.next_chunk_mark();
+    let mut chunks: Vec<(u64, u32, StagedSlot)> = Vec::new();
+    let mut next_open = mark;
+    for slot in 0..area.slot_count() as u32 {
+        let s = area.read_slot(slot);
+        match s.state {
+            SlotState::Free => {}
+            SlotState::Open if s.entries.is_empty() => {}
+            SlotState::Open => {
+                chunks.push((next_open, slot, s));
+                next_open += 1;
+            }
+            // Below the checkpoint: its write completed before that checkpoint (rule 3),
+            // and its segment may have been reused since. Never rewrite it.
+            SlotState::Sealed(seq) if seq < ck_next_chunk => {}
+            SlotState::Sealed(seq) if seq >= mark => {
+                return Err(bad(
+                    area,
+                    slot,
+                    format!("chunk {seq} beyond the mark {mark}"),
+                ))
+            }
+            SlotState::Sealed(seq) => chunks.push((seq, slot, s)),
+        }
+    }
+    chunks.sort_by_key(|c| c.0);
+    let geo = &sb.geometry;
+    let bps = geo.blocks_per_segment();
+    // Every slot is validated before anything is written: a damaged area changes nothing.
+    let mut valid = Vec::with_capacity(chunks.len());
+    for (chunk_seq, slot, s) in chunks {
+        let p = s
+            .place
+            .ok_or_else(|| bad(area, slot, "its place record is damaged".into()))?;
+        let data_blocks = s
+            .entries
+            .iter()
+            .filter(|e| matches!(e, Entry::Data { .. }))
+            .count();
+        let capacity = (MAX_CHUNK_DATA as u32).min(bps.saturating_sub(p.offset + 1));
+        if p.seg == 0
+            || p.seg >= geo.segment_count
+            || p.offset + 2 > bps
+            || p.start_pba != geo.segment_start(p.seg) + p.offset as u64
+            || p.stream as usize >= STREAMS
+            || data_blocks > capacity as usize
+        {
+            return Err(bad(
+                area,
+                slot,
+                format!("its place {p:?} is outside the log"),
+            ));
+        }
+        let buf = area
+            .take(slot)
+            .ok_or_else(|| bad(area, slot, "the slot is in use".into()))?;
+        let open = OpenChunk {
+            seg: p.seg,
+            offset: p.offset,
+            start_pba: p.start_pba,
+            capacity: capacity as u16,
+            data_blocks: data_blocks as u16,
+            entries: s.entries,
+            buf,
+        };
+        valid.push((chunk_seq, p.stream, open));
+    }
+    for (chunk_seq, stream, open) in valid {
+        report.entries += open.entries.len() as u64;
+        let at = open.start_pba * BLOCK_SIZE as u64;
+        let params = SealParams {
+            chunk_seq,
+            epoch: ck_epoch,
+            format_id: sb.format_id(),
+            stream,
+            blocks_per_page: geo.blocks_per_page(),
+            blocks_per_segment: bps,
+        };
+        let (sealed, _) = seal(open, &params)?;
+        dev.write_at(at, sealed.bytes())
+            .map_err(|e| Error::io("staged chunk write", at, e))?;
+        if chunk_seq >= mark {
+            report.open_chunks += 1;
+        } else {
+            report.sealed_chunks += 1;
+        }
+    }
+    if report.open_chunks + report.sealed_chunks > 0 {
+        // Rule 4.
+        dev.sync()
+            .map_err(|e| Error::io("staged chunk sync", 0, e))?;
+    }
+    Ok(report)
+}
+
+fn bad(area: &StagingArea, slot: u32, why: String) -> Error {
+    let file = area
+        .path()
+        .map_or("in memory".to_string(), |p| p.display().to_string());
+    Error::Corrupt(format!(
+        "staging area ({file}) slot {slot}: {why}; remove the file to open without the \
+         writes it holds"
+    ))
+}

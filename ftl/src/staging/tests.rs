@@ -1,0 +1,136 @@
+use super::*;
+
+fn owner() -> AreaOwner {
+    AreaOwner {
+        uuid: [7; 16],
+        epoch: 3,
+    }
+}
+
+#[test]
+fn fresh_area_has_no_owner_until_reset() {
+    let a = StagingArea::in_memory(2);
+    assert_eq!(a.owner(), None);
+    a.reset(owner(), 10);
+    assert_eq!(a.owner(), Some(owner()));
+    assert_eq!(a.next_chunk_mark(), 10);
+}
+
+#[test]
+fn slots_record_entries_and_states() {
+    let a = StagingArea::in_memory(2);
+    a.reset(owner(), 1);
+    let mut b = a.try_take().unwrap();
+    let place = SlotPlace {
+        stream: 3,
+        seg: 5,
+        offset: 8,
+        start_pba: 328,
+    };
+    b.open(place);
+    b[4096..8192].fill(9);
+    b.record(
+        0,
+        &Entry::Data {
+            lba: 4,
+            seq: 11,
+            crc: 0xabc,
+        },
+    );
+    b.record(
+        1,
+        &Entry::Trim {
+            lba: 9,
+            seq: 12,
+            count: 3,
+        },
+    );
+    let s = a.read_slot(b.slot());
+    assert_eq!(s.state, SlotState::Open);
+    assert_eq!(s.place, Some(place));
+    assert_eq!(
+        s.entries,
+        vec![
+            Entry::Data {
+                lba: 4,
+                seq: 11,
+                crc: 0xabc
+            },
+            Entry::Trim {
+                lba: 9,
+                seq: 12,
+                count: 3
+            }
+        ]
+    );
+    b.mark_sealed(40);
+    assert_eq!(a.read_slot(b.slot()).state, SlotState::Sealed(40));
+    assert_eq!(
+        a.next_chunk_mark(),
+        41,
+        "the mark passes every sealed chunk"
+    );
+    b.mark_written();
+    assert_eq!(a.read_slot(b.slot()).state, SlotState::Free);
+}
+
+#[test]
+fn a_torn_entry_ends_the_list() {
+    let a = StagingArea::in_memory(1);
+    let mut b = a.try_take().unwrap();
+    b.open(SlotPlace {
+        stream: 0,
+        seg: 1,
+        offset: 0,
+        start_pba: 16,
+    });
+    for k in 0..3 {
+        b.record(
+            k,
+            &Entry::Data {
+                lba: k as u64,
+                seq: k as u64,
+                crc: 1,
+            },
+        );
+    }
+    let at = StagingArea::slot_at(b.slot()) + META_HEADER + META_ENTRY + 3;
+    a.bytes_mut(at, 1)[0] ^= 0xff;
+    assert_eq!(a.read_slot(b.slot()).entries.len(), 1);
+}
+
+#[test]
+fn slots_are_exclusive_and_come_back_on_drop() {
+    let a = StagingArea::in_memory(2);
+    let x = a.try_take().unwrap();
+    let y = a.try_take().unwrap();
+    assert_ne!(x.slot(), y.slot());
+    assert!(a.try_take().is_none());
+    assert!(
+        a.take(x.slot()).is_none(),
+        "a taken slot is not handed out twice"
+    );
+    drop(x);
+    assert_eq!(a.free_slots(), 1);
+    assert!(a.try_take().is_some());
+}
+
+#[test]
+fn a_mapped_file_keeps_its_contents_across_mappings() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("s/area.stage");
+    {
+        let a = StagingArea::open_file(&p, 2).unwrap();
+        a.reset(owner(), 5);
+        let mut b = a.try_take().unwrap();
+        b[0..4].copy_from_slice(b"abcd");
+    }
+    let a = StagingArea::open_file(&p, 1).unwrap();
+    assert_eq!(a.slot_count(), 2, "a larger file keeps its slots");
+    assert_eq!(a.owner(), Some(owner()));
+    let b = a.try_take().unwrap();
+    let b2 = a.try_take().unwrap();
+    assert!(b[0..4] == *b"abcd" || b2[0..4] == *b"abcd");
+    a.remove_file().unwrap();
+    assert!(!p.exists());
+}

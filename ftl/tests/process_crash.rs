@@ -1,0 +1,157 @@
+//! The server process dies (`kill -9`): the backing keeps every completed device write,
+//! the kernel keeps the staging area (tmpfs), and every completed write, flushed or not,
+//! must be read back after the next open. A power cut loses the staging area too; then
+//! only flushed writes are promised (see crash_model.rs).
+
+mod common;
+
+use common::*;
+use ftl::model::Model;
+use ftl::staging::StagingArea;
+use ftl::{BlockDevice, Config, Ftl, StreamId};
+use std::sync::atomic::Ordering;
+
+#[test]
+fn unflushed_writes_survive_the_death_of_the_process() {
+    let (dev, idx, f) = tiny_crash();
+    let mut m = Model::new();
+    // Some chunks fill up and are written, the last ones stay open in three streams.
+    for i in 0..200u64 {
+        let lba = (i * 7) % 90;
+        let d = m.write(lba, 1, false);
+        f.write(lba, &d, false, StreamId((i % 3) as u8)).unwrap();
+    }
+    f.trim(10, 5).unwrap();
+    m.trim(10, 5);
+    assert!(dev.unsynced_blocks() > 0);
+    let staging = f.staging().clone();
+    drop(f);
+    let (f, rep) = Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), staging).unwrap();
+    assert!(
+        rep.recovery.staged.open_chunks >= 3,
+        "{:?}",
+        rep.recovery.staged
+    );
+    m.process_died();
+    for lba in 0..96 {
+        check_read(&f, &m, lba).unwrap();
+    }
+    // And the replayed writes are durable now: a power cut right after loses none.
+    drop(f);
+    dev.crash(1).unwrap();
+    let (f, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
+    for lba in 0..96 {
+        check_read(&f, &m, lba).unwrap();
+    }
+}
+
+#[test]
+fn without_the_staging_area_unflushed_writes_are_lost() {
+    // The control for the test above: a fresh area (a power cut) gives nothing back.
+    let (dev, idx, f) = tiny_crash();
+    let mut m = Model::new();
+    let d = m.write(5, 1, false);
+    f.write(5, &d, false, S0).unwrap();
+    drop(f);
+    let (f, rep) = Ftl::open_staged(
+        dev.clone(),
+        idx.clone(),
+        Config::default(),
+        StagingArea::in_memory(4),
+    )
+    .unwrap();
+    assert_eq!(rep.recovery.staged.open_chunks, 0);
+    assert!(
+        check_read(&f, &m, 5).is_err(),
+        "the write was only in memory"
+    );
+}
+
+#[test]
+fn a_sealed_chunk_whose_write_failed_is_written_by_the_next_open() {
+    let (dev, idx, f) = tiny_crash();
+    let mut m = Model::new();
+    let d = m.write(3, 2, false);
+    f.write(3, &d, false, S0).unwrap();
+    dev.faults.writes.store(true, Ordering::SeqCst);
+    assert!(f.flush().is_err(), "the chunk write fails");
+    dev.faults.writes.store(false, Ordering::SeqCst);
+    let staging = f.staging().clone();
+    drop(f);
+    let (f, rep) = Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), staging).unwrap();
+    assert_eq!(
+        rep.recovery.staged.sealed_chunks, 1,
+        "{:?}",
+        rep.recovery.staged
+    );
+    m.process_died();
+    for lba in 0..8 {
+        check_read(&f, &m, lba).unwrap();
+    }
+}
+
+#[test]
+fn a_staging_area_of_another_session_is_ignored() {
+    let (dev, idx, f) = tiny_crash();
+    let mut m = Model::new();
+    let d = m.write(1, 1, false);
+    f.write(1, &d, false, S0).unwrap();
+    let staging = f.staging().clone();
+    drop(f);
+    // Another open (a tool, without this area) starts a newer session first.
+    let (g, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
+    drop(g);
+    let (_, rep) = Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), staging).unwrap();
+    assert!(rep.recovery.staged.ignored_stale);
+    assert_eq!(rep.recovery.staged.open_chunks, 0);
+}
+
+#[test]
+fn a_damaged_slot_is_a_clear_error_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("t.stage");
+    let (dev, idx, f) = tiny_crash();
+    drop(f);
+    let area = StagingArea::open_file(&file, 4).unwrap();
+    let (f, _) = Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), area).unwrap();
+    f.write(1, &[9u8; 4096], false, S0).unwrap();
+    f.write(2, &[8u8; 4096], false, StreamId(2)).unwrap();
+    drop(f);
+    let before = {
+        let mut b = vec![0u8; dev.size() as usize];
+        dev.read_at(0, &mut b).unwrap();
+        b
+    };
+    // Flip a byte of every slot's place record (offset 16 of its metadata).
+    {
+        use std::os::unix::fs::FileExt;
+        let fh = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&file)
+            .unwrap();
+        for slot in 0..4u64 {
+            let at =
+                ftl::staging::HEADER_BYTES as u64 + slot * ftl::staging::SLOT_BYTES as u64 + 16;
+            let mut b = [0u8; 1];
+            fh.read_exact_at(&mut b, at).unwrap();
+            fh.write_all_at(&[b[0] ^ 0x55], at).unwrap();
+        }
+    }
+    let area = StagingArea::open_file(&file, 4).unwrap();
+    let err = match Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), area) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a damaged staging slot must not open silently"),
+    };
+    assert!(
+        err.contains("staging area") && err.contains("remove the file"),
+        "{err}"
+    );
+    let mut after = vec![0u8; dev.size() as usize];
+    dev.read_at(0, &mut after).unwrap();
+    assert!(before == after, "nothing was written");
+    // Removing the file opens the device without those writes.
+    std::fs::remove_file(&file).unwrap();
+    let area = StagingArea::open_file(&file, 4).unwrap();
+    Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), area).unwrap();
+}
