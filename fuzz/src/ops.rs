@@ -68,7 +68,9 @@ pub enum Op {
     },
     /// Power cut: drop the FTL, lose a seeded subset of unsynced block writes (none
     /// when `seed % 16 == 15`: every write issued reached the media), run the offline
-    /// checker, reopen, check every LBA.
+    /// checker, reopen, check every LBA. `seed % 16 == 14`: the process dies instead
+    /// (`kill -9`): the device keeps every write, the staging area lives on, and after
+    /// the reopen every completed write and trim must read back exactly.
     Crash {
         seed: u64,
     },
@@ -117,6 +119,9 @@ pub struct Outcome {
     pub segments_freed: usize,
     /// Step at which an append ran out of space, if it did.
     pub no_space_at: Option<usize>,
+    /// Process deaths (staging area kept), and the entries their reopens replayed from it.
+    pub kills: usize,
+    pub staged_entries: u64,
 }
 
 /// Decodes `data` into at most [`MAX_OPS`] operations.
@@ -162,6 +167,22 @@ pub fn run(ops: &[Op]) -> Result<Outcome, String> {
         out.steps = step + 1;
         let ftl = f.as_ref().expect("open");
         let crash_seed = match (op, armed.take()) {
+            (Op::Crash { seed }, _) if seed % 16 == 14 => {
+                let staging = ftl.staging().clone();
+                drop(f.take());
+                checker(&dev, &idx).map_err(|e| format!("step {step} {op:?}: {e}"))?;
+                let (nf, report) = tiny::open_staged(&dev, &idx, staging)
+                    .map_err(|e| format!("step {step} {op:?}: reopen after kill: {e}"))?;
+                out.chunks_replayed += report.recovery.chunks_replayed;
+                out.staged_entries += report.recovery.staged.entries;
+                checker(&dev, &idx)
+                    .map_err(|e| format!("step {step} {op:?}: after reopen: {e}"))?;
+                m.process_died();
+                check_after_crash(&nf, &mut m).map_err(|e| format!("step {step} {op:?}: {e}"))?;
+                f = Some(nf);
+                out.kills += 1;
+                continue;
+            }
             (Op::Crash { seed }, _) => Some(*seed),
             (Op::Fault { kind, seed }, _) => {
                 armed = Some((kind % 4, *seed));
@@ -178,7 +199,8 @@ pub fn run(ops: &[Op]) -> Result<Outcome, String> {
                     }
                     FaultEnd::Crash => {
                         out.faults_hit += 1;
-                        Some(seed)
+                        // Always a power cut here (a failed write promised nothing).
+                        Some(if seed % 16 == 14 { seed + 1 } else { seed })
                     }
                 }
             }

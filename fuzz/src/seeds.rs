@@ -92,6 +92,27 @@ pub fn ops_seeds() -> Vec<(&'static str, Vec<Op>)> {
             ],
         ),
         (
+            // The process dies with writes in three streams' open chunks, a trim and a
+            // chunk written but not synced: all of them must read back.
+            "kill",
+            vec![
+                w(0, 7, 0),
+                w(8, 3, 1),
+                w(12, 2, 2),
+                Flush,
+                w(1, 2, 1),
+                Trim { lba: 12, blocks: 1 },
+                Checkpoint,
+                w(30, 4, 3),
+                Crash { seed: 14 },
+                Read { lba: 0, blocks: 7 },
+                Read { lba: 8, blocks: 7 },
+                Read { lba: 30, blocks: 4 },
+                w(2, 1, 0),
+                Crash { seed: 30 },
+            ],
+        ),
+        (
             "write-flush-crash",
             vec![
                 w(0, 3, 1),

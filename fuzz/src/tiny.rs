@@ -48,6 +48,15 @@ pub fn open_report(
     Ftl::open(dev.clone(), idx.clone(), Config::default())
 }
 
+/// Reopens after the death of the process, with the staging area it left.
+pub fn open_staged(
+    dev: &Arc<CrashDevice>,
+    idx: &Arc<MemIndex>,
+    staging: Arc<ftl::staging::StagingArea>,
+) -> ftl::Result<(CrashFtl, ftl::OpenReport)> {
+    Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), staging)
+}
+
 static ZEROS: [u8; BLOCK_SIZE] = [0; BLOCK_SIZE];
 
 /// [`ftl::model::observe`], with its all-zeros test done as one `memcmp`: under the

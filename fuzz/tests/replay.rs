@@ -169,7 +169,10 @@ fn seeds_reach_their_scenarios() {
             .iter()
             .filter(|o| matches!(o, ops::Op::Crash { .. }))
             .count();
-        assert!(out.crashes >= crashes, "{name}: {out:?}");
+        assert!(out.crashes + out.kills >= crashes, "{name}: {out:?}");
+        if name == "kill" {
+            assert!(out.kills == 2 && out.staged_entries > 0, "{name}: {out:?}");
+        }
         if name == "faults" {
             assert!(out.faults_hit >= 3, "{name}: {out:?}");
         }
