@@ -173,9 +173,12 @@ echo "mapped blocks: $before before, $after after fstrim"
 "$BIN" stats -n "$ID" --json | grep -q '"bytes_per_block"' || fail "stats --json has no classifier figures"
 
 # ---------------------------------------------------------------------------------------
-step "4. kill -9 of the daemon during fio writes, recover, verify"
-pid="$(daemon_pid)"
-# O_DIRECT + O_SYNC: every completed write is FUA/flushed, so none may be lost.
+step "4. kill -9 of the daemon during fio writes (3 times), recover, verify"
+# O_DIRECT + O_SYNC: every completed write is FUA/flushed, so none may be lost. A kill
+# between a write's completion and the FLUSH after it is the hard case: the kernel
+# re-issues the FLUSH to the recovered daemon, so the write must have survived the death
+# of its process (the staging area on tmpfs).
+KILLS=3
 fio --name=crash --filename="$MNT/fio.dat" --size=12M --rw=randwrite --bs=4k \
     --ioengine=psync --direct=1 --sync=1 --numjobs=1 --verify=crc32c --verify_fatal=1 --verify_state_save=0 \
     --do_verify=1 --output="$WORK/fio-crash.log" &
@@ -185,20 +188,24 @@ for _ in $(seq 1 300); do
     [ -s "$MNT/fio.dat" ] && [ "$(stat -c %s "$MNT/fio.dat")" -ge $((12 << 20)) ] && break
     sleep 0.1
 done
-sleep 2
-kill -0 "$fiopid" 2>/dev/null || fail "fio finished before the daemon was killed (nothing tested)"
-kill -9 "$pid"
-sleep 1
-[ -e "/dev/ublkc$ID" ] || fail "the device vanished after kill -9 (user recovery not enabled?)"
-"$BIN" list | tee /dev/stderr | grep -q "ublkb$ID " || fail "list does not show the orphaned device"
-kill -0 "$fiopid" 2>/dev/null || fail "fio ended while the daemon was dead (I/O was failed, not held)"
-"$BIN" recover -n "$ID" || fail "recover failed"
+for k in $(seq 1 "$KILLS"); do
+    sleep 2
+    kill -0 "$fiopid" 2>/dev/null || fail "fio finished before kill $k (nothing tested)"
+    pid="$(daemon_pid)"
+    kill -9 "$pid"
+    sleep 1
+    [ -e "/dev/ublkc$ID" ] || fail "the device vanished after kill -9 (user recovery not enabled?)"
+    "$BIN" list | grep -q "ublkb$ID " || fail "list does not show the orphaned device"
+    kill -0 "$fiopid" 2>/dev/null || fail "fio ended while the daemon was dead (I/O was failed, not held)"
+    "$BIN" recover -n "$ID" > /dev/null || fail "recover $k failed"
+    newpid="$(daemon_pid)"
+    [ "$newpid" != "$pid" ] || fail "recover did not start a new daemon"
+    echo "kill $k: $(grep -o '"staged":{[^}]*}' "/run/ftlblk/$ID.log" | tail -n1)"
+done
 wait "$fiopid" || { cat "$WORK/fio-crash.log"; fail "fio across kill -9 + recover failed verification"; }
 grep -q "err= 0" "$WORK/fio-crash.log" || { cat "$WORK/fio-crash.log"; fail "fio reported errors"; }
-echo "fio O_SYNC randwrite + verify across kill -9 and recover: ok"
-newpid="$(daemon_pid)"
-[ "$newpid" != "$pid" ] || fail "recover did not start a new daemon"
-grep -q '"recoveries": 1' "/run/ftlblk/$ID.json" || fail "record does not count the recovery"
+echo "fio O_SYNC randwrite + verify across $KILLS kill -9 and recover: ok"
+grep -q "\"recoveries\": $KILLS" "/run/ftlblk/$ID.json" || fail "record does not count $KILLS recoveries"
 verify_sums "$MNT" "$WORK/sums" "after recover"
 md5sum "$MNT/fio.dat" > "$WORK/fio.sum"
 umount "$MNT"
