@@ -13,6 +13,9 @@ pub(super) enum Region {
         ptr: NonNull<u8>,
         len: usize,
         path: PathBuf,
+        /// Held open for its exclusive lock: one server per staging file, even for two
+        /// copies of a backing that share a uuid.
+        _lock: std::fs::File,
     },
 }
 
@@ -45,6 +48,19 @@ impl Region {
             .truncate(false)
             .open(path)
             .map_err(|e| open_err(path, e))?;
+        // SAFETY: flock on an fd we own.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(if e.kind() == std::io::ErrorKind::WouldBlock {
+                Error::Busy(format!(
+                    "staging file {} (another server uses it: a copy of this backing with \
+                     the same uuid?)",
+                    path.display()
+                ))
+            } else {
+                open_err(path, e)
+            });
+        }
         let have = file.metadata().map_err(|e| open_err(path, e))?.len() as usize;
         let len = have.max(min_len).div_ceil(4096) * 4096;
         if len != have {
@@ -71,6 +87,7 @@ impl Region {
             ptr,
             len,
             path: path.to_path_buf(),
+            _lock: file,
         })
     }
 

@@ -127,6 +127,10 @@ fn a_mapped_file_keeps_its_contents_across_mappings() {
     }
     let a = StagingArea::open_file(&p, 1).unwrap();
     assert_eq!(a.slot_count(), 2, "a larger file keeps its slots");
+    assert!(
+        matches!(StagingArea::open_file(&p, 1), Err(Error::Busy(_))),
+        "a staging file is used by one server at a time"
+    );
     assert_eq!(a.owner(), Some(owner()));
     let b = a.try_take().unwrap();
     let b2 = a.try_take().unwrap();
