@@ -46,12 +46,12 @@ fn child_writer() {
     for t in 0..WRITERS {
         let f = f.clone();
         threads.push(std::thread::spawn(move || {
-            let mut x = 0x9e37_79b9 ^ (t + 1) * 0x1234_5678_9abc;
+            let mut x = 0x9e37_79b9 ^ ((t + 1) * 0x1234_5678_9abc);
             let mut counter = 0u64;
             loop {
                 let lba = (next(&mut x) % (SPAN / WRITERS)) * WRITERS + t;
                 counter += 1;
-                let tag = (t + 1) << 40 | counter;
+                let tag = ((t + 1) << 40) | counter;
                 let fua = next(&mut x) % 50 == 0;
                 let stream = StreamId((next(&mut x) % 7) as u8);
                 f.write(lba, &block_for(lba, tag), fua, stream).unwrap();
@@ -110,7 +110,7 @@ fn kill_during_writes_loses_no_completed_write() {
             .map_or(0, |d| d.subsec_nanos() as u64 % 700);
         let kill_after = 300 + round * 1700 + jitter;
         let mut last: HashMap<u64, u64> = HashMap::new();
-        let mut record = |line: &str, last: &mut HashMap<u64, u64>| {
+        let record = |line: &str, last: &mut HashMap<u64, u64>| {
             let mut w = line.split_whitespace();
             if w.next() == Some("W") {
                 let lba: u64 = w.next().unwrap().parse().unwrap();
