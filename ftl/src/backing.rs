@@ -143,7 +143,7 @@ pub fn open_backing_staged(
     let index = open_index(index_dir)?;
     // Opened only once the backing is locked: one server per staging file.
     let staging = match place {
-        StagingPlace::Memory => StagingArea::in_memory(DEFAULT_SLOTS),
+        StagingPlace::Memory => StagingArea::in_memory(DEFAULT_SLOTS)?,
         StagingPlace::Dir(dir) => {
             StagingArea::open_file(&staging_file(dir, &sb.uuid), DEFAULT_SLOTS)?
         }

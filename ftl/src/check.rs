@@ -117,7 +117,7 @@ pub fn check<D: BlockDevice, I: IndexStore>(
     }
     // 4. Replay (read-only) and compare map with summaries.
     // A fresh (ownerless) staging area: checking never replays or writes anything.
-    let staging = crate::staging::StagingArea::in_memory(1);
+    let staging = crate::staging::StagingArea::in_memory(1)?;
     let (parts, rec) = recover(
         &dev,
         &index,

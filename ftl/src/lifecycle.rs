@@ -235,7 +235,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Opens a formatted backing: validates, recovers, and starts a new epoch. The chunk
     /// buffers live in process memory (see [`Ftl::open_staged`]).
     pub fn open(dev: D, index: I, cfg: Config) -> Result<(Self, OpenReport)> {
-        Self::open_staged(dev, index, cfg, StagingArea::in_memory(DEFAULT_SLOTS))
+        Self::open_staged(dev, index, cfg, StagingArea::in_memory(DEFAULT_SLOTS)?)
     }
 
     /// Opens with the chunk buffers in `staging`. When the area holds what a dead

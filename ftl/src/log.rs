@@ -173,7 +173,7 @@ mod tests {
     use super::*;
 
     fn open(capacity: u16, offset: u32) -> OpenChunk {
-        let area = crate::staging::StagingArea::in_memory(1);
+        let area = crate::staging::StagingArea::in_memory(1).unwrap();
         OpenChunk {
             seg: 1,
             offset,

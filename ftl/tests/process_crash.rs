@@ -57,7 +57,7 @@ fn without_the_staging_area_unflushed_writes_are_lost() {
         dev.clone(),
         idx.clone(),
         Config::default(),
-        StagingArea::in_memory(4),
+        StagingArea::in_memory(4).unwrap(),
     )
     .unwrap();
     assert_eq!(rep.recovery.staged.open_chunks, 0);

@@ -30,12 +30,6 @@ impl AlignedBuf {
         AlignedBuf { ptr, len }
     }
 
-    /// Base pointer of the allocation. Writing through it needs exclusive access to the
-    /// bytes written (the staging area hands out disjoint slots).
-    pub fn raw_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
-    }
-
     fn layout(len: usize) -> Layout {
         match Layout::from_size_align(len, BLOCK_SIZE) {
             Ok(l) => l,

@@ -148,9 +148,12 @@ fn le64(b: &[u8], at: usize) -> u64 {
 
 impl StagingArea {
     /// An area in process memory: survives nothing but is shared by `Arc`, so tests can
-    /// hand it to the next open to model a process crash.
-    pub fn in_memory(slots: usize) -> Arc<Self> {
-        Self::over(Region::heap(HEADER_BYTES + slots.max(1) * SLOT_BYTES))
+    /// hand it to the next open to model a process crash. Fails only when the address
+    /// space is exhausted.
+    pub fn in_memory(slots: usize) -> Result<Arc<Self>> {
+        Ok(Self::over(Region::anonymous(
+            HEADER_BYTES + slots.max(1) * SLOT_BYTES,
+        )?))
     }
 
     /// Maps (creating it if missing) the area file at `path` with room for `slots` slots;

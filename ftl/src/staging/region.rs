@@ -1,14 +1,18 @@
-//! The memory behind a staging area: a heap buffer, or a file mapped MAP_SHARED (its
-//! pages stay in the page cache, tmpfs in practice, when the process dies).
+//! The memory behind a staging area: anonymous memory, or a file mapped MAP_SHARED (its
+//! pages stay in the page cache, tmpfs in practice, when the process dies). Both are
+//! mmaps: pages are zero-filled by the kernel when first touched, so an area costs only
+//! what its slots have used (an FTL opened thousands of times by a fuzzer stays cheap).
 
-use crate::device::AlignedBuf;
 use crate::error::{Error, Result};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
 pub(super) enum Region {
-    Heap(AlignedBuf),
+    Anonymous {
+        ptr: NonNull<u8>,
+        len: usize,
+    },
     Mapped {
         ptr: NonNull<u8>,
         len: usize,
@@ -32,8 +36,12 @@ fn open_err(path: &Path, source: std::io::Error) -> Error {
 }
 
 impl Region {
-    pub fn heap(len: usize) -> Self {
-        Region::Heap(AlignedBuf::new(len))
+    /// `len` bytes of private anonymous memory.
+    pub fn anonymous(len: usize) -> Result<Self> {
+        let len = len.div_ceil(4096) * 4096;
+        let ptr = map(len, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1)
+            .map_err(|e| Error::io("staging memory map", 0, e))?;
+        Ok(Region::Anonymous { ptr, len })
     }
 
     /// Maps `path` shared, growing it to at least `min_len` bytes (existing bytes kept).
@@ -53,8 +61,7 @@ impl Region {
             let e = std::io::Error::last_os_error();
             return Err(if e.kind() == std::io::ErrorKind::WouldBlock {
                 Error::Busy(format!(
-                    "staging file {} (another server uses it: a copy of this backing with \
-                     the same uuid?)",
+                    "{} (the staging file; a copy of this backing with the same uuid?)",
                     path.display()
                 ))
             } else {
@@ -66,23 +73,7 @@ impl Region {
         if len != have {
             file.set_len(len as u64).map_err(|e| open_err(path, e))?;
         }
-        // SAFETY: a fresh shared mapping of a file we hold open, `len` bytes long; the
-        // mapping stays valid after the fd closes.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if raw == libc::MAP_FAILED {
-            return Err(open_err(path, std::io::Error::last_os_error()));
-        }
-        let ptr = NonNull::new(raw as *mut u8)
-            .ok_or_else(|| open_err(path, std::io::Error::other("mmap returned null")))?;
+        let ptr = map(len, libc::MAP_SHARED, file.as_raw_fd()).map_err(|e| open_err(path, e))?;
         Ok(Region::Mapped {
             ptr,
             len,
@@ -93,21 +84,19 @@ impl Region {
 
     pub fn ptr(&self) -> *mut u8 {
         match self {
-            Region::Heap(b) => b.raw_ptr(),
-            Region::Mapped { ptr, .. } => ptr.as_ptr(),
+            Region::Anonymous { ptr, .. } | Region::Mapped { ptr, .. } => ptr.as_ptr(),
         }
     }
 
     pub fn len(&self) -> usize {
         match self {
-            Region::Heap(b) => b.len(),
-            Region::Mapped { len, .. } => *len,
+            Region::Anonymous { len, .. } | Region::Mapped { len, .. } => *len,
         }
     }
 
     pub fn path(&self) -> Option<&Path> {
         match self {
-            Region::Heap(_) => None,
+            Region::Anonymous { .. } => None,
             Region::Mapped { path, .. } => Some(path),
         }
     }
@@ -115,12 +104,33 @@ impl Region {
 
 impl Drop for Region {
     fn drop(&mut self) {
-        if let Region::Mapped { ptr, len, .. } = self {
-            // SAFETY: mapped in `map_file` with this length; nothing refers to it any more
-            // (every ChunkBuf holds the area alive).
-            unsafe {
-                libc::munmap(ptr.as_ptr() as *mut libc::c_void, *len);
-            }
+        let (ptr, len) = match self {
+            Region::Anonymous { ptr, len } | Region::Mapped { ptr, len, .. } => (*ptr, *len),
+        };
+        // SAFETY: mapped by `map` with this length; nothing refers to it any more (every
+        // ChunkBuf holds the area alive).
+        unsafe {
+            libc::munmap(ptr.as_ptr() as *mut libc::c_void, len);
         }
     }
+}
+
+/// mmap of `len` bytes, read-write, with `flags` over `fd` (-1 for anonymous).
+fn map(len: usize, flags: libc::c_int, fd: libc::c_int) -> std::io::Result<NonNull<u8>> {
+    // SAFETY: a fresh mapping chosen by the kernel; for a file, `fd` is open and the
+    // mapping stays valid after it closes.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            fd,
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    NonNull::new(raw as *mut u8).ok_or_else(|| std::io::Error::other("mmap returned null"))
 }

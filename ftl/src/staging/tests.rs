@@ -9,7 +9,7 @@ fn owner() -> AreaOwner {
 
 #[test]
 fn fresh_area_has_no_owner_until_reset() {
-    let a = StagingArea::in_memory(2);
+    let a = StagingArea::in_memory(2).unwrap();
     assert_eq!(a.owner(), None);
     a.reset(owner(), 10);
     assert_eq!(a.owner(), Some(owner()));
@@ -18,7 +18,7 @@ fn fresh_area_has_no_owner_until_reset() {
 
 #[test]
 fn slots_record_entries_and_states() {
-    let a = StagingArea::in_memory(2);
+    let a = StagingArea::in_memory(2).unwrap();
     a.reset(owner(), 1);
     let mut b = a.try_take().unwrap();
     let place = SlotPlace {
@@ -76,7 +76,7 @@ fn slots_record_entries_and_states() {
 
 #[test]
 fn a_torn_entry_ends_the_list() {
-    let a = StagingArea::in_memory(1);
+    let a = StagingArea::in_memory(1).unwrap();
     let mut b = a.try_take().unwrap();
     b.open(SlotPlace {
         stream: 0,
@@ -101,7 +101,7 @@ fn a_torn_entry_ends_the_list() {
 
 #[test]
 fn slots_are_exclusive_and_come_back_on_drop() {
-    let a = StagingArea::in_memory(2);
+    let a = StagingArea::in_memory(2).unwrap();
     let x = a.try_take().unwrap();
     let y = a.try_take().unwrap();
     assert_ne!(x.slot(), y.slot());
