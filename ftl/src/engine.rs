@@ -576,6 +576,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             self.write_chunks(out)?;
             if need_buffer {
                 // Slots come back as chunk writes complete; none is waited for under a lock.
+                // After a failed chunk write they may never come back: stop then.
+                self.check_poison()?;
                 self.staging
                     .wait_for_slot(std::time::Duration::from_millis(50));
                 continue;
