@@ -9,12 +9,11 @@ use crate::device::{BlockDevice, BLOCK_SIZE};
 use crate::error::{Error, Result};
 use crate::geometry::Geometry;
 use crate::index::IndexStore;
-use crate::log::{seal, OpenChunk, SealParams, SealedChunk, StreamLog, STREAMS};
+use crate::log::{chunk_capacity, seal, OpenChunk, SealParams, SealedChunk, StreamLog, STREAMS};
 use crate::map::{L2p, MapEntry};
 use crate::records::Counters;
 use crate::segments::Segments;
 use crate::staging::{SlotPlace, StagingArea};
-use crate::summary::MAX_CHUNK_DATA;
 use crate::superblock::Superblock;
 use crate::tracker::{ChunkTracker, SyncGroup};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -417,7 +416,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 }
             };
             st.cursor = Some((seg, offset));
-            let capacity = (MAX_CHUNK_DATA as u32).min(bps - offset - 1) as u16;
+            let capacity = chunk_capacity(bps, offset) as u16;
             let start_pba = self.geo.segment_start(seg) + offset as u64;
             buf.open(SlotPlace {
                 stream,

@@ -9,13 +9,19 @@
 
 use crate::device::BLOCK_SIZE;
 use crate::staging::ChunkBuf;
-use crate::summary::{ChunkSummary, Entry, MAX_ENTRIES};
+use crate::summary::{ChunkSummary, Entry, MAX_CHUNK_DATA, MAX_ENTRIES};
 use std::sync::Arc;
 
 pub use crate::staging::CHUNK_BUF_BYTES;
 
 /// Number of stream slots (user streams plus cleaner streams).
 pub const STREAMS: usize = 8;
+
+/// Data blocks a chunk starting at block `offset` of its segment may hold (one block is
+/// its summary; it never crosses the segment end).
+pub fn chunk_capacity(blocks_per_segment: u32, offset: u32) -> u32 {
+    (MAX_CHUNK_DATA as u32).min(blocks_per_segment.saturating_sub(offset + 1))
+}
 
 /// A chunk being filled.
 pub struct OpenChunk {

@@ -67,6 +67,7 @@ mod replay;
 
 pub use replay::{replay, StagedReport};
 
+use crate::codec::Reader;
 use crate::device::BLOCK_SIZE;
 use crate::error::{Error, Result};
 use crate::summary::{Entry, MAX_CHUNK_DATA, MAX_ENTRIES, TRIM_FLAG};
@@ -132,18 +133,6 @@ impl std::fmt::Debug for StagingArea {
             self.region.path()
         )
     }
-}
-
-fn le32(b: &[u8], at: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(a)
-}
-
-fn le64(b: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(a)
 }
 
 impl StagingArea {
@@ -228,20 +217,21 @@ impl StagingArea {
     /// The owner recorded in the header, if the header is intact.
     pub fn owner(&self) -> Option<AreaOwner> {
         let h = self.bytes(0, 48);
-        if &h[..8] != MAGIC
-            || u16::from_le_bytes([h[8], h[9]]) != VERSION
-            || le32(h, 44) != crc32c::crc32c(&h[..44])
-            || le32(h, 40) as usize != SLOT_BYTES
-            || le32(h, 12) as usize > self.slots
-        {
-            return None;
-        }
-        let mut uuid = [0u8; 16];
-        uuid.copy_from_slice(&h[16..32]);
-        Some(AreaOwner {
-            uuid,
-            epoch: le64(h, 32),
-        })
+        let mut r = Reader::new(h, "staging header");
+        let magic = r.bytes(8).ok()?;
+        let version = r.u16().ok()?;
+        r.skip(2).ok()?;
+        let slots = r.u32().ok()?;
+        let uuid: [u8; 16] = r.bytes(16).ok()?.try_into().ok()?;
+        let epoch = r.u64().ok()?;
+        let slot_bytes = r.u32().ok()?;
+        let crc = r.u32().ok()?;
+        let intact = magic == MAGIC
+            && version == VERSION
+            && crc == crc32c::crc32c(&h[..44])
+            && slot_bytes as usize == SLOT_BYTES
+            && slots as usize <= self.slots;
+        intact.then_some(AreaOwner { uuid, epoch })
     }
 
     /// Every chunk number handed out by the owner is below this.
@@ -324,43 +314,58 @@ impl StagingArea {
         let state = self.atomic32(at).load(Ordering::Acquire);
         let count = (self.atomic32(at + 4).load(Ordering::Acquire) as usize).min(MAX_ENTRIES);
         let m = self.bytes(at, META_HEADER + count * META_ENTRY);
-        let place = (le32(m, 36) == crc32c::crc32c(&m[16..36])).then(|| SlotPlace {
-            stream: m[32],
-            seg: le32(m, 16),
-            offset: le32(m, 20),
-            start_pba: le64(m, 24),
-        });
-        let mut entries = Vec::with_capacity(count);
-        for k in 0..count {
-            let e = &m[META_HEADER + k * META_ENTRY..META_HEADER + (k + 1) * META_ENTRY];
-            if le32(e, 20) != crc32c::crc32c(&e[..20]) {
-                break;
-            }
-            let (key, seq, v) = (le64(e, 0), le64(e, 8), le32(e, 16));
-            entries.push(if key & TRIM_FLAG != 0 {
-                Entry::Trim {
-                    lba: key & !TRIM_FLAG,
-                    seq,
-                    count: v,
-                }
-            } else {
-                Entry::Data {
-                    lba: key,
-                    seq,
-                    crc: v,
-                }
-            });
-        }
         StagedSlot {
             state: match state {
                 STATE_OPEN => SlotState::Open,
                 STATE_SEALED => SlotState::Sealed(self.atomic64(at + 8).load(Ordering::Acquire)),
                 _ => SlotState::Free,
             },
-            place,
-            entries,
+            place: decode_place(&m[16..40]),
+            entries: m[META_HEADER..]
+                .chunks_exact(META_ENTRY)
+                .map_while(decode_entry)
+                .collect(),
         }
     }
+}
+
+/// A slot's place record (bytes 16..40 of its metadata), if its checksum holds.
+fn decode_place(b: &[u8]) -> Option<SlotPlace> {
+    let mut r = Reader::new(b, "staging slot place");
+    let seg = r.u32().ok()?;
+    let offset = r.u32().ok()?;
+    let start_pba = r.u64().ok()?;
+    let stream = r.u8().ok()?;
+    r.skip(3).ok()?;
+    let crc = r.u32().ok()?;
+    (crc == crc32c::crc32c(&b[..20])).then_some(SlotPlace {
+        stream,
+        seg,
+        offset,
+        start_pba,
+    })
+}
+
+/// One recorded entry, if its checksum holds (a torn one ends the list).
+fn decode_entry(b: &[u8]) -> Option<Entry> {
+    let mut r = Reader::new(b, "staging entry");
+    let (key, seq, v, crc) = (r.u64().ok()?, r.u64().ok()?, r.u32().ok()?, r.u32().ok()?);
+    if crc != crc32c::crc32c(&b[..20]) {
+        return None;
+    }
+    Some(if key & TRIM_FLAG != 0 {
+        Entry::Trim {
+            lba: key & !TRIM_FLAG,
+            seq,
+            count: v,
+        }
+    } else {
+        Entry::Data {
+            lba: key,
+            seq,
+            crc: v,
+        }
+    })
 }
 
 /// State of a slot as replay reads it.

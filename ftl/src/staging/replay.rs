@@ -11,8 +11,8 @@
 use super::{SlotState, StagedSlot, StagingArea};
 use crate::device::{BlockDevice, BLOCK_SIZE};
 use crate::error::{Error, Result};
-use crate::log::{seal, OpenChunk, SealParams, STREAMS};
-use crate::summary::{Entry, MAX_CHUNK_DATA};
+use crate::log::{chunk_capacity, seal, OpenChunk, SealParams, STREAMS};
+use crate::summary::Entry;
 use crate::superblock::Superblock;
 use std::sync::Arc;
 
@@ -86,7 +86,7 @@ pub fn replay<D: BlockDevice>(
             .iter()
             .filter(|e| matches!(e, Entry::Data { .. }))
             .count();
-        let capacity = (MAX_CHUNK_DATA as u32).min(bps.saturating_sub(p.offset + 1));
+        let capacity = chunk_capacity(bps, p.offset);
         if p.seg == 0
             || p.seg >= geo.segment_count
             || p.offset + 2 > bps
