@@ -2,19 +2,23 @@
 # bench.sh — the FTL in-process beside raw fio, on the same backing file, in one run.
 #
 # Usage: scripts/bench.sh [--size 2G] [--dir /var/tmp/ftlblk-bench] [--out bench.json]
-#                         [--rounds 3] [--read-threads 2] [--settle 10]
+#                         [--rounds 3] [--read-pairs 7] [--pair-ops 200000]
+#                         [--read-threads 2] [--settle 10]
 #
 # Tests (4 KiB blocks; raw fio uses io_uring, O_DIRECT, QD32):
 #   randwrite   random writes, one pass over the FTL's exported capacity, fresh device
-#   randread    random reads of the written device, same count; raw fio runs both 1 job x
-#               QD32 and 2 jobs x QD16 and the better counts; the FTL reads with
-#               --read-threads rings (default 2, one per CPU like the ublk queues), QD32 in all
 #   writeflush  random write + FLUSH after every write (fio --fsync=1), 20000 writes
-# Each round runs raw fio on the file (laid out once, fully allocated), then `ftlblk bench`
-# formats the same file and runs the same tests in-process; medians over the rounds are
-# reported (the machine is shared and noisy). Both sides pause --settle seconds before the
-# read test and before the write+flush test, so neither measures the host still writing
-# back the tests before it. Prints a table and writes bench.json:
+#   randread    random reads of a device written full; raw fio runs both 1 job x QD32 and
+#               2 jobs x QD16 and the better counts; the FTL reads with --read-threads
+#               rings (default 2, one per CPU like the ublk queues), QD32 in all
+# Write tests: each round runs raw fio on the file (laid out once, fully allocated), then
+# `ftlblk bench` formats the same file and runs the same tests in-process; medians over
+# the rounds are reported. Read test: this host's read speed drifts by 20% from one second
+# to the next, more than the differences being measured, so after one FTL randwrite the
+# file is read in --read-pairs back-to-back pairs (raw fio, then the FTL, the order
+# swapped every pair), --pair-ops reads each; the ratio is the median of the per-pair
+# ratios. Both sides pause --settle seconds after a write test, so neither measures the
+# host still writing back the test before it. Prints a table and writes bench.json:
 #   {"ftl": {...}, "raw": {...}, "ratio": {...}, "map_ram_bytes_per_block": N}
 # Targets: randwrite >= 1.5x raw, randread >= 0.8x raw, writeflush >= 0.7x raw,
 # map RAM <= 8 bytes per mapped block. Exit status is 0 whether or not targets are met
@@ -27,6 +31,8 @@ DIR=/var/tmp/ftlblk-bench
 OUT=bench.json
 FLUSH_OPS=20000
 ROUNDS=3
+READ_PAIRS=7
+PAIR_OPS=200000
 READ_THREADS=2
 SETTLE=10
 while [ $# -gt 0 ]; do
@@ -35,6 +41,8 @@ while [ $# -gt 0 ]; do
         --dir) DIR=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
         --rounds) ROUNDS=$2; shift 2 ;;
+        --read-pairs) READ_PAIRS=$2; shift 2 ;;
+        --pair-ops) PAIR_OPS=$2; shift 2 ;;
         --read-threads) READ_THREADS=$2; shift 2 ;;
         --settle) SETTLE=$2; shift 2 ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -53,7 +61,7 @@ rm -rf "$IMG" "$IDX"
 # Exported capacity of the FTL on this size: the op count of the randwrite/randread tests.
 EXPORTED=$("$BIN" format --backing "$IMG" --index "$IDX" --size "$SIZE" | python3 -c 'import json,sys; print(json.load(sys.stdin)["exported_bytes"])')
 OPS=$((EXPORTED / 4096))
-rm -rf "$IMG" "$IDX" "$DIR"/fio-*.json "$DIR"/ftl-*.json
+rm -rf "$IMG" "$IDX" "$DIR"/fio-*.json "$DIR"/ftl-*.json "$DIR"/pair-*.json
 
 fio_json() { # name, extra fio args...
     local name=$1; shift
@@ -69,15 +77,29 @@ for r in $(seq 1 "$ROUNDS"); do
     echo "-- round $r: raw fio" >&2
     fio_json "randwrite-$r" --rw=randwrite --io_size=$((OPS * 4096))
     sync; sleep "$SETTLE"
-    fio_json "randread-$r" --rw=randread --io_size=$((OPS * 4096))
-    # Raw reads also with two jobs of QD16 (the FTL reads with one ring per CPU, as the
-    # ublk queues do); the better raw figure is the one compared against.
-    fio_json "randread2-$r" --rw=randread --io_size=$((OPS * 4096 / 2)) --numjobs=2 --iodepth=16
-    sync; sleep "$SETTLE"
     fio_json "writeflush-$r" --rw=randwrite --fsync=1 --io_size=$((FLUSH_OPS * 4096))
     echo "-- round $r: ftlblk bench" >&2
-    "$BIN" bench --backing "$IMG" --index "$IDX" --size "$SIZE" --jobs 32 --qd 32 \
-        --flush-ops "$FLUSH_OPS" --read-threads "$READ_THREADS" --settle "$SETTLE" > "$DIR/ftl-$r.json"
+    "$BIN" bench --backing "$IMG" --index "$IDX" --size "$SIZE" --jobs 32 \
+        --tests randwrite,writeflush --flush-ops "$FLUSH_OPS" --settle "$SETTLE" > "$DIR/ftl-$r.json"
+done
+
+# Reads in pairs, on a device written full (one FTL randwrite pass; raw fio reads the
+# same file, whatever it holds, over the same extents).
+echo "-- reads: FTL randwrite, then $READ_PAIRS pairs of $PAIR_OPS reads" >&2
+"$BIN" bench --backing "$IMG" --index "$IDX" --size "$SIZE" --jobs 32 --tests randwrite \
+    --settle "$SETTLE" > /dev/null
+raw_reads() { # pair
+    fio_json "pairread-$1" --rw=randread --io_size=$((PAIR_OPS * 4096))
+    # Also two jobs of QD16 (the FTL reads with one ring per CPU, as the ublk queues do);
+    # the better raw figure is the one compared against.
+    fio_json "pairread2-$1" --rw=randread --io_size=$((PAIR_OPS * 4096 / 2)) --numjobs=2 --iodepth=16
+}
+ftl_reads() { # pair
+    "$BIN" bench --backing "$IMG" --index "$IDX" --tests randread --qd 32 --read-ops "$PAIR_OPS" \
+        --read-threads "$READ_THREADS" --seed "$1" > "$DIR/pair-ftl-$1.json"
+}
+for p in $(seq 1 "$READ_PAIRS"); do
+    if [ $((p % 2)) -eq 1 ]; then raw_reads "$p"; ftl_reads "$p"; else ftl_reads "$p"; raw_reads "$p"; fi
 done
 
 python3 - "$DIR" "$OUT" <<'PY'
@@ -92,29 +114,37 @@ def median_run(runs, t):
     m["all_iops"] = [x["iops"] for x in runs]
     return m
 ftl = {t: median_run([x[t] for x in ftl_runs], t) for t in ftl_runs[0]}
-raw = {}
-for t, side in (("randwrite", "write"), ("randread", "read"), ("writeflush", "write")):
-    runs = []
-    for r in rounds:
-        cands = [f"{d}/fio-{t}-{r}.json"] + ([f"{d}/fio-randread2-{r}.json"] if t == "randread" else [])
-        best = None
-        for c in cands:
-            j = json.load(open(c))["jobs"][0][side]
-            cand = {"iops": j["iops"], "ops": j["total_ios"], "clat_p99_us": j["clat_ns"]["percentile"].get("99.000000", 0) / 1000,
-                    "config": "2 jobs x QD16" if "randread2" in c else "1 job x QD32"}
-            if best is None or cand["iops"] > best["iops"]:
-                best = cand
-        runs.append(best)
-    raw[t] = median_run(runs, t)
+def fio_best(paths, side):
+    best = None
+    for c in paths:
+        j = json.load(open(c))["jobs"][0][side]
+        cand = {"iops": j["iops"], "ops": j["total_ios"], "clat_p99_us": j["clat_ns"]["percentile"].get("99.000000", 0) / 1000,
+                "config": "2 jobs x QD16" if "read2" in c else "1 job x QD32"}
+        if best is None or cand["iops"] > best["iops"]:
+            best = cand
+    return best
+raw = {t: median_run([fio_best([f"{d}/fio-{t}-{r}.json"], "write") for r in rounds], t)
+       for t in ("randwrite", "writeflush")}
 ratio = {t: ftl[t]["iops"] / raw[t]["iops"] for t in raw}
+# Reads: per-pair ratios, median.
+pairs = sorted(int(p.rsplit("-", 1)[1].split(".")[0]) for p in glob.glob(f"{d}/pair-ftl-*.json"))
+pf = [json.load(open(f"{d}/pair-ftl-{p}.json"))["randread"] for p in pairs]
+pr = [fio_best([f"{d}/fio-pairread-{p}.json", f"{d}/fio-pairread2-{p}.json"], "read") for p in pairs]
+pair_ratios = [f["iops"] / r["iops"] for f, r in zip(pf, pr)]
+ftl["randread"] = dict(median_run(pf, "randread"), pairs=len(pairs),
+                       all_iops_without_crc_check=[f["iops_without_crc_check"] for f in pf])
+raw["randread"] = median_run(pr, "randread")
+ratio["randread"] = statistics.median(pair_ratios)
+ratio["randread_pairs"] = pair_ratios
 targets = {"randwrite": 1.5, "randread": 0.8, "writeflush": 0.7}
 ram = ftl["randwrite"]["map_ram_bytes_per_block"]
 res = {"ftl": ftl, "raw": raw, "ratio": ratio, "targets": targets, "map_ram_bytes_per_block": ram}
 json.dump(res, open(out, "w"), indent=2)
 print(f"{'test':<12}{'raw IOPS':>12}{'ftl IOPS':>12}{'ratio':>8}{'target':>8}  met")
-for t in raw:
+for t in ("randwrite", "randread", "writeflush"):
     ok = "yes" if ratio[t] >= targets[t] else "NO"
     print(f"{t:<12}{raw[t]['iops']:>12.0f}{ftl[t]['iops']:>12.0f}{ratio[t]:>8.2f}{targets[t]:>8.1f}  {ok}")
+print(f"randread: median of {len(pair_ratios)} per-pair ratios: " + " ".join(f"{x:.2f}" for x in pair_ratios))
 print(f"map RAM per mapped block: {ram:.2f} bytes (target <= 8)  {'yes' if ram <= 8 else 'NO'}")
 print(f"write+flush padding: {ftl['writeflush']['padding_bytes']} bytes over {ftl['writeflush']['flushes']} flushes")
 print(f"wrote {out}")
