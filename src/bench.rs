@@ -19,7 +19,7 @@ use io_uring::{opcode, types, IoUring};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -62,7 +62,7 @@ pub struct BenchArgs {
     pub settle: u64,
 }
 
-fn fresh(a: &BenchArgs, index: &PathBuf) -> Result<FileFtl, String> {
+fn fresh(a: &BenchArgs, index: &Path) -> Result<FileFtl, String> {
     format_backing(
         &a.backing,
         index,

@@ -35,7 +35,7 @@ const CHECKPOINT_POLL: Duration = Duration::from_secs(1);
 /// Messages from the main thread.
 pub enum Event {
     /// The device is live: publish the stats socket for it.
-    Live(DeviceRecord),
+    Live(Box<DeviceRecord>),
     /// Stop serving and end the runtime.
     Shutdown,
 }
@@ -196,7 +196,7 @@ async fn serve(
                         Ok(l) => listener = Some((l, rec.socket.clone())),
                         Err(e) => eprintln!("ftlblk: stats socket {}: {e}", rec.socket.display()),
                     }
-                    record = Some(rec);
+                    record = Some(*rec);
                 }
                 Some(Event::Shutdown) | None => break,
             },
@@ -215,7 +215,7 @@ async fn serve(
                         }
                     });
                 }
-                if checkpoint.as_ref().map_or(true, |h| h.is_finished()) && ftl.checkpoint_due() {
+                if checkpoint.as_ref().is_none_or(|h| h.is_finished()) && ftl.checkpoint_due() {
                     let f = ftl.clone();
                     checkpoint = Some(tokio::task::spawn_blocking(move || {
                         if let Err(e) = f.checkpoint() {

@@ -373,7 +373,7 @@ fn serve(
         if let Err(e) = runfiles::write_record(&rec) {
             return stop(format!("cannot write the device record: {e}"));
         }
-        let _ = tx.send(Event::Live(rec.clone()));
+        let _ = tx.send(Event::Live(Box::new(rec.clone())));
         if let Ok(s) = serde_json::to_string_pretty(&rec) {
             println!("{s}");
         }

@@ -147,7 +147,7 @@ pub fn add(a: AddArgs) -> Result<(), String> {
             sys::UBLK_MAX_QUEUE_DEPTH
         ));
     }
-    if a.io_buf_size < 4096 || a.io_buf_size % 4096 != 0 || a.io_buf_size > 32 << 20 {
+    if a.io_buf_size < 4096 || !a.io_buf_size.is_multiple_of(4096) || a.io_buf_size > 32 << 20 {
         return Err(format!(
             "--io-buf-size {} must be a multiple of 4K between 4K and 32M",
             a.io_buf_size

@@ -82,13 +82,10 @@ fn write_cleaning(
         match f.write(lba, data, fua, StreamId(1)) {
             Ok(()) => return Ok(()),
             Err(ftl::Error::NoSpace) => {
-                match c
-                    .run_slice(Policy::Greedy, Budget::unbounded(), &|| false)
-                    .map_err(|e| e.to_string())?
-                {
-                    SliceEnd::NoVictim => {}
-                    _ => {}
-                }
+                // Whatever the slice freed (or found nothing to clean), the checkpoint
+                // below makes the dead segments free; the write is then retried.
+                c.run_slice(Policy::Greedy, Budget::unbounded(), &|| false)
+                    .map_err(|e| e.to_string())?;
                 f.checkpoint().map_err(|e| e.to_string())?;
             }
             Err(e) => return Err(format!("write {lba}: {e}")),

@@ -7,11 +7,11 @@
 //! 2. the snapshot (dirty map pages, every segment record, the checkpoint header with the
 //!    next chain number) is taken with every stream lock held, so it is exactly the state
 //!    after chain number `next_chunk_seq - 1` and no append is half done;
-//! 2a. the device is synced up to `next_chunk_seq` AFTER the stream locks are released
+//! 3. the device is synced up to `next_chunk_seq` AFTER the stream locks are released
 //!    (writers go on meanwhile; a sync under the locks stalled every writer for its whole
 //!    duration) and BEFORE the index commit: the checkpoint never names a block that is
 //!    not durable;
-//! 3. the index batch is committed atomically and durably BEFORE any segment it records
+//! 4. the index batch is committed atomically and durably BEFORE any segment it records
 //!    as dead is put on the free list or discarded: a dead segment's blocks may be
 //!    overwritten only when the map changes that killed them are durable, and recovery
 //!    never needs a chunk older than the checkpoint it starts from.
@@ -46,10 +46,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()))
             .collect();
         // Rule 1.
-        for sid in 0..guards.len() {
-            if let Some(c) = self.seal_open(sid as u8, &mut guards[sid])? {
+        for (sid, guard) in guards.iter_mut().enumerate() {
+            if let Some(c) = self.seal_open(sid as u8, guard)? {
                 self.write_chunk_io(&c)?;
-                self.retire(&mut guards[sid], c);
+                self.retire(guard, c);
             }
         }
         let next_chunk_seq = self.tracker.next_seq();
@@ -90,7 +90,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             ops.push(Op::Put(Key::segment(r.segment), r.encode()));
         }
         ops.push(Op::Put(Key::checkpoint(), header.encode()));
-        // Rule 2a, then rule 3; on failure the pages stay dirty for the next checkpoint.
+        // Rule 3, then rule 4; on failure the pages stay dirty for the next checkpoint.
         let committed = self
             .flush_upto(next_chunk_seq)
             .and_then(|()| self.index.commit(ops));

@@ -271,7 +271,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     }
 
     fn check_len(len: usize) -> Result<u64> {
-        if len % BLOCK_SIZE != 0 {
+        if !len.is_multiple_of(BLOCK_SIZE) {
             return Err(Error::Unaligned(format!(
                 "{len} bytes is not a multiple of {BLOCK_SIZE}"
             )));

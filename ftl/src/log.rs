@@ -50,9 +50,9 @@ impl OpenChunk {
     }
     /// True when `seq` can still be encoded as a 32-bit delta from the first entry.
     pub fn seq_fits(&self, seq: u64) -> bool {
-        self.entries.first().map_or(true, |e| {
-            seq.saturating_sub(e.seq()) < (u32::MAX as u64) / 2
-        })
+        self.entries
+            .first()
+            .is_none_or(|e| seq.saturating_sub(e.seq()) < (u32::MAX as u64) / 2)
     }
     /// Physical block the next data block lands on.
     pub fn next_data_pba(&self) -> u64 {

@@ -84,7 +84,7 @@ pub fn decode(
         return Err(Error::Unsupported(format!("operation {op}")));
     }
     let nr = nr_sectors as u64;
-    if start_sector % SECTORS_PER_BLOCK != 0 || nr % SECTORS_PER_BLOCK != 0 {
+    if !start_sector.is_multiple_of(SECTORS_PER_BLOCK) || !nr.is_multiple_of(SECTORS_PER_BLOCK) {
         return Err(Error::Unaligned(format!(
             "sectors {start_sector} + {nr} are not whole {BLOCK_SIZE}-byte blocks"
         )));

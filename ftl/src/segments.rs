@@ -197,6 +197,26 @@ impl Segments {
             })
             .collect()
     }
+
+    /// Recovery: a free segment found holding the next chunk of `stream` becomes open.
+    pub fn take_for_recovery(&self, seg: u32, stream: u8, seq: u64) -> bool {
+        let mut t = self.lock();
+        let Some(pos) = t.free.iter().position(|&s| s == seg) else {
+            return false;
+        };
+        t.free.remove(pos);
+        let i = &mut t.info[seg as usize];
+        i.state = SegState::Open;
+        i.stream = stream;
+        i.opened_seq = seq;
+        self.owner[seg as usize].store(stream, Ordering::SeqCst);
+        true
+    }
+
+    /// State of one segment.
+    pub fn state(&self, seg: u32) -> Option<SegState> {
+        self.lock().info.get(seg as usize).map(|i| i.state)
+    }
 }
 
 #[cfg(test)]
@@ -224,27 +244,5 @@ mod tests {
         t.allocate(0, 0, 0);
         t.allocate(0, 0, 0);
         assert!(t.allocate(0, 0, 0).is_none());
-    }
-}
-
-impl Segments {
-    /// Recovery: a free segment found holding the next chunk of `stream` becomes open.
-    pub fn take_for_recovery(&self, seg: u32, stream: u8, seq: u64) -> bool {
-        let mut t = self.lock();
-        let Some(pos) = t.free.iter().position(|&s| s == seg) else {
-            return false;
-        };
-        t.free.remove(pos);
-        let i = &mut t.info[seg as usize];
-        i.state = crate::records::SegState::Open;
-        i.stream = stream;
-        i.opened_seq = seq;
-        self.owner[seg as usize].store(stream, Ordering::SeqCst);
-        true
-    }
-
-    /// State of one segment.
-    pub fn state(&self, seg: u32) -> Option<SegState> {
-        self.lock().info.get(seg as usize).map(|i| i.state)
     }
 }

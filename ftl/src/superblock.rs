@@ -120,8 +120,8 @@ impl Superblock {
         };
         let sane = block_size as usize == BLOCK_SIZE
             && segment_bytes.is_power_of_two()
-            && segment_bytes >= crate::geometry::MIN_SEGMENT_BYTES
-            && segment_bytes <= crate::geometry::MAX_SEGMENT_BYTES
+            && (crate::geometry::MIN_SEGMENT_BYTES..=crate::geometry::MAX_SEGMENT_BYTES)
+                .contains(&segment_bytes)
             && flash_page_bytes.is_power_of_two()
             && flash_page_bytes as usize >= BLOCK_SIZE
             && (flash_page_bytes as u64) * 4 <= segment_bytes

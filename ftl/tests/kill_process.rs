@@ -52,10 +52,10 @@ fn child_writer() {
                 let lba = (next(&mut x) % (SPAN / WRITERS)) * WRITERS + t;
                 counter += 1;
                 let tag = ((t + 1) << 40) | counter;
-                let fua = next(&mut x) % 50 == 0;
+                let fua = next(&mut x).is_multiple_of(50);
                 let stream = StreamId((next(&mut x) % 7) as u8);
                 f.write(lba, &block_for(lba, tag), fua, stream).unwrap();
-                if next(&mut x) % 100 == 0 {
+                if next(&mut x).is_multiple_of(100) {
                     f.flush().unwrap();
                 }
                 // Reported only after the write completed.

@@ -173,7 +173,7 @@ pub fn simulate(
                         *c += 1;
                     }
                     wi += 1;
-                    if wi % every == 0 {
+                    if wi.is_multiple_of(every) {
                         let c = f.stats().counters;
                         series.push((
                             wi,

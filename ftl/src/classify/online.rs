@@ -156,7 +156,7 @@ impl Classifier {
     fn place_class(&self, class: u8) -> StreamId {
         let (p, class) = (&self.params, class as usize);
         self.counts[class].fetch_add(1, Relaxed);
-        if (self.placed.fetch_add(1, Relaxed) + 1) % p.period.max(1) == 0 {
+        if (self.placed.fetch_add(1, Relaxed) + 1).is_multiple_of(p.period.max(1)) {
             let counts: [u64; CLASSES] = std::array::from_fn(|c| self.counts[c].swap(0, Relaxed));
             let scale = self.scale();
             let realized: [Option<f64>; CLASSES] = std::array::from_fn(|c| {

@@ -180,7 +180,7 @@ fn uniform_overwrites_end_in_one_stream() {
         x ^= x >> 7;
         x ^= x << 17;
         c.on_write(x % cap);
-        if x % 3 == 0 {
+        if x.is_multiple_of(3) {
             c.on_relocate(x / 3 % cap);
         }
     }

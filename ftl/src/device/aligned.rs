@@ -69,7 +69,7 @@ impl std::fmt::Debug for AlignedBuf {
 
 /// True when `buf` starts on a block boundary (O_DIRECT-safe).
 pub fn is_aligned(buf: &[u8]) -> bool {
-    (buf.as_ptr() as usize) % BLOCK_SIZE == 0
+    (buf.as_ptr() as usize).is_multiple_of(BLOCK_SIZE)
 }
 
 #[cfg(test)]

@@ -43,7 +43,7 @@ fn poisoned() -> io::Error {
 }
 
 fn injected(op: &str) -> io::Error {
-    io::Error::new(io::ErrorKind::Other, format!("injected {op} error (EIO)"))
+    io::Error::other(format!("injected {op} error (EIO)"))
 }
 
 impl CrashDevice {

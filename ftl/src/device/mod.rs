@@ -57,7 +57,7 @@ pub trait BlockDevice: Send + Sync {
 /// Checks the alignment rules shared by every implementation.
 pub(crate) fn check_range(dev_size: u64, offset: u64, len: usize) -> io::Result<()> {
     let bs = BLOCK_SIZE as u64;
-    if offset % bs != 0 || len as u64 % bs != 0 {
+    if !offset.is_multiple_of(bs) || !(len as u64).is_multiple_of(bs) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("unaligned device access: offset {offset} len {len}"),

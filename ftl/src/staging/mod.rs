@@ -98,7 +98,7 @@ const STATE_OPEN: u32 = 1;
 const STATE_SEALED: u32 = 2;
 
 const _: () = assert!(META_HEADER + MAX_ENTRIES * META_ENTRY <= SLOT_META_BYTES);
-const _: () = assert!(SLOT_BYTES % BLOCK_SIZE == 0);
+const _: () = assert!(SLOT_BYTES.is_multiple_of(BLOCK_SIZE));
 
 /// Who owns the area: written by [`StagingArea::reset`], checked by [`replay`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -198,14 +198,14 @@ impl StagingArea {
     }
 
     fn atomic32(&self, at: usize) -> &AtomicU32 {
-        debug_assert!(at % 4 == 0 && at + 4 <= self.region.len());
+        debug_assert!(at.is_multiple_of(4) && at + 4 <= self.region.len());
         // SAFETY: in bounds, 4-aligned (the region is page-aligned), and only ever
         // accessed through atomics.
         unsafe { &*(self.region.ptr().add(at) as *const AtomicU32) }
     }
 
     fn atomic64(&self, at: usize) -> &AtomicU64 {
-        debug_assert!(at % 8 == 0 && at + 8 <= self.region.len());
+        debug_assert!(at.is_multiple_of(8) && at + 8 <= self.region.len());
         // SAFETY: as for `atomic32`, 8-aligned.
         unsafe { &*(self.region.ptr().add(at) as *const AtomicU64) }
     }
