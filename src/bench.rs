@@ -349,7 +349,7 @@ mod tests {
     use super::*;
     use std::os::unix::fs::FileExt;
 
-    fn written_device(dir: &std::path::Path) -> (PathBuf, Arc<FileFtl>) {
+    fn written_device(dir: &Path) -> (PathBuf, Arc<FileFtl>) {
         let img = dir.join("b.img");
         let idx = dir.join("b.idx");
         format_backing(&img, &idx, Some(64 << 20), &FormatOptions::default(), false)

@@ -47,16 +47,14 @@ pub fn run(a: CheckArgs) -> Result<bool, String> {
         }
         println!("{}", if report.clean() { "clean" } else { "NOT CLEAN" });
     }
-    if let Ok((sb, _)) = ftl::lifecycle::read_superblock_readonly(&dev) {
-        let staged = ftl::backing::staging_file(&crate::runfiles::run_dir(), &sb.uuid);
-        if staged.exists() {
-            eprintln!(
-                "note: {} holds what a server of this backing staged when it stopped \
-                 uncleanly (this check does not include it); the next `ftlblk add` or \
-                 `recover` writes it to the log",
-                staged.display()
-            );
-        }
+    let staged = ftl::backing::staging_file(&crate::runfiles::run_dir(), &report.uuid);
+    if staged.exists() {
+        eprintln!(
+            "note: {} holds what a server of this backing staged when it stopped \
+             uncleanly (this check does not include it); the next `ftlblk add` or \
+             `recover` writes it to the log",
+            staged.display()
+        );
     }
     Ok(report.clean())
 }

@@ -114,9 +114,10 @@ pub enum StagingPlace {
     Dir(PathBuf),
 }
 
-/// The staging file of the backing with `uuid` under `dir`.
-pub fn staging_file(dir: &Path, uuid: &[u8; 16]) -> PathBuf {
-    dir.join(format!("{}.stage", crate::superblock::uuid_string(uuid)))
+/// The staging file of the backing whose uuid (as [`Superblock::uuid_string`] prints it)
+/// is `uuid`, under `dir`.
+pub fn staging_file(dir: &Path, uuid: &str) -> PathBuf {
+    dir.join(format!("{uuid}.stage"))
 }
 
 /// Opens a formatted backing and its index, recovering as needed; chunk buffers in memory.
@@ -145,7 +146,7 @@ pub fn open_backing_staged(
     let staging = match place {
         StagingPlace::Memory => StagingArea::in_memory(DEFAULT_SLOTS)?,
         StagingPlace::Dir(dir) => {
-            StagingArea::open_file(&staging_file(dir, &sb.uuid), DEFAULT_SLOTS)?
+            StagingArea::open_file(&staging_file(dir, &sb.uuid_string()), DEFAULT_SLOTS)?
         }
     };
     Ftl::open_staged(dev, index, cfg, staging)
