@@ -55,6 +55,7 @@ sanitizer_for() {
 
 failed=()
 summary=()
+reproducers=()
 for t in $targets; do
     san="$(sanitizer_for "$t")"
     echo "== $t: building (sanitizer: $san)"
@@ -86,11 +87,22 @@ for t in $targets; do
     artifact="$(grep -oE 'Test unit written to [^ ]+' "$logs/$t.log" | awk '{print $NF}' | tail -1)"
     if [ "$rc" -ne 0 ] || [ -n "$artifact" ]; then
         echo "---- $t FAILED (exit $rc); end of its log ($logs/$t.log):"
-        grep -E 'panicked at|^ERROR|SUMMARY|deadly signal|out-of-memory|timeout' "$logs/$t.log" | head -10
+        # The panic's message follows its "panicked at" line (the ops target puts the
+        # violated property on its first line, then the whole case).
+        grep -E -A1 'panicked at' "$logs/$t.log" | head -10 | cut -c1-300
+        grep -E '^ERROR|SUMMARY|deadly signal|out-of-memory|timeout' "$logs/$t.log" | head -10
         tail -25 "$logs/$t.log"
         echo "---- $t crash artifact: ${artifact:-none written}"
         failed+=("$t")
         status="CRASHED: ${artifact:-see $logs/$t.log}"
+        # CI keeps only the end of the output and none of the files: carry the
+        # property that failed and the input itself there (printed last, below).
+        what="$(grep -E -A1 'panicked at' "$logs/$t.log" | grep -vE 'panicked at|^--$' | head -1 | cut -c1-300)"
+        reproducers+=("$t: ${what:-no panic message}")
+        if [ -n "$artifact" ] && [ -f "$artifact" ] && [ "$(stat -c %s "$artifact")" -le 3000 ]; then
+            reproducers+=("input of $t ($(stat -c %s "$artifact") bytes; base64 -d > fuzz/regressions/$t/NAME):")
+            reproducers+=("$(base64 -w 120 "$artifact")")
+        fi
     else
         status="ok"
     fi
@@ -103,6 +115,9 @@ echo "== fuzz summary (${secs}s per target)"
 printf '%-14s %10s %10s %10s  %s\n' target exec/s cov ft result
 for s in "${summary[@]}"; do echo "$s"; done
 if [ "${#failed[@]}" -ne 0 ]; then
+    echo
+    echo "== what failed, and the inputs to replay"
+    for r in "${reproducers[@]}"; do echo "$r"; done
     echo "fuzz.sh: failing targets: ${failed[*]}" >&2
     exit 1
 fi

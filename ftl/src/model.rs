@@ -112,6 +112,19 @@ impl Model {
         }
     }
 
+    /// Records that the FUA write of `blocks` blocks at `lba` (recorded with `write(..,
+    /// false)` before it was issued) completed: those blocks are durable now. A FUA write
+    /// that fails, or runs out of space part-way, promised nothing, so callers record it
+    /// as a plain write first and call this only on success.
+    pub fn fua_completed(&mut self, lba: u64, blocks: u64) {
+        for l in lba..lba + blocks {
+            if let Some(s) = self.slots.get_mut(&l) {
+                s.durable = s.current;
+                s.since.clear();
+            }
+        }
+    }
+
     /// Records a completed FLUSH.
     pub fn flush(&mut self) {
         for s in self.slots.values_mut() {
@@ -198,5 +211,24 @@ mod tests {
         m.trim(1, 1);
         assert_eq!(m.allowed_after_crash(1), vec![t2, 0]);
         assert_eq!(m.allowed_after_crash(99), vec![0]);
+    }
+
+    #[test]
+    fn a_fua_write_is_durable_only_once_completed() {
+        let mut m = Model::new();
+        m.write(3, 2, false);
+        m.flush();
+        let old = m.expected(3);
+        // Issued as FUA, not (yet) completed: old and new both allowed.
+        m.write(3, 2, false);
+        let new = m.expected(3);
+        assert_eq!(m.allowed_after_crash(3), vec![old, new]);
+        m.fua_completed(3, 2);
+        assert_eq!(m.allowed_after_crash(3), vec![new]);
+        assert_eq!(m.allowed_after_crash(4), vec![m.expected(4)]);
+        // Other LBAs' unflushed writes stay undecided.
+        m.write(7, 1, false);
+        m.fua_completed(3, 1);
+        assert_eq!(m.allowed_after_crash(7).len(), 2);
     }
 }

@@ -342,14 +342,19 @@ fn write(
     stream: u8,
 ) -> Result<Flow, String> {
     let (l, b) = range(lba, blocks, 8);
-    let data = m.write(l, b, fua);
+    // Durable in the model only once a FUA write has completed: one that runs out of
+    // space part-way promised nothing.
+    let data = m.write(l, b, false);
     let r = ftl.write(l, &data, fua, StreamId(stream % USER_STREAMS));
     if is_no_space(&r) {
-        // Part of the write may have been appended: the model already allows the new
-        // tags after a crash, and the case stops here.
+        // Part of the write may have been appended: the model allows the new tags after
+        // a crash (and the old ones), and the case stops here.
         return Ok(Flow::NoSpace);
     }
     r.map_err(|e| format!("write: {e}"))?;
+    if fua {
+        m.fua_completed(l, b);
+    }
     check_read(ftl, m, l, b)?;
     Ok(Flow::Go)
 }
@@ -561,6 +566,20 @@ fn touched(op: &Op) -> Option<(u64, u64)> {
     }
 }
 
+/// The blocks a FUA write of `op` makes durable once it completes.
+fn fua_range(op: &Op) -> Option<(u64, u64)> {
+    match *op {
+        Op::Write {
+            lba,
+            blocks,
+            fua: true,
+            ..
+        }
+        | Op::FuaWrite { lba, blocks, .. } => Some(range(lba, blocks, 8)),
+        _ => None,
+    }
+}
+
 /// Runs `op` with fault `kind` injected; decides how the case goes on.
 fn faulted(
     dev: &CrashDevice,
@@ -633,6 +652,9 @@ fn faulted(
         Ok(()) => {
             if let Some((l, b)) = touched(op) {
                 check_read(ftl, m, l, b)?;
+            }
+            if let Some((l, b)) = fua_range(op) {
+                m.fua_completed(l, b);
             }
             return Ok(FaultEnd::Continue);
         }
