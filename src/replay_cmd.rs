@@ -162,8 +162,14 @@ pub fn run(a: ReplayArgs) -> Result<(), String> {
             "victim utilisation  {:?} (10% bins)",
             report.victim_utilization_histogram
         );
+        println!(
+            "per stream          user blocks, relocated in, segments and live blocks at the end"
+        );
         for s in &report.per_stream {
-            println!("stream {}            {} blocks", s.stream, s.blocks);
+            println!(
+                "  stream {}          {:>10} {:>10} {:>5} {:>10}",
+                s.stream, s.user_blocks, s.relocated_blocks, s.segments, s.live_blocks
+            );
         }
         println!(
             "classes with stream {:#09b} (bit c = class c, hottest first)",

@@ -41,7 +41,17 @@ pub struct SimConfig {
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct StreamFigures {
     pub stream: u8,
+    /// Blocks placed in the stream: `user_blocks + relocated_blocks`.
     pub blocks: u64,
+    /// User writes the placement sent here.
+    pub user_blocks: u64,
+    /// Relocations the placement sent here (the FTL may still divert one to its GC
+    /// stream, or find the block overwritten and not move it).
+    pub relocated_blocks: u64,
+    /// At the end of the run: segments the stream holds (open or closed), and the live
+    /// blocks in them.
+    pub segments: u32,
+    pub live_blocks: u64,
 }
 
 /// What a replay measured.
@@ -194,31 +204,37 @@ pub fn simulate(
             TraceOp::Read { .. } => {}
         }
     }
-    if std::env::var_os("REPLAY_DEBUG").is_some() {
-        let mut by: std::collections::BTreeMap<(u8, &str), (u32, u64)> = Default::default();
-        for s in f.segment_snapshot() {
-            let e = by.entry((s.stream, s.state)).or_default();
-            e.0 += 1;
-            e.1 += s.valid as u64;
-        }
-        eprintln!("segments by (stream, state): count, live blocks: {by:?}");
-    }
     let end = f.stats().counters;
     let mid = half.unwrap_or_default();
     let mut hist = [0u64; 10];
     for u in &cleaner.victim_utilization {
         hist[((u * 10.0) as usize).min(9)] += 1;
     }
-    let mut per_stream = Vec::new();
-    for s in 0..8u8 {
-        let n = user_counts[s as usize] + gc_counts[s as usize].load(Ordering::Relaxed);
-        if n > 0 {
-            per_stream.push(StreamFigures {
+    let mut per_stream: Vec<StreamFigures> = (0..8u8)
+        .map(|s| {
+            let (user, gc) = (
+                user_counts[s as usize],
+                gc_counts[s as usize].load(Ordering::Relaxed),
+            );
+            StreamFigures {
                 stream: s,
-                blocks: n,
-            });
+                blocks: user + gc,
+                user_blocks: user,
+                relocated_blocks: gc,
+                ..Default::default()
+            }
+        })
+        .collect();
+    for seg in f.segment_snapshot() {
+        if seg.segment == 0 || seg.state == "free" {
+            continue;
+        }
+        if let Some(fig) = per_stream.get_mut(seg.stream as usize) {
+            fig.segments += 1;
+            fig.live_blocks += seg.valid as u64;
         }
     }
+    per_stream.retain(|s| s.blocks > 0 || s.segments > 0);
     Ok(SimReport {
         config: cfg.clone(),
         user_blocks: end.user_blocks_written,

@@ -130,3 +130,48 @@ fn plot_writes_a_png() {
     );
     std::fs::copy(&path, "/tmp/replay-plot.png").ok();
 }
+
+#[test]
+fn per_stream_figures_add_up() {
+    let logical = 16384 * 8 / 10;
+    for (classifier, policy) in [
+        (ClassifierKind::None, Policy::Greedy),
+        (ClassifierKind::Online, Policy::CostHotness),
+    ] {
+        let r = run_with("zipf:0.99", classifier, policy, 4);
+        let sum =
+            |f: fn(&replay::sim::StreamFigures) -> u64| -> u64 { r.per_stream.iter().map(f).sum() };
+        assert_eq!(sum(|s| s.user_blocks), r.user_blocks, "{classifier:?}");
+        assert_eq!(
+            sum(|s| s.live_blocks),
+            logical,
+            "{classifier:?}: every LBA live once"
+        );
+        for s in &r.per_stream {
+            assert_eq!(s.blocks, s.user_blocks + s.relocated_blocks, "{s:?}");
+            assert!(
+                s.live_blocks <= s.segments as u64 * 256,
+                "{s:?}: 1 MiB segments"
+            );
+        }
+        assert!(
+            sum(|s| s.relocated_blocks) >= r.relocated_blocks,
+            "{classifier:?}: every relocation was placed somewhere"
+        );
+        let with_user = r.per_stream.iter().filter(|s| s.user_blocks > 0).count();
+        match classifier {
+            ClassifierKind::None => {
+                assert_eq!(with_user, 1, "{:?}", r.per_stream);
+                assert!(r
+                    .per_stream
+                    .iter()
+                    .all(|s| s.relocated_blocks == 0 || s.stream == ftl::GC_STREAM.0));
+            }
+            _ => assert!(
+                with_user >= 3,
+                "zipf spreads over classes: {:?}",
+                r.per_stream
+            ),
+        }
+    }
+}
