@@ -136,8 +136,11 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         match op {
             Op::Write { lba, fua } => {
                 let lba = lba % span;
-                let data = m.write(lba, 1, fua);
+                let data = m.write(lba, 1);
                 write_cleaning(&f, &mut c, lba, &data, fua).map_err(|e| fail(step, e))?;
+                if fua {
+                    m.fua_completed(lba, 1);
+                }
             }
             Op::Read { lba } => check_read(&f, &m, lba % span).map_err(|e| fail(step, e))?,
             Op::Trim { lba, blocks } => {

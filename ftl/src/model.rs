@@ -80,42 +80,39 @@ impl Model {
         }
     }
 
-    /// Records a write of `blocks` blocks at `lba`; returns the bytes to write.
-    pub fn write(&mut self, lba: u64, blocks: u64, fua: bool) -> Vec<u8> {
+    /// Records a write of `blocks` blocks at `lba`, issued but not yet durable; returns
+    /// the bytes to write. A FUA write becomes durable only through [`Model::fua_completed`]
+    /// once the FTL has returned `Ok` (one that fails promised nothing).
+    pub fn write(&mut self, lba: u64, blocks: u64) -> Vec<u8> {
         let mut out = Vec::with_capacity(blocks as usize * BLOCK_SIZE);
         for l in lba..lba + blocks {
             let tag = self.next_tag;
             self.next_tag += 1;
             out.extend_from_slice(&block_for(l, tag));
-            self.set(l, tag, fua);
+            self.set(l, tag);
         }
         out
     }
 
-    fn set(&mut self, lba: u64, tag: Tag, durable_now: bool) {
+    fn set(&mut self, lba: u64, tag: Tag) {
         let s = self.slots.entry(lba).or_default();
         s.current = tag;
-        if durable_now {
-            s.durable = tag;
-            s.since.clear();
-        } else {
-            s.since.push(tag);
-        }
+        s.since.push(tag);
     }
 
     /// Records a trim / write-zeroes.
     pub fn trim(&mut self, lba: u64, blocks: u64) {
         for l in lba..lba + blocks {
             if self.slots.contains_key(&l) {
-                self.set(l, 0, false);
+                self.set(l, 0);
             }
         }
     }
 
-    /// Records that the FUA write of `blocks` blocks at `lba` (recorded with `write(..,
-    /// false)` before it was issued) completed: those blocks are durable now. A FUA write
-    /// that fails, or runs out of space part-way, promised nothing, so callers record it
-    /// as a plain write first and call this only on success.
+    /// Records that the FUA write of `blocks` blocks at `lba` (recorded with
+    /// [`Model::write`] before it was issued) completed: those blocks are durable now. A
+    /// FUA write that fails, or runs out of space part-way, promised nothing, so callers
+    /// call this only on success.
     pub fn fua_completed(&mut self, lba: u64, blocks: u64) {
         for l in lba..lba + blocks {
             if let Some(s) = self.slots.get_mut(&l) {
@@ -197,13 +194,14 @@ mod tests {
     #[test]
     fn crash_semantics() {
         let mut m = Model::new();
-        m.write(1, 1, false);
+        m.write(1, 1);
         m.flush();
         let t1 = m.expected(1);
-        m.write(1, 1, false);
+        m.write(1, 1);
         let t2 = m.expected(1);
         assert_eq!(m.allowed_after_crash(1), vec![t1, t2]);
-        m.write(2, 1, true);
+        m.write(2, 1);
+        m.fua_completed(2, 1);
         assert_eq!(m.allowed_after_crash(2), vec![m.expected(2)]);
         assert!(m.settle_after_crash(1, Observed::Tag(0)).is_err());
         m.settle_after_crash(1, Observed::Tag(t2)).unwrap();
@@ -216,18 +214,18 @@ mod tests {
     #[test]
     fn a_fua_write_is_durable_only_once_completed() {
         let mut m = Model::new();
-        m.write(3, 2, false);
+        m.write(3, 2);
         m.flush();
         let old = m.expected(3);
         // Issued as FUA, not (yet) completed: old and new both allowed.
-        m.write(3, 2, false);
+        m.write(3, 2);
         let new = m.expected(3);
         assert_eq!(m.allowed_after_crash(3), vec![old, new]);
         m.fua_completed(3, 2);
         assert_eq!(m.allowed_after_crash(3), vec![new]);
         assert_eq!(m.allowed_after_crash(4), vec![m.expected(4)]);
         // Other LBAs' unflushed writes stay undecided.
-        m.write(7, 1, false);
+        m.write(7, 1);
         m.fua_completed(3, 1);
         assert_eq!(m.allowed_after_crash(7).len(), 2);
     }

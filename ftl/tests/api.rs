@@ -14,7 +14,7 @@ use std::sync::Arc;
 fn write_read_trim_round_trip() {
     let (_d, _i, f) = mem_ftl(64 << 20, &FormatOptions::default());
     let mut m = Model::new();
-    let data = m.write(10, 3, false);
+    let data = m.write(10, 3);
     f.write(10, &data, false, S0).unwrap();
     for l in 8..14 {
         check_read(&f, &m, l).unwrap();
@@ -199,7 +199,8 @@ fn full_device_reports_no_space_and_keeps_data() {
         let data = block_for(lba, 1_000_000 + written);
         match f.write(lba, &data, true, S0) {
             Ok(()) => {
-                m.write(lba, 1, true);
+                m.write(lba, 1);
+                m.fua_completed(lba, 1);
                 written += 1;
             }
             Err(e) => break e,
@@ -226,7 +227,7 @@ fn whole_dead_segments_are_recycled_through_checkpoints() {
     for round in 0..8 {
         for lba in (0..cap).step_by(8) {
             let n = 8.min(cap - lba);
-            let data = m.write(lba, n, false);
+            let data = m.write(lba, n);
             f.write(lba, &data, false, S0)
                 .unwrap_or_else(|e| panic!("round {round} lba {lba}: {e}"));
         }

@@ -67,8 +67,9 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 fua,
                 stream,
             } => {
-                let data = m.write(lba, blocks, fua);
+                let data = m.write(lba, blocks);
                 match ftl.write(lba, &data, fua, StreamId(stream)) {
+                    Ok(()) if fua => m.fua_completed(lba, blocks),
                     Ok(()) => {}
                     Err(e) => return Err(TestCaseError::fail(format!("step {step}: write: {e}"))),
                 }
@@ -159,14 +160,15 @@ fn flushed_data_survives_a_crash_that_loses_every_unsynced_write() {
     // by crashing with nothing unsynced but the last unflushed writes.
     let (dev, idx, f) = tiny_crash();
     let mut m = Model::new();
-    let d = m.write(0, 4, false);
+    let d = m.write(0, 4);
     f.write(0, &d, false, S0).unwrap();
     f.flush().unwrap();
     m.flush();
-    let d = m.write(2, 4, false);
+    let d = m.write(2, 4);
     f.write(2, &d, false, S0).unwrap();
-    let d = m.write(40, 1, true);
+    let d = m.write(40, 1);
     f.write(40, &d, true, StreamId(2)).unwrap();
+    m.fua_completed(40, 1);
     drop(f);
     for seed in 0..20 {
         dev.crash(seed).unwrap();

@@ -12,12 +12,12 @@ use std::sync::atomic::Ordering;
 fn failed_log_write_turns_read_only_and_keeps_acknowledged_data() {
     let (dev, idx, f) = tiny_crash();
     let mut m = Model::new();
-    let d = m.write(0, 4, false);
+    let d = m.write(0, 4);
     f.write(0, &d, false, S0).unwrap();
     f.flush().unwrap();
     m.flush();
     // Buffered writes succeed (they are in the write cache) ...
-    let d2 = m.write(10, 2, false);
+    let d2 = m.write(10, 2);
     f.write(10, &d2, false, S0).unwrap();
     dev.faults.writes.store(true, Ordering::SeqCst);
     // ... but the FLUSH that must put them on the device fails with EIO.

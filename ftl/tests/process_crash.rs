@@ -18,7 +18,7 @@ fn unflushed_writes_survive_the_death_of_the_process() {
     // Some chunks fill up and are written, the last ones stay open in three streams.
     for i in 0..200u64 {
         let lba = (i * 7) % 90;
-        let d = m.write(lba, 1, false);
+        let d = m.write(lba, 1);
         f.write(lba, &d, false, StreamId((i % 3) as u8)).unwrap();
     }
     f.trim(10, 5).unwrap();
@@ -50,7 +50,7 @@ fn without_the_staging_area_unflushed_writes_are_lost() {
     // The control for the test above: a fresh area (a power cut) gives nothing back.
     let (dev, idx, f) = tiny_crash();
     let mut m = Model::new();
-    let d = m.write(5, 1, false);
+    let d = m.write(5, 1);
     f.write(5, &d, false, S0).unwrap();
     drop(f);
     let (f, rep) = Ftl::open_staged(
@@ -71,7 +71,7 @@ fn without_the_staging_area_unflushed_writes_are_lost() {
 fn a_sealed_chunk_whose_write_failed_is_written_by_the_next_open() {
     let (dev, idx, f) = tiny_crash();
     let mut m = Model::new();
-    let d = m.write(3, 2, false);
+    let d = m.write(3, 2);
     f.write(3, &d, false, S0).unwrap();
     dev.faults.writes.store(true, Ordering::SeqCst);
     assert!(f.flush().is_err(), "the chunk write fails");
@@ -94,7 +94,7 @@ fn a_sealed_chunk_whose_write_failed_is_written_by_the_next_open() {
 fn a_staging_area_of_another_session_is_ignored() {
     let (dev, idx, f) = tiny_crash();
     let mut m = Model::new();
-    let d = m.write(1, 1, false);
+    let d = m.write(1, 1);
     f.write(1, &d, false, S0).unwrap();
     let staging = f.staging().clone();
     drop(f);

@@ -92,7 +92,7 @@ fn reserve_is_for_relocations_and_the_last_segment_for_the_gc_stream() {
 fn closing_a_stream_gives_its_segment_up_and_loses_nothing() {
     let (dev, idx, f) = tiny_crash();
     let mut m = Model::new();
-    let d = m.write(0, 3, false);
+    let d = m.write(0, 3);
     f.write(0, &d, false, StreamId(2)).unwrap();
     f.flush().unwrap();
     m.flush();
@@ -113,12 +113,12 @@ fn closing_a_stream_gives_its_segment_up_and_loses_nothing() {
     f.close_stream(StreamId(2)).unwrap(); // nothing open: a no-op
     assert!(f.close_stream(StreamId(200)).is_err());
     // Unflushed writes in an open chunk are sealed and written by the close.
-    let d = m.write(10, 2, false);
+    let d = m.write(10, 2);
     f.write(10, &d, false, StreamId(2)).unwrap();
     let second = seg_of(&f, 10);
     assert_ne!(second, first, "the next write opens a new segment");
     f.close_stream(StreamId(2)).unwrap();
-    let d = m.write(20, 2, false);
+    let d = m.write(20, 2);
     f.write(20, &d, false, StreamId(2)).unwrap();
     assert_ne!(seg_of(&f, 20), second);
     f.flush().unwrap();

@@ -133,7 +133,7 @@ fn put(f: &tiny::CrashFtl, m: &mut Model, p: &Put) -> Result<bool, String> {
         }
         r
     } else {
-        let data = m.write(l, b, false);
+        let data = m.write(l, b);
         f.write(l, &data, false, StreamId(p.stream % 4))
     };
     match r {
@@ -287,7 +287,7 @@ pub fn run(case: &Case) -> Result<Outcome, String> {
         let mut n = Model::new();
         for p in case.writes.iter().take(8) {
             let l = p.lba as u64 % SPAN;
-            let _ = f.write(l, &n.write(l, 1, false), p.trim, StreamId(p.stream % 8));
+            let _ = f.write(l, &n.write(l, 1), p.trim, StreamId(p.stream % 8));
             let _ = f.trim((l + 1) % SPAN, 1);
         }
         let _ = f.flush();

@@ -342,9 +342,8 @@ fn write(
     stream: u8,
 ) -> Result<Flow, String> {
     let (l, b) = range(lba, blocks, 8);
-    // Durable in the model only once a FUA write has completed: one that runs out of
-    // space part-way promised nothing.
-    let data = m.write(l, b, false);
+    // Durable in the model only once a FUA write has completed (below).
+    let data = m.write(l, b);
     let r = ftl.write(l, &data, fua, StreamId(stream % USER_STREAMS));
     if is_no_space(&r) {
         // Part of the write may have been appended: the model allows the new tags after
@@ -598,8 +597,8 @@ fn faulted(
             stream,
         } => {
             let (l, b) = range(lba, blocks, 8);
-            // Not durable in the model even with FUA: the write may fail.
-            let data = m.write(l, b, false);
+            // Durable in the model, with FUA, only once it completed (`fua_range`).
+            let data = m.write(l, b);
             ftl.write(l, &data, fua, StreamId(stream % USER_STREAMS))
         }
         Op::FuaWrite {
@@ -608,7 +607,7 @@ fn faulted(
             stream,
         } => {
             let (l, b) = range(lba, blocks, 8);
-            let data = m.write(l, b, false);
+            let data = m.write(l, b);
             ftl.write(l, &data, true, StreamId(stream % USER_STREAMS))
         }
         Op::Trim { lba, blocks } | Op::WriteZeroes { lba, blocks } => {
