@@ -89,7 +89,8 @@ for t in $targets; do
         echo "---- $t FAILED (exit $rc); end of its log ($logs/$t.log):"
         # The panic's message follows its "panicked at" line (the ops target puts the
         # violated property on its first line, then the whole case).
-        grep -E -A1 'panicked at' "$logs/$t.log" | head -10 | cut -c1-300
+        panic="$(grep -E -A1 'panicked at' "$logs/$t.log" | head -10 | cut -c1-300)"
+        [ -n "$panic" ] && echo "$panic"
         grep -E '^ERROR|SUMMARY|deadly signal|out-of-memory|timeout' "$logs/$t.log" | head -10
         tail -25 "$logs/$t.log"
         echo "---- $t crash artifact: ${artifact:-none written}"
@@ -97,7 +98,7 @@ for t in $targets; do
         status="CRASHED: ${artifact:-see $logs/$t.log}"
         # CI keeps only the end of the output and none of the files: carry the
         # property that failed and the input itself there (printed last, below).
-        what="$(grep -E -A1 'panicked at' "$logs/$t.log" | grep -vE 'panicked at|^--$' | head -1 | cut -c1-300)"
+        what="$(echo "$panic" | grep -vE 'panicked at|^--$' | head -1)"
         reproducers+=("$t: ${what:-no panic message}")
         if [ -n "$artifact" ] && [ -f "$artifact" ] && [ "$(stat -c %s "$artifact")" -le 3000 ]; then
             reproducers+=("input of $t ($(stat -c %s "$artifact") bytes; base64 -d > fuzz/regressions/$t/NAME):")
