@@ -154,6 +154,10 @@ pub fn run(a: ReplayArgs) -> Result<(), String> {
         println!("user blocks         {}", report.user_blocks);
         println!("backing blocks      {}", report.backing_blocks);
         println!("blocks copied       {}", report.relocated_blocks);
+        println!(
+            "metadata in the log {} summaries, {} padding blocks ({:.4} per user block, second half)",
+            report.summary_blocks, report.padding_blocks, report.metadata_per_user_block_steady
+        );
         println!("WAF (whole run)     {:.3}", report.waf);
         println!("WAF (second half)   {:.3}", report.waf_steady);
         println!("segments cleaned    {}", report.segments_cleaned);

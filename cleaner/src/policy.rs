@@ -6,6 +6,10 @@
 //! - cost-benefit (LFS): maximise (1 - u) * age / (1 + u) — old, emptyish segments;
 //! - cost-hotness (SFS): maximise (1 - u) * age / (2 * u): a segment's hotness is
 //!   taken as 1 / age (segments written long ago hold cold data that stays).
+//!
+//! Candidates are closed segments with at least one live block and at least one dead
+//! one. A closed segment with nothing live is never a victim: there is nothing to copy,
+//! and the next checkpoint frees it (`Ftl::dead_segments` counts them).
 
 use ftl::segments::SegmentSnapshot;
 
@@ -37,7 +41,7 @@ pub fn score(
     now_seq: u64,
     blocks_per_segment: u32,
 ) -> Option<f64> {
-    if s.state != "closed" || s.segment == 0 || s.valid >= blocks_per_segment {
+    if s.state != "closed" || s.segment == 0 || s.valid == 0 || s.valid >= blocks_per_segment {
         return None;
     }
     let u = s.valid as f64 / blocks_per_segment as f64;
@@ -45,13 +49,7 @@ pub fn score(
     Some(match policy {
         Policy::Greedy => 1.0 - u,
         Policy::CostBenefit => (1.0 - u) * age / (1.0 + u),
-        Policy::CostHotness => {
-            if u == 0.0 {
-                f64::INFINITY
-            } else {
-                (1.0 - u) * age / (2.0 * u)
-            }
-        }
+        Policy::CostHotness => (1.0 - u) * age / (2.0 * u),
     })
 }
 
@@ -111,21 +109,24 @@ mod tests {
     }
 
     #[test]
-    fn cost_hotness_takes_empty_segments_first() {
-        let segs = [seg(1, 0, 999), seg(2, 1, 0)];
+    fn cost_hotness_weighs_emptiness_against_age() {
+        // Nearly empty but just written, against a third full and old.
+        let segs = [seg(1, 1, 999), seg(2, 33, 0)];
         assert_eq!(
             pick_victim(Policy::CostHotness, &segs, 1000, 100, &[]),
-            Some(1)
+            Some(2)
         );
+        assert_eq!(pick_victim(Policy::Greedy, &segs, 1000, 100, &[]), Some(1));
     }
 
     #[test]
-    fn full_open_free_and_metadata_segments_are_never_victims() {
+    fn full_empty_open_free_and_metadata_segments_are_never_victims() {
         let mut open = seg(2, 1, 0);
         open.state = "open";
         let mut free = seg(3, 0, 0);
         free.state = "free";
-        let segs = [seg(0, 0, 0), seg(1, 100, 0), open, free];
+        // Segment 4 is closed with nothing live: a checkpoint frees it, no copying.
+        let segs = [seg(0, 0, 0), seg(1, 100, 0), open, free, seg(4, 0, 0)];
         for p in [Policy::Greedy, Policy::CostBenefit, Policy::CostHotness] {
             assert_eq!(pick_victim(p, &segs, 1000, 100, &[]), None, "{p:?}");
         }
