@@ -3,7 +3,7 @@
 # classifier x policy, from `ftlblk replay` (metadata-only, seeded, deterministic), and
 # the targets checked against the figures, then the skewed targets again with
 # more, smaller segments (the table itself uses the FTL's default segment size, which
-# gives a small device about 64 segments). Two runs at a time (about ten minutes).
+# gives a small device about 64 segments). Two runs at a time (about four minutes).
 #
 # Usage: scripts/waf-table.sh [--capacity 512M] [--loops 6] [--jobs 2]
 set -euo pipefail
