@@ -121,7 +121,7 @@ print("The table above cuts the device into the FTL's default number of segments
       "segments leave the cleaner fewer choices. Here the skewed targets again, with the "
       "same capacity cut into more, smaller segments (metadata: chunk summaries and "
       "flash-page padding per user block, second half).\n")
-print("| workload | segment | segments | one stream, greedy | online, cost-hotness | vs one stream | "
+print("| workload | segment | segments (with segment 0, metadata) | one stream, greedy | online, cost-hotness | vs one stream | "
       "frequency, cost-hotness | vs one stream | metadata (online) |")
 print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for w in ["zipf:0.99", "hotcold:90/10"]:
@@ -130,14 +130,9 @@ for w in ["zipf:0.99", "hotcold:90/10"]:
         for seg in ["4M", "2M", "1M"]]
     for seg, get in sizes:
         one, on, fq = get("none", "greedy"), get("online", "cost-hotness"), get("frequency", "cost-hotness")
-        cfg = on["config"]
-        backing = cfg["capacity_blocks"] * 4096 / (1 - cfg["op_permille"] / 1000)
-        # ftl::geometry::default_segment_bytes: the largest power of two giving 64
-        # segments, clamped to 1 MiB ..= 256 MiB.
-        default = min(max(1 << int(backing // 64).bit_length() - 1, 1 << 20), 256 << 20)
-        seg_bytes = cfg["segment_bytes"] or default
-        n = round(backing / seg_bytes)
-        label = f"{seg_bytes >> 20}M" + (" (default)" if seg == "default" else "")
+        geo = on["geometry"]
+        n = geo["segment_count"]
+        label = f"{geo['segment_bytes'] >> 20}M" + (" (default)" if seg == "default" else "")
         cut = on["waf_steady"] / one["waf_steady"] - 1
         cutf = fq["waf_steady"] / one["waf_steady"] - 1
         print(f"| {w} | {label} | {n} | {one['waf_steady']:.3f} | {on['waf_steady']:.3f} | "

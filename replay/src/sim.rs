@@ -58,6 +58,8 @@ pub struct StreamFigures {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct SimReport {
     pub config: SimConfig,
+    /// The geometry the device was formatted with (segment size resolved).
+    pub geometry: ftl::Geometry,
     pub user_blocks: u64,
     pub trimmed_blocks: u64,
     pub backing_blocks: u64,
@@ -214,6 +216,13 @@ pub fn simulate(
     }
     let end = f.stats().counters;
     let mid = half.unwrap_or_default();
+    // Per user block written over the second half of the run.
+    let steady =
+        |n: u64| n as f64 / (end.user_blocks_written - mid.user_blocks_written).max(1) as f64;
+    // Summary and padding blocks: the log's own metadata.
+    let metadata = |c: &ftl::records::Counters| {
+        c.summary_blocks + c.padding_bytes / ftl::device::BLOCK_SIZE as u64
+    };
     let mut hist = [0u64; 10];
     for u in &cleaner.victim_utilization {
         hist[((u * 10.0) as usize).min(9)] += 1;
@@ -245,19 +254,16 @@ pub fn simulate(
     per_stream.retain(|s| s.blocks > 0 || s.segments > 0);
     Ok(SimReport {
         config: cfg.clone(),
+        geometry: *f.geometry(),
         user_blocks: end.user_blocks_written,
         trimmed_blocks: trimmed,
         backing_blocks: end.backing_blocks_written,
         relocated_blocks: end.relocated_blocks,
         summary_blocks: end.summary_blocks,
-        padding_blocks: end.padding_bytes / 4096,
-        metadata_per_user_block_steady: ((end.summary_blocks - mid.summary_blocks)
-            + (end.padding_bytes - mid.padding_bytes) / 4096)
-            as f64
-            / (end.user_blocks_written - mid.user_blocks_written).max(1) as f64,
+        padding_blocks: metadata(&end) - end.summary_blocks,
+        metadata_per_user_block_steady: steady(metadata(&end) - metadata(&mid)),
         waf: end.backing_blocks_written as f64 / end.user_blocks_written.max(1) as f64,
-        waf_steady: (end.backing_blocks_written - mid.backing_blocks_written) as f64
-            / (end.user_blocks_written - mid.user_blocks_written).max(1) as f64,
+        waf_steady: steady(end.backing_blocks_written - mid.backing_blocks_written),
         segments_cleaned: cleaner.stats.segments_cleaned,
         checkpoints,
         relocated_diverted: f.relocations_diverted(),

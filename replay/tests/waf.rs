@@ -148,11 +148,12 @@ fn per_stream_figures_add_up() {
             "{classifier:?}: every LBA live once"
         );
         // Every backing block is data, a summary or padding; the backing count grows when
-        // a chunk is sealed, so the data still in open chunks (at most one chunk of 251
-        // blocks per stream) is not in it yet.
+        // a chunk is sealed, so the data still in open chunks (at most one chunk per
+        // stream) is not in it yet.
         let accounted = r.user_blocks + r.relocated_blocks + r.summary_blocks + r.padding_blocks;
+        let open_at_most = (ftl::log::STREAMS * ftl::summary::MAX_CHUNK_DATA) as u64;
         assert!(
-            accounted >= r.backing_blocks && accounted - r.backing_blocks <= 8 * 251,
+            accounted >= r.backing_blocks && accounted - r.backing_blocks <= open_at_most,
             "{classifier:?}: {accounted} blocks accounted, {} written",
             r.backing_blocks
         );
