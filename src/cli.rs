@@ -73,7 +73,8 @@ pub struct GeometryArgs {
     #[arg(long, value_parser = parse_size)]
     pub size: Option<u64>,
     /// Segment size: the unit of log space and of cleaning; a power of two matching the
-    /// SSD's erase unit (default: at least 64 segments, at most 256 MiB).
+    /// SSD's erase unit (default: at least 512 segments, 1 MiB .. 256 MiB; cleaning needs
+    /// hundreds of segments to separate hot data from cold).
     #[arg(long, value_parser = parse_size)]
     pub segment_size: Option<u64>,
     /// Over-provisioning in percent of the physical size (default 20).

@@ -20,8 +20,10 @@ pub struct ReplayArgs {
     /// Built-in workload: uniform, zipf:S, hotcold:W/D (W% of writes to D% of the data), seqmix.
     #[arg(long)]
     pub workload: Option<String>,
-    /// Logical capacity of the simulated device (e.g. 1G).
-    #[arg(long, value_parser = crate::cli::parse_size, default_value = "1G")]
+    /// Logical capacity of the simulated device (e.g. 1G); the default is the size of the
+    /// file `ftlblk add` creates by default. WAF depends on it: the default geometry cuts
+    /// a small device into small segments, where the log's metadata weighs more.
+    #[arg(long, value_parser = crate::cli::parse_size, default_value = "8G")]
     pub capacity: u64,
     /// Over-provisioning in percent of the physical size.
     #[arg(long, default_value_t = 20.0)]

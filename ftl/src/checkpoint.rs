@@ -124,13 +124,50 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     }
 
     /// True when enough has been appended since the last checkpoint, or free segments
-    /// run low while dead ones wait for a checkpoint to be reusable.
+    /// run low while a batch of dead ones waits for a checkpoint to be reusable
+    /// ([`dead_batch_due`]).
     pub fn checkpoint_due(&self) -> bool {
         let appended = self.appended_since_checkpoint.load(Ordering::Relaxed);
         if appended >= self.cfg.checkpoint_blocks {
             return true;
         }
-        let low = (self.geo.segment_count as usize / 8).max(4);
-        appended > 0 && self.segs.free_count() < low && !self.segs.dead_closed().is_empty()
+        appended > 0
+            && dead_batch_due(
+                self.segs.free_count(),
+                self.segs.dead_closed().len(),
+                self.geo.segment_count as usize,
+            )
+    }
+}
+
+/// Whether `dead` cleaned segments are worth a checkpoint to free them, with `free`
+/// segments free out of `segment_count`: when free space is below an eighth of the
+/// device and the dead ones make up a sixty-fourth of it (at least one). Every
+/// checkpoint seals each stream's open chunk (a summary and flash-page padding each) and
+/// commits the index, so freeing one small segment at a time would spend more on
+/// checkpoints than cleaning it gained; the batch keeps checkpoints per byte cleaned the
+/// same whatever the segment size. (Below the throttle point the cleaner's runner frees
+/// whatever is dead at once.)
+pub fn dead_batch_due(free: usize, dead: usize, segment_count: usize) -> bool {
+    let low = (segment_count / 8).max(4);
+    free < low && dead >= (segment_count / 64).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dead_batch_due;
+
+    #[test]
+    fn dead_segments_are_freed_in_batches_when_space_runs_low() {
+        // 64 segments: low is 8, one dead segment is a batch.
+        assert!(dead_batch_due(7, 1, 64));
+        assert!(!dead_batch_due(8, 5, 64), "enough free: no hurry");
+        assert!(!dead_batch_due(0, 0, 64), "nothing to free");
+        // 640 segments: low is 80, a batch is 10.
+        assert!(!dead_batch_due(79, 9, 640));
+        assert!(dead_batch_due(79, 10, 640));
+        assert!(!dead_batch_due(80, 50, 640));
+        // Tiny geometries: low is at least 4.
+        assert!(dead_batch_due(3, 1, 16));
     }
 }

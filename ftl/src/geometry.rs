@@ -21,8 +21,13 @@ use serde::{Deserialize, Serialize};
 
 /// Fewest segments a backing must provide.
 pub const MIN_SEGMENTS: u64 = 16;
-/// Segment count the default segment size aims for.
-pub const TARGET_SEGMENTS: u64 = 64;
+/// Segment count the default segment size aims for. Cleaning separates lifetimes only
+/// when it has hundreds of segments to choose from: with a user stream per lifetime class
+/// and GC streams each holding an open segment, 64 segments left zipf:0.99 at WAF 1.31,
+/// 320-640 segments bring it to 1.23-1.24 (`docs/waf.md`, "Capacity and segments"). A
+/// backing of 128 GiB or more still gets [`MAX_DEFAULT_SEGMENT_BYTES`] segments, the size
+/// of a flash superblock, so the SSD below never has to clean.
+pub const TARGET_SEGMENTS: u64 = 512;
 /// Largest default segment size.
 pub const MAX_DEFAULT_SEGMENT_BYTES: u64 = 256 << 20;
 /// Smallest default segment size.
@@ -209,20 +214,22 @@ mod tests {
     #[test]
     fn defaults_for_two_gib() {
         let g = Geometry::resolve(2 * GIB, &FormatOptions::default()).unwrap();
-        assert_eq!(g.segment_bytes, 32 << 20);
-        assert_eq!(g.segment_count, 64);
+        assert_eq!(g.segment_bytes, 4 << 20);
+        assert_eq!(g.segment_count, 512);
         assert_eq!(g.flash_page_bytes, 16 << 10);
         assert_eq!(
             g.exported_blocks,
-            (2 * GIB - 2 * GIB * 200 / 1000 - (32 << 20)) / 4096
+            (2 * GIB - 2 * GIB * 200 / 1000 - (4 << 20)) / 4096
         );
     }
 
     #[test]
     fn default_segment_is_capped_and_floored() {
         assert_eq!(default_segment_bytes(1 << 40), 256 << 20);
+        assert_eq!(default_segment_bytes(128 * GIB), 256 << 20);
+        assert_eq!(default_segment_bytes(100 * GIB), 128 << 20);
+        assert_eq!(default_segment_bytes(8 * GIB), 16 << 20);
         assert_eq!(default_segment_bytes(10 << 20), 1 << 20);
-        assert_eq!(default_segment_bytes(100 * GIB), 256 << 20);
     }
 
     #[test]

@@ -28,7 +28,7 @@ fn format_write_reopen_and_exclusive_lock() {
         false,
     )
     .unwrap();
-    assert_eq!(sb.geometry.segment_bytes, 4 << 20);
+    assert_eq!(sb.geometry.segment_bytes, 1 << 20);
     assert!(
         std::fs::metadata(&backing).unwrap().blocks() < 1024,
         "backing stays sparse"
