@@ -3,7 +3,7 @@
 # classifier x policy, from `ftlblk replay` (metadata-only, seeded, deterministic), and
 # the targets checked against the figures, then the skewed targets again at
 # smaller capacities (the default geometry cuts them into smaller segments) and with the
-# old default of 64 segments. Two runs at a time (about fifteen minutes at 8G).
+# old default of 64 segments. Two runs at a time (28 minutes at 8G on 2 cores).
 #
 # Usage: scripts/waf-table.sh [--capacity 8G] [--loops 6] [--jobs 2]
 set -euo pipefail

@@ -22,11 +22,11 @@ use serde::{Deserialize, Serialize};
 /// Fewest segments a backing must provide.
 pub const MIN_SEGMENTS: u64 = 16;
 /// Segment count the default segment size aims for. Cleaning separates lifetimes only
-/// when it has hundreds of segments to choose from: with a user stream per lifetime class
-/// and GC streams each holding an open segment, 64 segments left zipf:0.99 at WAF 1.31,
-/// 320-640 segments bring it to 1.23-1.24 (`docs/waf.md`, "Capacity and segments"). A
-/// backing of 128 GiB or more still gets [`MAX_DEFAULT_SEGMENT_BYTES`] segments, the size
-/// of a flash superblock, so the SSD below never has to clean.
+/// when it has hundreds of segments to choose from (every stream holds an open segment):
+/// at 8 GiB, 82 segments of 128 MiB left zipf:0.99 at WAF 1.264 with online streams,
+/// 642 of 16 MiB give 1.229 (one stream: 1.90 and 1.97; `docs/waf.md`, "Capacity and
+/// segments"). A backing of 128 GiB or more still gets [`MAX_DEFAULT_SEGMENT_BYTES`]
+/// segments, the size of a flash superblock, so the SSD below never has to clean.
 pub const TARGET_SEGMENTS: u64 = 512;
 /// Largest default segment size.
 pub const MAX_DEFAULT_SEGMENT_BYTES: u64 = 256 << 20;
