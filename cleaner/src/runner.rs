@@ -23,10 +23,12 @@ pub struct CleanerConfig {
     pub background_policy: Policy,
     /// Length of a cleaning slice. Default 2 ms, from the sweep of `benches/gc.rs`
     /// (90%-full 1 GiB file backing, 4 KiB random overwrites; docs/gc-bench.json): slices of
-    /// 0.5 to 20 ms all gave p99.9 write latency 0.9-1.1 ms and max 3.5-8.6 ms, because
-    /// the proportional throttle keeps writers from waiting on a victim; shorter slices
-    /// cost preemptions (1191 at 0.5 ms vs 368 at 2 ms), longer ones bound the worst wait
-    /// of a writer that does need space less tightly. 2 ms is 50x under OrcFS's 100 ms.
+    /// 0.5 to 20 ms all gave p99.9 write latency 1.15-1.43 ms and max 2.3-7.3 ms (2 MiB
+    /// segments; with the 16 MiB of the old 64-segment default, 0.9-1.1 ms and 3.5-8.6
+    /// ms), because the proportional throttle keeps writers from waiting on a victim;
+    /// shorter slices cost preemptions (700 at 0.5 ms vs 166 at 2 ms), longer ones bound
+    /// the worst wait of a writer that does need space less tightly (7.3 ms at 20 ms).
+    /// 2 ms is 50x under OrcFS's 100 ms.
     pub slice: Duration,
     /// Clean whole victims at once (the non-preemptive baseline).
     pub non_preemptive: bool,
