@@ -138,6 +138,13 @@ mod tests {
         assert!(b[..4096].iter().all(|&x| x == 0) && b[4096..].iter().all(|&x| x == 1));
         d.discard(4096, 4096).unwrap();
         assert_eq!(d.stored_blocks(), 0);
+        // A range longer than what is stored takes the retain path; outside it stays.
+        d.write_at(8192, &[2u8; 8192]).unwrap();
+        d.write_at(1 << 20, &[3u8; 4096]).unwrap();
+        d.discard(0, 1 << 20).unwrap();
+        assert_eq!(d.stored_blocks(), 1);
+        d.read_at(1 << 20, &mut b[..4096]).unwrap();
+        assert!(b[..4096].iter().all(|&x| x == 3));
         assert!(d.write_at(1 << 30, &[1u8; 4096]).is_err());
     }
 }
