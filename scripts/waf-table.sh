@@ -69,7 +69,7 @@ W = ["uniform", "zipf:0.8", "zipf:0.99", "hotcold:80/20", "hotcold:90/10", "seqm
 C = ["none", "online", "frequency", "oracle"]
 P = ["greedy", "cost-benefit", "cost-hotness"]
 def r(w, c, p):
-    return rows[f"{w}-{c}-{p}".replace(":", "_").replace("/", "_")]
+    return rows[key(w, c, p)]
 def waf(w, c, p):
     return r(w, c, p)["waf_steady"]
 ok = lambda b: "**met**" if b else "**not met**"
