@@ -14,7 +14,11 @@
 //! 4. the index batch is committed atomically and durably BEFORE any segment it records
 //!    as dead is put on the free list or discarded: a dead segment's blocks may be
 //!    overwritten only when the map changes that killed them are durable, and recovery
-//!    never needs a chunk older than the checkpoint it starts from.
+//!    never needs a chunk older than the checkpoint it starts from;
+//! 5. a dead segment's discard has completed (or failed) BEFORE the segment returns to
+//!    the free list and waiting writers are woken: a discard still in flight would zero
+//!    the chunks a writer puts there (acknowledged data, and the chain recovery follows).
+//!    Test: `tests/orderings.rs`, `a_freed_segment_is_not_allocatable_until_...`.
 
 use crate::device::{BlockDevice, BLOCK_SIZE};
 use crate::engine::Ftl;
@@ -100,12 +104,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             }
             return Err(e);
         }
-        self.segs.release(&dead);
-        if !dead.is_empty() {
-            self.space.notify();
-        }
-        if self.cfg.discard_freed {
-            for &s in &dead {
+        // Rule 5: each dead segment is discarded BEFORE it goes back on the free list
+        // (the checkpoint lock keeps any other checkpoint from recording it meanwhile).
+        for &s in &dead {
+            if self.cfg.discard_freed {
                 let off = self.geo.segment_start(s) * BLOCK_SIZE as u64;
                 // Discard is advisory: a failure loses nothing, so it is counted, not fatal.
                 if self.dev.discard(off, self.geo.segment_bytes).is_ok() {
@@ -114,6 +116,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                         .fetch_add(self.geo.segment_bytes, Ordering::Relaxed);
                 }
             }
+            self.segs.release(&[s]);
+            self.space.notify();
         }
         self.checkpoints.fetch_add(1, Ordering::Relaxed);
         Ok(CheckpointReport {

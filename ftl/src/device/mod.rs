@@ -6,15 +6,20 @@
 //! - a completed `write_at` is visible to every later `read_at`, but is only *durable*
 //!   after a later `sync` completes;
 //! - `discard` tells the device a range holds no live data; reads of it afterwards may
-//!   return zeros or the old bytes (callers never read discarded ranges).
+//!   return zeros or the old bytes (callers never read discarded ranges). A discard that
+//!   has completed is ordered before every write issued after it (a write into the range
+//!   is never undone by it, before or after a power cut); the FTL relies on this when it
+//!   reuses a discarded segment without a sync in between.
 //!
 //! Implementations: [`file::FileDevice`] (file or block device, O_DIRECT, io_uring),
 //! [`mem::MemDevice`] (fast, volatile) and [`crash::CrashDevice`] (keeps the durable image
-//! apart from unsynced writes and simulates a power cut).
+//! apart from unsynced writes and simulates a power cut); [`gate::GateDevice`] holds
+//! operations on command, for tests of thread interleavings.
 
 pub mod aligned;
 pub mod crash;
 pub mod file;
+pub mod gate;
 pub mod mem;
 pub mod sparse;
 

@@ -1,0 +1,190 @@
+//! A device that can hold operations on command, for tests of thread interleavings.
+//!
+//! [`GateDevice`] forwards to an inner device; [`GateDevice::hold`] makes every later
+//! operation of one kind block *before* it reaches the inner device until
+//! [`GateDevice::release`]. A test holds, say, discards, lets a checkpoint run into one,
+//! waits with [`GateDevice::wait_held`] until it is stuck there, and then drives other
+//! threads through the window. The device also watches the rule that nothing is written
+//! into a range whose discard is still held ([`GateDevice::writes_into_held_discards`]).
+
+use super::BlockDevice;
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Operation kinds a gate can hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateOp {
+    Read,
+    Write,
+    Sync,
+    Discard,
+}
+
+impl GateOp {
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+#[derive(Default)]
+struct GateState {
+    holding: [bool; 4],
+    /// Operations of each kind blocked at the gate right now.
+    held: [usize; 4],
+    /// Byte ranges of discards blocked right now.
+    held_discards: Vec<(u64, u64)>,
+    /// Writes issued into a held discard's range.
+    violations: usize,
+}
+
+/// A device whose operations can be held at a gate (see the module docs).
+pub struct GateDevice<D> {
+    inner: D,
+    state: Mutex<GateState>,
+    cv: Condvar,
+}
+
+impl<D: BlockDevice> GateDevice<D> {
+    /// Wraps `inner`; nothing is held.
+    pub fn new(inner: D) -> Self {
+        GateDevice {
+            inner,
+            state: Mutex::new(GateState::default()),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// The wrapped device.
+    pub fn inner(&self) -> &D {
+        &self.inner
+    }
+
+    fn lock(&self) -> MutexGuard<'_, GateState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// From now on, operations of kind `op` block until [`GateDevice::release`].
+    pub fn hold(&self, op: GateOp) {
+        self.lock().holding[op.index()] = true;
+    }
+
+    /// Lets every held operation of kind `op` (and later ones) through.
+    pub fn release(&self, op: GateOp) {
+        self.lock().holding[op.index()] = false;
+        self.cv.notify_all();
+    }
+
+    /// Waits until at least one operation of kind `op` is blocked at the gate; false on
+    /// timeout.
+    pub fn wait_held(&self, op: GateOp, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut g = self.lock();
+        while g.held[op.index()] == 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            g = self
+                .cv
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
+    }
+
+    /// Writes issued so far into the range of a discard blocked at the gate.
+    pub fn writes_into_held_discards(&self) -> usize {
+        self.lock().violations
+    }
+
+    fn pass(&self, op: GateOp, range: Option<(u64, u64)>) {
+        let mut g = self.lock();
+        if !g.holding[op.index()] {
+            return;
+        }
+        g.held[op.index()] += 1;
+        if let Some(r) = range {
+            g.held_discards.push(r);
+        }
+        self.cv.notify_all();
+        while g.holding[op.index()] {
+            g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+        g.held[op.index()] -= 1;
+        if let Some(r) = range {
+            if let Some(i) = g.held_discards.iter().position(|&x| x == r) {
+                g.held_discards.swap_remove(i);
+            }
+        }
+    }
+}
+
+impl<D: BlockDevice> BlockDevice for GateDevice<D> {
+    fn size(&self) -> u64 {
+        self.inner.size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.pass(GateOp::Read, None);
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        {
+            let mut g = self.lock();
+            let end = offset + buf.len() as u64;
+            if g.held_discards
+                .iter()
+                .any(|&(o, l)| offset < o + l && o < end)
+            {
+                g.violations += 1;
+            }
+        }
+        self.pass(GateOp::Write, None);
+        self.inner.write_at(offset, buf)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.pass(GateOp::Sync, None);
+        self.inner.sync()
+    }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.pass(GateOp::Discard, Some((offset, len)));
+        self.inner.discard(offset, len)
+    }
+    fn raw_fd(&self) -> Option<RawFd> {
+        None
+    }
+    fn describe(&self) -> String {
+        format!("gated {}", self.inner.describe())
+    }
+    fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        self.pass(GateOp::Read, None);
+        self.inner.read_many(reqs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::mem::MemDevice;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_held_discard_blocks_until_released_and_watches_writes() {
+        let d = Arc::new(GateDevice::new(MemDevice::new(1 << 20)));
+        d.hold(GateOp::Discard);
+        let d2 = d.clone();
+        let t = std::thread::spawn(move || d2.discard(4096, 8192));
+        assert!(d.wait_held(GateOp::Discard, Duration::from_secs(5)));
+        d.write_at(0, &[1u8; 4096]).unwrap();
+        assert_eq!(d.writes_into_held_discards(), 0, "outside the range");
+        d.write_at(8192, &[1u8; 4096]).unwrap();
+        assert_eq!(d.writes_into_held_discards(), 1, "inside the range");
+        d.release(GateOp::Discard);
+        t.join().unwrap().unwrap();
+        d.write_at(8192, &[1u8; 4096]).unwrap();
+        assert_eq!(d.writes_into_held_discards(), 1, "the discard is done");
+        assert!(!d.wait_held(GateOp::Sync, Duration::from_millis(10)));
+    }
+}
