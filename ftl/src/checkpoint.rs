@@ -25,8 +25,8 @@ use crate::engine::Ftl;
 use crate::error::Result;
 use crate::index::{IndexStore, Key, Op};
 use crate::records::{CheckpointRecord, MapPage};
+use crate::sync::{lock, MutexGuard};
 use std::sync::atomic::Ordering;
-use std::sync::MutexGuard;
 
 /// What a checkpoint did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -39,16 +39,9 @@ pub struct CheckpointReport {
 impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Writes a checkpoint now.
     pub fn checkpoint(&self) -> Result<CheckpointReport> {
-        let _one = self
-            .checkpoint_lock
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let _one = lock(&self.checkpoint_lock);
         self.check_poison()?;
-        let mut guards: Vec<MutexGuard<'_, _>> = self
-            .streams
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()))
-            .collect();
+        let mut guards: Vec<MutexGuard<'_, _>> = self.streams.iter().map(|s| lock(s)).collect();
         // Rule 1.
         for (sid, guard) in guards.iter_mut().enumerate() {
             if let Some(c) = self.seal_open(sid as u8, guard)? {

@@ -20,8 +20,8 @@ use crate::index::IndexStore;
 use crate::map::MapEntry;
 use crate::records::SegState;
 use crate::summary::{ChunkSummary, Entry};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use crate::sync::{lock, wait_timeout, AtomicBool, AtomicU64, Condvar, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 pub use crate::engine::GC_STREAM;
@@ -48,7 +48,7 @@ pub struct SpaceWaiters {
 impl SpaceWaiters {
     /// Wakes writers: segments were freed.
     pub fn notify(&self) {
-        let mut g = self.generation.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = lock(&self.generation);
         *g += 1;
         drop(g);
         self.cv.notify_all();
@@ -80,7 +80,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     pub(crate) fn throttle(&self, blocks: u64) {
         let ns = self.space.write_delay_ns.load(Ordering::Relaxed);
         if ns > 0 {
-            std::thread::sleep(Duration::from_nanos(ns.saturating_mul(blocks)));
+            crate::sync::sleep(Duration::from_nanos(ns.saturating_mul(blocks)));
         }
     }
 
@@ -91,23 +91,14 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             return Ok(false);
         }
         let deadline = Instant::now() + self.cfg.space_wait;
-        let mut g = self
-            .space
-            .generation
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut g = lock(&self.space.generation);
         let start = *g;
         while *g == start {
             let now = Instant::now();
             if now >= deadline {
                 return Ok(false);
             }
-            g = self
-                .space
-                .cv
-                .wait_timeout(g, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            g = wait_timeout(&self.space.cv, g, deadline - now);
         }
         self.check_poison()?;
         Ok(true)
@@ -144,7 +135,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         };
         let mut out = Vec::new();
         {
-            let mut st = m.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = lock(m);
             if let Some(sealed) = self.seal_open(stream.0, &mut st)? {
                 out.push(sealed);
             }

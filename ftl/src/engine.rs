@@ -15,9 +15,10 @@ use crate::records::Counters;
 use crate::segments::Segments;
 use crate::staging::{SlotPlace, StagingArea};
 use crate::superblock::Superblock;
+use crate::sync::{lock, wait, AtomicU64, Condvar, Mutex};
 use crate::tracker::{ChunkTracker, SyncGroup};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// Identifies a write stream (0 .. [`STREAMS`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -141,7 +142,7 @@ pub struct Ftl<D: BlockDevice, I: IndexStore> {
 /// Leader/follower state of concurrent FLUSHes.
 struct FlushGroup {
     state: Mutex<FlushState>,
-    cv: std::sync::Condvar,
+    cv: Condvar,
 }
 
 struct FlushState {
@@ -175,10 +176,6 @@ pub(crate) struct Parts<D, I> {
     pub counters: Counters,
     pub mapped: u64,
     pub staging: Arc<StagingArea>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
@@ -228,7 +225,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                     durable_entry: p.next_entry_seq,
                     leading: false,
                 }),
-                cv: std::sync::Condvar::new(),
+                cv: Condvar::new(),
             },
         }
     }
@@ -441,19 +438,28 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Writes one sealed chunk and marks it complete. On failure the chunk stays in
     /// memory (reads keep working), the device turns read-only and every later FLUSH
     /// reports the failure.
+    ///
+    /// Crash-ordering rule 2 (engine): a failed write poisons the FTL BEFORE the tracker
+    /// learns the chunk is done. A FLUSH or checkpoint waiting for this chunk checks the
+    /// poison right after the wait, so it never syncs and acknowledges (or commits a map
+    /// naming) blocks that were not written. Test: `tests/shuttle.rs`,
+    /// `a_failed_chunk_write_is_never_covered_by_a_flush`.
     pub(crate) fn write_chunk_io(&self, c: &SealedChunk) -> Result<()> {
         let offset = c.start_pba * BLOCK_SIZE as u64;
-        let r = self.dev.write_at(offset, c.bytes());
-        if r.is_ok() {
-            // Staging rule 3: free in the staging area before the tracker knows.
-            c.buf.mark_written();
-        }
+        let r = match self.dev.write_at(offset, c.bytes()) {
+            Ok(()) => {
+                // Staging rule 3: free in the staging area before the tracker knows.
+                c.buf.mark_written();
+                Ok(())
+            }
+            Err(e) => {
+                let err = Error::io("chunk write", offset, e);
+                self.set_poison(err.to_string());
+                Err(err)
+            }
+        };
         self.tracker.complete(c.chunk_seq);
-        r.map_err(|e| {
-            let err = Error::io("chunk write", offset, e);
-            self.set_poison(err.to_string());
-            err
-        })
+        r
     }
 
     /// Drops a written chunk's buffer (reads now go to the device).
@@ -735,11 +741,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 return Ok(());
             }
             if g.leading {
-                g = self
-                    .flush_group
-                    .cv
-                    .wait(g)
-                    .unwrap_or_else(|p| p.into_inner());
+                g = wait(&self.flush_group.cv, g);
                 continue;
             }
             g.leading = true;

@@ -57,6 +57,7 @@ pub mod staging;
 pub mod stats;
 pub mod summary;
 pub mod superblock;
+mod sync;
 pub mod tracker;
 
 pub use clean::LiveBlock;

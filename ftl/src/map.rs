@@ -6,7 +6,8 @@
 //! Cost: 8 bytes per block, plus one dirty bit per 512-entry page for checkpoints.
 
 use crate::records::PAGE_ENTRIES;
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::AtomicU64;
+use std::sync::atomic::Ordering;
 
 /// A map entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

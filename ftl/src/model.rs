@@ -1,32 +1,42 @@
-//! The reference model: what each LBA may read, including after a crash.
+//! The reference model: what each LBA may read, now and after a crash.
 //!
-//! Shared by the property tests and the fuzz targets. Block contents are generated from
-//! a (lba, tag) pair, tag 0 meaning zeros, so the model stores one u64 per written LBA
-//! and can tell "another LBA's data" or garbage from a legitimately older version.
+//! One model for every harness: the sequential property tests and fuzz targets use
+//! [`Model`]; the concurrent crash harness (`tests/concurrent_crash.rs`), the shuttle
+//! tests and the `sched` fuzz target use the [`History`] underneath it. Block contents
+//! are generated from a (lba, tag) pair, tag 0 meaning zeros, so the model stores one
+//! u64 per version and can tell "another LBA's data" or garbage from a legitimately older
+//! version.
 //!
-//! Per LBA the model keeps the *current* tag (what a read must return now), the tag
-//! *durable* at the last FLUSH (or FUA) covering it, and the tags written since. After a
-//! crash an LBA may read the durable tag or any tag written since; once observed, that
-//! value becomes both current and durable.
+//! ## What a crash may leave
+//! Per LBA, the history keeps its versions in issue order (each LBA is written by one
+//! thread at a time) and each operation's outcome: pending, completed at a logical time,
+//! or failed. A FLUSH that completes makes durable every operation that completed
+//! *before the FLUSH started*; a FUA write is durable once it completes. After a crash
+//! an LBA may read the last version that is certain to have survived, or any version
+//! issued after it:
+//! - after a **power cut**, the last version whose operation is durable;
+//! - after the **death of the process** (the staging area survives), the last version
+//!   whose operation completed (every completed write survives, flushed or not).
+//!
+//! Failed operations stay uncertain forever (they may or may not have landed).
 
 use crate::device::BLOCK_SIZE;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// A version of a block: 0 = zeros.
 pub type Tag = u64;
 
-#[derive(Debug, Clone, Default)]
-struct Slot {
-    current: Tag,
-    durable: Tag,
-    since: Vec<Tag>,
-}
+/// Identifies one operation of a run.
+pub type OpId = u64;
 
-/// Reference model of a block device with a volatile write cache.
-#[derive(Debug, Clone, Default)]
-pub struct Model {
-    slots: BTreeMap<u64, Slot>,
-    next_tag: Tag,
+/// Which kind of crash a check follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Crash {
+    /// The machine lost power: unsynced writes and the staging area are gone.
+    PowerCut,
+    /// Only the server process died (`kill -9`): the backing keeps every completed
+    /// device write and the staging area lives on.
+    ProcessDeath,
 }
 
 /// Contents of block `lba` at version `tag`.
@@ -72,41 +82,242 @@ pub fn observe(lba: u64, data: &[u8]) -> Observed {
     }
 }
 
-impl Model {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Pending,
+    /// Completed at this logical time.
+    Done(u64),
+    Failed,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct OpRec {
+    outcome: Outcome,
+    fua: bool,
+}
+
+/// One version of an LBA: the value an operation wrote, or the settled base (`op: None`).
+#[derive(Debug, Clone, Copy)]
+struct Version {
+    tag: Tag,
+    op: Option<OpId>,
+}
+
+/// The history of a (possibly concurrent) run: every operation's outcome and every LBA's
+/// versions, with logical times of completions and FLUSH starts. See the module docs.
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    /// Per LBA: the settled base version first, then versions in issue order.
+    lbas: BTreeMap<u64, Vec<Version>>,
+    ops: HashMap<OpId, OpRec>,
+    clock: u64,
+    /// Operations completed at a time below this are durable.
+    durable_below: u64,
+    next_tag: Tag,
+    next_op: OpId,
+}
+
+impl History {
     pub fn new() -> Self {
-        Model {
-            slots: BTreeMap::new(),
+        History {
             next_tag: 1,
+            next_op: 1,
+            ..Default::default()
         }
     }
 
-    /// Records a write of `blocks` blocks at `lba`, issued but not yet durable; returns
-    /// the bytes to write. A FUA write becomes durable only through [`Model::fua_completed`]
-    /// once the FTL has returned `Ok` (one that fails promised nothing).
-    pub fn write(&mut self, lba: u64, blocks: u64) -> Vec<u8> {
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    fn new_op(&mut self, fua: bool) -> OpId {
+        let op = self.next_op;
+        self.next_op += 1;
+        self.ops.insert(
+            op,
+            OpRec {
+                outcome: Outcome::Pending,
+                fua,
+            },
+        );
+        op
+    }
+
+    fn push(&mut self, lba: u64, tag: Tag, op: OpId) {
+        self.lbas
+            .entry(lba)
+            .or_insert_with(|| vec![Version { tag: 0, op: None }])
+            .push(Version { tag, op: Some(op) });
+    }
+
+    /// Records a write of `blocks` blocks at `lba`, about to be issued; returns its
+    /// operation and the bytes to write (fresh tags).
+    pub fn write(&mut self, lba: u64, blocks: u64, fua: bool) -> (OpId, Vec<u8>) {
+        let first = self.next_tag;
+        self.next_tag += blocks;
+        let op = self.new_op(fua);
         let mut out = Vec::with_capacity(blocks as usize * BLOCK_SIZE);
-        for l in lba..lba + blocks {
-            let tag = self.next_tag;
-            self.next_tag += 1;
-            out.extend_from_slice(&block_for(l, tag));
-            self.set(l, tag);
+        for (i, l) in (lba..lba + blocks).enumerate() {
+            out.extend_from_slice(&block_for(l, first + i as u64));
+            self.push(l, first + i as u64, op);
         }
+        (op, out)
+    }
+
+    /// Records a write whose tags the writer chose (`first_tag ..`), e.g. a child
+    /// process reporting what it issues; returns its operation.
+    pub fn write_tagged(&mut self, lba: u64, blocks: u64, fua: bool, first_tag: Tag) -> OpId {
+        let op = self.new_op(fua);
+        for (i, l) in (lba..lba + blocks).enumerate() {
+            self.push(l, first_tag + i as u64, op);
+        }
+        self.next_tag = self.next_tag.max(first_tag + blocks);
+        op
+    }
+
+    /// Records a trim (or write-zeroes) of `blocks` blocks at `lba`, about to be issued.
+    pub fn trim(&mut self, lba: u64, blocks: u64) -> OpId {
+        let op = self.new_op(false);
+        for l in lba..lba + blocks {
+            // A never-written LBA reads zeros whatever happens.
+            if self.lbas.contains_key(&l) {
+                self.push(l, 0, op);
+            }
+        }
+        op
+    }
+
+    /// The operation returned `Ok`.
+    pub fn complete(&mut self, op: OpId) {
+        let t = self.tick();
+        if let Some(r) = self.ops.get_mut(&op) {
+            r.outcome = Outcome::Done(t);
+        }
+    }
+
+    /// The operation returned an error: it may or may not have landed, forever.
+    pub fn fail(&mut self, op: OpId) {
+        if let Some(r) = self.ops.get_mut(&op) {
+            r.outcome = Outcome::Failed;
+        }
+    }
+
+    /// A FLUSH is about to be issued; pass the token to [`History::flush_completed`].
+    pub fn flush_started(&mut self) -> u64 {
+        self.tick()
+    }
+
+    /// The FLUSH started with `token` returned `Ok`: everything completed before it
+    /// started is durable.
+    pub fn flush_completed(&mut self, token: u64) {
+        self.durable_below = self.durable_below.max(token);
+    }
+
+    fn settled(&self, v: &Version, crash: Crash) -> bool {
+        let Some(op) = v.op else { return true };
+        match self.ops.get(&op).map(|r| (r.outcome, r.fua)) {
+            Some((Outcome::Done(t), fua)) => {
+                crash == Crash::ProcessDeath || fua || t < self.durable_below
+            }
+            _ => false,
+        }
+    }
+
+    /// The value a read of `lba` must return now, if it is decided (its last operation
+    /// completed); `None` while that operation is pending or after it failed.
+    pub fn current(&self, lba: u64) -> Option<Tag> {
+        let Some(v) = self.lbas.get(&lba).and_then(|vs| vs.last()) else {
+            return Some(0);
+        };
+        match v.op.and_then(|op| self.ops.get(&op)) {
+            None => Some(v.tag),
+            Some(r) if matches!(r.outcome, Outcome::Done(_)) => Some(v.tag),
+            Some(_) => None,
+        }
+    }
+
+    /// The values `lba` may hold after `crash`: the last version certain to survive, then
+    /// every version issued after it.
+    pub fn allowed(&self, lba: u64, crash: Crash) -> Vec<Tag> {
+        let Some(vs) = self.lbas.get(&lba) else {
+            return vec![0];
+        };
+        let from = vs.iter().rposition(|v| self.settled(v, crash)).unwrap_or(0);
+        let mut out: Vec<Tag> = vs[from..].iter().map(|v| v.tag).collect();
+        out.dedup();
         out
     }
 
-    fn set(&mut self, lba: u64, tag: Tag) {
-        let s = self.slots.entry(lba).or_default();
-        s.current = tag;
-        s.since.push(tag);
+    /// After a crash: accepts what was read at `lba` if allowed, and makes it the settled
+    /// base of the LBA. Returns the reason when it is not allowed.
+    pub fn settle(&mut self, lba: u64, got: Observed, crash: Crash) -> Result<(), String> {
+        let allowed = self.allowed(lba, crash);
+        match got {
+            Observed::Tag(t) if allowed.contains(&t) => {
+                if let Some(vs) = self.lbas.get_mut(&lba) {
+                    vs.clear();
+                    vs.push(Version { tag: t, op: None });
+                }
+                Ok(())
+            }
+            other => Err(format!(
+                "lba {lba}: read {other:?} after a {crash:?}, allowed {allowed:?}"
+            )),
+        }
+    }
+
+    /// Makes the last version of `lba` its settled base (a FUA write of it completed in
+    /// a sequential run).
+    fn make_durable(&mut self, lba: u64) {
+        if let Some(vs) = self.lbas.get_mut(&lba) {
+            if let Some(&last) = vs.last() {
+                vs.clear();
+                vs.push(Version {
+                    tag: last.tag,
+                    op: None,
+                });
+            }
+        }
+    }
+
+    /// Every LBA written or trimmed so far.
+    pub fn touched(&self) -> Vec<u64> {
+        self.lbas.keys().copied().collect()
+    }
+
+    /// Operations recorded so far.
+    pub fn operations(&self) -> usize {
+        self.ops.len()
+    }
+}
+
+/// The sequential form of [`History`]: each operation completes before the next starts.
+/// Used by the property tests and the `ops` fuzz target.
+#[derive(Debug, Clone, Default)]
+pub struct Model {
+    h: History,
+}
+
+impl Model {
+    pub fn new() -> Self {
+        Model { h: History::new() }
+    }
+
+    /// Records a write of `blocks` blocks at `lba` (completed: call it when the FTL is
+    /// asked to write); returns the bytes to write. A FUA write becomes durable only
+    /// through [`Model::fua_completed`] once the FTL has returned `Ok` (one that fails
+    /// promised nothing).
+    pub fn write(&mut self, lba: u64, blocks: u64) -> Vec<u8> {
+        let (op, data) = self.h.write(lba, blocks, false);
+        self.h.complete(op);
+        data
     }
 
     /// Records a trim / write-zeroes.
     pub fn trim(&mut self, lba: u64, blocks: u64) {
-        for l in lba..lba + blocks {
-            if self.slots.contains_key(&l) {
-                self.set(l, 0);
-            }
-        }
+        let op = self.h.trim(lba, blocks);
+        self.h.complete(op);
     }
 
     /// Records that the FUA write of `blocks` blocks at `lba` (recorded with
@@ -115,19 +326,14 @@ impl Model {
     /// call this only on success.
     pub fn fua_completed(&mut self, lba: u64, blocks: u64) {
         for l in lba..lba + blocks {
-            if let Some(s) = self.slots.get_mut(&l) {
-                s.durable = s.current;
-                s.since.clear();
-            }
+            self.h.make_durable(l);
         }
     }
 
     /// Records a completed FLUSH.
     pub fn flush(&mut self) {
-        for s in self.slots.values_mut() {
-            s.durable = s.current;
-            s.since.clear();
-        }
+        let t = self.h.flush_started();
+        self.h.flush_completed(t);
     }
 
     /// Records the death of the server process with its staging area intact (`kill -9`,
@@ -138,42 +344,23 @@ impl Model {
 
     /// The tag a read of `lba` must return now.
     pub fn expected(&self, lba: u64) -> Tag {
-        self.slots.get(&lba).map_or(0, |s| s.current)
+        self.h.current(lba).unwrap_or(0)
     }
 
-    /// Tags `lba` may hold after a crash.
+    /// Tags `lba` may hold after a power cut.
     pub fn allowed_after_crash(&self, lba: u64) -> Vec<Tag> {
-        match self.slots.get(&lba) {
-            None => vec![0],
-            Some(s) => std::iter::once(s.durable)
-                .chain(s.since.iter().copied())
-                .collect(),
-        }
+        self.h.allowed(lba, Crash::PowerCut)
     }
 
     /// After a crash: accepts what was observed at `lba` if allowed, and makes it the
     /// new current and durable value. Returns an error message if not allowed.
     pub fn settle_after_crash(&mut self, lba: u64, got: Observed) -> Result<(), String> {
-        let allowed = self.allowed_after_crash(lba);
-        match got {
-            Observed::Tag(t) if allowed.contains(&t) => {
-                if t != 0 || self.slots.contains_key(&lba) {
-                    let s = self.slots.entry(lba).or_default();
-                    s.current = t;
-                    s.durable = t;
-                    s.since.clear();
-                }
-                Ok(())
-            }
-            other => Err(format!(
-                "lba {lba}: read {other:?} after crash, allowed {allowed:?}"
-            )),
-        }
+        self.h.settle(lba, got, Crash::PowerCut)
     }
 
     /// Every LBA the model has seen written or trimmed.
     pub fn touched(&self) -> Vec<u64> {
-        self.slots.keys().copied().collect()
+        self.h.touched()
     }
 }
 
@@ -228,5 +415,70 @@ mod tests {
         m.write(7, 1);
         m.fua_completed(3, 1);
         assert_eq!(m.allowed_after_crash(7).len(), 2);
+    }
+
+    #[test]
+    fn a_flush_covers_only_what_completed_before_it_started() {
+        let mut h = History::new();
+        let (a, _) = h.write(1, 1, false);
+        let (b, _) = h.write(2, 1, false);
+        h.complete(a);
+        let token = h.flush_started();
+        // b completes while the FLUSH runs: not covered by it.
+        h.complete(b);
+        h.flush_completed(token);
+        let ta = h.current(1).unwrap();
+        let tb = h.current(2).unwrap();
+        assert_eq!(h.allowed(1, Crash::PowerCut), vec![ta]);
+        assert_eq!(h.allowed(2, Crash::PowerCut), vec![0, tb]);
+        // After the death of the process every completed write survives.
+        assert_eq!(h.allowed(2, Crash::ProcessDeath), vec![tb]);
+    }
+
+    #[test]
+    fn pending_and_failed_operations_stay_uncertain() {
+        let mut h = History::new();
+        let (a, _) = h.write(5, 1, true);
+        h.complete(a);
+        let ta = h.current(5).unwrap();
+        assert_eq!(
+            h.allowed(5, Crash::PowerCut),
+            vec![ta],
+            "a completed FUA write"
+        );
+        let (b, _) = h.write(5, 1, true);
+        assert_eq!(h.current(5), None, "pending");
+        let tb = h.allowed(5, Crash::ProcessDeath)[1];
+        assert_eq!(h.allowed(5, Crash::ProcessDeath), vec![ta, tb]);
+        h.fail(b);
+        assert_eq!(h.current(5), None, "failed");
+        assert_eq!(h.allowed(5, Crash::PowerCut), vec![ta, tb]);
+        // A later completed write decides the LBA again.
+        let (c, _) = h.write(5, 1, false);
+        h.complete(c);
+        let tc = h.current(5).unwrap();
+        assert_eq!(h.allowed(5, Crash::ProcessDeath), vec![tc]);
+        assert_eq!(h.allowed(5, Crash::PowerCut), vec![ta, tb, tc]);
+        let t = h.trim(5, 1);
+        h.complete(t);
+        assert_eq!(h.current(5), Some(0));
+        assert!(h.settle(5, Observed::Tag(tb), Crash::PowerCut).is_ok());
+        assert_eq!(h.allowed(5, Crash::PowerCut), vec![tb]);
+        assert!(h.settle(6, Observed::Foreign, Crash::PowerCut).is_err());
+    }
+
+    #[test]
+    fn tags_chosen_by_the_writer_are_kept() {
+        let mut h = History::new();
+        let op = h.write_tagged(9, 2, false, 1 << 40);
+        assert_eq!(h.current(9), None);
+        h.complete(op);
+        assert_eq!(h.current(10), Some((1 << 40) + 1));
+        let (_, d) = h.write(0, 1, false);
+        assert_eq!(
+            observe(0, &d),
+            Observed::Tag((1 << 40) + 2),
+            "no tag is reused"
+        );
     }
 }

@@ -10,9 +10,9 @@
 //!   records it dead is durable (see `checkpoint.rs`).
 
 use crate::records::{SegState, SegmentRecord};
+use crate::sync::{AtomicU32, AtomicU8, Mutex, MutexGuard};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
 
 /// Per-segment metadata kept under the table lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,7 +96,7 @@ impl Segments {
     /// Locks the mutable part. Poisoning is recovered (the data stays consistent: every
     /// critical section leaves the table valid before anything that can panic).
     pub fn lock(&self) -> MutexGuard<'_, SegTableInner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.inner)
     }
 
     /// Number of segments.

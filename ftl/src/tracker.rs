@@ -5,8 +5,8 @@
 //! threads are sealing. A FLUSH waits for that, then joins (or starts) one device sync;
 //! concurrent flushes share a sync (group commit).
 
+use crate::sync::{wait, Condvar, Mutex, MutexGuard};
 use std::collections::BTreeSet;
-use std::sync::{Condvar, Mutex, MutexGuard};
 
 struct Inner {
     next_seq: u64,
@@ -32,7 +32,7 @@ impl ChunkTracker {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.inner)
     }
 
     /// Assigns the next chain number and registers it as incomplete.
@@ -74,7 +74,7 @@ impl ChunkTracker {
     pub fn wait_below(&self, target: u64) {
         let mut g = self.lock();
         while g.incomplete.first().is_some_and(|&s| s < target) {
-            g = self.done.wait(g).unwrap_or_else(|p| p.into_inner());
+            g = wait(&self.done, g);
         }
     }
 }
@@ -103,7 +103,7 @@ impl SyncGroup {
     }
 
     fn lock(&self) -> MutexGuard<'_, SyncInner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.inner)
     }
 
     /// Every chunk below the returned number is durable.
@@ -142,7 +142,7 @@ impl SyncGroup {
                     return Ok(true);
                 }
             } else {
-                g = self.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+                g = wait(&self.cv, g);
             }
         }
     }

@@ -71,10 +71,12 @@ use crate::codec::Reader;
 use crate::device::BLOCK_SIZE;
 use crate::error::{Error, Result};
 use crate::summary::{Entry, MAX_CHUNK_DATA, MAX_ENTRIES, TRIM_FLAG};
+use crate::sync::{lock, wait_timeout, Condvar, Mutex};
 use region::Region;
 use std::path::{Path, PathBuf};
+// The slot and header atomics live in the (possibly shared) mapping: always std's.
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Bytes of a chunk buffer: summary + the largest data payload.
@@ -268,7 +270,7 @@ impl StagingArea {
 
     /// A free slot, if one is left.
     pub(crate) fn try_take(self: &Arc<Self>) -> Option<ChunkBuf> {
-        let slot = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
+        let slot = lock(&self.free).pop()?;
         Some(ChunkBuf {
             area: self.clone(),
             slot,
@@ -277,7 +279,7 @@ impl StagingArea {
 
     /// Slot `slot`, if it is free (replay takes the slots it rewrites).
     pub(crate) fn take(self: &Arc<Self>, slot: u32) -> Option<ChunkBuf> {
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let mut free = lock(&self.free);
         let pos = free.iter().position(|&s| s == slot)?;
         free.swap_remove(pos);
         Some(ChunkBuf {
@@ -288,23 +290,20 @@ impl StagingArea {
 
     /// Waits (at most `limit`) until a slot is free. Called with no lock held.
     pub(crate) fn wait_for_slot(&self, limit: Duration) {
-        let free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let free = lock(&self.free);
         if free.is_empty() {
-            let _ = self.freed.wait_timeout(free, limit);
+            drop(wait_timeout(&self.freed, free, limit));
         }
     }
 
     fn give_back(&self, slot: u32) {
-        self.free
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(slot);
+        lock(&self.free).push(slot);
         self.freed.notify_one();
     }
 
     /// Slots currently free (for tests and stats).
     pub fn free_slots(&self) -> usize {
-        self.free.lock().map(|f| f.len()).unwrap_or(0)
+        lock(&self.free).len()
     }
 
     /// What slot `slot` holds, as replay sees it: state, place, chunk number and the
