@@ -56,3 +56,11 @@ pub(crate) fn sleep(d: Duration) {
     #[cfg(feature = "shuttle")]
     shuttle::thread::sleep(d);
 }
+
+/// A point where another thread may run (under shuttle; nothing otherwise): between
+/// stores a dying process could be interrupted between, which no lock or atomic of the
+/// facade separates (the staging area's shared-memory stores).
+pub(crate) fn preemption_point() {
+    #[cfg(feature = "shuttle")]
+    shuttle::thread::yield_now();
+}

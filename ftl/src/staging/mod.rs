@@ -22,9 +22,13 @@
 //! 1. a block's data is copied into the slot BEFORE its entry is recorded, and the entry
 //!    is complete BEFORE the slot's entry count covers it (release store): replay never
 //!    sees an entry without its data;
-//! 2. a chunk number is stored in its slot, and the area's next-chunk mark raised past
-//!    it, under the tracker lock that hands the number out: no other thread can write
-//!    chunk N+1 while N is known to nobody but a dying thread;
+//! 2. a chunk number is stored in its slot, the slot marked sealed, and only THEN the
+//!    area's next-chunk mark raised past it ([`SEAL_STEPS`]), all under the tracker lock
+//!    that hands the number out: no other thread can write chunk N+1 while N is known to
+//!    nobody but a dying thread, and a death between any two steps leaves either an open
+//!    slot with the mark at N (replay numbers it N) or a sealed slot N with the mark at N
+//!    (replay takes the mark past it). Test: `staging/tests.rs`,
+//!    `a_death_between_any_two_sealing_stores_loses_no_completed_write`;
 //! 3. a slot is marked free only AFTER its chunk's device write completed and BEFORE the
 //!    tracker learns it (so no checkpoint can free the segment while replay would still
 //!    rewrite the slot there);
@@ -98,6 +102,23 @@ const META_ENTRY: usize = 24;
 const STATE_FREE: u32 = 0;
 const STATE_OPEN: u32 = 1;
 const STATE_SEALED: u32 = 2;
+
+/// The stores of staging rule 2, in the order [`ChunkBuf::mark_sealed`] makes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SealStep {
+    /// The chunk number goes into the slot (read only once the slot is sealed).
+    Number,
+    /// The slot is marked sealed: replay now rewrites it under that number.
+    State,
+    /// The area's next-chunk mark is raised past the number.
+    Mark,
+}
+
+/// Sealed BEFORE the mark is raised: a death in between leaves a sealed slot whose
+/// number equals the mark (replay raises the mark past it); the other order left a mark
+/// past a number no slot carried, and replay numbered the open slots after a gap that
+/// recovery stops at.
+pub(crate) const SEAL_STEPS: [SealStep; 3] = [SealStep::Number, SealStep::State, SealStep::Mark];
 
 const _: () = assert!(META_HEADER + MAX_ENTRIES * META_ENTRY <= SLOT_META_BYTES);
 const _: () = assert!(SLOT_BYTES.is_multiple_of(BLOCK_SIZE));
@@ -447,14 +468,28 @@ impl ChunkBuf {
 
     /// Rule 2: the chunk got number `chunk_seq` (call under the tracker lock).
     pub(crate) fn mark_sealed(&self, chunk_seq: u64) {
+        self.seal_steps(chunk_seq, SEAL_STEPS.len());
+    }
+
+    /// The first `upto` of rule 2's stores, in order ([`SEAL_STEPS`]); a process may die
+    /// between any two, and replay must be right after each prefix (tests run every
+    /// prefix, then replay).
+    pub(crate) fn seal_steps(&self, chunk_seq: u64, upto: usize) {
         let at = self.meta_at();
-        self.area
-            .atomic64(at + 8)
-            .store(chunk_seq, Ordering::Release);
-        self.area.note_chunk(chunk_seq);
-        self.area
-            .atomic32(at)
-            .store(STATE_SEALED, Ordering::Release);
+        for step in &SEAL_STEPS[..upto.min(SEAL_STEPS.len())] {
+            match step {
+                SealStep::Number => self
+                    .area
+                    .atomic64(at + 8)
+                    .store(chunk_seq, Ordering::Release),
+                SealStep::State => self
+                    .area
+                    .atomic32(at)
+                    .store(STATE_SEALED, Ordering::Release),
+                SealStep::Mark => self.area.note_chunk(chunk_seq),
+            }
+            crate::sync::preemption_point();
+        }
     }
 
     /// Rule 3: the chunk's device write completed.

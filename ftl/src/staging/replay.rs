@@ -47,11 +47,25 @@ pub fn replay<D: BlockDevice>(
         }
         None => return Ok(report),
     }
-    let mark = area.next_chunk_mark();
+    let recorded_mark = area.next_chunk_mark();
+    let slots: Vec<StagedSlot> = (0..area.slot_count() as u32)
+        .map(|slot| area.read_slot(slot))
+        .collect();
+    // Rule 2: a slot is sealed BEFORE the mark is raised past its number, so a process
+    // that died in between left one sealed slot numbered exactly at the mark. Every
+    // number handed out is below the mark so corrected.
+    let mark = if slots
+        .iter()
+        .any(|s| s.state == SlotState::Sealed(recorded_mark))
+    {
+        recorded_mark + 1
+    } else {
+        recorded_mark
+    };
     let mut chunks: Vec<(u64, u32, StagedSlot)> = Vec::new();
     let mut next_open = mark;
-    for slot in 0..area.slot_count() as u32 {
-        let s = area.read_slot(slot);
+    for (slot, s) in slots.into_iter().enumerate() {
+        let slot = slot as u32;
         match s.state {
             SlotState::Free => {}
             SlotState::Open if s.entries.is_empty() => {}
@@ -66,7 +80,7 @@ pub fn replay<D: BlockDevice>(
                 return Err(bad(
                     area,
                     slot,
-                    format!("chunk {seq} beyond the mark {mark}"),
+                    format!("chunk {seq} beyond the mark {recorded_mark}"),
                 ))
             }
             SlotState::Sealed(seq) => chunks.push((seq, slot, s)),

@@ -138,3 +138,56 @@ fn a_mapped_file_keeps_its_contents_across_mappings() {
     a.remove_file().unwrap();
     assert!(!p.exists());
 }
+
+/// Rule 2, every prefix of its stores: a process that dies after any of them (while the
+/// tracker lock is held by the thread sealing) loses no completed write.
+#[test]
+fn a_death_between_any_two_sealing_stores_loses_no_completed_write() {
+    use crate::device::mem::MemDevice;
+    use crate::index::mem::MemIndex;
+    use crate::model::{block_for, observe, Observed};
+    use crate::{Config, FormatOptions, Ftl, StreamId};
+    for upto in 0..=SEAL_STEPS.len() {
+        let dev = Arc::new(MemDevice::new(32 * (64 << 10)));
+        let idx = Arc::new(MemIndex::new());
+        let opts = FormatOptions {
+            segment_bytes: Some(64 << 10),
+            flash_page_bytes: Some(16 << 10),
+            ..Default::default()
+        };
+        crate::format(&dev, &idx, &opts, false).unwrap();
+        let (f, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
+        // Completed, unflushed writes in three streams' open chunks.
+        for s in 1..4u8 {
+            for k in 0..3u64 {
+                let lba = s as u64 * 10 + k;
+                f.write(lba, &block_for(lba, 7), false, StreamId(s))
+                    .unwrap();
+            }
+        }
+        // Stream 2 starts sealing: it takes the next number under the tracker lock and
+        // the process dies after `upto` of the stores.
+        {
+            let st = crate::sync::lock(&f.streams[2]);
+            let chunk = st.chunk.as_ref().unwrap();
+            f.tracker.begin_with(|n| chunk.buf.seal_steps(n, upto));
+        }
+        let staging = f.staging().clone();
+        drop(f);
+        let (f, rep) =
+            Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), staging).unwrap();
+        let mut b = vec![0u8; 4096];
+        for s in 1..4u64 {
+            for k in 0..3u64 {
+                let lba = s * 10 + k;
+                f.read(lba, &mut b).unwrap();
+                assert_eq!(
+                    observe(lba, &b),
+                    Observed::Tag(7),
+                    "died after {upto} sealing stores: lba {lba} lost ({:?})",
+                    rep.recovery
+                );
+            }
+        }
+    }
+}
