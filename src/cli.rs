@@ -80,7 +80,8 @@ pub struct GeometryArgs {
     /// Over-provisioning in percent of the physical size (default 20).
     #[arg(long)]
     pub op_percent: Option<f64>,
-    /// Flash page size for block patching (default 16K).
+    /// Flash page size for block patching: a FLUSH pads the log to it (power of two,
+    /// 4K to 1M and at most a quarter of the segment; default 16K).
     #[arg(long, value_parser = parse_size)]
     pub page_size: Option<u64>,
 }

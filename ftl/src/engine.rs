@@ -15,8 +15,8 @@ use crate::records::Counters;
 use crate::segments::Segments;
 use crate::staging::{SlotPlace, StagingArea};
 use crate::superblock::Superblock;
-use crate::sync::{lock, wait, AtomicU64, Condvar, Mutex};
-use crate::tracker::{ChunkTracker, SyncGroup};
+use crate::sync::{lock, AtomicU64, Mutex};
+use crate::tracker::{ChunkTracker, GroupCommit};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -124,7 +124,8 @@ pub struct Ftl<D: BlockDevice, I: IndexStore> {
     stripes: Box<[Mutex<()>]>,
     pub(crate) entry_seq: AtomicU64,
     pub(crate) tracker: ChunkTracker,
-    pub(crate) sync: SyncGroup,
+    /// Device syncs: everything below `done()` (a chunk number) is durable.
+    pub(crate) sync: GroupCommit,
     pub(crate) epoch: u64,
     pub(crate) counters: LiveCounters,
     pub(crate) mapped: AtomicU64,
@@ -135,20 +136,35 @@ pub struct Ftl<D: BlockDevice, I: IndexStore> {
     pub(crate) checkpoint_lock: Mutex<()>,
     pub(crate) staging: Arc<StagingArea>,
     poison: Mutex<Option<String>>,
-    flush_group: FlushGroup,
+    /// FLUSHes: every entry below `done()` (an entry sequence) is durable.
+    flush_group: GroupCommit,
     pub(crate) space: crate::clean::SpaceWaiters,
 }
 
-/// Leader/follower state of concurrent FLUSHes.
-struct FlushGroup {
-    state: Mutex<FlushState>,
-    cv: Condvar,
+/// Records the first reason the FTL turned read-only.
+fn poison_with(p: &Mutex<Option<String>>, why: String) {
+    let mut p = lock(p);
+    if p.is_none() {
+        *p = Some(why);
+    }
 }
 
-struct FlushState {
-    /// Every entry below this sequence is durable.
-    durable_entry: u64,
-    leading: bool,
+/// Completes a chunk number whose sealing did not finish (engine rule 3), poisoning
+/// first (engine rule 2). Forgotten once the chunk is sealed and in flight.
+struct SealGuard<'a> {
+    tracker: &'a ChunkTracker,
+    poison: &'a Mutex<Option<String>>,
+    seq: u64,
+}
+
+impl Drop for SealGuard<'_> {
+    fn drop(&mut self) {
+        poison_with(
+            self.poison,
+            format!("sealing chunk {} did not finish", self.seq),
+        );
+        self.tracker.complete(self.seq);
+    }
 }
 
 /// Where a block a caller wants to read lives.
@@ -209,7 +225,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             entry_seq: AtomicU64::new(p.next_entry_seq),
             tracker: ChunkTracker::new(p.next_chunk_seq),
-            sync: SyncGroup::new(p.next_chunk_seq),
+            sync: GroupCommit::new(p.next_chunk_seq),
             epoch: p.epoch,
             counters: LiveCounters::from(&p.counters),
             mapped: AtomicU64::new(p.mapped),
@@ -220,13 +236,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             staging: p.staging,
             poison: Mutex::new(None),
             space: crate::clean::SpaceWaiters::default(),
-            flush_group: FlushGroup {
-                state: Mutex::new(FlushState {
-                    durable_entry: p.next_entry_seq,
-                    leading: false,
-                }),
-                cv: Condvar::new(),
-            },
+            flush_group: GroupCommit::new(p.next_entry_seq),
         }
     }
 
@@ -284,10 +294,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     }
 
     pub(crate) fn set_poison(&self, why: String) {
-        let mut p = lock(&self.poison);
-        if p.is_none() {
-            *p = Some(why);
-        }
+        poison_with(&self.poison, why);
     }
 
     fn seal_params(&self, stream: u8, chunk_seq: u64) -> SealParams {
@@ -329,16 +336,28 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         }
         // Staging rule 2: the slot learns its number under the tracker lock.
         let seq = self.tracker.begin_with(|n| chunk.buf.mark_sealed(n));
+        // Engine rule 3: from here the number is registered as incomplete, and every
+        // later FLUSH and checkpoint waits for it. If sealing fails or panics, the guard
+        // poisons the FTL and then completes the number, so they fail instead of
+        // waiting forever. Test: `engine::tests::a_panic_while_sealing_does_not_wedge_flush`.
+        let guard = SealGuard {
+            tracker: &self.tracker,
+            poison: &self.poison,
+            seq,
+        };
+        #[cfg(test)]
+        tests::maybe_panic_in_seal();
         let offset = chunk.offset;
         let seg = chunk.seg;
         let (sealed, pad) = match seal(chunk, &self.seal_params(stream, seq)) {
             Ok(x) => x,
             Err(e) => {
-                self.tracker.complete(seq);
-                self.set_poison(format!("sealing a chunk failed: {e}"));
+                poison_with(&self.poison, format!("sealing a chunk failed: {e}"));
+                drop(guard);
                 return Err(e);
             }
         };
+        std::mem::forget(guard);
         let c = &self.counters;
         c.padding_bytes
             .fetch_add(pad as u64 * BLOCK_SIZE as u64, Ordering::Relaxed);
@@ -735,26 +754,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.counters.flushes.fetch_add(1, Ordering::Relaxed);
         // Every write that completed before this call has an entry sequence below it.
         let ticket = self.entry_seq.load(Ordering::SeqCst);
-        let mut g = lock(&self.flush_group.state);
-        loop {
-            if g.durable_entry >= ticket {
-                return Ok(());
-            }
-            if g.leading {
-                g = wait(&self.flush_group.cv, g);
-                continue;
-            }
-            g.leading = true;
-            drop(g);
-            let r = self.seal_and_sync_all();
-            g = lock(&self.flush_group.state);
-            g.leading = false;
-            if let Ok(covers) = r {
-                g.durable_entry = g.durable_entry.max(covers);
-            }
-            self.flush_group.cv.notify_all();
-            r?;
-        }
+        self.flush_group
+            .run_to(ticket, || self.seal_and_sync_all())
+            .map(|_| ())
     }
 
     /// Seals and writes every open chunk, then makes the whole log durable. Returns the
@@ -781,7 +783,12 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.tracker.wait_below(target);
         self.check_poison()?;
         self.sync
-            .sync_to(target, || self.tracker.frontier(), || self.dev.sync())
+            .run_to(target, || {
+                // Completed writes below the frontier are exactly what this sync makes
+                // durable.
+                let covers = self.tracker.frontier();
+                self.dev.sync().map(|()| covers)
+            })
             .map_err(|e| {
                 let err = Error::io("sync", 0, e);
                 self.set_poison(err.to_string());
@@ -914,5 +921,63 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.flush()?;
         self.checkpoint()?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::device::mem::MemDevice;
+    use crate::index::mem::MemIndex;
+    use crate::model::block_for;
+    use crate::{Config, Error, FormatOptions, Ftl, StreamId};
+    use std::cell::Cell;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    thread_local! {
+        static PANIC_IN_SEAL: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Test hook: panics inside `seal_open` on threads that asked for it.
+    pub(super) fn maybe_panic_in_seal() {
+        if PANIC_IN_SEAL.with(|p| p.get()) {
+            panic!("injected panic while sealing");
+        }
+    }
+
+    /// Engine rule 3: a panic between taking a chunk number and putting the chunk in
+    /// flight poisons the FTL and completes the number; every later FLUSH fails at once
+    /// instead of waiting forever (for the number, or for the dead FLUSH leader).
+    #[test]
+    fn a_panic_while_sealing_does_not_wedge_flush() {
+        let dev = Arc::new(MemDevice::new(32 * (64 << 10)));
+        let idx = Arc::new(MemIndex::new());
+        let opts = FormatOptions {
+            segment_bytes: Some(64 << 10),
+            ..Default::default()
+        };
+        crate::format(&dev, &idx, &opts, false).unwrap();
+        let (f, _) = Ftl::open(dev, idx, Config::default()).unwrap();
+        let f = Arc::new(f);
+        let f2 = f.clone();
+        let dying = std::thread::spawn(move || {
+            PANIC_IN_SEAL.with(|p| p.set(true));
+            f2.write(1, &block_for(1, 1), false, StreamId(1)).unwrap();
+            let _ = f2.flush();
+        });
+        assert!(dying.join().is_err(), "the injected panic happened");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let f3 = f.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send((f3.flush(), f3.checkpoint().map(|_| ())));
+        });
+        let (flush, checkpoint) = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("FLUSH and checkpoint return after a panic while sealing");
+        assert!(matches!(flush, Err(Error::ReadOnly(_))), "{flush:?}");
+        assert!(
+            matches!(checkpoint, Err(Error::ReadOnly(_))),
+            "{checkpoint:?}"
+        );
     }
 }

@@ -38,6 +38,9 @@ pub const MIN_SEGMENT_BYTES: u64 = 64 << 10;
 pub const MAX_SEGMENT_BYTES: u64 = 1 << 30;
 /// Default flash page (block patching unit).
 pub const DEFAULT_FLASH_PAGE_BYTES: u32 = 16 << 10;
+/// Largest flash page: a FLUSH pads a chunk to the page, and the staging slot that holds
+/// the chunk is sized for a full chunk padded to this (see `staging::CHUNK_BUF_BLOCKS`).
+pub const MAX_FLASH_PAGE_BYTES: u32 = 1 << 20;
 /// Default over-provisioning, per mille of the physical size.
 pub const DEFAULT_OP_PERMILLE: u32 = 200;
 /// Physical block numbers are u32 in the map (sentinel excluded): 16 TiB of backing.
@@ -106,10 +109,11 @@ impl Geometry {
         let flash_page_bytes = opts.flash_page_bytes.unwrap_or(DEFAULT_FLASH_PAGE_BYTES);
         if !flash_page_bytes.is_power_of_two()
             || (flash_page_bytes as u64) < bs
+            || flash_page_bytes > MAX_FLASH_PAGE_BYTES
             || flash_page_bytes as u64 * 4 > segment_bytes
         {
             return Err(Error::InvalidParameters(format!(
-                "flash page size {flash_page_bytes} must be a power of two, at least 4096 and at most a quarter of the segment size ({segment_bytes})"
+                "flash page size {flash_page_bytes} must be a power of two, at least 4096, at most {MAX_FLASH_PAGE_BYTES} and at most a quarter of the segment size ({segment_bytes})"
             )));
         }
         let op_permille = opts.op_permille.unwrap_or(DEFAULT_OP_PERMILLE);

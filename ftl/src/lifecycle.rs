@@ -16,7 +16,9 @@
 use crate::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
 use crate::engine::{Config, Ftl};
 use crate::error::{Error, Result};
-use crate::geometry::{FormatOptions, Geometry, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES};
+use crate::geometry::{
+    FormatOptions, Geometry, MAX_FLASH_PAGE_BYTES, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
+};
 use crate::index::{IndexStore, Key, Op};
 use crate::log::STREAMS;
 use crate::records::{CheckpointRecord, Counters};
@@ -128,6 +130,13 @@ fn read_superblock_inner<D: BlockDevice>(
             )))
         }
     };
+    if sb.geometry.flash_page_bytes > MAX_FLASH_PAGE_BYTES {
+        return Err(Error::InvalidParameters(format!(
+            "{name} was formatted with a flash page of {} bytes; this build supports at most \
+             {MAX_FLASH_PAGE_BYTES} (its chunks do not fit the staging slots): reformat it",
+            sb.geometry.flash_page_bytes
+        )));
+    }
     if dev.size() < sb.geometry.backing_bytes {
         return Err(Error::Shrunk {
             formatted: sb.geometry.backing_bytes,

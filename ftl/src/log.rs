@@ -128,6 +128,14 @@ pub fn seal(mut c: OpenChunk, p: &SealParams) -> crate::error::Result<(SealedChu
     let total = used.div_ceil(p.blocks_per_page) * p.blocks_per_page;
     let total = total.min(room);
     let pad = total - used;
+    if total as usize > crate::staging::CHUNK_BUF_BLOCKS {
+        return Err(crate::error::Error::InvalidParameters(format!(
+            "a chunk of {used} blocks padded to {total} does not fit a staging slot of {} \
+             blocks (flash page of {} blocks)",
+            crate::staging::CHUNK_BUF_BLOCKS,
+            p.blocks_per_page
+        )));
+    }
     let summary = ChunkSummary {
         stream: p.stream,
         chunk_seq: p.chunk_seq,

@@ -3,7 +3,7 @@
 //! Chain sequence numbers are handed out and registered as incomplete under one lock,
 //! so "every chunk below N has completed" is a well-defined question even while other
 //! threads are sealing. A FLUSH waits for that, then joins (or starts) one device sync;
-//! concurrent flushes share a sync (group commit).
+//! concurrent flushes share a sync ([`GroupCommit`], which also groups the FLUSHes).
 
 use crate::sync::{wait, Condvar, Mutex, MutexGuard};
 use std::collections::BTreeSet;
@@ -79,71 +79,83 @@ impl ChunkTracker {
     }
 }
 
-struct SyncInner {
-    /// Every chunk below this is durable.
-    durable: u64,
+struct GroupState {
+    /// Everything below this is done.
+    done: u64,
+    /// A leader is working.
     running: bool,
 }
 
-/// Group commit of device syncs.
-pub struct SyncGroup {
-    inner: Mutex<SyncInner>,
+/// Leader/follower group commit: callers that need "everything below N done" share the
+/// work. One caller at a time leads and runs the work, which reports how far it got;
+/// the others wait for it and then look again (returning at once if it covered them).
+/// Used for FLUSH (the work seals every stream and syncs) and for device syncs (the work
+/// is one sync covering every completed chunk write).
+///
+/// A leader that fails hands leadership to the next caller; one that panics does too
+/// (its guard clears the flag and wakes the waiters), so a panic never wedges the group.
+pub struct GroupCommit {
+    inner: Mutex<GroupState>,
     cv: Condvar,
 }
 
-impl SyncGroup {
-    pub fn new(durable: u64) -> Self {
-        SyncGroup {
-            inner: Mutex::new(SyncInner {
-                durable,
+/// Clears the leader flag when the leader is done, whatever way it leaves.
+struct Leading<'a>(&'a GroupCommit);
+
+impl Drop for Leading<'_> {
+    fn drop(&mut self) {
+        crate::sync::lock(&self.0.inner).running = false;
+        self.0.cv.notify_all();
+    }
+}
+
+impl GroupCommit {
+    /// A group where everything below `done` is already done.
+    pub fn new(done: u64) -> Self {
+        GroupCommit {
+            inner: Mutex::new(GroupState {
+                done,
                 running: false,
             }),
             cv: Condvar::new(),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, SyncInner> {
+    fn lock(&self) -> MutexGuard<'_, GroupState> {
         crate::sync::lock(&self.inner)
     }
 
-    /// Every chunk below the returned number is durable.
-    pub fn durable(&self) -> u64 {
-        self.lock().durable
+    /// Everything below the returned number is done.
+    pub fn done(&self) -> u64 {
+        self.lock().done
     }
 
-    /// Makes every chunk below `target` durable, sharing syncs with concurrent callers.
-    /// `frontier` tells how far completed writes reach; `sync` performs one device sync.
-    /// Returns whether this call ran a sync itself.
-    pub fn sync_to<E>(
-        &self,
-        target: u64,
-        frontier: impl Fn() -> u64,
-        sync: impl Fn() -> Result<(), E>,
-    ) -> Result<bool, E> {
+    /// Makes everything below `target` done, leading with `work` (which returns how far
+    /// it got) or following another leader. Returns whether this call ran `work`.
+    pub fn run_to<E>(&self, target: u64, work: impl Fn() -> Result<u64, E>) -> Result<bool, E> {
         let mut g = self.lock();
+        let mut led = false;
         loop {
-            if g.durable >= target {
-                return Ok(false);
+            if g.done >= target {
+                return Ok(led);
             }
-            if !g.running {
-                g.running = true;
-                drop(g);
-                // Completed writes below `covers` are exactly what this sync makes durable.
-                let covers = frontier();
-                let r = sync();
-                g = self.lock();
-                g.running = false;
-                if r.is_ok() {
-                    g.durable = g.durable.max(covers);
-                }
-                self.cv.notify_all();
-                r?;
-                if g.durable >= target {
-                    return Ok(true);
-                }
-            } else {
+            if g.running {
                 g = wait(&self.cv, g);
+                continue;
             }
+            g.running = true;
+            drop(g);
+            let leading = Leading(self);
+            let r = work();
+            led = true;
+            g = self.lock();
+            if let Ok(covers) = r {
+                g.done = g.done.max(covers);
+            }
+            drop(g);
+            drop(leading);
+            r?;
+            g = self.lock();
         }
     }
 }
@@ -169,21 +181,17 @@ mod tests {
 
     #[test]
     fn concurrent_flushes_share_syncs() {
-        let g = Arc::new(SyncGroup::new(0));
+        let g = Arc::new(GroupCommit::new(0));
         let syncs = Arc::new(AtomicU32::new(0));
         let hs: Vec<_> = (0..8)
             .map(|_| {
                 let (g, syncs) = (g.clone(), syncs.clone());
                 std::thread::spawn(move || {
-                    g.sync_to(
-                        10,
-                        || 10,
-                        || {
-                            syncs.fetch_add(1, Ordering::SeqCst);
-                            std::thread::sleep(std::time::Duration::from_millis(20));
-                            Ok::<(), ()>(())
-                        },
-                    )
+                    g.run_to(10, || {
+                        syncs.fetch_add(1, Ordering::SeqCst);
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        Ok::<u64, ()>(10)
+                    })
                     .unwrap();
                 })
             })
@@ -191,11 +199,32 @@ mod tests {
         for h in hs {
             h.join().unwrap();
         }
-        assert_eq!(g.durable(), 10);
+        assert_eq!(g.done(), 10);
         assert!(syncs.load(Ordering::SeqCst) < 8, "syncs were shared");
         assert!(
-            !g.sync_to(10, || 10, || Err::<(), ()>(())).unwrap(),
+            !g.run_to(10, || Err::<u64, ()>(())).unwrap(),
             "nothing to do, no sync"
+        );
+    }
+
+    #[test]
+    fn a_leader_that_panics_hands_leadership_on() {
+        let g = Arc::new(GroupCommit::new(0));
+        let g2 = g.clone();
+        let t = std::thread::spawn(move || {
+            let _ = g2.run_to(5, || -> Result<u64, ()> { panic!("leader dies") });
+        });
+        assert!(t.join().is_err());
+        assert_eq!(
+            g.run_to(5, || Ok::<u64, ()>(5)),
+            Ok(true),
+            "the next caller leads"
+        );
+        assert_eq!(g.run_to(3, || Err::<u64, ()>(())), Ok(false));
+        assert_eq!(
+            g.run_to(9, || Err::<u64, ()>(())),
+            Err(()),
+            "errors reach the leader"
         );
     }
 }

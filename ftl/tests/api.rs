@@ -366,3 +366,72 @@ fn concurrent_writers_and_flushes() {
         }
     }
 }
+
+/// Bug 3 of issue 14: a full chunk (summary + 251 data blocks) padded to a 32 KiB page
+/// ran past its staging slot and panicked inside `seal`. Pages up to 1 MiB work.
+#[test]
+fn large_flash_pages_pad_full_chunks() {
+    for page in [32u32 << 10, 64 << 10, 1 << 20] {
+        let seg = (4 * page as u64).max(1 << 20);
+        let opts = FormatOptions {
+            segment_bytes: Some(seg),
+            flash_page_bytes: Some(page),
+            ..Default::default()
+        };
+        let (dev, idx, f) = mem_ftl(20 * seg, &opts);
+        let mut m = Model::new();
+        for i in 0..600u64 {
+            let d = m.write(i, 1);
+            f.write(i, &d, i % 97 == 0, S0).unwrap();
+            if i % 150 == 149 {
+                f.flush().unwrap();
+            }
+        }
+        f.flush().unwrap();
+        for l in 0..600 {
+            check_read(&f, &m, l).unwrap_or_else(|e| panic!("page {page}: {e}"));
+        }
+        f.close().unwrap();
+        drop(f);
+        let (f, _) = Ftl::open(dev, idx, Config::default()).unwrap();
+        for l in 0..600 {
+            check_read(&f, &m, l).unwrap_or_else(|e| panic!("page {page} reopened: {e}"));
+        }
+    }
+}
+
+#[test]
+fn flash_pages_above_one_mebibyte_are_refused_at_format_and_open() {
+    let opts = FormatOptions {
+        segment_bytes: Some(8 << 20),
+        flash_page_bytes: Some(2 << 20),
+        ..Default::default()
+    };
+    let dev = Arc::new(MemDevice::new(32 * (8 << 20)));
+    let idx = Arc::new(MemIndex::new());
+    match ftl::format(&dev, &idx, &opts, false) {
+        Err(Error::InvalidParameters(why)) => assert!(why.contains("at most 1048576"), "{why}"),
+        other => panic!("a 2 MiB page was accepted: {other:?}"),
+    }
+    // A backing an older build formatted with such a page: a clear error at open.
+    let ok = FormatOptions {
+        flash_page_bytes: Some(1 << 20),
+        ..opts
+    };
+    let sb = ftl::format(&dev, &idx, &ok, false).unwrap();
+    let mut old = sb.clone();
+    old.geometry.flash_page_bytes = 2 << 20;
+    for off in [
+        0,
+        ftl::Geometry::superblock_offset(1, sb.geometry.segment_bytes),
+    ] {
+        dev.write_at(off, &old.encode()).unwrap();
+    }
+    match Ftl::open(dev.clone(), idx.clone(), Config::default()) {
+        Err(Error::InvalidParameters(why)) => {
+            assert!(why.contains("flash page of 2097152 bytes"), "{why}")
+        }
+        Err(e) => panic!("unclear error: {e}"),
+        Ok(_) => panic!("opened a backing whose chunks do not fit the staging slots"),
+    }
+}

@@ -40,7 +40,7 @@
 //! ```text
 //! area header, 4096 bytes
 //!   0  [u8; 8]  magic "FTLSTAGE"
-//!   8  u16      version (1)
+//!   8  u16      version (2)
 //!  10  u16      reserved (0)
 //!  12  u32      slot count
 //!  16  [u8; 16] uuid of the backing's format
@@ -74,6 +74,7 @@ pub use replay::{replay, StagedReport};
 use crate::codec::Reader;
 use crate::device::BLOCK_SIZE;
 use crate::error::{Error, Result};
+use crate::geometry::MAX_FLASH_PAGE_BYTES;
 use crate::summary::{Entry, MAX_CHUNK_DATA, MAX_ENTRIES, TRIM_FLAG};
 use crate::sync::{lock, wait_timeout, Condvar, Mutex};
 use region::Region;
@@ -83,8 +84,12 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Bytes of a chunk buffer: summary + the largest data payload.
-pub const CHUNK_BUF_BYTES: usize = (1 + MAX_CHUNK_DATA) * BLOCK_SIZE;
+/// Blocks of a chunk buffer: summary + the largest data payload, padded to the largest
+/// flash page (sealing zero-fills up to the page end inside the buffer).
+pub const CHUNK_BUF_BLOCKS: usize =
+    (1 + MAX_CHUNK_DATA).next_multiple_of(MAX_FLASH_PAGE_BYTES as usize / BLOCK_SIZE);
+/// Bytes of a chunk buffer.
+pub const CHUNK_BUF_BYTES: usize = CHUNK_BUF_BLOCKS * BLOCK_SIZE;
 /// Bytes of a slot's metadata (header + entry table).
 pub const SLOT_META_BYTES: usize = 8192;
 /// Bytes of one slot: metadata then chunk buffer.
@@ -95,7 +100,9 @@ pub const HEADER_BYTES: usize = 4096;
 pub const DEFAULT_SLOTS: usize = 32;
 
 const MAGIC: &[u8; 8] = b"FTLSTAGE";
-const VERSION: u16 = 1;
+/// 2: chunk buffers of [`CHUNK_BUF_BLOCKS`] (version 1 had 252 blocks, too few to pad
+/// a full chunk to a 32 KiB page).
+const VERSION: u16 = 2;
 const META_HEADER: usize = 64;
 const META_ENTRY: usize = 24;
 
@@ -128,6 +135,16 @@ const _: () = assert!(SLOT_BYTES.is_multiple_of(BLOCK_SIZE));
 pub struct AreaOwner {
     pub uuid: [u8; 16],
     pub epoch: u64,
+}
+
+/// What a staging area's header says (see [`StagingArea::header`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AreaHeader {
+    /// Never handed to a session, or torn while being reset (nothing was staged then).
+    Blank,
+    Owned(AreaOwner),
+    /// Intact, but a layout this build cannot read: why.
+    Foreign(String),
 }
 
 /// Where a staged chunk goes in the log.
@@ -237,24 +254,50 @@ impl StagingArea {
         HEADER_BYTES + slot as usize * SLOT_BYTES
     }
 
-    /// The owner recorded in the header, if the header is intact.
-    pub fn owner(&self) -> Option<AreaOwner> {
+    /// What the header says: nobody's (never reset, or torn while being reset, when no
+    /// slot held anything), a session's, or a layout this build cannot read.
+    pub fn header(&self) -> AreaHeader {
         let h = self.bytes(0, 48);
         let mut r = Reader::new(h, "staging header");
-        let magic = r.bytes(8).ok()?;
-        let version = r.u16().ok()?;
-        r.skip(2).ok()?;
-        let slots = r.u32().ok()?;
-        let uuid: [u8; 16] = r.bytes(16).ok()?.try_into().ok()?;
-        let epoch = r.u64().ok()?;
-        let slot_bytes = r.u32().ok()?;
-        let crc = r.u32().ok()?;
-        let intact = magic == MAGIC
-            && version == VERSION
-            && crc == crc32c::crc32c(&h[..44])
-            && slot_bytes as usize == SLOT_BYTES
-            && slots as usize <= self.slots;
-        intact.then_some(AreaOwner { uuid, epoch })
+        let field = |r: &mut Reader<'_>| -> Option<(Vec<u8>, u16, u32, [u8; 16], u64, u32, u32)> {
+            let magic = r.bytes(8).ok()?.to_vec();
+            let version = r.u16().ok()?;
+            r.skip(2).ok()?;
+            let slots = r.u32().ok()?;
+            let uuid: [u8; 16] = r.bytes(16).ok()?.try_into().ok()?;
+            let epoch = r.u64().ok()?;
+            let slot_bytes = r.u32().ok()?;
+            let crc = r.u32().ok()?;
+            Some((magic, version, slots, uuid, epoch, slot_bytes, crc))
+        };
+        let Some((magic, version, slots, uuid, epoch, slot_bytes, crc)) = field(&mut r) else {
+            return AreaHeader::Blank;
+        };
+        if magic != MAGIC || crc != crc32c::crc32c(&h[..44]) {
+            return AreaHeader::Blank;
+        }
+        if version != VERSION || slot_bytes as usize != SLOT_BYTES {
+            return AreaHeader::Foreign(format!(
+                "it has layout version {version} with {slot_bytes}-byte slots; this build \
+                 reads version {VERSION} with {SLOT_BYTES}-byte slots (recover it with the \
+                 ftlblk that wrote it)"
+            ));
+        }
+        if slots as usize > self.slots {
+            return AreaHeader::Foreign(format!(
+                "its header records {slots} slots but the file holds {}",
+                self.slots
+            ));
+        }
+        AreaHeader::Owned(AreaOwner { uuid, epoch })
+    }
+
+    /// The owner recorded in the header, if the header is intact and of this layout.
+    pub fn owner(&self) -> Option<AreaOwner> {
+        match self.header() {
+            AreaHeader::Owned(o) => Some(o),
+            _ => None,
+        }
     }
 
     /// Every chunk number handed out by the owner is below this.

@@ -8,7 +8,7 @@
 //! checkpoint), and written. Then the device is synced, and the ordinary roll-forward
 //! finds the chain complete.
 
-use super::{SlotState, StagedSlot, StagingArea};
+use super::{AreaHeader, SlotState, StagedSlot, StagingArea};
 use crate::device::{BlockDevice, BLOCK_SIZE};
 use crate::error::{Error, Result};
 use crate::log::{chunk_capacity, seal, OpenChunk, SealParams, STREAMS};
@@ -39,13 +39,16 @@ pub fn replay<D: BlockDevice>(
     ck_next_chunk: u64,
 ) -> Result<StagedReport> {
     let mut report = StagedReport::default();
-    match area.owner() {
-        Some(o) if o.uuid == sb.uuid && o.epoch == ck_epoch => {}
-        Some(_) => {
+    match area.header() {
+        AreaHeader::Owned(o) if o.uuid == sb.uuid && o.epoch == ck_epoch => {}
+        AreaHeader::Owned(_) => {
             report.ignored_stale = true;
             return Ok(report);
         }
-        None => return Ok(report),
+        AreaHeader::Blank => return Ok(report),
+        // It may hold writes of this backing that this build cannot replay: refuse
+        // rather than start a session that makes them stale.
+        AreaHeader::Foreign(why) => return Err(bad_area(area, why)),
     }
     let recorded_mark = area.next_chunk_mark();
     let slots: Vec<StagedSlot> = (0..area.slot_count() as u32)
@@ -157,11 +160,14 @@ pub fn replay<D: BlockDevice>(
 }
 
 fn bad(area: &StagingArea, slot: u32, why: String) -> Error {
+    bad_area(area, format!("slot {slot}: {why}"))
+}
+
+fn bad_area(area: &StagingArea, why: String) -> Error {
     let file = area
         .path()
         .map_or("in memory".to_string(), |p| p.display().to_string());
     Error::Corrupt(format!(
-        "staging area ({file}) slot {slot}: {why}; remove the file to open without the \
-         writes it holds"
+        "staging area ({file}): {why}; remove the file to open without the writes it holds"
     ))
 }
