@@ -197,7 +197,6 @@ pub fn run(cli: Cli) -> Result<(), String> {
                 "stats": f.stats(),
             });
             f.close().map_err(|e| e.to_string())?;
-            f.staging().remove_file().map_err(|e| e.to_string())?;
             println!(
                 "{}",
                 serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?

@@ -226,14 +226,8 @@ pub fn run(cfg: DaemonConfig, notifier: Arc<Notifier>) -> Result<(), String> {
 
     control.shutdown();
     drop(cleaner);
+    // Also removes the staging file; on failure it stays and the next open replays it.
     let closed = ftl.close().map_err(|e| format!("closing the FTL: {e}"));
-    if closed.is_ok() {
-        // Everything staged is in the log and checkpointed. On failure the file stays:
-        // the next open replays it.
-        if let Err(e) = ftl.staging().remove_file() {
-            eprintln!("ftlblk: cannot remove the staging file: {e}");
-        }
-    }
     match (&result, &closed) {
         (Ok(Some(id)), _) => {
             runfiles::remove_record(*id);

@@ -14,14 +14,10 @@ use serde::{Deserialize, Serialize};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-/// Default run directory.
-pub const DEFAULT_RUN_DIR: &str = "/run/ftlblk";
-
-/// The run directory in force (`$FTLBLK_RUN_DIR` overrides the default).
+/// The run directory in force (`$FTLBLK_RUN_DIR` overrides `/run/ftlblk`); also where
+/// daemons keep their staging files ([`ftl::backing::default_staging_dir`]).
 pub fn run_dir() -> PathBuf {
-    std::env::var_os("FTLBLK_RUN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_RUN_DIR))
+    ftl::backing::default_staging_dir()
 }
 
 /// Creates the run directory.

@@ -120,9 +120,43 @@ pub fn staging_file(dir: &Path, uuid: &str) -> PathBuf {
     dir.join(format!("{uuid}.stage"))
 }
 
-/// Opens a formatted backing and its index, recovering as needed; chunk buffers in memory.
+/// Where the server keeps its staging files (its run directory): `$FTLBLK_RUN_DIR`, or
+/// `/run/ftlblk` (tmpfs: gone after a power cut, kept after a `kill -9`).
+pub fn default_staging_dir() -> PathBuf {
+    std::env::var_os("FTLBLK_RUN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_RUN_DIR))
+}
+
+/// The server's default run directory.
+pub const DEFAULT_RUN_DIR: &str = "/run/ftlblk";
+
+/// Opens a formatted backing and its index for a tool (benchmark, info), recovering as
+/// needed, with the chunk buffers in memory. If a server of this backing died and left
+/// its staging file in [`default_staging_dir`], that file is replayed and used instead:
+/// the writes it holds were completed, and opening without it would start a session
+/// that makes them stale. [`Ftl::close`] removes it.
 pub fn open_backing(path: &Path, index_dir: &Path, cfg: Config) -> Result<(FileFtl, OpenReport)> {
-    open_backing_staged(path, index_dir, cfg, &StagingPlace::Memory)
+    open_backing_in(path, index_dir, cfg, &default_staging_dir())
+}
+
+/// [`open_backing`], looking for a dead server's staging file in `staging_dir`.
+pub fn open_backing_in(
+    path: &Path,
+    index_dir: &Path,
+    cfg: Config,
+    staging_dir: &Path,
+) -> Result<(FileFtl, OpenReport)> {
+    let place = {
+        let dev = open_device(path, None)?;
+        let (sb, _) = crate::lifecycle::read_superblock(&dev)?;
+        if staging_file(staging_dir, &sb.uuid_string()).exists() {
+            StagingPlace::Dir(staging_dir.to_path_buf())
+        } else {
+            StagingPlace::Memory
+        }
+    };
+    open_backing_staged(path, index_dir, cfg, &place)
 }
 
 /// Opens a formatted backing and its index with the chunk buffers at `place`, replaying

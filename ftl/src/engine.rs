@@ -915,12 +915,14 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         Ok(self.map.get(lba))
     }
 
-    /// Flushes and checkpoints; call before dropping for a clean shutdown. Dropping
-    /// without it is a crash, from which `open` recovers.
+    /// Flushes and checkpoints, then removes the staging file (if the area has one):
+    /// everything it held is in the log and checkpointed. Call before dropping for a
+    /// clean shutdown; dropping without it is a crash, from which `open` recovers. On
+    /// failure the staging file stays, and the next open replays it.
     pub fn close(&self) -> Result<()> {
         self.flush()?;
         self.checkpoint()?;
-        Ok(())
+        self.staging.remove_file()
     }
 }
 

@@ -212,13 +212,17 @@ impl StagingArea {
         self.region.path()
     }
 
-    /// Removes the area file (after a clean shutdown left nothing staged).
+    /// Removes the area file (after a clean shutdown left nothing staged); a file
+    /// already gone is fine.
     pub fn remove_file(&self) -> Result<()> {
         match self.region.path() {
-            Some(p) => std::fs::remove_file(p).map_err(|e| Error::Open {
-                path: PathBuf::from(p),
-                source: e,
-            }),
+            Some(p) => match std::fs::remove_file(p) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::Open {
+                    path: PathBuf::from(p),
+                    source: e,
+                }),
+                _ => Ok(()),
+            },
             None => Ok(()),
         }
     }

@@ -191,3 +191,23 @@ fn a_death_between_any_two_sealing_stores_loses_no_completed_write() {
         }
     }
 }
+
+#[test]
+fn a_header_of_another_layout_is_foreign_not_blank() {
+    let a = StagingArea::in_memory(2).unwrap();
+    assert_eq!(a.header(), AreaHeader::Blank);
+    a.reset(owner(), 4);
+    assert_eq!(a.header(), AreaHeader::Owned(owner()));
+    // As a build with layout version 1 wrote it (crc kept valid).
+    let h = a.bytes_mut(0, 48);
+    h[8..10].copy_from_slice(&1u16.to_le_bytes());
+    let crc = crc32c::crc32c(&h[..44]);
+    h[44..48].copy_from_slice(&crc.to_le_bytes());
+    match a.header() {
+        AreaHeader::Foreign(why) => assert!(why.contains("layout version 1"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    // A torn header (bad crc) held nothing: blank.
+    a.bytes_mut(0, 48)[20] ^= 1;
+    assert_eq!(a.header(), AreaHeader::Blank);
+}
