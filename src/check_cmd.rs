@@ -26,7 +26,20 @@ pub fn run(a: CheckArgs) -> Result<bool, String> {
         ));
     }
     let index = ftl::index::sled_store::SledIndex::open(&dir).map_err(|e| e.to_string())?;
-    let report = ftl::check::check(&dev, &index, !a.no_data).map_err(|e| e.to_string())?;
+    // What a dead server of this backing staged is part of what the next open sees: check
+    // it too (a private view; the file is left as it is).
+    let (sb, _) = ftl::lifecycle::read_superblock_readonly(&dev).map_err(|e| e.to_string())?;
+    let staged_file = ftl::backing::staging_file(&crate::runfiles::run_dir(), &sb.uuid_string());
+    let staging = if staged_file.exists() {
+        Some(
+            ftl::staging::StagingArea::open_file_snapshot(&staged_file)
+                .map_err(|e| e.to_string())?,
+        )
+    } else {
+        None
+    };
+    let report =
+        ftl::check::check_staged(&dev, &index, !a.no_data, staging).map_err(|e| e.to_string())?;
     if a.json {
         println!(
             "{}",
@@ -47,13 +60,19 @@ pub fn run(a: CheckArgs) -> Result<bool, String> {
         }
         println!("{}", if report.clean() { "clean" } else { "NOT CLEAN" });
     }
-    let staged = ftl::backing::staging_file(&crate::runfiles::run_dir(), &report.uuid);
-    if staged.exists() {
+    if report.staged.entries > 0 {
         eprintln!(
-            "note: {} holds what a server of this backing staged when it stopped \
-             uncleanly (this check does not include it); the next `ftlblk add` or \
-             `recover` writes it to the log",
-            staged.display()
+            "note: {} holds {} completed writes ({} chunks) a server of this backing staged \
+             when it stopped uncleanly; they are checked above and written to the log by the \
+             next `ftlblk recover` (or any open of the backing)",
+            staged_file.display(),
+            report.staged.entries,
+            report.staged.open_chunks + report.staged.sealed_chunks
+        );
+    } else if report.staged.ignored_stale {
+        eprintln!(
+            "note: {} belongs to an older session of this backing and is ignored",
+            staged_file.display()
         );
     }
     Ok(report.clean())

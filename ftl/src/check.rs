@@ -11,7 +11,14 @@
 //!    summaries);
 //! 5. every mapped block's data matches the crc32c in its map entry (unless skipped);
 //! 6. free segments hold no live block; open segments belong to a stream cursor.
+//!
+//! It checks what the next open would see: recovery, including the replay of what a dead
+//! server left in its staging area when one is given ([`check_staged`]), runs through an
+//! in-memory overlay of the backing, and the chunk summaries are read with the same rules
+//! recovery and relocation use (`chunks.rs`: this format, in place, in log order, not
+//! beyond the point recovery stopped at).
 
+use crate::chunks::SegmentChunks;
 use crate::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
 use crate::engine::Config;
 use crate::error::Result;
@@ -19,7 +26,7 @@ use crate::index::IndexStore;
 use crate::map::MapEntry;
 use crate::records::{SegState, PAGE_ENTRIES};
 use crate::recovery::{load_index, recover};
-use crate::summary::{ChunkSummary, Entry};
+use crate::summary::Entry;
 use std::collections::HashMap;
 
 /// One violated invariant.
@@ -36,6 +43,9 @@ pub struct CheckReport {
     pub mapped_blocks: u64,
     pub blocks_verified: u64,
     pub chunks_replayed: u64,
+    /// What a dead server's staging area holds that the next open writes to the log
+    /// (included in everything checked).
+    pub staged: crate::staging::StagedReport,
     pub segments: u32,
     pub free_segments: u32,
     pub problems: Vec<Problem>,
@@ -55,6 +65,20 @@ pub fn check<D: BlockDevice, I: IndexStore>(
     index: I,
     verify_data: bool,
 ) -> Result<CheckReport> {
+    check_staged(dev, index, verify_data, None)
+}
+
+/// [`check`], with the staging area a dead server of this backing left (opened with
+/// [`StagingArea::open_file_snapshot`](crate::staging::StagingArea::open_file_snapshot)):
+/// its writes are replayed into the overlay, as the next open would, and checked with
+/// the rest. Neither the backing nor the file is changed.
+pub fn check_staged<D: BlockDevice, I: IndexStore>(
+    dev: D,
+    index: I,
+    verify_data: bool,
+    staging: Option<std::sync::Arc<crate::staging::StagingArea>>,
+) -> Result<CheckReport> {
+    let dev = crate::device::overlay::OverlayDevice::new(dev);
     let mut report = CheckReport::default();
     let mut problems = Vec::new();
     // 1. Superblocks (read_superblock would repair: decode both copies here instead).
@@ -115,9 +139,12 @@ pub fn check<D: BlockDevice, I: IndexStore>(
             ));
         }
     }
-    // 4. Replay (read-only) and compare map with summaries.
-    // A fresh (ownerless) staging area: checking never replays or writes anything.
-    let staging = crate::staging::StagingArea::in_memory(1)?;
+    // 4. Recovery into the overlay (with a dead server's staged writes, if given), then
+    // compare the map with the summaries.
+    let staging = match staging {
+        Some(s) => s,
+        None => crate::staging::StagingArea::in_memory(1)?,
+    };
     let (parts, rec) = recover(
         &dev,
         &index,
@@ -127,11 +154,13 @@ pub fn check<D: BlockDevice, I: IndexStore>(
         staging,
     )?;
     report.chunks_replayed = rec.chunks_replayed;
+    report.staged = rec.staged;
+    // Chunks recovery accepted: every earlier epoch's, and this one's below the break.
+    let below = (parts.epoch - 1, parts.next_chunk_seq);
+    let format_id = sb.format_id();
     let map = &parts.map;
     let segs = &parts.segs;
-    let bps = geo.blocks_per_segment();
     let mut summary_lba: HashMap<u64, u64> = HashMap::new();
-    let mut sum = AlignedBuf::new(BLOCK_SIZE);
     for seg in 1..geo.segment_count {
         let state = segs.state(seg);
         if state == Some(SegState::Free) {
@@ -139,17 +168,8 @@ pub fn check<D: BlockDevice, I: IndexStore>(
             continue;
         }
         let start = geo.segment_start(seg);
-        let mut off = 0u32;
-        while off + 2 <= bps {
-            let at = (start + off as u64) * BLOCK_SIZE as u64;
-            dev.read_at(at, &mut sum)
-                .map_err(|e| crate::error::Error::io("check read", at, e))?;
-            let Some(s) = ChunkSummary::decode(&sum).ok().flatten() else {
-                break;
-            };
-            if s.segment != seg || s.offset != off || off + s.total_blocks() > bps {
-                break;
-            }
+        for chunk in SegmentChunks::new(&dev, geo, seg, format_id, below) {
+            let (off, s) = chunk?;
             let mut k = 0u64;
             for e in &s.entries {
                 if let Entry::Data { lba, .. } = *e {
@@ -157,7 +177,6 @@ pub fn check<D: BlockDevice, I: IndexStore>(
                     k += 1;
                 }
             }
-            off += s.total_blocks();
         }
     }
     let mut live = vec![0u32; geo.segment_count as usize];

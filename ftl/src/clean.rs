@@ -13,13 +13,14 @@
 //! Invariant: a relocation moves a block only if the map still points at the old place,
 //! so a user write landing on a victim's block meanwhile is never lost.
 
+use crate::chunks::SegmentChunks;
 use crate::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
 use crate::engine::Ftl;
 use crate::error::{Error, Result};
 use crate::index::IndexStore;
 use crate::map::MapEntry;
 use crate::records::SegState;
-use crate::summary::{ChunkSummary, Entry};
+use crate::summary::Entry;
 use crate::sync::{lock, wait_timeout, AtomicBool, AtomicU64, Condvar, Mutex};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -166,26 +167,11 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 "segment {seg} is not a closed log segment"
             )));
         }
-        let bps = self.geo.blocks_per_segment();
         let start = self.geo.segment_start(seg);
+        let below = (self.epoch, self.tracker.next_seq());
         let mut out = Vec::new();
-        let mut off = 0u32;
-        let mut sum = AlignedBuf::new(BLOCK_SIZE);
-        while off + 2 <= bps {
-            let at = (start + off as u64) * BLOCK_SIZE as u64;
-            self.dev
-                .read_at(at, &mut sum)
-                .map_err(|e| Error::io("cleaner summary read", at, e))?;
-            let Some(s) = ChunkSummary::decode(&sum).ok().flatten() else {
-                break;
-            };
-            if s.segment != seg
-                || s.offset != off
-                || s.format_id != self.format_id()
-                || off + s.total_blocks() > bps
-            {
-                break;
-            }
+        for chunk in SegmentChunks::new(&self.dev, self.geo, seg, self.format_id(), below) {
+            let (off, s) = chunk?;
             let mut k = 0u64;
             for e in &s.entries {
                 if let Entry::Data { lba, .. } = *e {
@@ -199,7 +185,6 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                     }
                 }
             }
-            off += s.total_blocks();
         }
         out.sort_by_key(|b| b.lba);
         out.dedup_by_key(|b| b.lba);

@@ -37,6 +37,7 @@
 pub mod backing;
 pub mod check;
 pub mod checkpoint;
+pub mod chunks;
 pub mod classify;
 pub mod clean;
 pub mod codec;

@@ -178,9 +178,7 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
     let format_id = sb.format_id();
     // Staging rule 4: a dead process's staged chunks are in the log before it is scanned.
     let staged = crate::staging::replay(&dev, &staging, &sb, ck.epoch, ck.next_chunk_seq)?;
-    let accept = |s: &ChunkSummary, seq: u64| {
-        s.chunk_seq == seq && s.epoch == ck.epoch && s.format_id == format_id
-    };
+    let accept = |s: &ChunkSummary, seq: u64| s.chunk_seq == seq && s.epoch == ck.epoch;
     let read_summary = |seg: u32, off: u32| -> Result<Option<ChunkSummary>> {
         let mut b = crate::device::AlignedBuf::new(BLOCK_SIZE);
         let at = (geo.segment_start(seg) + off as u64) * BLOCK_SIZE as u64;
@@ -190,23 +188,19 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         Ok(ChunkSummary::decode(&b).ok().flatten())
     };
 
+    let bps = geo.blocks_per_segment();
     // Heads of segments free at the checkpoint, by chain number.
     let mut heads: HashMap<u64, (u32, ChunkSummary)> = HashMap::new();
     for seg in 1..geo.segment_count {
         if segs.state(seg) == Some(SegState::Free) {
             if let Some(s) = read_summary(seg, 0)? {
-                if s.epoch == ck.epoch
-                    && s.format_id == format_id
-                    && s.segment == seg
-                    && s.offset == 0
-                {
+                if s.epoch == ck.epoch && s.in_place(seg, 0, format_id, bps) {
                     heads.insert(s.chunk_seq, (seg, s));
                 }
             }
         }
     }
 
-    let bps = geo.blocks_per_segment();
     let mut report = RecoveryReport {
         checkpoint_epoch: ck.epoch,
         staged,
@@ -222,8 +216,7 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
                     if let Some(s) = read_summary(seg, off)? {
                         if accept(&s, expected)
                             && s.stream as usize == sid
-                            && s.segment == seg
-                            && s.offset == off
+                            && s.in_place(seg, off, format_id, bps)
                         {
                             found = Some((seg, off, s));
                             break;

@@ -21,6 +21,7 @@ pub mod crash;
 pub mod file;
 pub mod gate;
 pub mod mem;
+pub mod overlay;
 pub mod sparse;
 
 use std::io;

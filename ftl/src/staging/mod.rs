@@ -192,6 +192,20 @@ impl StagingArea {
         Ok(Self::over(region))
     }
 
+    /// A private copy-on-write view of the area file at `path`, for inspecting what a
+    /// dead server left (the offline checker replays it into an overlay): the file is
+    /// never changed, and [`StagingArea::remove_file`] must not be called on it.
+    pub fn open_file_snapshot(path: &Path) -> Result<Arc<Self>> {
+        let region = Region::map_file_private(path)?;
+        if region.len() < HEADER_BYTES {
+            return Err(Error::Corrupt(format!(
+                "staging file {} is shorter than its header",
+                path.display()
+            )));
+        }
+        Ok(Self::over(region))
+    }
+
     fn over(region: Region) -> Arc<Self> {
         let slots = (region.len() - HEADER_BYTES) / SLOT_BYTES;
         Arc::new(StagingArea {
@@ -215,6 +229,9 @@ impl StagingArea {
     /// Removes the area file (after a clean shutdown left nothing staged); a file
     /// already gone is fine.
     pub fn remove_file(&self) -> Result<()> {
+        if self.region.is_snapshot() {
+            return Ok(());
+        }
         match self.region.path() {
             Some(p) => match std::fs::remove_file(p) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::Open {

@@ -21,6 +21,14 @@ pub(super) enum Region {
         /// copies of a backing that share a uuid.
         _lock: std::fs::File,
     },
+    /// A file mapped privately: a view that never changes the file.
+    Snapshot {
+        ptr: NonNull<u8>,
+        len: usize,
+        path: PathBuf,
+        /// Shared lock: no server holds the file meanwhile.
+        _lock: std::fs::File,
+    },
 }
 
 // SAFETY: the region is plain memory; StagingArea coordinates access to its bytes.
@@ -82,22 +90,59 @@ impl Region {
         })
     }
 
+    /// Maps `path` privately (copy on write): what the file holds, for reading, where
+    /// writes change only this process's copy. Fails with `Busy` while a server holds the
+    /// file (its exclusive lock).
+    pub fn map_file_private(path: &Path) -> Result<Self> {
+        let file = std::fs::File::open(path).map_err(|e| open_err(path, e))?;
+        // SAFETY: flock on an fd we own.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
+            return Err(Error::Busy(format!(
+                "{} (the staging file)",
+                path.display()
+            )));
+        }
+        let len = file.metadata().map_err(|e| open_err(path, e))?.len() as usize;
+        if len == 0 {
+            return Err(Error::Corrupt(format!(
+                "staging file {} is empty",
+                path.display()
+            )));
+        }
+        let ptr = map(len, libc::MAP_PRIVATE, file.as_raw_fd()).map_err(|e| open_err(path, e))?;
+        Ok(Region::Snapshot {
+            ptr,
+            len,
+            path: path.to_path_buf(),
+            _lock: file,
+        })
+    }
+
+    /// True for a private view of a file ([`Region::map_file_private`]).
+    pub fn is_snapshot(&self) -> bool {
+        matches!(self, Region::Snapshot { .. })
+    }
+
     pub fn ptr(&self) -> *mut u8 {
         match self {
-            Region::Anonymous { ptr, .. } | Region::Mapped { ptr, .. } => ptr.as_ptr(),
+            Region::Anonymous { ptr, .. }
+            | Region::Mapped { ptr, .. }
+            | Region::Snapshot { ptr, .. } => ptr.as_ptr(),
         }
     }
 
     pub fn len(&self) -> usize {
         match self {
-            Region::Anonymous { len, .. } | Region::Mapped { len, .. } => *len,
+            Region::Anonymous { len, .. }
+            | Region::Mapped { len, .. }
+            | Region::Snapshot { len, .. } => *len,
         }
     }
 
     pub fn path(&self) -> Option<&Path> {
         match self {
             Region::Anonymous { .. } => None,
-            Region::Mapped { path, .. } => Some(path),
+            Region::Mapped { path, .. } | Region::Snapshot { path, .. } => Some(path),
         }
     }
 }
@@ -105,7 +150,9 @@ impl Region {
 impl Drop for Region {
     fn drop(&mut self) {
         let (ptr, len) = match self {
-            Region::Anonymous { ptr, len } | Region::Mapped { ptr, len, .. } => (*ptr, *len),
+            Region::Anonymous { ptr, len }
+            | Region::Mapped { ptr, len, .. }
+            | Region::Snapshot { ptr, len, .. } => (*ptr, *len),
         };
         // SAFETY: mapped by `map` with this length; nothing refers to it any more (every
         // ChunkBuf holds the area alive).

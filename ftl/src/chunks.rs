@@ -1,0 +1,100 @@
+//! Reading the log back: which chunk summaries belong to the log, and the walk over one
+//! segment's chunks in order.
+//!
+//! One definition for every reader, so they agree: recovery ([`ChunkSummary::in_place`]
+//! for the chunk it looks for), relocation (`Ftl::live_blocks`) and the offline checker
+//! ([`SegmentChunks`] for a whole segment).
+//!
+//! A segment is written front to back by one stream, so its chunks carry increasing
+//! (epoch, chain number). The walk stops at the first block that is not the next chunk:
+//! not a summary, torn, of another format (a backing reformatted without discard), out of
+//! place, past the segment end, not newer than the chunk before it (a stale chunk a
+//! crashed session left beyond the point where the next session continued), or at or
+//! beyond `below` (chunks recovery did not, or does not yet, accept).
+
+use crate::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
+use crate::error::{Error, Result};
+use crate::geometry::Geometry;
+use crate::summary::ChunkSummary;
+
+impl ChunkSummary {
+    /// True when this summary was read at block `offset` of segment `seg` of the format
+    /// `format_id`, and says so: it names that place and format and fits the segment
+    /// (`blocks_per_segment`).
+    pub fn in_place(&self, seg: u32, offset: u32, format_id: u64, blocks_per_segment: u32) -> bool {
+        self.segment == seg
+            && self.offset == offset
+            && self.format_id == format_id
+            && offset + self.total_blocks() <= blocks_per_segment
+    }
+}
+
+/// The (epoch, chain number) position of a chunk in the log.
+pub type LogPosition = (u64, u64);
+
+/// The chunks of one segment in order (see the module docs). Yields each chunk's offset
+/// and summary; a device read error ends the walk with that error.
+pub struct SegmentChunks<'a, D: BlockDevice> {
+    dev: &'a D,
+    geo: Geometry,
+    seg: u32,
+    format_id: u64,
+    below: LogPosition,
+    off: u32,
+    last: Option<LogPosition>,
+    buf: AlignedBuf,
+    done: bool,
+}
+
+impl<'a, D: BlockDevice> SegmentChunks<'a, D> {
+    /// Walks segment `seg`, accepting chunks of `format_id` positioned before `below`
+    /// (the epoch and next chain number of the session that reads).
+    pub fn new(dev: &'a D, geo: Geometry, seg: u32, format_id: u64, below: LogPosition) -> Self {
+        SegmentChunks {
+            dev,
+            geo,
+            seg,
+            format_id,
+            below,
+            off: 0,
+            last: None,
+            buf: AlignedBuf::new(BLOCK_SIZE),
+            done: false,
+        }
+    }
+}
+
+impl<D: BlockDevice> Iterator for SegmentChunks<'_, D> {
+    type Item = Result<(u32, ChunkSummary)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let bps = self.geo.blocks_per_segment();
+        if self.done || self.off + 2 > bps {
+            return None;
+        }
+        let at = (self.geo.segment_start(self.seg) + self.off as u64) * BLOCK_SIZE as u64;
+        if let Err(e) = self.dev.read_at(at, &mut self.buf) {
+            self.done = true;
+            return Some(Err(Error::io("summary read", at, e)));
+        }
+        let s = ChunkSummary::decode(&self.buf).ok().flatten();
+        let pos = s.as_ref().map(|s| (s.epoch, s.chunk_seq));
+        let next = match (s, pos) {
+            (Some(s), Some(pos))
+                if s.in_place(self.seg, self.off, self.format_id, bps)
+                    && self.last.is_none_or(|l| pos > l)
+                    && pos < self.below =>
+            {
+                s
+            }
+            _ => {
+                self.done = true;
+                return None;
+            }
+        };
+        let off = self.off;
+        self.off += next.total_blocks();
+        self.last = pos;
+        Some(Ok((off, next)))
+    }
+}
