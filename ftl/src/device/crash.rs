@@ -63,25 +63,61 @@ impl CrashDevice {
         }
     }
 
+    /// A device whose durable and current contents are `image`.
+    pub fn from_image(image: Vec<u8>) -> Self {
+        let size = image.len() as u64 / BLOCK_SIZE as u64 * BLOCK_SIZE as u64;
+        CrashDevice {
+            state: Mutex::new(State {
+                current: image.clone(),
+                durable: image,
+                pending: Vec::new(),
+                syncs: 0,
+                discarded: 0,
+            }),
+            size,
+            faults: FaultSwitches::default(),
+        }
+    }
+
     /// Simulates a power cut: keeps a seeded random subset of unsynced block writes.
     /// Returns (kept, lost) block counts.
     pub fn crash(&self, seed: u64) -> io::Result<(usize, usize)> {
-        let mut rng = SmallRng::seed_from_u64(seed);
         let mut st = self.state.lock().map_err(|_| poisoned())?;
-        let pending = std::mem::take(&mut st.pending);
+        let (image, kept, lost) = Self::cut(&st, seed);
+        st.pending.clear();
+        st.durable = image.clone();
+        st.current = image;
+        Ok((kept, lost))
+    }
+
+    /// What a power cut right now would leave (the same choice [`CrashDevice::crash`]
+    /// makes for `seed`), without changing the device: for a cut while other threads
+    /// keep using it.
+    pub fn power_cut_image(&self, seed: u64) -> io::Result<Vec<u8>> {
+        let st = self.state.lock().map_err(|_| poisoned())?;
+        Ok(Self::cut(&st, seed).0)
+    }
+
+    /// What the death of the process right now would leave: every completed write
+    /// (the host keeps them in its cache).
+    pub fn current_image(&self) -> io::Result<Vec<u8>> {
+        Ok(self.state.lock().map_err(|_| poisoned())?.current.clone())
+    }
+
+    fn cut(st: &State, seed: u64) -> (Vec<u8>, usize, usize) {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut image = st.durable.clone();
         let (mut kept, mut lost) = (0, 0);
-        for (block, data) in pending {
+        for (block, data) in &st.pending {
             if rng.gen_bool(0.5) {
-                let off = block as usize * BLOCK_SIZE;
-                st.durable[off..off + BLOCK_SIZE].copy_from_slice(&data);
+                let off = *block as usize * BLOCK_SIZE;
+                image[off..off + BLOCK_SIZE].copy_from_slice(data);
                 kept += 1;
             } else {
                 lost += 1;
             }
         }
-        let durable = st.durable.clone();
-        st.current = durable;
-        Ok((kept, lost))
+        (image, kept, lost)
     }
 
     /// Block writes not yet synced.
@@ -213,5 +249,23 @@ mod tests {
         assert!(d.write_at(0, &[0u8; 4096]).is_err());
         d.faults.syncs.store(true, Ordering::SeqCst);
         assert!(d.sync().is_err());
+    }
+
+    #[test]
+    fn a_cut_image_is_what_crash_would_leave() {
+        let d = CrashDevice::new(1 << 20);
+        for i in 0..32 {
+            d.write_at(4096 * i, &[i as u8 + 1; 4096]).unwrap();
+        }
+        let image = d.power_cut_image(9).unwrap();
+        assert_eq!(d.unsynced_blocks(), 32, "the device is unchanged");
+        d.crash(9).unwrap();
+        let mut all = vec![0u8; 1 << 20];
+        d.read_at(0, &mut all).unwrap();
+        assert!(all == image);
+        let e = CrashDevice::from_image(image);
+        let mut b = vec![0u8; 1 << 20];
+        e.read_durable(0, &mut b).unwrap();
+        assert!(b == all);
     }
 }

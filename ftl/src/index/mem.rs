@@ -20,6 +20,21 @@ impl MemIndex {
         Self::default()
     }
 
+    /// A copy of the index as it is at one instant: `at_instant` runs while no commit
+    /// can start or be half done, so a crash test can cut the device at the same instant
+    /// (no commit lands between the two copies).
+    pub fn snapshot_while<R>(&self, at_instant: impl FnOnce() -> R) -> Result<(MemIndex, R)> {
+        let m = self.map.lock().map_err(|_| poisoned())?;
+        let r = at_instant();
+        Ok((
+            MemIndex {
+                map: Mutex::new(m.clone()),
+                fail_commits: AtomicBool::new(false),
+            },
+            r,
+        ))
+    }
+
     /// Overwrites one value (for corruption tests).
     pub fn poke(&self, key: Vec<u8>, value: Vec<u8>) {
         if let Ok(mut m) = self.map.lock() {

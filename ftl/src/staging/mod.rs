@@ -137,6 +137,35 @@ pub struct AreaOwner {
     pub epoch: u64,
 }
 
+/// The header's fields as stored (layout in the module docs).
+struct RawHeader {
+    magic: [u8; 8],
+    version: u16,
+    slots: u32,
+    uuid: [u8; 16],
+    epoch: u64,
+    slot_bytes: u32,
+    crc: u32,
+}
+
+impl RawHeader {
+    fn read(h: &[u8]) -> Option<Self> {
+        let mut r = Reader::new(h, "staging header");
+        let magic = r.bytes(8).ok()?.try_into().ok()?;
+        let version = r.u16().ok()?;
+        r.skip(2).ok()?;
+        Some(RawHeader {
+            magic,
+            version,
+            slots: r.u32().ok()?,
+            uuid: r.bytes(16).ok()?.try_into().ok()?,
+            epoch: r.u64().ok()?,
+            slot_bytes: r.u32().ok()?,
+            crc: r.u32().ok()?,
+        })
+    }
+}
+
 /// What a staging area's header says (see [`StagingArea::header`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AreaHeader {
@@ -279,22 +308,19 @@ impl StagingArea {
     /// slot held anything), a session's, or a layout this build cannot read.
     pub fn header(&self) -> AreaHeader {
         let h = self.bytes(0, 48);
-        let mut r = Reader::new(h, "staging header");
-        let field = |r: &mut Reader<'_>| -> Option<(Vec<u8>, u16, u32, [u8; 16], u64, u32, u32)> {
-            let magic = r.bytes(8).ok()?.to_vec();
-            let version = r.u16().ok()?;
-            r.skip(2).ok()?;
-            let slots = r.u32().ok()?;
-            let uuid: [u8; 16] = r.bytes(16).ok()?.try_into().ok()?;
-            let epoch = r.u64().ok()?;
-            let slot_bytes = r.u32().ok()?;
-            let crc = r.u32().ok()?;
-            Some((magic, version, slots, uuid, epoch, slot_bytes, crc))
-        };
-        let Some((magic, version, slots, uuid, epoch, slot_bytes, crc)) = field(&mut r) else {
+        let Some(RawHeader {
+            magic,
+            version,
+            slots,
+            uuid,
+            epoch,
+            slot_bytes,
+            crc,
+        }) = RawHeader::read(h)
+        else {
             return AreaHeader::Blank;
         };
-        if magic != MAGIC || crc != crc32c::crc32c(&h[..44]) {
+        if &magic != MAGIC || crc != crc32c::crc32c(&h[..44]) {
             return AreaHeader::Blank;
         }
         if version != VERSION || slot_bytes as usize != SLOT_BYTES {
