@@ -53,6 +53,8 @@ pub mod model;
 pub mod records;
 pub mod recovery;
 pub mod request;
+#[cfg(feature = "shuttle")]
+pub mod sched;
 pub mod segments;
 pub mod staging;
 pub mod stats;

@@ -12,7 +12,8 @@ mod common;
 use common::tiny;
 use ftl::device::crash::CrashDevice;
 use ftl::index::mem::MemIndex;
-use ftl::model::block_for;
+use ftl::model::{block_for, Crash};
+use ftl::sched::{Scenario, Step};
 use ftl::{Config, Ftl, StreamId};
 use shuttle::scheduler::PctScheduler;
 use shuttle::thread;
@@ -81,4 +82,60 @@ fn a_failed_chunk_write_is_never_covered_by_a_flush() {
             "a FLUSH returned Ok although the chunk holding the write it covers failed"
         );
     });
+}
+
+/// Scenarios drawn from `seed`: 2..=4 script threads of 3..=16 steps each.
+fn scenario(seed: u64, crash: Crash) -> Scenario {
+    use rand::{Rng, SeedableRng};
+    let mut r = rand::rngs::SmallRng::seed_from_u64(seed);
+    let threads = r.gen_range(2..=4);
+    let step = |r: &mut rand::rngs::SmallRng| match r.gen_range(0..100) {
+        0..=39 => Step::Write {
+            lba: r.gen(),
+            blocks: r.gen(),
+            fua: r.gen_bool(0.3),
+            stream: r.gen(),
+        },
+        40..=49 => Step::Trim {
+            lba: r.gen(),
+            blocks: r.gen(),
+        },
+        50..=64 => Step::Flush,
+        65..=74 => Step::Read { lba: r.gen() },
+        75..=84 => Step::Checkpoint,
+        85..=91 => Step::CloseStream { stream: r.gen() },
+        _ => Step::Clean { max: r.gen() },
+    };
+    Scenario {
+        threads: (0..threads)
+            .map(|_| (0..r.gen_range(3..=16)).map(|_| step(&mut r)).collect())
+            .collect(),
+        crash,
+        seed,
+        prefill: r.gen_bool(0.7),
+    }
+}
+
+/// Every ordering between threads, explored: random scenarios, each under its own PCT
+/// schedules, crashed where the scheduler runs the crasher; checked by the checker and
+/// the history.
+fn explore_scenarios(crash: Crash) {
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    explore(move || {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        let s = scenario(i, crash);
+        if let Err(e) = ftl::sched::run(&s) {
+            panic!("scenario {i}: {e}\n{s:#?}");
+        }
+    });
+}
+
+#[test]
+fn power_cuts_at_any_schedule_point_lose_nothing_acknowledged() {
+    explore_scenarios(Crash::PowerCut);
+}
+
+#[test]
+fn process_deaths_at_any_schedule_point_lose_no_completed_write() {
+    explore_scenarios(Crash::ProcessDeath);
 }

@@ -235,6 +235,18 @@ impl StagingArea {
         Ok(Self::over(region))
     }
 
+    /// An in-memory copy of the whole area as it is now (what survives a process death
+    /// at this instant, when nothing writes it meanwhile: schedule-exploration tests take
+    /// it while every other thread is stopped).
+    pub fn copy(&self) -> Result<Arc<Self>> {
+        let region = Region::anonymous(self.region.len())?;
+        // SAFETY: both regions are at least this long and do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.region.ptr(), region.ptr(), self.region.len());
+        }
+        Ok(Self::over(region))
+    }
+
     fn over(region: Region) -> Arc<Self> {
         let slots = (region.len() - HEADER_BYTES) / SLOT_BYTES;
         Arc::new(StagingArea {
