@@ -22,7 +22,8 @@
 # Sanitizers: `decode` runs under AddressSanitizer (cheap there, and it enforces
 # -malloc_limit_mb against huge allocations). `ops` and `open_corrupt` run without one:
 # ASan's allocator made them ~6x slower (every case allocates a 2 MiB device twice and
-# 1 MiB chunk buffers), and the code they drive is safe Rust but for AlignedBuf.
+# 1 MiB chunk buffers), and the code they drive is safe Rust but for AlignedBuf; nor
+# does `sched` (shuttle's coroutines switch stacks, which ASan does not follow).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,6 +46,13 @@ targets="${FUZZ_TARGETS:-$(ls fuzz/fuzz_targets | sed -n 's/\.rs$//p' | sort | t
 logs=fuzz/target/fuzz-logs
 mkdir -p "$logs"
 
+# `sched` needs the fuzz crate's `sched` feature (ftl built with shuttle's primitives).
+features_for() {
+    case "$1" in
+        sched) echo "--features=sched" ;;
+    esac
+}
+
 sanitizer_for() {
     if [ -n "${FUZZ_SANITIZER:-}" ]; then echo "$FUZZ_SANITIZER"; return; fi
     case "$1" in
@@ -59,7 +67,9 @@ reproducers=()
 for t in $targets; do
     san="$(sanitizer_for "$t")"
     echo "== $t: building (sanitizer: $san)"
-    if ! cargo +nightly fuzz build -a -s "$san" "$t" >"$logs/$t.build.log" 2>&1; then
+    feat="$(features_for "$t")"
+    # shellcheck disable=SC2086
+    if ! cargo +nightly fuzz build -a -s "$san" $feat "$t" >"$logs/$t.build.log" 2>&1; then
         tail -30 "$logs/$t.build.log" >&2
         echo "fuzz.sh: building $t failed (log: $logs/$t.build.log)" >&2
         failed+=("$t (build)")
@@ -70,7 +80,8 @@ for t in $targets; do
     extra=()
     [ "$san" = address ] && extra+=(-malloc_limit_mb=256)
     echo "== $t: fuzzing for ${secs}s"
-    cargo +nightly fuzz run -a -s "$san" "$t" "fuzz/corpus-run/$t" "fuzz/corpus/$t" -- \
+    # shellcheck disable=SC2086
+    cargo +nightly fuzz run -a -s "$san" $feat "$t" "fuzz/corpus-run/$t" "fuzz/corpus/$t" -- \
         -max_total_time="$secs" -rss_limit_mb=2048 -timeout=60 -print_final_stats=1 \
         "${extra[@]}" >"$logs/$t.log" 2>&1
     rc=$?

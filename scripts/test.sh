@@ -9,9 +9,15 @@
 #    tests run many cases): unit tests, model-based crash-consistency property tests on
 #    the crash-simulating device, file-backend tests (O_DIRECT, io_uring, sled) in a temp
 #    directory, corrupt/too-small/busy tests;
-# 3. the fuzz crate's tests (every seed and regression input replayed), then every
-#    cargo-fuzz target for FUZZ_SECONDS (default 60) with scripts/fuzz.sh;
-# 4. the ublk end-to-end tests (scripts/vm-e2e.sh): boots the 6.12 kernel under QEMU and
+#    The concurrent crash harness (ftl/tests/concurrent_crash.rs: writers, FLUSH, TRIM,
+#    checkpoints, stream closing and the real cleaner, crashed at random instants by
+#    power cuts and real kill -9) runs its CI subset here; FTL_CRASH_SEEDS=2000 soaks.
+# 3. schedule exploration of the engine under shuttle (ftl built with --features
+#    shuttle: tests/shuttle.rs, FTL_SHUTTLE_ITERATIONS schedules per test, default 300);
+# 4. the fuzz crate's tests (every seed and regression input replayed; the `sched`
+#    target's with --features sched), then every cargo-fuzz target for FUZZ_SECONDS
+#    (default 60) with scripts/fuzz.sh;
+# 5. the ublk end-to-end tests (scripts/vm-e2e.sh): boots the 6.12 kernel under QEMU and
 #    runs scripts/e2e-guest.sh inside (four file systems, fio verify, discard, kill -9 +
 #    recover, double add, SIGTERM; `ftlblk check` after each). A VM that cannot boot
 #    fails the suite (exit 124/125), it is never skipped.
@@ -33,9 +39,15 @@ if [ "$status" -ne 0 ]; then
     tail -50 /tmp/ftlblk-test.log >&2
     exit "$status"
 fi
+echo "== schedule exploration under shuttle (ftl --features shuttle)"
+cargo test -p ftl --features shuttle --test shuttle --release 2>&1 | tee -a /tmp/ftlblk-test.log | grep -E "^test result|FAILED|panicked|scenario [0-9]+:" || true
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "test.sh: shuttle tests failed (full log: /tmp/ftlblk-test.log)" >&2; tail -40 /tmp/ftlblk-test.log >&2; exit 1; }
+
 echo "== fuzz regressions and seed corpus replay (stable)"
 cargo test --manifest-path fuzz/Cargo.toml --release 2>&1 | tee -a /tmp/ftlblk-test.log | grep -E "^test result|FAILED|panicked" || true
 [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "test.sh: fuzz regression tests failed" >&2; exit 1; }
+cargo test --manifest-path fuzz/Cargo.toml --release --features sched --test sched 2>&1 | tee -a /tmp/ftlblk-test.log | grep -E "^test result|FAILED|panicked" || true
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "test.sh: sched fuzz regression tests failed" >&2; exit 1; }
 
 echo "== fuzzing: every target ${FUZZ_SECONDS:-60} s from the committed seeds"
 scripts/fuzz.sh "${FUZZ_SECONDS:-60}"

@@ -8,7 +8,9 @@
 //! - [`decode::fuzz`]: arbitrary bytes through every on-disk decoder;
 //! - [`open_corrupt::fuzz`]: a small formatted image damaged by the fuzzer, then the
 //!   offline checker, `Ftl::open` and reads of every LBA;
-//! - [`request::fuzz`]: the ublk edge's block-request decoding against an oracle.
+//! - [`request::fuzz`]: the ublk edge's block-request decoding against an oracle;
+//! - `sched::fuzz` (feature `sched`): several threads' operations on one FTL, interleaved
+//!   and crashed as the input schedules them, against the history model.
 //!
 //! Every target panics on a violated property, so libFuzzer reports it as a crash. Each
 //! also has a `run`-style function that returns the failure as a `String` instead.
@@ -22,6 +24,8 @@ pub mod known;
 pub mod open_corrupt;
 pub mod ops;
 pub mod request;
+#[cfg(feature = "sched")]
+pub mod sched;
 pub mod seeds;
 pub mod tiny;
 
