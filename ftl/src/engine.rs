@@ -4,6 +4,22 @@
 //! Lock order (never acquired in the other direction):
 //! checkpoint lock -> stream locks (ascending) -> LBA stripe locks (ascending) -> segment
 //! table lock. Device I/O is never issued while a stripe or the segment-table lock is held.
+//!
+//! Ordering rules between threads (each a numbered comment where it is carried out; the
+//! tests that break without each are listed in `docs/orderings.md`):
+//! 1. an entry gets its sequence number under its stream's lock, in the same step that
+//!    records it in the open chunk and (under its LBA's stripe lock) changes the map: a
+//!    sealer, which takes the stream lock, seals every entry numbered before it did;
+//! 2. a FLUSH takes its ticket (the next entry number) when it starts, and its leader
+//!    loads what it will cover BEFORE it seals: every write completed before the FLUSH is
+//!    below the ticket and in a chunk sealed by this leader or an earlier one;
+//! 3. every chunk below a target has completed its write BEFORE the device sync that
+//!    declares it durable (recovery stops at the first missing chunk);
+//! 4. a failed chunk write poisons the FTL BEFORE the tracker learns the chunk is done;
+//! 5. a chunk number, once handed out, is completed whatever happens to its sealing
+//!    (poisoned first), so no FLUSH or checkpoint waits for it forever;
+//! 6. a relocation appends only if the map still holds the entry it read (compare and
+//!    swap under the stripe lock), so a user write landing meanwhile is never undone.
 
 use crate::device::{BlockDevice, BLOCK_SIZE};
 use crate::error::{Error, Result};
@@ -149,8 +165,8 @@ fn poison_with(p: &Mutex<Option<String>>, why: String) {
     }
 }
 
-/// Completes a chunk number whose sealing did not finish (engine rule 3), poisoning
-/// first (engine rule 2). Forgotten once the chunk is sealed and in flight.
+/// Completes a chunk number whose sealing did not finish (rule 5), poisoning first
+/// (rule 4). Forgotten once the chunk is sealed and in flight.
 struct SealGuard<'a> {
     tracker: &'a ChunkTracker,
     poison: &'a Mutex<Option<String>>,
@@ -336,7 +352,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         }
         // Staging rule 2: the slot learns its number under the tracker lock.
         let seq = self.tracker.begin_with(|n| chunk.buf.mark_sealed(n));
-        // Engine rule 3: from here the number is registered as incomplete, and every
+        // Rule 5: from here the number is registered as incomplete, and every
         // later FLUSH and checkpoint waits for it. If sealing fails or panics, the guard
         // poisons the FTL and then completes the number, so they fail instead of
         // waiting forever. Test: `engine::tests::a_panic_while_sealing_does_not_wedge_flush`.
@@ -458,8 +474,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// memory (reads keep working), the device turns read-only and every later FLUSH
     /// reports the failure.
     ///
-    /// Crash-ordering rule 2 (engine): a failed write poisons the FTL BEFORE the tracker
-    /// learns the chunk is done. A FLUSH or checkpoint waiting for this chunk checks the
+    /// Rule 4: a failed write poisons the FTL BEFORE the tracker learns the chunk is done. A FLUSH or checkpoint waiting for this chunk checks the
     /// poison right after the wait, so it never syncs and acknowledges (or commits a map
     /// naming) blocks that were not written. Test: `tests/shuttle.rs`,
     /// `a_failed_chunk_write_is_never_covered_by_a_flush`.
@@ -527,9 +542,11 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         let new = MapEntry::new(pba as u32, crc);
         let _stripe = lock(&self.stripes[lba as usize % STRIPES]);
         let old = self.map.get(lba);
+        // Rule 6: a relocation only if the map still holds what the cleaner read.
         if expect.is_some_and(|e| e != old) {
             return Ok(false);
         }
+        // Rule 1: numbered, recorded and mapped under the stream and stripe locks.
         let seq = self.entry_seq.fetch_add(1, Ordering::SeqCst);
         chunk.push_data(lba, seq, crc, data);
         self.segs.valid[self.geo.segment_of(pba) as usize].fetch_add(1, Ordering::SeqCst);
@@ -727,6 +744,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             .collect();
         idx.sort_unstable();
         let _guards: Vec<_> = idx.iter().map(|&i| lock(&self.stripes[i])).collect();
+        // Rule 1, as for data.
         let seq = self.entry_seq.fetch_add(1, Ordering::SeqCst);
         for l in lba..lba + count as u64 {
             let old = self.map.get(l);
@@ -752,7 +770,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.check_poison()?;
         self.note_foreground();
         self.counters.flushes.fetch_add(1, Ordering::Relaxed);
-        // Every write that completed before this call has an entry sequence below it.
+        // Rule 2: every write that completed before this call has an entry sequence below
+        // it.
         let ticket = self.entry_seq.load(Ordering::SeqCst);
         self.flush_group
             .run_to(ticket, || self.seal_and_sync_all())
@@ -762,7 +781,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Seals and writes every open chunk, then makes the whole log durable. Returns the
     /// entry sequence below which everything is now durable.
     fn seal_and_sync_all(&self) -> Result<u64> {
-        // Loaded BEFORE sealing: every entry below it is in a chunk sealed below.
+        // Rule 2: loaded BEFORE sealing: every entry below it is in a chunk sealed below.
         let covers = self.entry_seq.load(Ordering::SeqCst);
         for (sid, s) in self.streams.iter().enumerate() {
             let sealed = self.seal_open(sid as u8, &mut lock(s))?;
@@ -776,10 +795,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         Ok(covers)
     }
 
-    /// Makes every chunk below `target` durable. Crash-ordering rule:
-    /// 1. every chunk below `target` has completed its write BEFORE the device sync that
-    ///    declares them durable, because recovery stops at the first missing chunk.
+    /// Makes every chunk below `target` durable.
     pub(crate) fn flush_upto(&self, target: u64) -> Result<()> {
+        // Rule 3: every chunk below `target` has completed its write BEFORE the sync.
         self.tracker.wait_below(target);
         self.check_poison()?;
         self.sync
@@ -947,7 +965,7 @@ mod tests {
         }
     }
 
-    /// Engine rule 3: a panic between taking a chunk number and putting the chunk in
+    /// Rule 5: a panic between taking a chunk number and putting the chunk in
     /// flight poisons the FTL and completes the number; every later FLUSH fails at once
     /// instead of waiting forever (for the number, or for the dead FLUSH leader).
     #[test]
