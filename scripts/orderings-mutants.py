@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""orderings-mutants.py - breaks each crash-ordering rule on purpose and runs the tests
+that should catch it: every rule must have at least one test that fails without it.
+
+Usage: scripts/orderings-mutants.py [MUTANT_ID ...]      (default: all)
+       scripts/orderings-mutants.py --list
+
+Works in a scratch git worktree of HEAD (/tmp/ftlblk-mutants, its own target dir), so the
+checkout you work in is never touched. For each mutant it applies one textual change (it
+stops with an error if the text is no longer in the file: update the mutant with the
+code), runs each of the mutant's tests, and prints which of them failed ("caught"). It
+exits non-zero if any mutant is caught by none of its tests. docs/orderings.md lists the
+results. Takes about an hour for all of them (release builds plus the crash harnesses).
+"""
+import os
+import subprocess
+import sys
+import time
+
+WT = "/tmp/ftlblk-mutants"
+
+# Test commands (run from the worktree root).
+ORDERINGS = "cargo test --release -p ftl --test orderings"
+SHUTTLE_FAILED_WRITE = "cargo test --release -p ftl --features shuttle --test shuttle a_failed_chunk"
+SHUTTLE = "FTL_SHUTTLE_ITERATIONS=300 cargo test --release -p ftl --features shuttle --test shuttle -- power_cuts process_deaths"
+POWER = "FTL_CRASH_SEEDS=40 cargo test --release -p ftl --test concurrent_crash power_cuts"
+KILL = "FTL_CRASH_SEEDS=20 cargo test --release -p ftl --test concurrent_crash process_deaths"
+PANIC = "cargo test --release -p ftl --lib a_panic_while_sealing"
+PREFIX = "cargo test --release -p ftl --lib a_death_between"
+PROCESS = "cargo test --release -p ftl --test process_crash"
+MODEL = "cargo test --release -p ftl --test crash_model"
+
+# (id, rule, file, old text, new text, tests)
+MUTANTS = [
+    ("engine-2", "engine rule 2: the FLUSH leader loads what it covers BEFORE sealing",
+     "ftl/src/engine.rs",
+     """        let covers = self.entry_seq.load(Ordering::SeqCst);
+        for (sid, s) in self.streams.iter().enumerate() {""",
+     """        for (sid, s) in self.streams.iter().enumerate() {""",
+     None),  # filled below: `covers` loaded after the loop
+    ("engine-3", "engine rule 3: chunk writes complete BEFORE the sync that covers them",
+     "ftl/src/engine.rs",
+     """        self.tracker.wait_below(target);
+        self.check_poison()?;""",
+     """        self.check_poison()?;""",
+     [SHUTTLE, POWER, MODEL]),
+    ("engine-4", "engine rule 4: a failed chunk write poisons BEFORE the tracker learns it",
+     "ftl/src/engine.rs",
+     """        let r = match self.dev.write_at(offset, c.bytes()) {""",
+     """        let r = self.dev.write_at(offset, c.bytes());
+        self.tracker.complete(c.chunk_seq);
+        let r = match r {""",
+     [SHUTTLE_FAILED_WRITE]),
+    ("engine-5", "engine rule 5: a chunk number is completed whatever happens to its sealing",
+     "ftl/src/engine.rs",
+     """        #[cfg(test)]
+        tests::maybe_panic_in_seal();""",
+     """        std::mem::forget(guard);
+        #[cfg(test)]
+        tests::maybe_panic_in_seal();
+        let guard = SealGuard {
+            tracker: &self.tracker,
+            poison: &self.poison,
+            seq,
+        };""",
+     [PANIC]),
+    ("engine-6", "engine rule 6: relocation is a compare-and-swap",
+     "ftl/src/engine.rs",
+     """        if expect.is_some_and(|e| e != old) {""",
+     """        if expect.is_some_and(|e| e != old) && false {""",
+     [POWER, SHUTTLE]),
+    ("checkpoint-1", "checkpoint rule 1: open chunks sealed and written BEFORE the snapshot",
+     "ftl/src/checkpoint.rs",
+     """        for (sid, guard) in guards.iter_mut().enumerate() {""",
+     """        for (sid, guard) in guards.iter_mut().enumerate().take(0) {""",
+     [MODEL, POWER, SHUTTLE]),
+    ("checkpoint-3", "checkpoint rule 3: the log is synced BEFORE the index commit",
+     "ftl/src/checkpoint.rs",
+     """        let committed = self
+            .flush_upto(next_chunk_seq)
+            .and_then(|()| self.index.commit(ops));""",
+     """        let committed = self
+            .index
+            .commit(ops)
+            .and_then(|()| self.flush_upto(next_chunk_seq));""",
+     [MODEL, POWER, SHUTTLE]),
+    ("checkpoint-4", "checkpoint rule 4: the commit is durable BEFORE dead segments are freed",
+     "ftl/src/checkpoint.rs",
+     """        // Rule 3, then rule 4; on failure the pages stay dirty for the next checkpoint.""",
+     """        self.segs.release(&dead);
+        self.space.notify();""",
+     [SHUTTLE, POWER]),
+    ("checkpoint-5", "checkpoint rule 5: a dead segment's discard completes BEFORE it is free",
+     "ftl/src/checkpoint.rs",
+     """        for &s in &dead {
+            if self.cfg.discard_freed {""",
+     """        self.segs.release(&dead);
+        self.space.notify();
+        for &s in &dead {
+            if self.cfg.discard_freed {""",
+     [ORDERINGS, SHUTTLE, POWER]),
+    ("staging-2", "staging rule 2: the slot is marked sealed BEFORE the mark passes it",
+     "ftl/src/staging/mod.rs",
+     """[SealStep::Number, SealStep::State, SealStep::Mark]""",
+     """[SealStep::Number, SealStep::Mark, SealStep::State]""",
+     [PREFIX, SHUTTLE]),
+    ("staging-3", "staging rule 3: a slot is freed only AFTER its chunk's write completed",
+     "ftl/src/engine.rs",
+     """        let r = match self.dev.write_at(offset, c.bytes()) {
+            Ok(()) => {
+                // Staging rule 3: free in the staging area before the tracker knows.
+                c.buf.mark_written();""",
+     """        c.buf.mark_written();
+        let r = match self.dev.write_at(offset, c.bytes()) {
+            Ok(()) => {""",
+     [SHUTTLE, KILL]),
+    ("staging-4", "staging rule 4: replayed chunks are synced BEFORE the log scan",
+     "ftl/src/staging/replay.rs",
+     """        dev.sync()
+            .map_err(|e| Error::io("staged chunk sync", 0, e))?;""",
+     """        let _ = &dev;""",
+     [PROCESS]),
+    ("recovery-1", "recovery: rolled-forward chunks are synced BEFORE the open checkpoint",
+     "ftl/src/recovery.rs",
+     """    if report.chunks_replayed > 0 {
+        dev.sync().map_err(|e| Error::io("recovery sync", 0, e))?;
+    }""",
+     "",
+     [PROCESS, MODEL]),
+    ("open-3", "open rule 3: a checkpoint of the new epoch is durable BEFORE its chunks",
+     "ftl/src/lifecycle.rs",
+     """        ftl.map.mark_all_dirty();
+        ftl.checkpoint()?;""",
+     """        ftl.map.mark_all_dirty();""",
+     [MODEL, POWER, PROCESS]),
+]
+
+# engine-2: move the load after the loop.
+MUTANTS[0] = MUTANTS[0][:3] + (
+    """        let covers = self.entry_seq.load(Ordering::SeqCst);
+        for (sid, s) in self.streams.iter().enumerate() {
+            let sealed = self.seal_open(sid as u8, &mut lock(s))?;
+            // Written before the next stream lock is taken: a checkpoint holding that lock
+            // may be waiting for this very chunk.
+            if let Some(c) = sealed {
+                self.write_chunks(vec![c])?;
+            }
+        }""",
+    """        for (sid, s) in self.streams.iter().enumerate() {
+            let sealed = self.seal_open(sid as u8, &mut lock(s))?;
+            if let Some(c) = sealed {
+                self.write_chunks(vec![c])?;
+            }
+        }
+        let covers = self.entry_seq.load(Ordering::SeqCst);""",
+    [SHUTTLE, POWER],
+)
+
+
+def sh(cmd, cwd, timeout=3600):
+    t = time.time()
+    p = subprocess.run(cmd, shell=True, cwd=cwd, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=timeout)
+    return p.returncode, p.stdout.decode(errors="replace"), time.time() - t
+
+
+def main():
+    root = subprocess.check_output(["git", "rev-parse", "--show-toplevel"]).decode().strip()
+    if "--list" in sys.argv:
+        for m in MUTANTS:
+            print(f"{m[0]:14} {m[1]}")
+        return 0
+    want = [a for a in sys.argv[1:] if not a.startswith("-")]
+    mutants = [m for m in MUTANTS if not want or m[0] in want]
+    if os.path.exists(WT):
+        subprocess.run(["git", "worktree", "remove", "--force", WT], cwd=root)
+    subprocess.check_call(["git", "worktree", "add", "--detach", WT, "HEAD"], cwd=root)
+    missed = []
+    try:
+        for mid, rule, path, old, new, tests in mutants:
+            f = os.path.join(WT, path)
+            src = open(f).read()
+            if old not in src:
+                print(f"{mid}: its text is no longer in {path}: update the mutant", flush=True)
+                missed.append(mid)
+                continue
+            open(f, "w").write(src.replace(old, new, 1))
+            caught = []
+            for cmd in tests:
+                rc, out, secs = sh(cmd, WT)
+                short = cmd.split("cargo test")[-1].strip()
+                if rc != 0:
+                    caught.append(short)
+                print(f"  {mid}: {'CAUGHT' if rc else 'passed'} ({secs:.0f} s) by {short}",
+                      flush=True)
+            open(f, "w").write(src)
+            print(f"{mid}: {rule}: caught by {len(caught)} of {len(tests)}", flush=True)
+            if not caught:
+                missed.append(mid)
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", WT], cwd=root)
+    if missed:
+        print("mutants no test caught:", " ".join(missed))
+        return 1
+    print("every mutant was caught")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
