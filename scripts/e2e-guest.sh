@@ -197,6 +197,13 @@ for k in $(seq 1 "$KILLS"); do
     [ -e "/dev/ublkc$ID" ] || fail "the device vanished after kill -9 (user recovery not enabled?)"
     "$BIN" list | grep -q "ublkb$ID " || fail "list does not show the orphaned device"
     kill -0 "$fiopid" 2>/dev/null || fail "fio ended while the daemon was dead (I/O was failed, not held)"
+    if [ "$k" = 1 ]; then
+        # The offline checker sees what the next open will: the backing plus what the
+        # dead daemon left in its staging file (which it must not change).
+        "$BIN" check --backing "$IMG" --no-data > "$WORK/check-dead.log" 2>&1 \
+            || { cat "$WORK/check-dead.log"; fail "check while the daemon was dead"; }
+        echo "check while dead: $(tail -n1 "$WORK/check-dead.log")"
+    fi
     "$BIN" recover -n "$ID" > /dev/null || fail "recover $k failed"
     newpid="$(daemon_pid)"
     [ "$newpid" != "$pid" ] || fail "recover did not start a new daemon"

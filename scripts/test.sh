@@ -53,7 +53,7 @@ echo "== fuzzing: every target ${FUZZ_SECONDS:-60} s from the committed seeds"
 scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
 
 echo "== ublk end-to-end tests in the VM"
-scripts/vm-e2e.sh --no-deps 2>&1 | tee /tmp/ftlblk-e2e.log | grep -E "^(==|e2e|vm-run|vm-e2e|kill [0-9])|: ok|IOPS" || true
+scripts/vm-e2e.sh --no-deps 2>&1 | tee /tmp/ftlblk-e2e.log | grep -E "^(==|e2e|vm-run|vm-e2e|kill [0-9]|check while)|: ok|IOPS" || true
 e2e_status=${PIPESTATUS[0]}
 if [ "$e2e_status" -ne 0 ]; then
     echo "test.sh: ublk end-to-end tests failed (exit $e2e_status; full log: /tmp/ftlblk-e2e.log)" >&2
