@@ -38,11 +38,16 @@ MUTANTS = [
         for (sid, s) in self.streams.iter().enumerate() {""",
      """        for (sid, s) in self.streams.iter().enumerate() {""",
      None),  # filled below: `covers` loaded after the loop
-    ("engine-3", "engine rule 3: chunk writes complete BEFORE the sync that covers them",
+    ("engine-3", "engine rule 3: a sync covers only chunk writes completed before it",
      "ftl/src/engine.rs",
      """        self.tracker.wait_below(target);
-        self.check_poison()?;""",
-     """        self.check_poison()?;""",
+        self.check_poison()?;
+        self.sync
+            .run_to(target, || {""",
+     """        self.check_poison()?;
+        self.sync
+            .run_to(target, || {
+                return self.dev.sync().map(|()| target);""",
      [SHUTTLE, POWER, MODEL]),
     ("engine-4", "engine rule 4: a failed chunk write poisons BEFORE the tracker learns it",
      "ftl/src/engine.rs",

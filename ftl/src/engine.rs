@@ -797,13 +797,15 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
 
     /// Makes every chunk below `target` durable.
     pub(crate) fn flush_upto(&self, target: u64) -> Result<()> {
-        // Rule 3: every chunk below `target` has completed its write BEFORE the sync.
+        // Waiting first saves syncs that could not cover `target` yet (and lets rule 4's
+        // poison be seen before any sync).
         self.tracker.wait_below(target);
         self.check_poison()?;
         self.sync
             .run_to(target, || {
-                // Completed writes below the frontier are exactly what this sync makes
-                // durable.
+                // Rule 3: a sync makes durable only the chunks whose writes completed
+                // BEFORE it started: the frontier is loaded before the sync, and only it
+                // is credited.
                 let covers = self.tracker.frontier();
                 self.dev.sync().map(|()| covers)
             })
