@@ -119,12 +119,12 @@ MUTANTS = [
         let r = match self.dev.write_at(offset, c.bytes()) {
             Ok(()) => {""",
      [SHUTTLE, KILL]),
-    ("staging-4", "staging rule 4: replayed chunks are synced BEFORE the log scan",
-     "ftl/src/staging/replay.rs",
-     """        dev.sync()
-            .map_err(|e| Error::io("staged chunk sync", 0, e))?;""",
-     """        let _ = &dev;""",
-     [PROCESS]),
+    ("staging-4", "staging rule 4: staged chunks are written BEFORE the log scan",
+     "ftl/src/recovery.rs",
+     """    let staged = crate::staging::replay(&dev, &staging, &sb, ck.epoch, ck.next_chunk_seq)?;""",
+     """    let staged = crate::staging::StagedReport::default();
+    let _ = (&staging, crate::staging::replay::<D>);""",
+     [PROCESS, KILL]),
     ("recovery-1", "recovery: rolled-forward chunks are synced BEFORE the open checkpoint",
      "ftl/src/recovery.rs",
      """    if report.chunks_replayed > 0 {

@@ -32,9 +32,11 @@
 //! 3. a slot is marked free only AFTER its chunk's device write completed and BEFORE the
 //!    tracker learns it (so no checkpoint can free the segment while replay would still
 //!    rewrite the slot there);
-//! 4. replay writes every staged chunk and syncs the device BEFORE the log scan and the
-//!    open checkpoint; the area is reset for the new session only AFTER that checkpoint
-//!    committed (a crash in between replays the same slots again, with the same bytes).
+//! 4. replay writes every staged chunk BEFORE the log scan, so the roll-forward applies
+//!    them (and recovery syncs them, with the rest it rolled forward, BEFORE the open
+//!    checkpoint names them); the area is reset for the new session only AFTER that
+//!    checkpoint committed (a crash in between replays the same slots again, with the
+//!    same bytes).
 //!
 //! ## Layout (little-endian; the file is `4096 + slots * SLOT_BYTES` bytes)
 //! ```text
