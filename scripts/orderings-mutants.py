@@ -22,7 +22,6 @@ WT = "/tmp/ftlblk-mutants"
 # Test commands (run from the worktree root).
 ORDERINGS = "cargo test --release -p ftl --test orderings"
 SHUTTLE_FAILED_WRITE = "cargo test --release -p ftl --features shuttle --test shuttle a_failed_chunk"
-SHUTTLE_FLUSH_DURABLE = "cargo test --release -p ftl --features shuttle --test shuttle a_flush_returns"
 SHUTTLE = "FTL_SHUTTLE_ITERATIONS=300 cargo test --release -p ftl --features shuttle --test shuttle -- power_cuts process_deaths"
 POWER = "FTL_CRASH_SEEDS=40 cargo test --release -p ftl --test concurrent_crash power_cuts"
 KILL = "FTL_CRASH_SEEDS=20 cargo test --release -p ftl --test concurrent_crash process_deaths"
@@ -49,7 +48,7 @@ MUTANTS = [
         self.sync
             .run_to(target, || {
                 return self.dev.sync().map(|()| target);""",
-     [SHUTTLE_FLUSH_DURABLE, SHUTTLE, POWER]),
+     [ORDERINGS, SHUTTLE, POWER]),
     ("engine-4", "engine rule 4: a failed chunk write poisons BEFORE the tracker learns it",
      "ftl/src/engine.rs",
      """        let r = match self.dev.write_at(offset, c.bytes()) {""",

@@ -122,3 +122,48 @@ fn a_freed_segment_is_not_allocatable_until_its_discard_completed() {
     let (f, _) = Ftl::open(dev.clone(), idx.clone(), cfg).unwrap();
     check(&f, "after a power cut");
 }
+
+/// Engine rule 3: a FLUSH returns only once every write it covers is durable, also when
+/// another thread sealed the chunk holding it and is still writing it (a sync is credited
+/// only with the chunk writes that completed before it started).
+#[test]
+fn a_flush_waits_for_a_chunk_another_thread_is_writing() {
+    let (dev, _idx, f) = gated(Config::default());
+    let f = Arc::new(f);
+    let stream = StreamId(1);
+    let data = block_for(1, 1);
+    f.write(1, &data, false, stream).unwrap();
+    let pba = f.map_entry(1).unwrap().pba().unwrap() as u64;
+    // W seals the chunk holding lba 1 and is held in its write.
+    dev.hold(GateOp::Write);
+    let w = {
+        let f = f.clone();
+        std::thread::spawn(move || f.close_stream(stream))
+    };
+    assert!(dev.wait_held(GateOp::Write, Duration::from_secs(10)));
+    // X's FLUSH covers lba 1.
+    let (tx, rx) = std::sync::mpsc::channel();
+    {
+        let (f, dev) = (f.clone(), dev.clone());
+        std::thread::spawn(move || {
+            let r = f.flush();
+            let mut durable = vec![0u8; 4096];
+            dev.inner().read_durable(pba * 4096, &mut durable).unwrap();
+            let _ = tx.send((r.is_ok(), durable));
+        });
+    }
+    let early = rx.recv_timeout(Duration::from_millis(500)).ok();
+    dev.release(GateOp::Write);
+    w.join().unwrap().unwrap();
+    let (ok, durable) = match early {
+        Some(x) => x,
+        None => rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the FLUSH returns"),
+    };
+    assert!(ok);
+    assert!(
+        durable == data,
+        "the FLUSH returned before the chunk holding the write it covers was durable"
+    );
+}
