@@ -27,7 +27,7 @@ pub const SPAN: u64 = 24;
 pub const MAX_THREADS: usize = 4;
 
 /// One step of a script thread.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, arbitrary::Arbitrary)]
 pub enum Step {
     /// Write 1..=8 blocks in user stream `stream % 7`.
     Write {

@@ -7,6 +7,25 @@ use ftl::check::check;
 use ftl::model::block_for;
 use ftl::{BlockDevice, IndexStore, StreamId};
 
+/// Rewrites segment `seg`'s record in the index through `f`.
+fn edit_segment_record(
+    idx: &ftl::index::mem::MemIndex,
+    seg: u32,
+    f: impl FnOnce(&mut ftl::records::SegmentRecord),
+) {
+    let key = ftl::index::Key::segment(seg);
+    let rec = idx
+        .load()
+        .unwrap()
+        .into_iter()
+        .find(|(k, _)| *k == key)
+        .unwrap()
+        .1;
+    let mut r = ftl::records::SegmentRecord::decode(&rec).unwrap();
+    f(&mut r);
+    idx.poke(key, r.encode());
+}
+
 #[test]
 fn healthy_device_is_clean_after_writes_trims_crashes() {
     let (dev, idx, f) = tiny_crash();
@@ -64,17 +83,7 @@ fn damaged_data_superblock_and_index_are_reported() {
         r.problems
     );
     // A segment record whose live count disagrees with the map.
-    let key = ftl::index::Key::segment(1);
-    let rec = idx
-        .load()
-        .unwrap()
-        .into_iter()
-        .find(|(k, _)| *k == key)
-        .unwrap()
-        .1;
-    let mut r1 = ftl::records::SegmentRecord::decode(&rec).unwrap();
-    r1.valid += 3;
-    idx.poke(key, r1.encode());
+    edit_segment_record(&idx, 1, |r| r.valid += 3);
     let r = check(&*dev, &*idx, false).unwrap();
     assert!(
         r.problems.iter().any(|p| p.check == "segment live counts"),
@@ -108,18 +117,10 @@ fn a_chunk_of_an_earlier_format_covers_no_map_entry() {
         ftl::index::Key::map_page(0),
         ftl::records::MapPage { page: 0, entries }.encode(),
     );
-    let key = ftl::index::Key::segment(seg as u32);
-    let rec = idx
-        .load()
-        .unwrap()
-        .into_iter()
-        .find(|(k, _)| *k == key)
-        .unwrap()
-        .1;
-    let mut r = ftl::records::SegmentRecord::decode(&rec).unwrap();
-    r.state = ftl::records::SegState::Closed;
-    r.valid = 1;
-    idx.poke(key, r.encode());
+    edit_segment_record(&idx, seg as u32, |r| {
+        r.state = ftl::records::SegState::Closed;
+        r.valid = 1;
+    });
     let report = check(&*dev, &*idx, true).unwrap();
     assert!(
         report

@@ -5,68 +5,18 @@
 //!
 //! Input: a process-death flag (else a power cut), a prefill flag, the power cut's seed,
 //! up to [`MAX_THREADS`](ftl::sched::MAX_THREADS) scripts of up to [`MAX_STEPS`]
-//! `arbitrary`-decoded [`FStep`]s, and then the schedule: every remaining byte is one
+//! `arbitrary`-decoded [`Step`]s, and then the schedule: every remaining byte is one
 //! scheduling decision (low 2 bits: which runnable thread, modulo their number; high 6
 //! bits: how many further decisions it keeps running). When the bytes run out, the
 //! running thread keeps going until it blocks or yields, then the next one runs.
 
-use arbitrary::{Arbitrary, Unstructured};
+use arbitrary::Unstructured;
 use ftl::model::Crash;
 use ftl::sched::{Scenario, Step};
 use shuttle::scheduler::{Schedule, Scheduler, Task, TaskId};
 
 /// Steps per script at most.
 pub const MAX_STEPS: usize = 24;
-
-/// One step, as the fuzzer writes it (see [`ftl::sched::Step`]).
-#[derive(Arbitrary, Debug, Clone, PartialEq, Eq)]
-pub enum FStep {
-    Write {
-        lba: u8,
-        blocks: u8,
-        fua: bool,
-        stream: u8,
-    },
-    Trim {
-        lba: u8,
-        blocks: u8,
-    },
-    Flush,
-    Read {
-        lba: u8,
-    },
-    Checkpoint,
-    CloseStream {
-        stream: u8,
-    },
-    Clean {
-        max: u8,
-    },
-}
-
-impl From<&FStep> for Step {
-    fn from(s: &FStep) -> Step {
-        match *s {
-            FStep::Write {
-                lba,
-                blocks,
-                fua,
-                stream,
-            } => Step::Write {
-                lba,
-                blocks,
-                fua,
-                stream,
-            },
-            FStep::Trim { lba, blocks } => Step::Trim { lba, blocks },
-            FStep::Flush => Step::Flush,
-            FStep::Read { lba } => Step::Read { lba },
-            FStep::Checkpoint => Step::Checkpoint,
-            FStep::CloseStream { stream } => Step::CloseStream { stream },
-            FStep::Clean { max } => Step::Clean { max },
-        }
-    }
-}
 
 /// A decoded input.
 #[derive(Debug, Clone)]
@@ -82,10 +32,10 @@ pub fn decode(data: &[u8]) -> Option<Input> {
     let prefill: bool = u.arbitrary().ok()?;
     let seed: u64 = u.arbitrary().ok()?;
     let mut threads = Vec::new();
-    for t in u.arbitrary_iter::<Vec<FStep>>().ok()? {
+    for t in u.arbitrary_iter::<Vec<Step>>().ok()? {
         let t = t.ok()?;
         if threads.len() < ftl::sched::MAX_THREADS && !t.is_empty() {
-            threads.push(t.iter().take(MAX_STEPS).map(Step::from).collect());
+            threads.push(t.into_iter().take(MAX_STEPS).collect());
         }
     }
     if threads.len() < 2 {
@@ -191,14 +141,14 @@ pub fn fuzz(data: &[u8]) {
 }
 
 /// Writes an input in the byte format [`decode`] reads.
-pub fn encode(death: bool, prefill: bool, threads: Vec<Vec<FStep>>, schedule: &[u8]) -> Vec<u8> {
+pub fn encode(death: bool, prefill: bool, threads: Vec<Vec<Step>>, schedule: &[u8]) -> Vec<u8> {
     let mut e = crate::enc::Enc::default();
     e.bool(death).bool(prefill).u64(7);
     e.seq(&threads, |e, t| {
         e.seq(t, |e, s| {
             e.variant(variant(s), 7);
             match *s {
-                FStep::Write {
+                Step::Write {
                     lba,
                     blocks,
                     fua,
@@ -206,19 +156,19 @@ pub fn encode(death: bool, prefill: bool, threads: Vec<Vec<FStep>>, schedule: &[
                 } => {
                     e.u8(lba).u8(blocks).bool(fua).u8(stream);
                 }
-                FStep::Trim { lba, blocks } => {
+                Step::Trim { lba, blocks } => {
                     e.u8(lba).u8(blocks);
                 }
-                FStep::Read { lba } => {
+                Step::Read { lba } => {
                     e.u8(lba);
                 }
-                FStep::CloseStream { stream } => {
+                Step::CloseStream { stream } => {
                     e.u8(stream);
                 }
-                FStep::Clean { max } => {
+                Step::Clean { max } => {
                     e.u8(max);
                 }
-                FStep::Flush | FStep::Checkpoint => {}
+                Step::Flush | Step::Checkpoint => {}
             }
         });
     });
@@ -228,16 +178,16 @@ pub fn encode(death: bool, prefill: bool, threads: Vec<Vec<FStep>>, schedule: &[
 
 /// Seeds: readable scenarios (each followed by a short schedule).
 pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
-    let w = |lba: u8, blocks: u8, fua: bool, stream: u8| FStep::Write {
+    let w = |lba: u8, blocks: u8, fua: bool, stream: u8| Step::Write {
         lba,
         blocks,
         fua,
         stream,
     };
     let build = encode;
-    let writer = |s: u8| -> Vec<FStep> {
+    let writer = |s: u8| -> Vec<Step> {
         (0..8)
-            .flat_map(|i| [w(i * 3, 4, i % 3 == 0, s + i), FStep::Read { lba: i * 3 }])
+            .flat_map(|i| [w(i * 3, 4, i % 3 == 0, s + i), Step::Read { lba: i * 3 }])
             .collect()
     };
     vec![
@@ -247,12 +197,12 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                 false,
                 true,
                 vec![
-                    vec![FStep::Checkpoint, FStep::Read { lba: 0 }, FStep::Checkpoint],
+                    vec![Step::Checkpoint, Step::Read { lba: 0 }, Step::Checkpoint],
                     writer(1),
                     vec![
-                        FStep::Clean { max: 255 },
-                        FStep::Flush,
-                        FStep::Clean { max: 255 },
+                        Step::Clean { max: 255 },
+                        Step::Flush,
+                        Step::Clean { max: 255 },
                     ],
                 ],
                 &[0x41, 0x06, 0x81, 0x02, 0x43, 0xfe],
@@ -266,19 +216,19 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                 vec![
                     vec![
                         w(0, 8, false, 1),
-                        FStep::Flush,
+                        Step::Flush,
                         w(8, 8, true, 2),
-                        FStep::Flush,
+                        Step::Flush,
                     ],
                     vec![
                         w(1, 3, false, 1),
-                        FStep::Flush,
-                        FStep::CloseStream { stream: 1 },
+                        Step::Flush,
+                        Step::CloseStream { stream: 1 },
                     ],
                     vec![
                         w(2, 5, false, 3),
-                        FStep::Trim { lba: 2, blocks: 3 },
-                        FStep::Flush,
+                        Step::Trim { lba: 2, blocks: 3 },
+                        Step::Flush,
                     ],
                 ],
                 &[0x05, 0x09, 0x0e, 0x21, 0x06],
@@ -291,14 +241,14 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                 true,
                 vec![
                     vec![
-                        FStep::Trim { lba: 0, blocks: 16 },
-                        FStep::Flush,
-                        FStep::Read { lba: 3 },
+                        Step::Trim { lba: 0, blocks: 16 },
+                        Step::Flush,
+                        Step::Read { lba: 3 },
                     ],
                     vec![
-                        FStep::Clean { max: 8 },
-                        FStep::Clean { max: 8 },
-                        FStep::Checkpoint,
+                        Step::Clean { max: 8 },
+                        Step::Clean { max: 8 },
+                        Step::Checkpoint,
                     ],
                     writer(4),
                 ],
@@ -308,14 +258,14 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
-fn variant(s: &FStep) -> u32 {
+fn variant(s: &Step) -> u32 {
     match s {
-        FStep::Write { .. } => 0,
-        FStep::Trim { .. } => 1,
-        FStep::Flush => 2,
-        FStep::Read { .. } => 3,
-        FStep::Checkpoint => 4,
-        FStep::CloseStream { .. } => 5,
-        FStep::Clean { .. } => 6,
+        Step::Write { .. } => 0,
+        Step::Trim { .. } => 1,
+        Step::Flush => 2,
+        Step::Read { .. } => 3,
+        Step::Checkpoint => 4,
+        Step::CloseStream { .. } => 5,
+        Step::Clean { .. } => 6,
     }
 }

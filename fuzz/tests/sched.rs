@@ -60,7 +60,7 @@ fn corpus_and_regressions_replay() {
 /// and every input decodes to what was encoded.
 #[test]
 fn random_inputs() {
-    use sched::FStep;
+    use ftl::sched::Step;
     let mut x = 0x2545_f491_4f6c_dd1du64;
     let mut next = move || {
         x ^= x << 13;
@@ -69,23 +69,23 @@ fn random_inputs() {
         x
     };
     for i in 0..40 {
-        let threads: Vec<Vec<FStep>> = (0..2 + next() % 3)
+        let threads: Vec<Vec<Step>> = (0..2 + next() % 3)
             .map(|_| {
                 (0..1 + next() % 12)
                     .map(|_| {
                         let (a, b) = (next() as u8, (next() >> 8) as u8);
                         match next() % 7 {
-                            0 | 1 => FStep::Write {
+                            0 | 1 => Step::Write {
                                 lba: a,
                                 blocks: b,
                                 fua: a & 1 == 1,
                                 stream: b,
                             },
-                            2 => FStep::Trim { lba: a, blocks: b },
-                            3 => FStep::Flush,
-                            4 => FStep::Read { lba: a },
-                            5 => FStep::Checkpoint,
-                            _ => FStep::Clean { max: b },
+                            2 => Step::Trim { lba: a, blocks: b },
+                            3 => Step::Flush,
+                            4 => Step::Read { lba: a },
+                            5 => Step::Checkpoint,
+                            _ => Step::Clean { max: b },
                         }
                     })
                     .collect()
