@@ -130,10 +130,17 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// victim selection). The stream's next write opens a new segment. Recovery is not
     /// affected: chunks written later are found at the start of segments that were free
     /// at the checkpoint, like after a segment fills.
+    ///
+    /// Does nothing while free segments are at or below the cleaner's reserve: the room
+    /// left in an open segment is then what cleaning needs to finish its victim, and the
+    /// stream's next write would need a free segment there is none of.
     pub fn close_stream(&self, stream: crate::StreamId) -> Result<()> {
         let Some(m) = self.streams.get(stream.0 as usize) else {
             return Err(Error::InvalidParameters(format!("no stream {}", stream.0)));
         };
+        if self.segs.free_count() <= self.cfg.gc_reserve_segments {
+            return Ok(());
+        }
         let mut out = Vec::new();
         {
             let mut st = lock(m);

@@ -56,8 +56,9 @@ pub struct Config {
     pub discard_freed: bool,
     /// Blocks appended since the last checkpoint after which one is due.
     pub checkpoint_blocks: u64,
-    /// Free segments that only relocations ([`Ftl::relocate`], into any stream) may
-    /// take; user writes and TRIM records never do: the cleaner's room to make progress.
+    /// Free segments that only relocations into [`GC_STREAM`] ([`Ftl::relocate`]) may
+    /// take; user writes, TRIM records and relocations into other streams never do: the
+    /// cleaner's room to finish its victim.
     pub gc_reserve_segments: usize,
     /// With a cleaner attached, how long a write waits for a free segment before it
     /// fails with ENOSPC.
@@ -393,8 +394,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     }
 
     /// Makes sure the stream has an open chunk with room for one entry (and a data block
-    /// when `data`), sealing the full one into `out`. Only a `relocation` may open a
-    /// segment out of the cleaner's reserve.
+    /// when `data`), sealing the full one into `out`. Only a `relocation` into
+    /// [`GC_STREAM`] may open a segment out of the cleaner's reserve.
     fn ensure_room(
         &self,
         stream: u8,
@@ -429,12 +430,14 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                         self.segs.close(seg);
                         st.cursor = None;
                     }
-                    // The last free segment is the GC stream's: it needs at most one
-                    // per victim, so cleaning a victim always completes.
+                    // The reserve is the GC stream's alone: user writes, TRIM records
+                    // and relocations into any other stream keep it (a relocation that
+                    // would need it is diverted to GC_STREAM by `relocate`), so one
+                    // stream spends it, one victim at a time: a victim's live blocks
+                    // fit in the GC stream's open segment and the reserve, and the
+                    // victim's segment is dead afterwards.
                     let keep = if relocation && stream == GC_STREAM.0 {
                         0
-                    } else if relocation {
-                        1
                     } else {
                         self.cfg.gc_reserve_segments
                     };
@@ -668,9 +671,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     }
 
     /// Moves a block for the cleaner: appends `data` for `lba` in `stream` only if the map
-    /// still holds `expected` (compare-and-swap). Returns whether it moved. Relocations
-    /// may open segments out of the reserve, whatever the stream, except the last free
-    /// one: a relocation whose stream would need it goes to [`GC_STREAM`] instead.
+    /// still holds `expected` (compare-and-swap). Returns whether it moved. Only
+    /// relocations into [`GC_STREAM`] may open segments out of the cleaner's reserve; a
+    /// relocation whose own stream would need it goes to [`GC_STREAM`] instead.
     pub fn relocate(
         &self,
         lba: u64,

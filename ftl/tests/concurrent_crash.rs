@@ -224,6 +224,42 @@ fn background<D: BlockDevice, I: IndexStore>(
     Ok(())
 }
 
+/// The state of free space and cleaning, for a failure message (a writer that ran out of
+/// space although the cleaner runs).
+fn space_report<D: BlockDevice, I: IndexStore>(
+    f: &Ftl<D, I>,
+    cleaner: &cleaner::CleanerHandle,
+) -> String {
+    let snap = f.segment_snapshot();
+    let bps = f.geometry().blocks_per_segment();
+    let mut closed: Vec<u32> = snap
+        .iter()
+        .filter(|s| s.segment != 0 && s.state == "closed")
+        .map(|s| s.valid)
+        .collect();
+    closed.sort_unstable();
+    let open: Vec<String> = snap
+        .iter()
+        .filter(|s| s.state == "open")
+        .map(|s| format!("{}:s{}:{}", s.segment, s.stream, s.valid))
+        .collect();
+    let pct = |q: usize| closed.get(closed.len() * q / 100).copied().unwrap_or(0);
+    format!(
+        "free {}, dead {}, closed {} (valid of {bps}: min {} p50 {} max {}), open [{}], \
+         write delay {:?}, cleaner {:?}, last error {:?}",
+        f.free_segments(),
+        f.dead_segments(),
+        closed.len(),
+        pct(0),
+        pct(50),
+        closed.last().copied().unwrap_or(0),
+        open.join(" "),
+        f.write_delay(),
+        cleaner.stats(),
+        cleaner.last_error()
+    )
+}
+
 /// Starts the cleaner runner the way the daemon does (default configuration).
 fn start_cleaner<D, I>(f: &Arc<Ftl<D, I>>, plan: &Plan) -> cleaner::CleanerHandle
 where
@@ -431,8 +467,9 @@ fn power_cut_run(seed: u64) -> Result<String, String> {
     stop.store(true, Ordering::SeqCst);
     let ran = join_all(threads);
     let stats = cleaner.stats();
+    let space = space_report(&f, &cleaner);
     drop(cleaner);
-    ran.map_err(|e| format!("{e} ({plan:?})"))?;
+    ran.map_err(|e| format!("{e} ({plan:?})\n  space: {space}"))?;
     drop(f);
     let dev = Arc::new(CrashDevice::from_image(image));
     let idx = Arc::new(index);
@@ -571,11 +608,11 @@ fn child_run() {
     // libtest has printed "test child_run ... " without a newline: end that line, or the
     // first report would be glued to it.
     println!();
-    let _cleaner = start_cleaner(&f, &plan);
+    let cleaner = start_cleaner(&f, &plan);
     let threads = run_threads(&f, &rec, &plan, &stop);
     // Runs until killed; a failure ends the child early with its reason.
     if let Err(e) = join_all(threads) {
-        println!("FAIL {e}");
+        println!("FAIL {e}; space: {}", space_report(&f, &cleaner));
         std::process::exit(3);
     }
 }
@@ -716,7 +753,17 @@ fn kill_run(seed: u64) -> Result<KillRun, String> {
         ));
     }
     let dev = ftl::backing::open_device(&img, None).map_err(|e| e.to_string())?;
-    let index = ftl::index::sled_store::SledIndex::open(&idx).map_err(|e| format!("index: {e}"))?;
+    // sled lets go of its lock a moment after the last handle is dropped.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let index = loop {
+        match ftl::index::sled_store::SledIndex::open(&idx) {
+            Ok(i) => break i,
+            Err(e) if Instant::now() < deadline && e.to_string().contains("lock") => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => return Err(format!("index: {e}")),
+        }
+    };
     let report = ftl::check::check(&dev, &index, true).map_err(|e| format!("check: {e}"))?;
     if !report.clean() {
         return Err(format!("checker after the kill: {:#?}", report.problems));

@@ -167,3 +167,72 @@ fn a_flush_waits_for_a_chunk_another_thread_is_writing() {
         "the FLUSH returned before the chunk holding the write it covers was durable"
     );
 }
+
+/// The cleaner's reserve is spent by one stream only. Relocations split over several GC
+/// streams (as the daemon's classifier splits them by age) used to open a segment each
+/// down to the last free one, and `close_stream` closed the cleaner's open segment even
+/// then; the soak of the concurrent harness reached a full log with no free and no open
+/// segment, every closed one holding live blocks: cleaning could never finish again.
+/// Now a relocation outside `GC_STREAM` keeps the reserve (it is diverted to the GC
+/// stream instead), and closing a stream gives up no room while free space is at the
+/// reserve: a victim always finishes and frees its segment.
+#[test]
+fn relocations_over_several_streams_leave_the_reserve_to_the_gc_stream() {
+    let dev = Arc::new(ftl::device::mem::MemDevice::new(32 * (64 << 10)));
+    let idx = Arc::new(MemIndex::new());
+    ftl::format(&dev, &idx, &tiny(), false).unwrap();
+    let (f, _) = Ftl::open(dev, idx, Config::default()).unwrap();
+    let reserve = f.gc_reserve_segments();
+    // Write every block, then overwrite at random until one segment more than the
+    // reserve is free: every closed segment holds live blocks, some of them few.
+    let cap = f.capacity_blocks();
+    let mut tag = 1u64;
+    for lba in 0..cap {
+        f.write(lba, &block_for(lba, tag), false, S0).unwrap();
+        tag += 1;
+    }
+    let mut x = 12345u64;
+    while f.free_segments() > reserve + 1 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let lba = (x >> 33) % cap;
+        f.write(lba, &block_for(lba, tag), false, S0).unwrap();
+        tag += 1;
+    }
+    f.checkpoint().unwrap();
+    for s in 0..8 {
+        f.close_stream(StreamId(s)).unwrap();
+    }
+    // Clean the greedy victims (of at least 4 live blocks) one after another, their blocks spread over streams 4..=7
+    // round robin, closing every stream between blocks as an idle-stream closer might.
+    let mut buf = ftl::device::AlignedBuf::new(4096);
+    for round in 0..6 {
+        let victim = f
+            .segment_snapshot()
+            .into_iter()
+            .filter(|s| s.segment != 0 && s.state == "closed" && s.valid >= 4)
+            .min_by_key(|s| s.valid)
+            .expect("a victim");
+        for (i, b) in f.live_blocks(victim.segment).unwrap().iter().enumerate() {
+            assert!(f.read_live(b, &mut buf).unwrap());
+            f.relocate(b.lba, b.entry, &buf, StreamId(4 + (i % 4) as u8))
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "round {round}: relocating block {i} of segment {} ({} live): {e}; \
+                         free {}",
+                        victim.segment,
+                        victim.valid,
+                        f.free_segments()
+                    )
+                });
+            f.close_stream(StreamId(4 + (i % 4) as u8)).unwrap();
+        }
+        assert_eq!(f.segment_valid(victim.segment), 0);
+        f.checkpoint().unwrap();
+        assert!(
+            f.free_segments() >= 1,
+            "round {round}: the victim was freed"
+        );
+    }
+}
