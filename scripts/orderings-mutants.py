@@ -104,6 +104,24 @@ MUTANTS = [
         for &s in &dead {
             if self.cfg.discard_freed {""",
      [ORDERINGS, SHUTTLE, POWER]),
+    ("reserve-1", "the reserve is the GC stream's alone (other relocations keep it)",
+     "ftl/src/engine.rs",
+     """                    let keep = if relocation && stream == GC_STREAM.0 {
+                        0
+                    } else {""",
+     """                    let keep = if relocation && stream == GC_STREAM.0 {
+                        0
+                    } else if relocation {
+                        1
+                    } else {""",
+     [ORDERINGS]),
+    ("reserve-2", "closing a stream gives nothing up while free space is at the reserve",
+     "ftl/src/clean.rs",
+     """        if self.segs.free_count() <= self.cfg.gc_reserve_segments {
+            return Ok(());
+        }""",
+     "",
+     [ORDERINGS]),
     ("staging-2", "staging rule 2: the slot is marked sealed BEFORE the mark passes it",
      "ftl/src/staging/mod.rs",
      """[SealStep::Number, SealStep::State, SealStep::Mark]""",
