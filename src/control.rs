@@ -98,11 +98,13 @@ pub struct Control {
 }
 
 impl Control {
-    /// Starts the runtime; signal handlers are installed when this returns.
+    /// Starts the runtime; with `signals`, SIGINT and SIGTERM handlers are installed when
+    /// this returns (a benchmark runs without them, so ^C still ends it).
     pub fn spawn(
         ftl: Arc<FileFtl>,
         cleaner: Option<Arc<CleanerHandle>>,
         classifier: Arc<Classifier>,
+        signals: bool,
     ) -> io::Result<Control> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -113,7 +115,9 @@ impl Control {
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
             .name("ftlblk-control".into())
-            .spawn(move || rt.block_on(serve(ftl, cleaner, classifier, sh, rx, ready_tx)))?;
+            .spawn(move || {
+                rt.block_on(serve(ftl, cleaner, classifier, signals, sh, rx, ready_tx))
+            })?;
         match ready_rx.recv() {
             Ok(Ok(())) => Ok(Control {
                 tx,
@@ -166,14 +170,20 @@ async fn serve(
     ftl: Arc<FileFtl>,
     cleaner: Option<Arc<CleanerHandle>>,
     classifier: Arc<Classifier>,
+    handle_signals: bool,
     shared: Arc<Shared>,
     mut rx: mpsc::UnboundedReceiver<Event>,
     ready: std::sync::mpsc::Sender<io::Result<()>>,
 ) {
-    let signals = signal(SignalKind::terminate())
-        .and_then(|t| signal(SignalKind::interrupt()).map(|i| (t, i)));
+    let signals = if handle_signals {
+        signal(SignalKind::terminate())
+            .and_then(|t| signal(SignalKind::interrupt()).map(|i| Some((t, i))))
+    } else {
+        Ok(None)
+    };
     let (mut term, mut int) = match signals {
-        Ok(s) => s,
+        Ok(Some((t, i))) => (Some(t), Some(i)),
+        Ok(None) => (None, None),
         Err(e) => {
             let _ = ready.send(Err(e));
             return;
@@ -188,8 +198,8 @@ async fn serve(
     let mut plans_seen = classifier.plans();
     loop {
         tokio::select! {
-            _ = term.recv() => shared.request_stop("SIGTERM"),
-            _ = int.recv() => shared.request_stop("SIGINT"),
+            _ = recv_signal(&mut term) => shared.request_stop("SIGTERM"),
+            _ = recv_signal(&mut int) => shared.request_stop("SIGINT"),
             ev = rx.recv() => match ev {
                 Some(Event::Live(rec)) => {
                     match bind(&rec.socket) {
@@ -244,6 +254,14 @@ async fn serve(
     }
 }
 
+/// The next delivery of a handled signal; never, when it is not handled.
+async fn recv_signal(s: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match s {
+        Some(s) => s.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
 fn bind(path: &PathBuf) -> io::Result<UnixListener> {
     runfiles::ensure_run_dir()?;
     // A socket left by a crashed daemon for this id is stale: its daemon is gone.
@@ -258,6 +276,18 @@ async fn accept(l: &Option<(UnixListener, PathBuf)>) -> io::Result<tokio::net::U
     }
 }
 
+/// Bytes the backing occupies on its file system (`du`), when it is a regular file:
+/// shows dead segments going back to the file system as they are discarded.
+fn allocated_bytes(ftl: &FileFtl) -> Option<u64> {
+    let fd = ftl::BlockDevice::raw_fd(ftl.device())?;
+    // SAFETY: fstat writes into the zeroed struct it is given; `fd` is the open backing.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut st) } != 0 || (st.st_mode & libc::S_IFMT) != libc::S_IFREG {
+        return None;
+    }
+    Some(st.st_blocks as u64 * 512)
+}
+
 /// The JSON a stats client receives.
 pub fn stats_document(
     ftl: &FileFtl,
@@ -268,6 +298,7 @@ pub fn stats_document(
     let doc = serde_json::json!({
         "device": record,
         "stats": ftl.stats(),
+        "backing_allocated_bytes": allocated_bytes(ftl),
         "classifier": serde_json::json!({
             "bytes_per_block": Classifier::BYTES_PER_BLOCK,
             "plans": classifier.plans(),

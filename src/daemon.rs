@@ -18,12 +18,12 @@
 //!    the control plane and the cleaner, closes the FTL (flush + checkpoint), removes the
 //!    run files and deletes the device. Returns `Ok` after a clean stop.
 
+use crate::background::Background;
 use crate::control::{Control, Event};
 use crate::kctl;
 use crate::offload::Offload;
 use crate::runfiles::{self, DeviceRecord};
 use crate::ublk;
-use cleaner::CleanerConfig;
 use ftl::backing::{format_backing, open_backing_staged, FileFtl, StagingPlace};
 use ftl::classify::Classifier;
 use ftl::device::BLOCK_SIZE;
@@ -206,26 +206,11 @@ pub fn run(cfg: DaemonConfig, notifier: Arc<Notifier>) -> Result<(), String> {
         }
     }
     let ftl = Arc::new(open_ftl(&cfg)?);
-    // Write-time stream classification (in memory, rebuilt from scratch at each start).
-    let classifier = Arc::new(Classifier::new(ftl.capacity_blocks()));
-    let cleaner = if cfg.cleaner {
-        let c = classifier.clone();
-        Some(Arc::new(
-            cleaner::spawn_with_gc_stream(ftl.clone(), CleanerConfig::default(), move |lba| {
-                c.on_relocate(lba)
-            })
-            .map_err(|e| format!("cannot start the cleaner: {e}"))?,
-        ))
-    } else {
-        None
-    };
-    let control = Control::spawn(ftl.clone(), cleaner.clone(), classifier.clone())
-        .map_err(|e| format!("cannot start the control plane: {e}"))?;
+    let bg = Background::start(&ftl, cfg.cleaner, true)?;
 
-    let result = serve(&cfg, &ftl, &classifier, &control, &notifier);
+    let result = serve(&cfg, &ftl, &bg.classifier, &bg.control, &notifier);
 
-    control.shutdown();
-    drop(cleaner);
+    bg.stop();
     // Also removes the staging file; on failure it stays and the next open replays it.
     let closed = ftl.close().map_err(|e| format!("closing the FTL: {e}"));
     match (&result, &closed) {

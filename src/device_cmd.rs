@@ -685,6 +685,14 @@ pub fn format_stats(v: &Value) -> String {
         "discarded (TRIM out)",
         human_bytes(n("/stats/counters/discarded_bytes")),
     );
+    if v.pointer("/backing_allocated_bytes")
+        .is_some_and(|x| x.is_u64())
+    {
+        row(
+            "backing allocated",
+            human_bytes(n("/backing_allocated_bytes")),
+        );
+    }
     if v.pointer("/cleaner/stats").is_some() {
         row(
             "cleaner",

@@ -9,7 +9,9 @@
 
 use crate::policy::Policy;
 use crate::slice::{Budget, Cleaner, CleanerStats, SliceEnd};
-use crate::trigger::{background_interval, foreground_needed, throttle_delay};
+use crate::trigger::{
+    background_interval, checkpoint_needed, foreground_needed, throttle_delay, CheckpointInputs,
+};
 use ftl::{BlockDevice, Ftl, IndexStore};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -46,6 +48,9 @@ pub struct CleanerConfig {
     pub max_write_delay: Duration,
     /// Background cleaning skips victims fuller than this.
     pub max_background_utilization: f64,
+    /// Idle this long with dead segments waiting: checkpoint, so they are freed and
+    /// discarded on the backing (see [`crate::trigger::checkpoint_needed`]).
+    pub idle_checkpoint: Duration,
 }
 
 impl Default for CleanerConfig {
@@ -62,6 +67,7 @@ impl Default for CleanerConfig {
             throttle_start: 0,
             max_write_delay: Duration::from_micros(200),
             max_background_utilization: 0.9,
+            idle_checkpoint: Duration::from_secs(1),
         }
     }
 }
@@ -190,6 +196,7 @@ fn run<D: BlockDevice, I: IndexStore>(
     let mut last_bg = Instant::now();
     let mut last_ops = ftl.foreground_ops();
     let mut last_activity = Instant::now();
+    let mut last_checkpoint = Instant::now();
     while !stop.load(Ordering::SeqCst) {
         let free = ftl.free_segments();
         let delay = throttle_delay(free, reserve, throttle_start, cfg.max_write_delay);
@@ -201,8 +208,16 @@ fn run<D: BlockDevice, I: IndexStore>(
         }
         let mut turn = || -> Result<bool, crate::Error> {
             // Cleaned segments become free only through a durable checkpoint.
-            let dead = ftl.dead_segments();
-            if (dead > 0 && free <= throttle_start) || ftl.checkpoint_due() {
+            let now = CheckpointInputs {
+                free,
+                dead: ftl.dead_segments(),
+                throttle_start,
+                due: ftl.checkpoint_due(),
+                idle_for: last_activity.elapsed(),
+                since_last: last_checkpoint.elapsed(),
+            };
+            if checkpoint_needed(now, cfg.idle_checkpoint) {
+                last_checkpoint = Instant::now();
                 ftl.checkpoint()?;
                 stats.lock().unwrap_or_else(|p| p.into_inner()).checkpoints += 1;
                 return Ok(true);

@@ -29,9 +29,76 @@ pub fn throttle_delay(free: usize, reserve: usize, start: usize, max_delay: Dura
     max_delay.mul_f64(short / span)
 }
 
+/// What the cleaning thread knows when it decides whether to checkpoint now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointInputs {
+    /// Free segments.
+    pub free: usize,
+    /// Closed segments without live blocks (free once a checkpoint is durable).
+    pub dead: usize,
+    /// Free segments at which the throttle starts.
+    pub throttle_start: usize,
+    /// The FTL's own rule (blocks appended since the last checkpoint) says one is due.
+    pub due: bool,
+    /// How long no foreground request arrived.
+    pub idle_for: Duration,
+    /// How long since this thread's last checkpoint.
+    pub since_last: Duration,
+}
+
+/// Whether to checkpoint now: when the FTL says one is due; when dead segments wait and
+/// writers are short of space (at the throttle's start); and when dead segments wait on
+/// an idle device, `idle` after the last request and at most once per `idle`, so space
+/// a TRIM or `fstrim` freed goes back to the backing (discarded) within seconds instead
+/// of when space runs short.
+pub fn checkpoint_needed(i: CheckpointInputs, idle: Duration) -> bool {
+    i.due
+        || (i.dead > 0 && i.free <= i.throttle_start)
+        || (i.dead > 0 && i.idle_for >= idle && i.since_last >= idle)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dead_segments_are_checkpointed_when_space_is_short_or_the_device_idle() {
+        let s = Duration::from_secs(1);
+        let busy = CheckpointInputs {
+            free: 50,
+            dead: 3,
+            throttle_start: 10,
+            due: false,
+            idle_for: Duration::from_millis(10),
+            since_last: Duration::from_secs(30),
+        };
+        assert!(!checkpoint_needed(busy, s), "plenty of space, busy device");
+        assert!(checkpoint_needed(CheckpointInputs { free: 10, ..busy }, s));
+        assert!(checkpoint_needed(
+            CheckpointInputs {
+                due: true,
+                dead: 0,
+                ..busy
+            },
+            s
+        ));
+        let idle = CheckpointInputs {
+            idle_for: Duration::from_secs(2),
+            ..busy
+        };
+        assert!(checkpoint_needed(idle, s), "idle with dead segments");
+        assert!(!checkpoint_needed(CheckpointInputs { dead: 0, ..idle }, s));
+        assert!(
+            !checkpoint_needed(
+                CheckpointInputs {
+                    since_last: Duration::from_millis(200),
+                    ..idle
+                },
+                s
+            ),
+            "at most one idle checkpoint per interval"
+        );
+    }
 
     #[test]
     fn interval_follows_free_space() {

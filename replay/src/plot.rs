@@ -63,3 +63,92 @@ pub fn plot(report: &SimReport, title: &str, path: &Path) -> Result<(), String> 
     root.present()
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
+
+/// One point of a benchmark's course over time (see [`plot_timeline`]).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct TimePoint {
+    /// Seconds since the run started.
+    pub t: f64,
+    /// Operations completed per second over the interval ending at `t`.
+    pub iops: f64,
+    /// 99th percentile and maximum latency of those operations, in milliseconds.
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+/// A labelled run for [`plot_timeline`].
+#[derive(Debug, Clone)]
+pub struct Timeline {
+    pub label: String,
+    pub points: Vec<TimePoint>,
+}
+
+/// Writes a 1200x800 PNG: IOPS over time (top) and p99 and max latency on a log scale
+/// (bottom, max in the lighter shade), one colour per run.
+pub fn plot_timeline(title: &str, runs: &[Timeline], path: &Path) -> Result<(), String> {
+    load_font()?;
+    let root = BitMapBackend::new(path, (1200, 800)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let (top, bottom) = root.split_vertically(400);
+    let points = || runs.iter().flat_map(|r| r.points.iter());
+    let max_t = points().map(|p| p.t).fold(1.0f64, f64::max);
+    let max_iops = points().map(|p| p.iops).fold(1.0f64, f64::max) * 1.1;
+    let max_ms = points().map(|p| p.max_ms).fold(1.0f64, f64::max) * 1.5;
+    let min_ms = points()
+        .map(|p| p.p99_ms)
+        .filter(|&v| v > 0.0)
+        .fold(max_ms, f64::min)
+        .max(1e-3)
+        / 1.5;
+    let colour = |i: usize| Palette99::pick(i).to_rgba();
+    let mut iops = ChartBuilder::on(&top)
+        .caption(title, ("sans-serif", 20))
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..max_t, 0f64..max_iops)
+        .map_err(|e| e.to_string())?;
+    iops.configure_mesh()
+        .x_desc("seconds")
+        .y_desc("IOPS")
+        .draw()
+        .map_err(|e| e.to_string())?;
+    for (i, r) in runs.iter().enumerate() {
+        let c = colour(i);
+        iops.draw_series(LineSeries::new(r.points.iter().map(|p| (p.t, p.iops)), c))
+            .map_err(|e| e.to_string())?
+            .label(r.label.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c));
+    }
+    iops.configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())?;
+    let mut lat = ChartBuilder::on(&bottom)
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..max_t, (min_ms..max_ms).log_scale())
+        .map_err(|e| e.to_string())?;
+    lat.configure_mesh()
+        .x_desc("seconds")
+        .y_desc("latency, ms (p99; max lighter)")
+        .draw()
+        .map_err(|e| e.to_string())?;
+    for (i, r) in runs.iter().enumerate() {
+        let c = colour(i);
+        lat.draw_series(LineSeries::new(
+            r.points.iter().map(|p| (p.t, p.p99_ms.max(min_ms))),
+            c,
+        ))
+        .map_err(|e| e.to_string())?;
+        lat.draw_series(LineSeries::new(
+            r.points.iter().map(|p| (p.t, p.max_ms.max(min_ms))),
+            c.mix(0.35),
+        ))
+        .map_err(|e| e.to_string())?;
+    }
+    root.present()
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+}

@@ -107,6 +107,88 @@ pub fn write_probabilities(w: &Workload, logical: u64, seed: u64) -> Vec<f64> {
     p
 }
 
+/// Draws single-block overwrite LBAs of a workload: shared (immutable) by any number of
+/// threads, each with its own generator. `seqmix`, whose runs carry state from one draw to
+/// the next, has none.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    kind: Kind,
+    logical: u64,
+    /// Rank -> LBA (ranks are what the distribution draws).
+    perm: Vec<u64>,
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    Uniform,
+    /// Cumulative rank weights of Zipf; the last one is the total.
+    Zipf(Vec<f64>),
+    HotCold {
+        writes_pct: f64,
+        hot: u64,
+    },
+}
+
+impl Sampler {
+    /// The sampler of `w` over `logical` blocks; the rank layout comes from `seed` (as in
+    /// [`generate`]). `None` for `seqmix`.
+    pub fn new(w: &Workload, logical: u64, seed: u64) -> Option<Sampler> {
+        Self::from_layout(w, logical, layout(logical, seed).1)
+    }
+
+    fn from_layout(w: &Workload, logical: u64, perm: Vec<u64>) -> Option<Sampler> {
+        let kind = match w {
+            Workload::Uniform => Kind::Uniform,
+            Workload::Zipf(theta) => {
+                let mut cdf = Vec::with_capacity(logical as usize);
+                let mut acc = 0.0;
+                for r in 1..=logical {
+                    acc += 1.0 / (r as f64).powf(*theta);
+                    cdf.push(acc);
+                }
+                Kind::Zipf(cdf)
+            }
+            Workload::HotCold {
+                writes_pct,
+                data_pct,
+            } => Kind::HotCold {
+                writes_pct: *writes_pct,
+                hot: hot_blocks(logical, *data_pct),
+            },
+            Workload::SeqMix => return None,
+        };
+        Some(Sampler {
+            kind,
+            logical,
+            perm,
+        })
+    }
+
+    /// One overwrite's LBA.
+    pub fn sample(&self, rng: &mut impl Rng) -> u64 {
+        match &self.kind {
+            Kind::Uniform => rng.gen_range(0..self.logical),
+            Kind::Zipf(cdf) => {
+                // Inverse-CDF sampling over the ranks; rank r lives at perm[r].
+                let total = cdf.last().copied().unwrap_or(0.0);
+                let x = rng.gen::<f64>() * total;
+                let r = cdf
+                    .partition_point(|&c| c < x)
+                    .min(self.logical as usize - 1);
+                self.perm[r]
+            }
+            Kind::HotCold { writes_pct, hot } => {
+                let i = if rng.gen::<f64>() * 100.0 < *writes_pct {
+                    rng.gen_range(0..*hot)
+                } else {
+                    rng.gen_range(*hot..self.logical)
+                };
+                self.perm[i as usize]
+            }
+        }
+    }
+}
+
 /// Generates the fill plus `overwrites` single-block writes over `logical` blocks.
 pub fn generate(w: &Workload, logical: u64, overwrites: u64, seed: u64) -> Vec<TraceOp> {
     let (mut rng, perm) = layout(logical, seed);
@@ -114,71 +196,37 @@ pub fn generate(w: &Workload, logical: u64, overwrites: u64, seed: u64) -> Vec<T
         .map(|lba| TraceOp::Write { lba, blocks: 1 })
         .collect();
     ops.reserve(overwrites as usize);
-    match w {
-        Workload::Uniform => {
-            for _ in 0..overwrites {
+    if let Workload::SeqMix = w {
+        let mut left = overwrites;
+        while left > 0 {
+            if rng.gen_bool(0.5) {
+                let start = rng.gen_range(0..logical);
+                let run = 64.min(left).min(logical - start);
+                for k in 0..run {
+                    ops.push(TraceOp::Write {
+                        lba: start + k,
+                        blocks: 1,
+                    });
+                }
+                left -= run;
+            } else {
                 ops.push(TraceOp::Write {
                     lba: rng.gen_range(0..logical),
                     blocks: 1,
                 });
+                left -= 1;
             }
         }
-        Workload::Zipf(theta) => {
-            // Inverse-CDF sampling over the ranks; rank r lives at perm[r].
-            let mut cdf = Vec::with_capacity(logical as usize);
-            let mut acc = 0.0;
-            for r in 1..=logical {
-                acc += 1.0 / (r as f64).powf(*theta);
-                cdf.push(acc);
-            }
-            for _ in 0..overwrites {
-                let x = rng.gen::<f64>() * acc;
-                let r = cdf.partition_point(|&c| c < x).min(logical as usize - 1);
-                ops.push(TraceOp::Write {
-                    lba: perm[r],
-                    blocks: 1,
-                });
-            }
-        }
-        Workload::HotCold {
-            writes_pct,
-            data_pct,
-        } => {
-            let hot = hot_blocks(logical, *data_pct);
-            for _ in 0..overwrites {
-                let i = if rng.gen::<f64>() * 100.0 < *writes_pct {
-                    rng.gen_range(0..hot)
-                } else {
-                    rng.gen_range(hot..logical)
-                };
-                ops.push(TraceOp::Write {
-                    lba: perm[i as usize],
-                    blocks: 1,
-                });
-            }
-        }
-        Workload::SeqMix => {
-            let mut left = overwrites;
-            while left > 0 {
-                if rng.gen_bool(0.5) {
-                    let start = rng.gen_range(0..logical);
-                    let run = 64.min(left).min(logical - start);
-                    for k in 0..run {
-                        ops.push(TraceOp::Write {
-                            lba: start + k,
-                            blocks: 1,
-                        });
-                    }
-                    left -= run;
-                } else {
-                    ops.push(TraceOp::Write {
-                        lba: rng.gen_range(0..logical),
-                        blocks: 1,
-                    });
-                    left -= 1;
-                }
-            }
-        }
+        return ops;
+    }
+    let Some(sampler) = Sampler::from_layout(w, logical, perm) else {
+        return ops;
+    };
+    for _ in 0..overwrites {
+        ops.push(TraceOp::Write {
+            lba: sampler.sample(&mut rng),
+            blocks: 1,
+        });
     }
     ops
 }
@@ -224,6 +272,28 @@ mod tests {
         assert!((8500..=9500).contains(&top), "{top}");
         let z = generate(&Workload::Zipf(0.99), 1000, 10_000, 1);
         assert!(z.iter().all(|o| o.range().0 < 1000));
+    }
+
+    /// A sampler drawn with the generator `generate` continues with writes exactly what
+    /// `generate` writes (the benchmarks' threads and the replays share one layout).
+    #[test]
+    fn the_sampler_draws_what_generate_writes() {
+        for w in [
+            Workload::Zipf(0.9),
+            Workload::HotCold {
+                writes_pct: 90.0,
+                data_pct: 10.0,
+            },
+            Workload::Uniform,
+        ] {
+            let ops = generate(&w, 500, 2000, 3);
+            let sampler = Sampler::new(&w, 500, 3).expect("single-block workload");
+            let (mut rng, _) = layout(500, 3);
+            for op in &ops[500..] {
+                assert_eq!(op.range().0, sampler.sample(&mut rng), "{w:?}");
+            }
+        }
+        assert!(Sampler::new(&Workload::SeqMix, 500, 3).is_none());
     }
 
     /// The probabilities match the generated frequencies (so the layout is the same).

@@ -9,7 +9,11 @@
 //!   run a second time without the check to show what verification costs (reported as
 //!   `iops_without_crc_check`);
 //! - `writeflush`: 4 KiB random write followed by a FLUSH, on a fresh device, `--jobs`
-//!   writers (fio `--fsync=1`).
+//!   writers (fio `--fsync=1`);
+//! - `steady`, `steady80`, `steadyzipf`, `steadymix`: the full device under random
+//!   overwrites, with the cleaner and background checkpoints running ([`steady`]).
+
+mod steady;
 
 use clap::Args;
 use ftl::backing::{format_backing, open_backing, FileFtl};
@@ -35,9 +39,16 @@ pub struct BenchArgs {
     /// Size to create the backing with if it does not exist.
     #[arg(long, value_parser = crate::cli::parse_size, default_value = "2G")]
     pub size: u64,
-    /// Tests to run, comma separated: randwrite, randread, writeflush.
+    /// Tests to run, comma separated: randwrite, randread, writeflush (fresh device);
+    /// steady, steady80, steadyzipf, steadymix (full device, see --passes).
     #[arg(long, default_value = "randwrite,randread,writeflush")]
     pub tests: String,
+    /// Passes over the filled region of the write-only steady tests.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub passes: u32,
+    /// Write a PNG of the steady tests' IOPS and latency over time here.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
     /// Writer threads for the write tests (the queue depth of a write test).
     #[arg(long, default_value_t = 32)]
     pub jobs: usize,
@@ -269,7 +280,31 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     let tests: Vec<&str> = a.tests.split(',').map(str::trim).collect();
     let mut results = serde_json::Map::new();
     let mut written: Option<Arc<FileFtl>> = None;
+    let mut timelines = Vec::new();
     for t in &tests {
+        if let Some(spec) = steady::spec(t) {
+            if let Some(f) = written.take() {
+                f.close().map_err(|e| e.to_string())?;
+            }
+            std::thread::sleep(std::time::Duration::from_secs(a.settle));
+            let f = Arc::new(fresh(&a, &index)?);
+            let run = steady::Run {
+                ftl: &f,
+                jobs: a.jobs,
+                passes: a.passes,
+                seed: a.seed,
+            };
+            let (json, timeline) = steady::run(&spec, &run)?;
+            eprintln!(
+                "{t}: {:.0} IOPS (median of passes), WAF {:.3}",
+                json["iops"].as_f64().unwrap_or(0.0),
+                json["waf"].as_f64().unwrap_or(0.0)
+            );
+            results.insert(t.to_string(), json);
+            timelines.push(timeline);
+            written = Some(f);
+            continue;
+        }
         match *t {
             "randwrite" => {
                 let f = Arc::new(fresh(&a, &index)?);
@@ -329,13 +364,21 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             }
             other => {
                 return Err(format!(
-                    "unknown test {other:?} (randwrite, randread, writeflush)"
+                    "unknown test {other:?} (randwrite, randread, writeflush, steady, steady80, \
+                     steadyzipf, steadymix)"
                 ))
             }
         }
     }
     if let Some(f) = written {
         f.close().map_err(|e| e.to_string())?;
+    }
+    if let (Some(path), false) = (&a.plot, timelines.is_empty()) {
+        replay::plot::plot_timeline(
+            "steady state: IOPS and write latency over time",
+            &timelines,
+            path,
+        )?;
     }
     println!(
         "{}",

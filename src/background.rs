@@ -1,0 +1,53 @@
+//! The FTL's background machinery, wired the way a running device has it: the online
+//! classifier (user write streams and GC output streams), the cleaner thread with the
+//! default [`CleanerConfig`], and the control plane (background checkpoints, closing the
+//! streams a new plan no longer uses). The daemon starts it for every device, and
+//! `ftlblk bench`'s steady-state tests start the same, so the benchmark measures what a
+//! user runs. Callers write through [`crate::ublk::write_classified`] with
+//! [`Background::classifier`].
+
+use crate::control::Control;
+use cleaner::{CleanerConfig, CleanerHandle};
+use ftl::backing::FileFtl;
+use ftl::classify::Classifier;
+use std::sync::Arc;
+
+/// The running parts; [`Background::stop`] ends them (before the FTL is closed).
+pub struct Background {
+    pub classifier: Arc<Classifier>,
+    pub cleaner: Option<Arc<CleanerHandle>>,
+    pub control: Control,
+}
+
+impl Background {
+    /// Starts the classifier, the cleaner (unless `cleaner` is false) and the control
+    /// plane; `signals`: the control plane handles SIGINT and SIGTERM (the daemon).
+    pub fn start(ftl: &Arc<FileFtl>, cleaner: bool, signals: bool) -> Result<Self, String> {
+        // Write-time stream classification (in memory, rebuilt from scratch at each start).
+        let classifier = Arc::new(Classifier::new(ftl.capacity_blocks()));
+        let cleaner = if cleaner {
+            let c = classifier.clone();
+            Some(Arc::new(
+                cleaner::spawn_with_gc_stream(ftl.clone(), CleanerConfig::default(), move |lba| {
+                    c.on_relocate(lba)
+                })
+                .map_err(|e| format!("cannot start the cleaner: {e}"))?,
+            ))
+        } else {
+            None
+        };
+        let control = Control::spawn(ftl.clone(), cleaner.clone(), classifier.clone(), signals)
+            .map_err(|e| format!("cannot start the control plane: {e}"))?;
+        Ok(Background {
+            classifier,
+            cleaner,
+            control,
+        })
+    }
+
+    /// Stops the control plane (waiting for a running checkpoint), then the cleaner.
+    pub fn stop(self) {
+        self.control.shutdown();
+        drop(self.cleaner);
+    }
+}

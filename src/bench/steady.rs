@@ -1,0 +1,428 @@
+//! `ftlblk bench --tests steady,...`: the device users live on, full and overwritten,
+//! wired the way the daemon wires it ([`crate::background::Background`]: the online
+//! classifier, the cleaner with its GC streams, background checkpoints).
+//!
+//! Each test formats the backing, fills `fill_pct`% of the exported capacity with
+//! sequential 1 MiB writes (`jobs` threads), then runs `jobs` threads of 4 KiB random
+//! overwrites over the filled region (the workload's distribution, [`replay::workload`])
+//! for `passes` passes over it. Each pass is reported (IOPS, WAF over the pass, latency
+//! percentiles from HDR histograms), with a timeline of IOPS and latency per
+//! [`SLOT`] and of the cleaner's state. The read/write mix first runs one write-only
+//! pass to reach the steady state, then the mix for one region of operations.
+//!
+//! Tests: `steady` (100% fill, uniform), `steady80` (80% fill, uniform), `steadyzipf`
+//! (100%, zipf:0.99), `steadymix` (100%, uniform, 70% reads / 30% writes).
+
+use crate::background::Background;
+use crate::ublk::write_classified;
+use ftl::backing::FileFtl;
+use ftl::device::BLOCK_SIZE;
+use ftl::records::Counters;
+use hdrhistogram::Histogram;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use replay::plot::{TimePoint, Timeline};
+use replay::workload::{Sampler, Workload};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Length of one timeline interval.
+pub const SLOT: Duration = Duration::from_millis(250);
+
+/// Highest latency the histograms hold (longer ones are recorded as this).
+const MAX_LATENCY_NS: u64 = 100_000_000_000;
+
+/// One steady-state test.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    pub name: &'static str,
+    pub fill_pct: u32,
+    pub workload: &'static str,
+    /// Share of reads in the measured phase (0 for write-only).
+    pub read_pct: u32,
+}
+
+/// The tests `ftlblk bench` knows, by name.
+pub fn spec(name: &str) -> Option<Spec> {
+    let s = |name, fill_pct, workload, read_pct| Spec {
+        name,
+        fill_pct,
+        workload,
+        read_pct,
+    };
+    Some(match name {
+        "steady" => s("steady", 100, "uniform", 0),
+        "steady80" => s("steady80", 80, "uniform", 0),
+        "steadyzipf" => s("steadyzipf", 100, "zipf:0.99", 0),
+        "steadymix" => s("steadymix", 100, "uniform", 70),
+        _ => return None,
+    })
+}
+
+/// What a run needs besides the spec.
+pub struct Run<'a> {
+    pub ftl: &'a Arc<FileFtl>,
+    pub jobs: usize,
+    pub passes: u32,
+    pub seed: u64,
+}
+
+fn histogram() -> Histogram<u64> {
+    // 2 significant digits from 1 ns to 100 s: a few tens of KiB.
+    Histogram::new_with_bounds(1, MAX_LATENCY_NS, 2).expect("valid histogram bounds")
+}
+
+fn ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
+
+/// Latency figures of a histogram, in milliseconds.
+fn latency_json(h: &Histogram<u64>) -> serde_json::Value {
+    serde_json::json!({
+        "ops": h.len(),
+        "p50_ms": ms(h.value_at_quantile(0.5)),
+        "p99_ms": ms(h.value_at_quantile(0.99)),
+        "p999_ms": ms(h.value_at_quantile(0.999)),
+        "max_ms": ms(h.max()),
+    })
+}
+
+/// Histograms indexed by a number (a pass, a timeline slot) that threads add their
+/// local histogram into when they move on to the next number.
+#[derive(Default)]
+struct Buckets(Mutex<Vec<Histogram<u64>>>);
+
+impl Buckets {
+    fn add(&self, i: usize, h: &mut Histogram<u64>) {
+        if h.is_empty() {
+            return;
+        }
+        let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        while v.len() <= i {
+            v.push(histogram());
+        }
+        // Same bounds and precision: cannot fail.
+        let _ = v[i].add(&*h);
+        h.reset();
+    }
+    fn take(self) -> Vec<Histogram<u64>> {
+        self.0.into_inner().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A thread's open histogram for bucket `at` of a [`Buckets`].
+struct Local<'a> {
+    into: &'a Buckets,
+    at: usize,
+    h: Histogram<u64>,
+}
+
+impl<'a> Local<'a> {
+    fn new(into: &'a Buckets) -> Self {
+        Local {
+            into,
+            at: 0,
+            h: histogram(),
+        }
+    }
+    fn record(&mut self, at: usize, ns: u64) {
+        if at != self.at {
+            self.into.add(self.at, &mut self.h);
+            self.at = at;
+        }
+        self.h.saturating_record(ns.clamp(1, MAX_LATENCY_NS));
+    }
+}
+
+impl Drop for Local<'_> {
+    fn drop(&mut self) {
+        self.into.add(self.at, &mut self.h);
+    }
+}
+
+/// One sample of the monitor thread.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Monitor {
+    t: f64,
+    free_segments: usize,
+    dead_segments: usize,
+    write_delay_us: f64,
+    user_blocks: u64,
+    relocated_blocks: u64,
+    checkpoints: u64,
+}
+
+fn sample(ftl: &FileFtl, start: Instant) -> Monitor {
+    let s = ftl.stats();
+    Monitor {
+        t: start.elapsed().as_secs_f64(),
+        free_segments: s.free_segments,
+        dead_segments: s.dead_segments,
+        write_delay_us: ftl.write_delay().as_secs_f64() * 1e6,
+        user_blocks: s.counters.user_blocks_written,
+        relocated_blocks: s.counters.relocated_blocks,
+        checkpoints: s.checkpoints,
+    }
+}
+
+/// Fills `blocks` blocks from LBA 0 with 1 MiB writes on `jobs` threads; returns seconds.
+fn fill(ftl: &Arc<FileFtl>, bg: &Background, blocks: u64, jobs: usize) -> Result<f64, String> {
+    const PIECE: u64 = 256;
+    let next = AtomicU64::new(0);
+    let start = Instant::now();
+    std::thread::scope(|s| -> Result<(), String> {
+        let handles: Vec<_> = (0..jobs)
+            .map(|_| {
+                s.spawn(|| -> Result<(), String> {
+                    let buf = vec![0x3cu8; PIECE as usize * BLOCK_SIZE];
+                    loop {
+                        let lba = next.fetch_add(PIECE, Ordering::Relaxed);
+                        if lba >= blocks {
+                            return Ok(());
+                        }
+                        let n = PIECE.min(blocks - lba) as usize;
+                        write_classified(ftl, &bg.classifier, lba, &buf[..n * BLOCK_SIZE], false)
+                            .map_err(|e| format!("fill write at {lba}: {e}"))?;
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().map_err(|_| "fill thread panicked".to_string())??;
+        }
+        Ok(())
+    })?;
+    ftl.flush().map_err(|e| e.to_string())?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// What one phase of random operations measured.
+struct Phase {
+    seconds: f64,
+    /// Write latency per pass, and the counters at each pass boundary (one more).
+    writes: Vec<Histogram<u64>>,
+    reads: Histogram<u64>,
+    bounds: Vec<(Instant, Counters)>,
+    timeline: Vec<TimePoint>,
+    monitor: Vec<Monitor>,
+}
+
+/// Runs `ops` random operations over `region` blocks, `read_pct`% of them reads; a pass
+/// is `region` operations.
+fn random_phase(
+    run: &Run,
+    bg: &Background,
+    sampler: &Sampler,
+    region: u64,
+    ops: u64,
+    read_pct: u32,
+    seed: u64,
+) -> Result<Phase, String> {
+    let ftl = run.ftl;
+    let passes = ops.div_ceil(region) as usize;
+    let next = AtomicU64::new(0);
+    let write_buckets = Buckets::default();
+    let read_buckets = Buckets::default();
+    let slots = Buckets::default();
+    let bounds: Vec<Mutex<Option<(Instant, Counters)>>> =
+        (0..=passes).map(|_| Mutex::new(None)).collect();
+    let done = AtomicBool::new(false);
+    let mut monitor = Vec::new();
+    let start = Instant::now();
+    *bounds[0].lock().unwrap_or_else(|p| p.into_inner()) = Some((start, ftl.stats().counters));
+    std::thread::scope(|s| -> Result<(), String> {
+        let mon = s.spawn(|| {
+            let mut out = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                out.push(sample(ftl, start));
+                std::thread::sleep(SLOT);
+            }
+            out
+        });
+        let handles: Vec<_> = (0..run.jobs)
+            .map(|t| {
+                let (next, bounds) = (&next, &bounds);
+                let (wb, rb, sl) = (&write_buckets, &read_buckets, &slots);
+                s.spawn(move || -> Result<(), String> {
+                    let mut rng = SmallRng::seed_from_u64(seed ^ (t as u64 + 1) << 32);
+                    let mut buf = vec![0u8; BLOCK_SIZE];
+                    let (mut w, mut r, mut slot) = (Local::new(wb), Local::new(rb), Local::new(sl));
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= ops {
+                            return Ok(());
+                        }
+                        let pass = (i / region) as usize;
+                        if i % region == 0 && i > 0 {
+                            *bounds[pass].lock().unwrap_or_else(|p| p.into_inner()) =
+                                Some((Instant::now(), ftl.stats().counters));
+                        }
+                        let lba = sampler.sample(&mut rng);
+                        let read = read_pct > 0 && rng.gen_range(0..100) < read_pct;
+                        let t0 = Instant::now();
+                        if read {
+                            ftl.read(lba, &mut buf)
+                                .map_err(|e| format!("read of block {lba}: {e}"))?;
+                        } else {
+                            buf[..8].copy_from_slice(&lba.to_le_bytes());
+                            buf[8..16].copy_from_slice(&i.to_le_bytes());
+                            write_classified(ftl, &bg.classifier, lba, &buf, false)
+                                .map_err(|e| format!("write of block {lba}: {e}"))?;
+                        }
+                        let t1 = Instant::now();
+                        let ns = (t1 - t0).as_nanos() as u64;
+                        if read {
+                            r.record(0, ns);
+                        } else {
+                            w.record(pass, ns);
+                        }
+                        let at = ((t1 - start).as_nanos() / SLOT.as_nanos()) as usize;
+                        slot.record(at, ns);
+                    }
+                })
+            })
+            .collect();
+        let mut result = Ok(());
+        for h in handles {
+            let r = h
+                .join()
+                .map_err(|_| "writer thread panicked".to_string())
+                .and_then(|r| r);
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        done.store(true, Ordering::Relaxed);
+        monitor = mon
+            .join()
+            .map_err(|_| "monitor thread panicked".to_string())?;
+        result
+    })?;
+    let seconds = start.elapsed().as_secs_f64();
+    *bounds[passes].lock().unwrap_or_else(|p| p.into_inner()) =
+        Some((Instant::now(), ftl.stats().counters));
+    let bounds: Vec<(Instant, Counters)> = bounds
+        .into_iter()
+        .map(|b| b.into_inner().unwrap_or_else(|p| p.into_inner()))
+        .collect::<Option<Vec<_>>>()
+        .ok_or("a pass boundary was not recorded")?;
+    let mut writes = write_buckets.take();
+    writes.resize_with(passes, histogram);
+    let reads = read_buckets.take().pop().unwrap_or_else(histogram);
+    let secs = SLOT.as_secs_f64();
+    let timeline = slots
+        .take()
+        .iter()
+        .enumerate()
+        .map(|(i, h)| TimePoint {
+            t: (i + 1) as f64 * secs,
+            iops: h.len() as f64 / secs,
+            p99_ms: ms(h.value_at_quantile(0.99)),
+            max_ms: ms(h.max()),
+        })
+        .collect();
+    Ok(Phase {
+        seconds,
+        writes,
+        reads,
+        bounds,
+        timeline,
+        monitor,
+    })
+}
+
+fn waf(a: &Counters, b: &Counters) -> f64 {
+    let user = b.user_blocks_written.saturating_sub(a.user_blocks_written);
+    let backing = b
+        .backing_blocks_written
+        .saturating_sub(a.backing_blocks_written);
+    backing as f64 / user.max(1) as f64
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        0.0
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+/// Runs one steady-state test on a freshly formatted `run.ftl`; returns its JSON and the
+/// timeline of its measured phase.
+pub fn run(spec: &Spec, run: &Run) -> Result<(serde_json::Value, Timeline), String> {
+    let ftl = run.ftl;
+    let workload: Workload = spec.workload.parse().map_err(|e| format!("{e}"))?;
+    let region = (ftl.capacity_blocks() * spec.fill_pct as u64 / 100).max(1);
+    let sampler = Sampler::new(&workload, region, run.seed)
+        .ok_or_else(|| format!("{}: not a single-block workload", spec.workload))?;
+    let bg = Background::start(ftl, true, false)?;
+    let result = (|| -> Result<(serde_json::Value, Vec<TimePoint>), String> {
+        let fill_seconds = fill(ftl, &bg, region, run.jobs)?;
+        let mut warmup = serde_json::Value::Null;
+        let (ops, passes_label) = if spec.read_pct > 0 {
+            // Reach the steady state first: one pass of writes alone.
+            let w = random_phase(run, &bg, &sampler, region, region, 0, run.seed + 11)?;
+            warmup = serde_json::json!({"seconds": w.seconds, "iops": region as f64 / w.seconds,
+                "waf": waf(&w.bounds[0].1, &w.bounds[1].1)});
+            (region, 1)
+        } else {
+            (region * run.passes as u64, run.passes)
+        };
+        let p = random_phase(
+            run,
+            &bg,
+            &sampler,
+            region,
+            ops,
+            spec.read_pct,
+            run.seed + 12,
+        )?;
+        let mut passes = Vec::new();
+        let mut all_writes = histogram();
+        let mut iops = Vec::new();
+        for (k, h) in p.writes.iter().enumerate() {
+            let (t0, c0) = &p.bounds[k];
+            let (t1, c1) = &p.bounds[k + 1];
+            let secs = (*t1 - *t0).as_secs_f64();
+            let n = (region.min(ops - k as u64 * region)) as f64;
+            iops.push(n / secs);
+            let _ = all_writes.add(h);
+            let mut j = latency_json(h);
+            j["pass"] = (k + 1).into();
+            j["seconds"] = secs.into();
+            j["iops"] = (n / secs).into();
+            j["waf"] = waf(c0, c1).into();
+            passes.push(j);
+        }
+        let (first, last) = (&p.bounds[0].1, &p.bounds[p.bounds.len() - 1].1);
+        let cleaner = bg.cleaner.as_ref().map(|c| c.stats());
+        let json = serde_json::json!({
+            "fill_pct": spec.fill_pct,
+            "workload": spec.workload,
+            "read_pct": spec.read_pct,
+            "jobs": run.jobs,
+            "region_blocks": region,
+            "fill_seconds": fill_seconds,
+            "warmup": warmup,
+            "passes_run": passes_label,
+            "iops": median(&mut iops.clone()),
+            "iops_min": iops.iter().copied().fold(f64::INFINITY, f64::min),
+            "iops_max": iops.iter().copied().fold(0.0, f64::max),
+            "ops_per_second": ops as f64 / p.seconds,
+            "waf": waf(first, last),
+            "write_latency": latency_json(&all_writes),
+            "read_latency": if spec.read_pct > 0 { latency_json(&p.reads) } else { serde_json::Value::Null },
+            "passes": passes,
+            "cleaner": cleaner,
+            "timeline": p.timeline,
+            "monitor": p.monitor,
+        });
+        Ok((json, p.timeline))
+    })();
+    bg.stop();
+    let (json, points) = result?;
+    let label = format!("{} ({}% full, {})", spec.name, spec.fill_pct, spec.workload);
+    Ok((json, Timeline { label, points }))
+}
