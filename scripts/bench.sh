@@ -4,7 +4,11 @@
 # Usage: scripts/bench.sh [--size 2G] [--dir /var/tmp/ftlblk-bench] [--out bench.json]
 #                         [--rounds 3] [--read-pairs 7] [--pair-ops 200000]
 #                         [--read-threads 2] [--settle 10]
+#                         [--only fresh|steady|all] [--passes 3] [--plot bench-steady.png]
 #
+# Two parts, both by default (--only picks one; the other part of --out is kept):
+#
+# FRESH (a freshly formatted device, no cleaning):
 # Tests (4 KiB blocks; raw fio uses io_uring, O_DIRECT, QD32):
 #   randwrite   random writes, one pass over the FTL's exported capacity, fresh device
 #   writeflush  random write + FLUSH after every write (fio --fsync=1), 20000 writes
@@ -21,8 +25,23 @@
 # host still writing back the test before it. Prints a table and writes bench.json:
 #   {"ftl": {...}, "raw": {...}, "ratio": {...}, "map_ram_bytes_per_block": N}
 # Targets: randwrite >= 1.5x raw, randread >= 0.8x raw, writeflush >= 0.7x raw,
-# map RAM <= 8 bytes per mapped block. Exit status is 0 whether or not targets are met
-# (they are reported, not asserted); non-zero if anything fails to run.
+# map RAM <= 8 bytes per mapped block.
+#
+# STEADY (the full device users live on; `ftlblk bench --tests steady,...`, wired like the
+# daemon: online classifier, cleaner, background checkpoints): fill 100% (80%) of the
+# exported capacity, then 32 writers of uniform (zipf:0.99) random 4 KiB overwrites for
+# --passes passes over it, each pass reported; and a 70/30 read/write mix at 100% after a
+# write-only pass. Raw fio on the same file before and after the FTL runs: random write
+# (QD32, one pass of the capacity), sequential 1 MiB write and read (QD8, the whole file).
+# Reported: steady IOPS / raw randwrite, and steady IOPS / the disk bound at the measured
+# WAF, 1 / (WAF x 4 KiB / seq-write bandwidth + (WAF - 1) x 4 KiB / seq-read bandwidth)
+# (bandwidths: the mean of the before and after runs). --plot: IOPS and write latency
+# over time of every steady run (PNG). Goes to the "steady" section of --out.
+# Targets: uniform 100% >= 0.7x the disk bound; p99.9 write <= 5 ms, max <= 20 ms; read
+# p99.9 <= 5 ms in the mix.
+#
+# Exit status is 0 whether or not targets are met (they are reported, not asserted);
+# non-zero if anything fails to run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,6 +54,9 @@ READ_PAIRS=7
 PAIR_OPS=200000
 READ_THREADS=2
 SETTLE=10
+ONLY=all
+PASSES=3
+PLOT=bench-steady.png
 while [ $# -gt 0 ]; do
     case "$1" in
         --size) SIZE=$2; shift 2 ;;
@@ -45,6 +67,9 @@ while [ $# -gt 0 ]; do
         --pair-ops) PAIR_OPS=$2; shift 2 ;;
         --read-threads) READ_THREADS=$2; shift 2 ;;
         --settle) SETTLE=$2; shift 2 ;;
+        --only) ONLY=$2; shift 2 ;;
+        --passes) PASSES=$2; shift 2 ;;
+        --plot) PLOT=$2; shift 2 ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -68,6 +93,86 @@ fio_json() { # name, extra fio args...
     fio --name="$name" --filename="$IMG" --size="$SIZE" --bs=4k --ioengine=io_uring --direct=1 \
         --iodepth=32 --numjobs=1 --group_reporting --output-format=json "$@" > "$DIR/fio-$name.json"
 }
+case "$ONLY" in
+    all|fresh|steady) ;;
+    *) echo "bench.sh: --only takes fresh, steady or all" >&2; exit 2 ;;
+esac
+
+steady_part() {
+    local when
+    raw_steady() { # before|after
+        fio_json "steady-randwrite-$1" --rw=randwrite --io_size=$((OPS * 4096))
+        fio_json "steady-seqwrite-$1" --rw=write --bs=1M --iodepth=8
+        fio_json "steady-seqread-$1" --rw=read --bs=1M --iodepth=8
+        sync; sleep "$SETTLE"
+    }
+    echo "== steady state: raw fio, ftlblk bench (steady, steady80, steadyzipf, steadymix), raw fio" >&2
+    rm -f "$IMG"; rm -rf "$IDX"
+    fio --name=layout --filename="$IMG" --size="$SIZE" --bs=1M --rw=write --ioengine=io_uring \
+        --direct=1 --iodepth=8 --output-format=terse >/dev/null
+    raw_steady before
+    "$BIN" bench --backing "$IMG" --index "$IDX" --size "$SIZE" --jobs 32 --passes "$PASSES" \
+        --tests steady,steady80,steadyzipf,steadymix --settle "$SETTLE" --plot "$PLOT" > "$DIR/steady.json"
+    raw_steady after
+    python3 - "$DIR" "$OUT" "$PLOT" <<'PY'
+import json, os, statistics, sys
+d, out, plot = sys.argv[1:4]
+ftl = json.load(open(f"{d}/steady.json"))
+def fio(name, side):
+    j = json.load(open(f"{d}/fio-{name}.json"))["jobs"][0][side]
+    return {"iops": j["iops"], "bw_bytes": j["bw_bytes"],
+            "p999_ms": j["clat_ns"]["percentile"].get("99.900000", 0) / 1e6}
+raw = {}
+for t, side in (("randwrite", "write"), ("seqwrite", "write"), ("seqread", "read")):
+    runs = [fio(f"steady-{t}-{w}", side) for w in ("before", "after")]
+    raw[t] = {"iops": statistics.mean(r["iops"] for r in runs), "bw_bytes": statistics.mean(r["bw_bytes"] for r in runs),
+              "all_iops": [r["iops"] for r in runs], "all_bw_bytes": [r["bw_bytes"] for r in runs],
+              "p999_ms": [r["p999_ms"] for r in runs]}
+W, R = raw["seqwrite"]["bw_bytes"], raw["seqread"]["bw_bytes"]
+def bound(waf):
+    return 1.0 / (waf * 4096 / W + max(waf - 1, 0) * 4096 / R)
+res = {"raw": raw, "tests": {}, "plot": plot}
+print(f"raw: randwrite {raw['randwrite']['iops']:.0f} IOPS (runs {', '.join(f'{x:.0f}' for x in raw['randwrite']['all_iops'])}), "
+      f"seq write {W / 1e6:.0f} MB/s, seq read {R / 1e6:.0f} MB/s")
+print(f"{'test':<11}{'IOPS/pass':>28}{'WAF':>7}{'bound':>8}{'/bound':>8}{'/raw':>7}"
+      f"{'p50':>7}{'p99':>7}{'p99.9':>8}{'max':>8}  (write latency, ms)")
+for name, t in ftl.items():
+    b = bound(t["waf"])
+    t = dict(t)
+    t.pop("timeline", None); t.pop("monitor", None)
+    t["disk_bound_iops"] = b
+    t["ratio_to_bound"] = t["iops"] / b
+    t["ratio_to_raw_randwrite"] = t["iops"] / raw["randwrite"]["iops"]
+    res["tests"][name] = t
+    per = ", ".join(f"{p['iops'] / 1000:.1f}K" for p in t["passes"])
+    w = t["write_latency"]
+    print(f"{name:<11}{per:>28}{t['waf']:>7.3f}{b / 1000:>7.1f}K{t['ratio_to_bound']:>8.2f}{t['ratio_to_raw_randwrite']:>7.2f}"
+          f"{w['p50_ms']:>7.2f}{w['p99_ms']:>7.2f}{w['p999_ms']:>8.2f}{w['max_ms']:>8.1f}")
+    if t.get("read_latency"):
+        r = t["read_latency"]
+        print(f"{'':<11}reads while cleaning: p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} p99.9 {r['p999_ms']:.2f} max {r['max_ms']:.1f} ms "
+              f"({t['ops_per_second']:.0f} ops/s, after a write pass at {t['warmup']['iops']:.0f} IOPS)")
+u = res["tests"].get("steady")
+if u:
+    w = u["write_latency"]
+    print(f"targets: uniform 100% >= 0.7x bound: {u['ratio_to_bound']:.2f} {'yes' if u['ratio_to_bound'] >= 0.7 else 'NO'}; "
+          f"p99.9 <= 5 ms: {w['p999_ms']:.2f} {'yes' if w['p999_ms'] <= 5 else 'NO'}; "
+          f"max <= 20 ms: {w['max_ms']:.1f} {'yes' if w['max_ms'] <= 20 else 'NO'}")
+m = res["tests"].get("steadymix")
+if m and m.get("read_latency"):
+    r = m["read_latency"]["p999_ms"]
+    print(f"target: reads while cleaning p99.9 <= 5 ms: {r:.2f} {'yes' if r <= 5 else 'NO'}")
+doc = json.load(open(out)) if os.path.exists(out) else {}
+doc["steady"] = res
+json.dump(doc, open(out, "w"), indent=2)
+print(f"wrote the steady section of {out} and {plot}")
+PY
+}
+
+if [ "$ONLY" = steady ]; then
+    steady_part
+    exit 0
+fi
 
 echo "== $ROUNDS rounds on $IMG ($SIZE), $OPS ops per read/write test, $FLUSH_OPS write+flush" >&2
 fio --name=layout --filename="$IMG" --size="$SIZE" --bs=1M --rw=write --ioengine=io_uring --direct=1 \
@@ -139,6 +244,9 @@ ratio["randread_pairs"] = pair_ratios
 targets = {"randwrite": 1.5, "randread": 0.8, "writeflush": 0.7}
 ram = ftl["randwrite"]["map_ram_bytes_per_block"]
 res = {"ftl": ftl, "raw": raw, "ratio": ratio, "targets": targets, "map_ram_bytes_per_block": ram}
+import os
+if os.path.exists(out) and "steady" in json.load(open(out)):
+    res["steady"] = json.load(open(out))["steady"]
 json.dump(res, open(out, "w"), indent=2)
 print(f"{'test':<12}{'raw IOPS':>12}{'ftl IOPS':>12}{'ratio':>8}{'target':>8}  met")
 for t in ("randwrite", "randread", "writeflush"):
@@ -149,3 +257,7 @@ print(f"map RAM per mapped block: {ram:.2f} bytes (target <= 8)  {'yes' if ram <
 print(f"write+flush padding: {ftl['writeflush']['padding_bytes']} bytes over {ftl['writeflush']['flushes']} flushes")
 print(f"wrote {out}")
 PY
+
+if [ "$ONLY" = all ]; then
+    steady_part
+fi

@@ -74,7 +74,7 @@ MUTANTS = [
      """        if expect.is_some_and(|e| e != old) {""",
      """        if expect.is_some_and(|e| e != old) && false {""",
      [POWER, SHUTTLE]),
-    ("checkpoint-1", "checkpoint rule 1: open chunks sealed and written BEFORE the snapshot",
+    ("checkpoint-1", "checkpoint rule 1: open chunks sealed BEFORE the snapshot",
      "ftl/src/checkpoint.rs",
      """        for (sid, guard) in guards.iter_mut().enumerate() {""",
      """        for (sid, guard) in guards.iter_mut().enumerate().take(0) {""",

@@ -719,7 +719,11 @@ pub fn format_stats(v: &Value) -> String {
             if throttle == 0 {
                 "off".to_string()
             } else {
-                format!("{:.1} us per block", throttle as f64 / 1000.0)
+                format!(
+                    "writers paced at {:.0} blocks/s (cleaner's rate {:.0} blocks/s)",
+                    1e9 / throttle as f64,
+                    f("/cleaner/stats/clean_rate_blocks_per_s")
+                )
             },
         );
     } else {

@@ -28,4 +28,6 @@ pub enum Error {
     Ftl(#[from] ftl::Error),
     #[error("unknown cleaning policy {0:?} (greedy, cost-benefit, cost-hotness)")]
     UnknownPolicy(String),
+    #[error("cannot start a checkpoint thread: {0}")]
+    CheckpointThread(std::io::Error),
 }

@@ -1,16 +1,19 @@
 //! The cleaning thread: ties policies, triggers and slices to a live FTL.
 //!
-//! Each turn it (1) sets the writers' throttle from free space, (2) cleans in the
-//! foreground (greedy, back to back, yielding only between slices) while free segments are
-//! at or below the low watermark, (3) otherwise cleans in the background (cost-benefit or
-//! cost-hotness) when the device is idle and the interval `Ci` has elapsed, yielding as
-//! soon as foreground I/O shows up at the end of a slice, and (4) checkpoints when
-//! cleaned segments wait for one to become free or the FTL says one is due.
+//! Each turn it (1) sets the writers' throttle from free space (free segments plus the
+//! dead ones a checkpoint will free), (2) checkpoints when a batch of cleaned segments
+//! waits, free space is short, the device went idle with dead segments, or the FTL says
+//! one is due ([`checkpoint_needed`]), (3) cleans in the foreground (greedy, back to
+//! back, yielding only between slices) while free space is at or below the low
+//! watermark, (4) otherwise cleans in the background (cost-benefit or cost-hotness) when
+//! the device is idle and the interval `Ci` has elapsed, yielding as soon as foreground
+//! I/O shows up at the end of a slice.
 
 use crate::policy::Policy;
 use crate::slice::{Budget, Cleaner, CleanerStats, SliceEnd};
 use crate::trigger::{
-    background_interval, checkpoint_needed, foreground_needed, throttle_delay, CheckpointInputs,
+    background_interval, checkpoint_needed, dead_batch, foreground_needed, write_pace,
+    CheckpointInputs,
 };
 use ftl::{BlockDevice, Ftl, IndexStore};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,7 +37,8 @@ pub struct CleanerConfig {
     pub slice: Duration,
     /// Clean whole victims at once (the non-preemptive baseline).
     pub non_preemptive: bool,
-    /// Foreground cleaning at or below this many free segments (0: reserve + 2).
+    /// Foreground cleaning at or below this many free (or dead) segments (0: reserve + 2
+    /// + a checkpoint's batch of dead segments).
     pub low_watermark: usize,
     /// MinFree of the background interval formula (0: an eighth of the segments).
     pub min_free: usize,
@@ -44,8 +48,8 @@ pub struct CleanerConfig {
     pub idle_gap: Duration,
     /// Throttling starts at this many free segments (0: low watermark + 4).
     pub throttle_start: usize,
-    /// Per-block write delay when free space reaches the reserve.
-    pub max_write_delay: Duration,
+    /// Slowest pace the throttle sets (interval between two blocks of all writers).
+    pub max_write_pace: Duration,
     /// Background cleaning skips victims fuller than this.
     pub max_background_utilization: f64,
     /// Idle this long with dead segments waiting: checkpoint, so they are freed and
@@ -65,7 +69,7 @@ impl Default for CleanerConfig {
             min_interval: Duration::from_millis(20),
             idle_gap: Duration::from_millis(2),
             throttle_start: 0,
-            max_write_delay: Duration::from_micros(200),
+            max_write_pace: Duration::from_millis(1),
             max_background_utilization: 0.9,
             idle_checkpoint: Duration::from_secs(1),
         }
@@ -76,10 +80,15 @@ impl Default for CleanerConfig {
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct RunnerStats {
     pub cleaner: CleanerStats,
+    /// The writers' pace: nanoseconds between two blocks, all writers together (0: none).
     pub throttle_ns_per_block: u64,
+    /// The cleaner's measured net rate: free blocks produced per second of cleaning.
+    pub clean_rate_blocks_per_s: f64,
     pub foreground_slices: u64,
     pub background_slices: u64,
     pub checkpoints: u64,
+    /// Nanoseconds spent in checkpoints.
+    pub checkpoint_ns: u64,
     pub errors: u64,
 }
 
@@ -149,10 +158,15 @@ where
     let thread = std::thread::Builder::new()
         .name("ftl-cleaner".into())
         .spawn(move || {
-            let cleaner = Cleaner::new(ftl.clone()).with_gc_stream(gc_stream);
+            let mut cleaner = Cleaner::new(ftl.clone()).with_gc_stream(gc_stream);
+            // Without the prefetch thread the cleaner still works, only slower.
+            if let Err(e) = cleaner.start_helpers() {
+                *e2.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(format!("no cleaner helper threads: {e}"));
+            }
             run(ftl.clone(), cleaner, cfg, &s2, &st2, &e2);
             ftl.attach_cleaner(false);
-            ftl.set_write_delay(Duration::ZERO);
+            ftl.set_write_pace(Duration::ZERO);
         })?;
     Ok(CleanerHandle {
         stop,
@@ -162,7 +176,7 @@ where
     })
 }
 
-fn run<D: BlockDevice, I: IndexStore>(
+fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
     ftl: Arc<Ftl<D, I>>,
     mut cleaner: Cleaner<D, I>,
     cfg: CleanerConfig,
@@ -172,8 +186,12 @@ fn run<D: BlockDevice, I: IndexStore>(
 ) {
     let segs = ftl.geometry().segment_count as usize;
     let reserve = ftl.gc_reserve_segments();
+    let batch = dead_batch(segs);
+    // Dead segments count as free space here (a checkpoint frees a batch of them at
+    // once), so the watermarks leave room for a batch to gather above the reserve.
+    let urgent = reserve + 2;
     let low = if cfg.low_watermark == 0 {
-        reserve + 2
+        urgent + batch
     } else {
         cfg.low_watermark
     };
@@ -197,10 +215,27 @@ fn run<D: BlockDevice, I: IndexStore>(
     let mut last_ops = ftl.foreground_ops();
     let mut last_activity = Instant::now();
     let mut last_checkpoint = Instant::now();
+    let mut rate = CleanRate::new(&cleaner.stats);
+    let mut checkpointer: Option<JoinHandle<CheckpointRun>> = None;
     while !stop.load(Ordering::SeqCst) {
+        if checkpointer.as_ref().is_some_and(|h| h.is_finished()) {
+            if let Some(h) = checkpointer.take() {
+                finish_checkpoint(h, stats, last_error);
+            }
+        }
         let free = ftl.free_segments();
-        let delay = throttle_delay(free, reserve, throttle_start, cfg.max_write_delay);
-        ftl.set_write_delay(delay);
+        let dead = ftl.dead_segments();
+        // What writers will have once the dead segments' checkpoint is durable.
+        let avail = free + dead;
+        let delay = write_pace(
+            avail,
+            reserve,
+            throttle_start,
+            rate.blocks_per_s,
+            cfg.max_write_pace,
+            ASSUMED_WRITERS,
+        );
+        ftl.set_write_pace(delay);
         let ops = ftl.foreground_ops();
         if ops != last_ops {
             last_ops = ops;
@@ -210,19 +245,29 @@ fn run<D: BlockDevice, I: IndexStore>(
             // Cleaned segments become free only through a durable checkpoint.
             let now = CheckpointInputs {
                 free,
-                dead: ftl.dead_segments(),
-                throttle_start,
+                dead,
+                urgent,
+                batch,
                 due: ftl.checkpoint_due(),
                 idle_for: last_activity.elapsed(),
                 since_last: last_checkpoint.elapsed(),
             };
-            if checkpoint_needed(now, cfg.idle_checkpoint) {
+            // On its own thread: cleaning goes on during its device sync and index
+            // commit (half of the cleaner's time when it checkpointed in line).
+            if checkpointer.is_none() && checkpoint_needed(now, cfg.idle_checkpoint) {
                 last_checkpoint = Instant::now();
-                ftl.checkpoint()?;
-                stats.lock().unwrap_or_else(|p| p.into_inner()).checkpoints += 1;
-                return Ok(true);
+                let f = ftl.clone();
+                checkpointer = Some(
+                    std::thread::Builder::new()
+                        .name("ftl-checkpoint".into())
+                        .spawn(move || {
+                            let t = Instant::now();
+                            (f.checkpoint().map(|_| ()), t.elapsed())
+                        })
+                        .map_err(crate::Error::CheckpointThread)?,
+                );
             }
-            if foreground_needed(free, low) {
+            if foreground_needed(avail, low) {
                 let end = cleaner.run_slice(cfg.foreground_policy, budget, &|| true)?;
                 stats
                     .lock()
@@ -256,6 +301,7 @@ fn run<D: BlockDevice, I: IndexStore>(
             }
             Ok(false)
         };
+        let began = Instant::now();
         let worked = match turn() {
             Ok(w) => w,
             Err(e) => {
@@ -265,8 +311,13 @@ fn run<D: BlockDevice, I: IndexStore>(
                 false
             }
         };
+        if worked {
+            rate.busy += began.elapsed();
+        }
+        rate.update(&cleaner.stats, bps);
         {
             let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
+            s.clean_rate_blocks_per_s = rate.blocks_per_s;
             s.cleaner = cleaner.stats;
             s.throttle_ns_per_block = delay.as_nanos() as u64;
         }
@@ -276,10 +327,87 @@ fn run<D: BlockDevice, I: IndexStore>(
                     .min(Duration::from_millis(1))
                     .max(Duration::from_micros(200)),
             );
-        } else if !foreground_needed(ftl.free_segments(), low) {
+        } else if !foreground_needed(ftl.free_segments() + ftl.dead_segments(), low) {
             // Quasi-preemption between slices: give foreground requests the device.
             std::thread::yield_now();
         }
+    }
+    if let Some(h) = checkpointer {
+        finish_checkpoint(h, stats, last_error);
+    }
+}
+
+/// Writers assumed for the throttle's fallback before the cleaning rate is measured.
+const ASSUMED_WRITERS: u32 = 32;
+
+/// The cleaner's net rate (free blocks produced per second spent cleaning and
+/// checkpointing), an exponential average over windows of [`CleanRate::WINDOW`] with
+/// enough work in them to tell.
+struct CleanRate {
+    blocks_per_s: f64,
+    since: Instant,
+    busy: Duration,
+    segments: u64,
+    copied: u64,
+}
+
+impl CleanRate {
+    const WINDOW: Duration = Duration::from_millis(100);
+    const MIN_BUSY: Duration = Duration::from_millis(20);
+
+    fn new(s: &CleanerStats) -> Self {
+        CleanRate {
+            blocks_per_s: 0.0,
+            since: Instant::now(),
+            busy: Duration::ZERO,
+            segments: s.segments_cleaned,
+            copied: s.blocks_copied,
+        }
+    }
+
+    fn update(&mut self, s: &CleanerStats, blocks_per_segment: f64) {
+        if self.since.elapsed() < Self::WINDOW {
+            return;
+        }
+        if self.busy >= Self::MIN_BUSY {
+            let freed = (s.segments_cleaned - self.segments) as f64 * blocks_per_segment;
+            let net = freed - (s.blocks_copied - self.copied) as f64;
+            let sample = net / self.busy.as_secs_f64();
+            if sample > 0.0 {
+                self.blocks_per_s = if self.blocks_per_s == 0.0 {
+                    sample
+                } else {
+                    0.7 * self.blocks_per_s + 0.3 * sample
+                };
+            }
+        }
+        *self = CleanRate {
+            blocks_per_s: self.blocks_per_s,
+            ..CleanRate::new(s)
+        };
+    }
+}
+
+/// What a checkpoint thread returns: its outcome and how long it took.
+type CheckpointRun = (ftl::Result<()>, Duration);
+
+fn finish_checkpoint(
+    h: JoinHandle<CheckpointRun>,
+    stats: &Mutex<RunnerStats>,
+    last_error: &Mutex<Option<String>>,
+) {
+    let failed = match h.join() {
+        Ok((r, took)) => {
+            let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
+            s.checkpoints += 1;
+            s.checkpoint_ns += took.as_nanos() as u64;
+            r.err().map(|e| format!("checkpoint: {e}"))
+        }
+        Err(_) => Some("the checkpoint thread panicked".to_string()),
+    };
+    if let Some(e) = failed {
+        stats.lock().unwrap_or_else(|p| p.into_inner()).errors += 1;
+        *last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
     }
 }
 

@@ -17,6 +17,35 @@ pub fn foreground_needed(free: usize, low_watermark: usize) -> bool {
     free <= low_watermark
 }
 
+/// The writers' pace (interval between two blocks, all writers together) from the
+/// cleaner's measured net rate (`clean_rate`: free blocks it produces per second of
+/// cleaning, copies subtracted) and the free space (`avail` segments, dead ones
+/// included): none at or above `start`; below it writers may go at `clean_rate` times a
+/// factor that falls linearly from 1.5 at `start` to 0.5 at the `reserve`, so free space
+/// settles where the factor is 1, between the two, and writers are spread evenly at the
+/// rate the cleaner sustains instead of stalling when space runs out. Never slower than
+/// one block per `max_pace`. With no measurement yet (`clean_rate` 0), falls back to
+/// [`throttle_delay`] spread over `writers`.
+pub fn write_pace(
+    avail: usize,
+    reserve: usize,
+    start: usize,
+    clean_rate: f64,
+    max_pace: Duration,
+    writers: u32,
+) -> Duration {
+    if avail >= start || start <= reserve {
+        return Duration::ZERO;
+    }
+    if clean_rate <= 0.0 {
+        return throttle_delay(avail, reserve, start, max_pace) / writers.max(1);
+    }
+    let span = (start - reserve) as f64;
+    let factor = 0.5 + (avail.max(reserve) - reserve) as f64 / span;
+    let pace = Duration::from_secs_f64(1.0 / (clean_rate * factor));
+    pace.min(max_pace)
+}
+
 /// Proportional write throttle (as pblk and SPDK do): no delay while free segments are
 /// above `start`; then a delay growing linearly as free space falls towards the
 /// `reserve`, reaching `max_delay` at it. Writers slow down smoothly; they never stop.
@@ -36,8 +65,10 @@ pub struct CheckpointInputs {
     pub free: usize,
     /// Closed segments without live blocks (free once a checkpoint is durable).
     pub dead: usize,
-    /// Free segments at which the throttle starts.
-    pub throttle_start: usize,
+    /// Free segments at or below which any dead segment is worth a checkpoint at once.
+    pub urgent: usize,
+    /// Dead segments worth a checkpoint whatever the free space.
+    pub batch: usize,
     /// The FTL's own rule (blocks appended since the last checkpoint) says one is due.
     pub due: bool,
     /// How long no foreground request arrived.
@@ -46,15 +77,24 @@ pub struct CheckpointInputs {
     pub since_last: Duration,
 }
 
-/// Whether to checkpoint now: when the FTL says one is due; when dead segments wait and
-/// writers are short of space (at the throttle's start); and when dead segments wait on
-/// an idle device, `idle` after the last request and at most once per `idle`, so space
-/// a TRIM or `fstrim` freed goes back to the backing (discarded) within seconds instead
-/// of when space runs short.
+/// Whether to checkpoint now: when the FTL says one is due; when a batch of dead
+/// segments waits (a checkpoint costs a device sync, an index commit and a padded chunk
+/// per open stream, so freeing one segment at a time cost the cleaner more than it
+/// cleaned: 5 ms per 1 MiB segment); when any dead segment waits and free space is down
+/// to `urgent`; and when dead segments wait on an idle device, `idle` after the last
+/// request and at most once per `idle`, so space a TRIM or `fstrim` freed goes back to
+/// the backing (discarded) within seconds instead of when space runs short.
 pub fn checkpoint_needed(i: CheckpointInputs, idle: Duration) -> bool {
     i.due
-        || (i.dead > 0 && i.free <= i.throttle_start)
+        || (i.dead > 0 && i.dead >= i.batch)
+        || (i.dead > 0 && i.free <= i.urgent)
         || (i.dead > 0 && i.idle_for >= idle && i.since_last >= idle)
+}
+
+/// Dead segments freed together by one checkpoint on a device of `segments` segments:
+/// a sixty-fourth of them, at least one (the FTL's own `checkpoint_due` uses the same).
+pub fn dead_batch(segments: usize) -> usize {
+    (segments / 64).max(1)
 }
 
 #[cfg(test)]
@@ -67,13 +107,23 @@ mod tests {
         let busy = CheckpointInputs {
             free: 50,
             dead: 3,
-            throttle_start: 10,
+            urgent: 10,
+            batch: 8,
             due: false,
             idle_for: Duration::from_millis(10),
             since_last: Duration::from_secs(30),
         };
         assert!(!checkpoint_needed(busy, s), "plenty of space, busy device");
         assert!(checkpoint_needed(CheckpointInputs { free: 10, ..busy }, s));
+        assert!(checkpoint_needed(CheckpointInputs { dead: 8, ..busy }, s));
+        assert!(!checkpoint_needed(
+            CheckpointInputs {
+                dead: 0,
+                batch: 0,
+                ..busy
+            },
+            s
+        ));
         assert!(checkpoint_needed(
             CheckpointInputs {
                 due: true,
@@ -118,6 +168,29 @@ mod tests {
         assert!(Duration::ZERO < a && a < b && b < max, "{a:?} {b:?}");
         assert_eq!(throttle_delay(2, 2, 10, max), max);
         assert_eq!(throttle_delay(0, 2, 10, max), max);
+    }
+
+    #[test]
+    fn the_pace_follows_the_cleaning_rate_and_free_space() {
+        let max = Duration::from_millis(1);
+        // Above the start: unpaced.
+        assert_eq!(write_pace(20, 2, 20, 10_000.0, max, 32), Duration::ZERO);
+        // Halfway: exactly the cleaner's rate (10k blocks/s: 100 us per block).
+        let mid = write_pace(11, 2, 20, 10_000.0, max, 32);
+        assert!((mid.as_secs_f64() - 1e-4).abs() < 1e-9, "{mid:?}");
+        // Less free space: slower; at the reserve, half the rate.
+        let low = write_pace(2, 2, 20, 10_000.0, max, 32);
+        assert!((low.as_secs_f64() - 2e-4).abs() < 1e-9, "{low:?}");
+        assert!(write_pace(5, 2, 20, 10_000.0, max, 32) > mid);
+        assert!(write_pace(18, 2, 20, 10_000.0, max, 32) < mid);
+        // A faster cleaner: a faster pace; never slower than max_pace.
+        assert!(write_pace(11, 2, 20, 40_000.0, max, 32) < mid);
+        assert_eq!(write_pace(2, 2, 20, 1.0, max, 32), max);
+        // No measurement yet: the proportional delay spread over the writers.
+        assert_eq!(
+            write_pace(2, 2, 20, 0.0, max, 4),
+            throttle_delay(2, 2, 20, max) / 4
+        );
     }
 
     #[test]

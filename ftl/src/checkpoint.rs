@@ -2,8 +2,9 @@
 //! the log written since.
 //!
 //! Crash-ordering rules of a checkpoint:
-//! 1. every stream's open chunk is sealed and written BEFORE the snapshot is taken, so
-//!    the snapshot only names blocks of chunks below `next_chunk_seq`;
+//! 1. every stream's open chunk is sealed BEFORE the snapshot is taken, so the snapshot
+//!    only names blocks of chunks below `next_chunk_seq`; they are written after the
+//!    stream locks are released, like any sealed chunk, and rule 3 waits for them;
 //! 2. the snapshot (dirty map pages, every segment record, the checkpoint header with the
 //!    next chain number) is taken with every stream lock held, so it is exactly the state
 //!    after chain number `next_chunk_seq - 1` and no append is half done;
@@ -25,8 +26,47 @@ use crate::engine::Ftl;
 use crate::error::Result;
 use crate::index::{IndexStore, Key, Op};
 use crate::records::{CheckpointRecord, MapPage};
-use crate::sync::{lock, MutexGuard};
+use crate::sync::{lock, AtomicU64, MutexGuard};
 use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// Nanoseconds checkpoints spent in each step since open, summed.
+#[derive(Default)]
+pub(crate) struct CheckpointTimes {
+    /// Waiting for the stream locks, sealing and taking the snapshot (writers wait).
+    pub(crate) snapshot: AtomicU64,
+    /// Writing the sealed chunks and syncing the log (rules 1 and 3).
+    pub(crate) sync: AtomicU64,
+    /// The index commit (rule 4).
+    pub(crate) commit: AtomicU64,
+    /// Discarding and releasing dead segments (rule 5).
+    pub(crate) release: AtomicU64,
+}
+
+/// A plain copy of [`CheckpointTimes`], for `stats`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CheckpointTimesNs {
+    pub snapshot_ns: u64,
+    pub sync_ns: u64,
+    pub commit_ns: u64,
+    pub release_ns: u64,
+}
+
+impl CheckpointTimes {
+    fn add(&self, at: &AtomicU64, since: &mut Instant) {
+        at.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        *since = Instant::now();
+    }
+
+    pub(crate) fn get(&self) -> CheckpointTimesNs {
+        CheckpointTimesNs {
+            snapshot_ns: self.snapshot.load(Ordering::Relaxed),
+            sync_ns: self.sync.load(Ordering::Relaxed),
+            commit_ns: self.commit.load(Ordering::Relaxed),
+            release_ns: self.release.load(Ordering::Relaxed),
+        }
+    }
+}
 
 /// What a checkpoint did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -41,12 +81,14 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     pub fn checkpoint(&self) -> Result<CheckpointReport> {
         let _one = lock(&self.checkpoint_lock);
         self.check_poison()?;
+        let times = &self.checkpoint_times;
+        let mut t = Instant::now();
         let mut guards: Vec<MutexGuard<'_, _>> = self.streams.iter().map(|s| lock(s)).collect();
-        // Rule 1.
+        // Rule 1: sealed under the locks; written once they are released (below).
+        let mut sealed = Vec::new();
         for (sid, guard) in guards.iter_mut().enumerate() {
             if let Some(c) = self.seal_open(sid as u8, guard)? {
-                self.write_chunk_io(&c)?;
-                self.retire(guard, c);
+                sealed.push(c);
             }
         }
         let next_chunk_seq = self.tracker.next_seq();
@@ -67,6 +109,15 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         };
         self.appended_since_checkpoint.store(0, Ordering::Relaxed);
         drop(guards);
+        times.add(&times.snapshot, &mut t);
+        // Writing them under the locks held every writer for up to one chunk write per
+        // stream. Rule 3 below waits for them (and any other chunk below the snapshot).
+        if let Err(e) = self.write_chunks(sealed) {
+            for p in dirty {
+                self.map.mark_dirty(p);
+            }
+            return Err(e);
+        }
 
         let mut ops = Vec::with_capacity(pages.len() + seg_records.len() + 1);
         for (p, entries) in &pages {
@@ -88,15 +139,17 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         }
         ops.push(Op::Put(Key::checkpoint(), header.encode()));
         // Rule 3, then rule 4; on failure the pages stay dirty for the next checkpoint.
-        let committed = self
-            .flush_upto(next_chunk_seq)
-            .and_then(|()| self.index.commit(ops));
+        let committed = self.flush_upto(next_chunk_seq).and_then(|()| {
+            times.add(&times.sync, &mut t);
+            self.index.commit(ops)
+        });
         if let Err(e) = committed {
             for p in dirty {
                 self.map.mark_dirty(p);
             }
             return Err(e);
         }
+        times.add(&times.commit, &mut t);
         // Rule 5: each dead segment is discarded BEFORE it goes back on the free list
         // (the checkpoint lock keeps any other checkpoint from recording it meanwhile).
         for &s in &dead {
@@ -112,6 +165,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             self.segs.release(&[s]);
             self.space.notify();
         }
+        times.add(&times.release, &mut t);
         self.checkpoints.fetch_add(1, Ordering::Relaxed);
         Ok(CheckpointReport {
             pages_written: pages.len(),

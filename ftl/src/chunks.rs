@@ -43,6 +43,8 @@ pub struct SegmentChunks<'a, D: BlockDevice> {
     off: u32,
     last: Option<LogPosition>,
     buf: AlignedBuf,
+    /// The segment's first blocks, already read (summaries in it are not read again).
+    preloaded: &'a [u8],
     done: bool,
 }
 
@@ -59,8 +61,16 @@ impl<'a, D: BlockDevice> SegmentChunks<'a, D> {
             off: 0,
             last: None,
             buf: AlignedBuf::new(BLOCK_SIZE),
+            preloaded: &[],
             done: false,
         }
+    }
+
+    /// Takes the summaries within `window` (the segment's first `window.len()` bytes, as
+    /// on the device) from it instead of reading them.
+    pub fn preloaded(mut self, window: &'a [u8]) -> Self {
+        self.preloaded = window;
+        self
     }
 }
 
@@ -73,11 +83,18 @@ impl<D: BlockDevice> Iterator for SegmentChunks<'_, D> {
             return None;
         }
         let at = (self.geo.segment_start(self.seg) + self.off as u64) * BLOCK_SIZE as u64;
-        if let Err(e) = self.dev.read_at(at, &mut self.buf) {
-            self.done = true;
-            return Some(Err(Error::io("summary read", at, e)));
-        }
-        let s = ChunkSummary::decode(&self.buf).ok().flatten();
+        let within = self.off as usize * BLOCK_SIZE;
+        let block = match self.preloaded.get(within..within + BLOCK_SIZE) {
+            Some(b) => b,
+            None => {
+                if let Err(e) = self.dev.read_at(at, &mut self.buf) {
+                    self.done = true;
+                    return Some(Err(Error::io("summary read", at, e)));
+                }
+                &self.buf[..]
+            }
+        };
+        let s = ChunkSummary::decode(block).ok().flatten();
         let pos = s.as_ref().map(|s| (s.epoch, s.chunk_seq));
         let next = match (s, pos) {
             (Some(s), Some(pos))

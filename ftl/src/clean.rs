@@ -6,7 +6,8 @@
 //! - [`Ftl::relocate`] (in `engine.rs`): compare-and-swap move into [`GC_STREAM`];
 //! - free-space signalling: writers that find no free segment wait (bounded by
 //!   `Config::space_wait`) while a cleaner is attached, instead of failing at once;
-//! - [`Ftl::set_write_delay`]: the per-block delay the cleaner's throttle asks writers for;
+//! - [`Ftl::set_write_pace`]: the pace the cleaner's throttle sets for all writers
+//!   together (one block per interval, admitted in arrival order);
 //! - [`Ftl::close_stream`]: gives up a stream's open segment, so the free space left in it
 //!   (an idle stream's, otherwise held until the stream fills it) can be cleaned back.
 //!
@@ -14,7 +15,7 @@
 //! so a user write landing on a victim's block meanwhile is never lost.
 
 use crate::chunks::SegmentChunks;
-use crate::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
+use crate::device::{BlockDevice, BLOCK_SIZE};
 use crate::engine::Ftl;
 use crate::error::{Error, Result};
 use crate::index::IndexStore;
@@ -27,6 +28,27 @@ use std::time::{Duration, Instant};
 
 pub use crate::engine::GC_STREAM;
 
+/// Dead blocks a victim read spans rather than splitting into two reads.
+pub const READ_GAP_BLOCKS: u64 = 16;
+/// Largest single read of a victim's live blocks.
+pub const MAX_READ_BYTES: u64 = 1 << 20;
+
+/// Ranges `(first, count)` that read every block of `pbas` (sorted, distinct), joining
+/// blocks at most [`READ_GAP_BLOCKS`] apart into ranges of at most [`MAX_READ_BYTES`].
+pub(crate) fn coalesce(pbas: &[u64]) -> Vec<(u64, u64)> {
+    let max = MAX_READ_BYTES / BLOCK_SIZE as u64;
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &p in pbas {
+        match out.last_mut() {
+            Some((first, count)) if p < *first + *count + READ_GAP_BLOCKS && p - *first < max => {
+                *count = p - *first + 1;
+            }
+            _ => out.push((p, 1)),
+        }
+    }
+    out
+}
+
 /// A block the cleaner must move.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LiveBlock {
@@ -34,19 +56,70 @@ pub struct LiveBlock {
     pub entry: MapEntry,
 }
 
+/// Unused pacing time a writer may draw on: a pause of the writers does not buy a
+/// burst longer than this.
+const PACE_SLACK_NS: u64 = 1_000_000;
+
 /// Writers waiting for free segments, and the cleaner's signals to them.
-#[derive(Default)]
 pub struct SpaceWaiters {
     generation: Mutex<u64>,
     cv: Condvar,
     cleaner_attached: AtomicBool,
-    /// Nanoseconds each written block waits (the throttle).
-    write_delay_ns: AtomicU64,
+    /// The throttle: nanoseconds between two blocks admitted, over all writers (0: none).
+    pace_ns: AtomicU64,
+    /// When (nanoseconds after `clock`) the next block may go.
+    next_slot_ns: AtomicU64,
+    clock: Instant,
     /// Foreground requests started (the cleaner compares it across a slice).
     pub(crate) foreground_ops: AtomicU64,
+    /// Nanoseconds writers spent in the throttle, and waiting for free segments.
+    pub(crate) throttled_ns: AtomicU64,
+    pub(crate) space_wait_ns: AtomicU64,
+}
+
+impl Default for SpaceWaiters {
+    fn default() -> Self {
+        SpaceWaiters {
+            generation: Mutex::new(0),
+            cv: Condvar::new(),
+            cleaner_attached: AtomicBool::new(false),
+            pace_ns: AtomicU64::new(0),
+            next_slot_ns: AtomicU64::new(0),
+            clock: Instant::now(),
+            foreground_ops: AtomicU64::new(0),
+            throttled_ns: AtomicU64::new(0),
+            space_wait_ns: AtomicU64::new(0),
+        }
+    }
 }
 
 impl SpaceWaiters {
+    /// Reserves `blocks` slots of the pace; returns how long the caller must wait for
+    /// them (zero when unpaced or the schedule is behind). The slots are handed out in
+    /// arrival order with a compare-and-swap on the next free slot, so writers are
+    /// spread evenly at the pace instead of each sleeping a fixed delay.
+    fn reserve_slots(&self, blocks: u64) -> Duration {
+        let pace = self.pace_ns.load(Ordering::Relaxed);
+        if pace == 0 {
+            return Duration::ZERO;
+        }
+        let cost = pace.saturating_mul(blocks);
+        let now = self.clock.elapsed().as_nanos() as u64;
+        let mut cur = self.next_slot_ns.load(Ordering::Relaxed);
+        loop {
+            let start = cur.max(now.saturating_sub(PACE_SLACK_NS));
+            match self.next_slot_ns.compare_exchange_weak(
+                cur,
+                start.saturating_add(cost),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Duration::from_nanos(start.saturating_sub(now)),
+                Err(c) => cur = c,
+            }
+        }
+    }
+
     /// Wakes writers: segments were freed.
     pub fn notify(&self) {
         let mut g = lock(&self.generation);
@@ -65,23 +138,40 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.space.notify();
     }
 
-    /// Sets the throttle: every written block first waits this long.
-    pub fn set_write_delay(&self, delay: Duration) {
-        self.space.write_delay_ns.store(
-            delay.as_nanos().min(u64::MAX as u128) as u64,
+    pub(crate) fn cleaner_attached(&self) -> bool {
+        self.space.cleaner_attached.load(Ordering::SeqCst)
+    }
+
+    /// Sets the throttle: writers together are admitted one block per `interval`
+    /// (zero: no throttle). The cleaner sets it from its measured cleaning rate.
+    pub fn set_write_pace(&self, interval: Duration) {
+        self.space.pace_ns.store(
+            interval.as_nanos().min(u64::MAX as u128) as u64,
             Ordering::Relaxed,
         );
     }
 
-    /// Current throttle delay per block.
-    pub fn write_delay(&self) -> Duration {
-        Duration::from_nanos(self.space.write_delay_ns.load(Ordering::Relaxed))
+    /// Nanoseconds writers have spent in the throttle and waiting for free segments
+    /// since open.
+    pub fn flow_wait_ns(&self) -> (u64, u64) {
+        (
+            self.space.throttled_ns.load(Ordering::Relaxed),
+            self.space.space_wait_ns.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Current throttle: the interval between two blocks admitted (zero: none).
+    pub fn write_pace(&self) -> Duration {
+        Duration::from_nanos(self.space.pace_ns.load(Ordering::Relaxed))
     }
 
     pub(crate) fn throttle(&self, blocks: u64) {
-        let ns = self.space.write_delay_ns.load(Ordering::Relaxed);
-        if ns > 0 {
-            crate::sync::sleep(Duration::from_nanos(ns.saturating_mul(blocks)));
+        let d = self.space.reserve_slots(blocks);
+        if !d.is_zero() {
+            crate::sync::sleep(d);
+            self.space
+                .throttled_ns
+                .fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
         }
     }
 
@@ -91,16 +181,25 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         if !self.space.cleaner_attached.load(Ordering::SeqCst) {
             return Ok(false);
         }
-        let deadline = Instant::now() + self.cfg.space_wait;
+        let began = Instant::now();
+        let deadline = began + self.cfg.space_wait;
         let mut g = lock(&self.space.generation);
         let start = *g;
+        let waited = || {
+            self.space
+                .space_wait_ns
+                .fetch_add(began.elapsed().as_nanos() as u64, Ordering::Relaxed)
+        };
         while *g == start {
             let now = Instant::now();
             if now >= deadline {
+                waited();
                 return Ok(false);
             }
             g = wait_timeout(&self.space.cv, g, deadline - now);
         }
+        drop(g);
+        waited();
         self.check_poison()?;
         Ok(true)
     }
@@ -166,6 +265,12 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
 
     /// Live blocks of closed segment `seg`, sorted by LBA.
     pub fn live_blocks(&self, seg: u32) -> Result<Vec<LiveBlock>> {
+        self.live_blocks_in(seg, &[])
+    }
+
+    /// [`Ftl::live_blocks`], taking the chunk summaries within `preloaded` (the segment's
+    /// first bytes, read with [`Ftl::read_window`]) from it.
+    pub fn live_blocks_in(&self, seg: u32, preloaded: &[u8]) -> Result<Vec<LiveBlock>> {
         if seg == 0
             || seg >= self.geo.segment_count
             || self.segs.state(seg) != Some(SegState::Closed)
@@ -177,7 +282,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         let start = self.geo.segment_start(seg);
         let below = (self.epoch, self.tracker.next_seq());
         let mut out = Vec::new();
-        for chunk in SegmentChunks::new(&self.dev, self.geo, seg, self.format_id(), below) {
+        let walk = SegmentChunks::new(&self.dev, self.geo, seg, self.format_id(), below);
+        for chunk in walk.preloaded(preloaded) {
             let (off, s) = chunk?;
             let mut k = 0u64;
             for e in &s.entries {
@@ -211,31 +317,66 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.verify_block(b.lba, b.entry, buf)
     }
 
-    /// Reads several live blocks at once (one block of `bufs` each) and verifies each;
-    /// `false` for a block whose map entry moved on meanwhile (nothing to relocate).
-    pub fn read_live_batch(
+    /// Reads `buf.len()` bytes of the log from block `start` (a victim's window, whole:
+    /// summaries and data), in reads of [`MAX_READ_BYTES`] all in flight at once.
+    pub fn read_window(&self, start: u64, buf: &mut [u8]) -> Result<()> {
+        let at = start * BLOCK_SIZE as u64;
+        let mut reqs: Vec<(u64, &mut [u8])> = buf
+            .chunks_mut(MAX_READ_BYTES as usize)
+            .enumerate()
+            .map(|(i, b)| (at + i as u64 * MAX_READ_BYTES, b))
+            .collect();
+        self.dev
+            .read_many(&mut reqs)
+            .map_err(|e| Error::io("cleaner read", at, e))
+    }
+
+    /// Reads the live `blocks` of one window of a victim into `buf`, which holds the
+    /// window: block `pba` lands at `(pba - window_start) * BLOCK_SIZE`. Neighbouring
+    /// live blocks are read together, across gaps of up to [`READ_GAP_BLOCKS`] dead ones
+    /// and up to [`MAX_READ_BYTES`] a read, all reads in flight at once: a victim's live
+    /// blocks are mostly runs, and one large read costs the device about what one small
+    /// one does. Nothing is verified here: [`Ftl::relocate`] checks each block's crc32c
+    /// against the entry it moves.
+    pub fn read_live_window(
         &self,
+        window_start: u64,
         blocks: &[LiveBlock],
-        bufs: &mut [AlignedBuf],
-    ) -> Result<Vec<bool>> {
-        let mut reqs: Vec<(u64, &mut [u8])> = Vec::with_capacity(blocks.len());
-        let mut idx = Vec::with_capacity(blocks.len());
-        for (i, (b, buf)) in blocks.iter().zip(bufs.iter_mut()).enumerate() {
-            if let Some(pba) = b.entry.pba() {
-                reqs.push((pba as u64 * BLOCK_SIZE as u64, &mut buf[..BLOCK_SIZE]));
-                idx.push(i);
-            }
+        buf: &mut [u8],
+    ) -> Result<()> {
+        let window_blocks = (buf.len() / BLOCK_SIZE) as u64;
+        let mut pbas: Vec<u64> = blocks
+            .iter()
+            .filter_map(|b| b.entry.pba())
+            .map(u64::from)
+            .collect();
+        if let Some(&p) = pbas
+            .iter()
+            .find(|&&p| p < window_start || p >= window_start + window_blocks)
+        {
+            return Err(Error::InvalidParameters(format!(
+                "block {p} is outside the window of {window_blocks} blocks at {window_start}"
+            )));
+        }
+        pbas.sort_unstable();
+        pbas.dedup();
+        let ranges = coalesce(&pbas);
+        // Disjoint, increasing ranges: cut `buf` into one slice per range.
+        let mut reqs: Vec<(u64, &mut [u8])> = Vec::with_capacity(ranges.len());
+        let mut rest = buf;
+        let mut at = window_start;
+        for (first, count) in ranges {
+            let skip = (first - at) as usize * BLOCK_SIZE;
+            let (_, tail) = rest.split_at_mut(skip);
+            let (piece, tail) = tail.split_at_mut(count as usize * BLOCK_SIZE);
+            reqs.push((first * BLOCK_SIZE as u64, piece));
+            rest = tail;
+            at = first + count;
         }
         let first = reqs.first().map_or(0, |r| r.0);
         self.dev
             .read_many(&mut reqs)
-            .map_err(|e| Error::io("cleaner read", first, e))?;
-        drop(reqs);
-        let mut ok = vec![false; blocks.len()];
-        for i in idx {
-            ok[i] = self.verify_block(blocks[i].lba, blocks[i].entry, &bufs[i])?;
-        }
-        Ok(ok)
+            .map_err(|e| Error::io("cleaner read", first, e))
     }
 
     /// Closed segments without live blocks, waiting for a checkpoint to become free.
@@ -249,5 +390,31 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             .valid
             .get(seg as usize)
             .map_or(0, |v| v.load(Ordering::SeqCst))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn live_blocks_are_read_in_few_large_ranges() {
+        assert_eq!(coalesce(&[]), vec![]);
+        assert_eq!(coalesce(&[5]), vec![(5, 1)]);
+        // A gap of up to READ_GAP_BLOCKS dead blocks is read over; a longer one splits.
+        let g = READ_GAP_BLOCKS;
+        assert_eq!(coalesce(&[1, 2, 3, 3 + g]), vec![(1, 3 + g)]);
+        assert_eq!(coalesce(&[1, 2, 3, 4 + g]), vec![(1, 3), (4 + g, 1)]);
+        // No range is longer than MAX_READ_BYTES.
+        let max = MAX_READ_BYTES / BLOCK_SIZE as u64;
+        let all: Vec<u64> = (0..3 * max).collect();
+        let r = coalesce(&all);
+        assert_eq!(r, vec![(0, max), (max, max), (2 * max, max)]);
+        // Every block is covered.
+        let sparse: Vec<u64> = (0..1000).filter(|x| x % 7 < 3 || x % 100 == 50).collect();
+        let r = coalesce(&sparse);
+        for p in sparse {
+            assert!(r.iter().any(|&(f, c)| f <= p && p < f + c), "{p}");
+        }
     }
 }

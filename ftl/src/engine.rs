@@ -46,6 +46,56 @@ pub const TRIM_STREAM: StreamId = StreamId(0);
 /// other streams fall back to it when only one free segment is left.
 pub const GC_STREAM: StreamId = StreamId(7);
 
+/// Chunks sealed by [`Ftl::relocate_deferred`] whose device writes are the caller's to
+/// issue, with [`Ftl::write_pending`]. Dropped unwritten (a panic on the way), it keeps
+/// engine rule 5: the FTL is poisoned, then the chunk numbers are completed, so no FLUSH
+/// or checkpoint waits for them forever.
+#[derive(Default)]
+pub struct PendingChunks {
+    chunks: Vec<Arc<SealedChunk>>,
+    owner: Option<(Arc<ChunkTracker>, Arc<Mutex<Option<String>>>)>,
+}
+
+impl PendingChunks {
+    /// No chunk to write.
+    pub fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    fn extend(
+        &mut self,
+        out: Vec<Arc<SealedChunk>>,
+        tracker: &Arc<ChunkTracker>,
+        poison: &Arc<Mutex<Option<String>>>,
+    ) {
+        if !out.is_empty() && self.owner.is_none() {
+            self.owner = Some((tracker.clone(), poison.clone()));
+        }
+        self.chunks.extend(out);
+    }
+
+    fn take(&mut self) -> Vec<Arc<SealedChunk>> {
+        std::mem::take(&mut self.chunks)
+    }
+}
+
+impl Drop for PendingChunks {
+    fn drop(&mut self) {
+        if self.chunks.is_empty() {
+            return;
+        }
+        if let Some((tracker, poison)) = &self.owner {
+            poison_with(
+                poison,
+                format!("{} sealed chunks were dropped unwritten", self.chunks.len()),
+            );
+            for c in &self.chunks {
+                tracker.complete(c.chunk_seq);
+            }
+        }
+    }
+}
+
 /// Number of LBA stripe locks.
 const STRIPES: usize = 4096;
 
@@ -140,7 +190,7 @@ pub struct Ftl<D: BlockDevice, I: IndexStore> {
     pub(crate) streams: Box<[Mutex<StreamLog>]>,
     stripes: Box<[Mutex<()>]>,
     pub(crate) entry_seq: AtomicU64,
-    pub(crate) tracker: ChunkTracker,
+    pub(crate) tracker: Arc<ChunkTracker>,
     /// Device syncs: everything below `done()` (a chunk number) is durable.
     pub(crate) sync: GroupCommit,
     pub(crate) epoch: u64,
@@ -148,11 +198,13 @@ pub struct Ftl<D: BlockDevice, I: IndexStore> {
     pub(crate) mapped: AtomicU64,
     pub(crate) appended_since_checkpoint: AtomicU64,
     pub(crate) checkpoints: AtomicU64,
+    /// Where checkpoints spent their time (see [`crate::checkpoint::CheckpointTimes`]).
+    pub(crate) checkpoint_times: crate::checkpoint::CheckpointTimes,
     /// Relocations sent to [`GC_STREAM`] because their stream needed the last free segment.
     diverted: AtomicU64,
     pub(crate) checkpoint_lock: Mutex<()>,
     pub(crate) staging: Arc<StagingArea>,
-    poison: Mutex<Option<String>>,
+    poison: Arc<Mutex<Option<String>>>,
     /// FLUSHes: every entry below `done()` (an entry sequence) is durable.
     flush_group: GroupCommit,
     pub(crate) space: crate::clean::SpaceWaiters,
@@ -241,7 +293,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             streams,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             entry_seq: AtomicU64::new(p.next_entry_seq),
-            tracker: ChunkTracker::new(p.next_chunk_seq),
+            tracker: Arc::new(ChunkTracker::new(p.next_chunk_seq)),
             sync: GroupCommit::new(p.next_chunk_seq),
             epoch: p.epoch,
             counters: LiveCounters::from(&p.counters),
@@ -249,9 +301,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             appended_since_checkpoint: AtomicU64::new(0),
             diverted: AtomicU64::new(0),
             checkpoints: AtomicU64::new(0),
+            checkpoint_times: Default::default(),
             checkpoint_lock: Mutex::new(()),
             staging: p.staging,
-            poison: Mutex::new(None),
+            poison: Arc::new(Mutex::new(None)),
             space: crate::clean::SpaceWaiters::default(),
             flush_group: GroupCommit::new(p.next_entry_seq),
         }
@@ -575,8 +628,21 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         items: u64,
         data: bool,
         relocation: bool,
+        mut defer: Option<&mut PendingChunks>,
         mut f: impl FnMut(&Self, &mut StreamLog, u64) -> Result<()>,
     ) -> Result<()> {
+        // Sealed chunks go to the device now, or (with `defer`) to the caller, who writes
+        // them with `write_pending`. Deferred chunks hold staging slots and are below any
+        // later FLUSH or checkpoint target: they are written here before this thread
+        // waits for a slot, for space or runs a checkpoint.
+        let emit = |out: Vec<Arc<SealedChunk>>, defer: &mut Option<&mut PendingChunks>| match defer
+        {
+            Some(d) => {
+                d.extend(out, &self.tracker, &self.poison);
+                Ok(())
+            }
+            None => self.write_chunks(out),
+        };
         let sid = stream.0;
         if sid as usize >= STREAMS {
             return Err(Error::InvalidParameters(format!(
@@ -604,20 +670,25 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                         }
                         Err(e) => {
                             drop(st);
-                            self.write_chunks(out)?;
+                            emit(out, &mut defer)?;
                             return Err(e);
                         }
                     }
                     if let Err(e) = f(self, &mut st, i) {
                         drop(st);
-                        self.write_chunks(out)?;
+                        emit(out, &mut defer)?;
                         return Err(e);
                     }
                     retried = false;
                     i += 1;
                 }
             }
-            self.write_chunks(out)?;
+            emit(out, &mut defer)?;
+            if need_buffer || need_space {
+                if let Some(d) = defer.as_deref_mut() {
+                    self.write_chunks(d.take())?;
+                }
+            }
             if need_buffer {
                 // Slots come back as chunk writes complete; none is waited for under a lock.
                 // After a failed chunk write they may never come back: stop then.
@@ -627,8 +698,14 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 continue;
             }
             if need_space {
-                // Dead segments come back only through a durable checkpoint.
-                if !retried && !self.segs.dead_closed().is_empty() {
+                // Dead segments come back only through a durable checkpoint. An attached
+                // cleaner runs those (off its thread, in batches); a writer waits for
+                // it rather than running one more behind it. Without a cleaner, or for
+                // the cleaner itself, the caller checkpoints.
+                if !retried
+                    && (relocation || !self.cleaner_attached())
+                    && !self.segs.dead_closed().is_empty()
+                {
                     self.checkpoint()?;
                     retried = true;
                     continue;
@@ -655,7 +732,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.check_poison()?;
         self.note_foreground();
         self.throttle(n);
-        self.append_loop(stream, n, true, false, |ftl, st, i| {
+        self.append_loop(stream, n, true, false, None, |ftl, st, i| {
             let block = &data[i as usize * BLOCK_SIZE..(i as usize + 1) * BLOCK_SIZE];
             let crc = crc32c::crc32c(block);
             ftl.append_block(st, lba + i, block, crc, None).map(|_| ())
@@ -673,13 +750,35 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Moves a block for the cleaner: appends `data` for `lba` in `stream` only if the map
     /// still holds `expected` (compare-and-swap). Returns whether it moved. Only
     /// relocations into [`GC_STREAM`] may open segments out of the cleaner's reserve; a
-    /// relocation whose own stream would need it goes to [`GC_STREAM`] instead.
+    /// relocation whose own stream would need it goes to [`GC_STREAM`] instead. Data that
+    /// does not match `expected`'s crc32c is not moved: skipped if the map moved on
+    /// meanwhile, an error if it still holds `expected`.
     pub fn relocate(
         &self,
         lba: u64,
         expected: MapEntry,
         data: &[u8],
         stream: StreamId,
+    ) -> Result<bool> {
+        let mut pending = PendingChunks::default();
+        let r = self.relocate_deferred(lba, expected, data, stream, &mut pending);
+        let w = self.write_pending(pending);
+        let moved = r?;
+        w?;
+        Ok(moved)
+    }
+
+    /// [`Ftl::relocate`], leaving the device writes of the chunks it seals to the caller
+    /// (in `pending`, for [`Ftl::write_pending`], e.g. on another thread while the
+    /// cleaner goes on). Until they are written they hold staging slots and every FLUSH
+    /// and checkpoint after them waits for them.
+    pub fn relocate_deferred(
+        &self,
+        lba: u64,
+        expected: MapEntry,
+        data: &[u8],
+        stream: StreamId,
+        pending: &mut PendingChunks,
     ) -> Result<bool> {
         if data.len() != BLOCK_SIZE {
             return Err(Error::Unaligned(format!(
@@ -691,22 +790,23 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.check_poison()?;
         let crc = crc32c::crc32c(data);
         if crc != expected.crc() {
-            return Err(Error::DataChecksum {
-                lba,
-                pba: expected.pba().unwrap_or(u32::MAX) as u64,
-            });
+            // Data that does not match an entry the map no longer holds: the block moved
+            // on (nothing to relocate); one the map still holds is corrupt.
+            if !self.verify_block(lba, expected, data)? {
+                return Ok(false);
+            }
         }
         let mut moved = false;
-        let mut append = |s: StreamId| {
-            self.append_loop(s, 1, true, true, |ftl, st, _| {
+        let mut append = |s: StreamId, pending: &mut PendingChunks| {
+            self.append_loop(s, 1, true, true, Some(pending), |ftl, st, _| {
                 moved = ftl.append_block(st, lba, data, crc, Some(expected))?;
                 Ok(())
             })
         };
-        match append(stream) {
+        match append(stream, pending) {
             Err(Error::NoSpace) if stream != GC_STREAM => {
                 self.diverted.fetch_add(1, Ordering::Relaxed);
-                append(GC_STREAM)?;
+                append(GC_STREAM, pending)?;
             }
             r => r?,
         }
@@ -720,13 +820,18 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         Ok(moved)
     }
 
+    /// Writes chunks a [`Ftl::relocate_deferred`] sealed, then retires them.
+    pub fn write_pending(&self, mut pending: PendingChunks) -> Result<()> {
+        self.write_chunks(pending.take())
+    }
+
     /// Unmaps `blocks` blocks from `lba` (TRIM, DISCARD, WRITE_ZEROES): they read as zeros.
     pub fn trim(&self, lba: u64, blocks: u64) -> Result<()> {
         self.check_range(lba, blocks)?;
         self.check_poison()?;
         self.note_foreground();
         let pieces = blocks.div_ceil(STRIPES as u64);
-        self.append_loop(TRIM_STREAM, pieces, false, false, |ftl, st, i| {
+        self.append_loop(TRIM_STREAM, pieces, false, false, None, |ftl, st, i| {
             let start = lba + i * STRIPES as u64;
             let count = (blocks - i * STRIPES as u64).min(STRIPES as u64);
             ftl.trim_piece(st, start, count as u32)

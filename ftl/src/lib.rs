@@ -65,7 +65,7 @@ pub mod tracker;
 
 pub use clean::LiveBlock;
 pub use device::BlockDevice;
-pub use engine::{BlockLocation, Config, Ftl, StreamId, GC_STREAM, TRIM_STREAM};
+pub use engine::{BlockLocation, Config, Ftl, PendingChunks, StreamId, GC_STREAM, TRIM_STREAM};
 pub use error::{Error, Result};
 pub use geometry::{FormatOptions, Geometry};
 pub use index::IndexStore;

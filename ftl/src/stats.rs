@@ -28,6 +28,13 @@ pub struct Stats {
     /// `map_ram_bytes` per exported block.
     pub map_ram_bytes_per_block: f64,
     pub index_bytes_on_disk: u64,
+    /// Nanoseconds writers spent in the cleaner's throttle since open (summed over
+    /// writers).
+    pub throttled_ns: u64,
+    /// Nanoseconds writers spent waiting for a free segment since open.
+    pub space_wait_ns: u64,
+    /// Where checkpoints spent their time since open.
+    pub checkpoint_times: crate::checkpoint::CheckpointTimesNs,
 }
 
 impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
@@ -56,6 +63,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             map_dirty_bitmap_bytes: self.map.dirty_ram_bytes(),
             map_ram_bytes_per_block: map_ram_bytes as f64 / self.geo.exported_blocks.max(1) as f64,
             index_bytes_on_disk: self.index.size_on_disk(),
+            throttled_ns: self.flow_wait_ns().0,
+            space_wait_ns: self.flow_wait_ns().1,
+            checkpoint_times: self.checkpoint_times.get(),
         }
     }
 

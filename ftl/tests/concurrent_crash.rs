@@ -254,7 +254,7 @@ fn space_report<D: BlockDevice, I: IndexStore>(
         pct(50),
         closed.last().copied().unwrap_or(0),
         open.join(" "),
-        f.write_delay(),
+        f.write_pace(),
         cleaner.stats(),
         cleaner.last_error()
     )

@@ -147,10 +147,13 @@ struct Monitor {
     t: f64,
     free_segments: usize,
     dead_segments: usize,
-    write_delay_us: f64,
+    write_pace_us: f64,
     user_blocks: u64,
     relocated_blocks: u64,
     checkpoints: u64,
+    /// Writer time spent in the throttle and waiting for free segments, cumulative ms.
+    throttled_ms: f64,
+    space_wait_ms: f64,
 }
 
 fn sample(ftl: &FileFtl, start: Instant) -> Monitor {
@@ -159,10 +162,12 @@ fn sample(ftl: &FileFtl, start: Instant) -> Monitor {
         t: start.elapsed().as_secs_f64(),
         free_segments: s.free_segments,
         dead_segments: s.dead_segments,
-        write_delay_us: ftl.write_delay().as_secs_f64() * 1e6,
+        write_pace_us: ftl.write_pace().as_secs_f64() * 1e6,
         user_blocks: s.counters.user_blocks_written,
         relocated_blocks: s.counters.relocated_blocks,
         checkpoints: s.checkpoints,
+        throttled_ms: s.throttled_ns as f64 / 1e6,
+        space_wait_ms: s.space_wait_ns as f64 / 1e6,
     }
 }
 
