@@ -403,6 +403,15 @@ pub fn run(spec: &Spec, run: &Run) -> Result<(serde_json::Value, Timeline), Stri
         }
         let (first, last) = (&p.bounds[0].1, &p.bounds[p.bounds.len() - 1].1);
         let cleaner = bg.cleaner.as_ref().map(|c| c.stats());
+        let fs = ftl.stats();
+        let ftl_stats = serde_json::json!({
+            "checkpoints": fs.checkpoints,
+            "checkpoint_times": fs.checkpoint_times,
+            "throttled_ns": fs.throttled_ns,
+            "space_wait_ns": fs.space_wait_ns,
+            "padding_bytes": fs.counters.padding_bytes,
+            "summary_blocks": fs.counters.summary_blocks,
+        });
         let json = serde_json::json!({
             "fill_pct": spec.fill_pct,
             "workload": spec.workload,
@@ -421,6 +430,7 @@ pub fn run(spec: &Spec, run: &Run) -> Result<(serde_json::Value, Timeline), Stri
             "read_latency": if spec.read_pct > 0 { latency_json(&p.reads) } else { serde_json::Value::Null },
             "passes": passes,
             "cleaner": cleaner,
+            "ftl": ftl_stats,
             "timeline": p.timeline,
             "monitor": p.monitor,
         });
