@@ -137,21 +137,26 @@ print(f"raw: randwrite {raw['randwrite']['iops']:.0f} IOPS (runs {', '.join(f'{x
 print(f"{'test':<11}{'IOPS/pass':>28}{'WAF':>7}{'bound':>8}{'/bound':>8}{'/raw':>7}"
       f"{'p50':>7}{'p99':>7}{'p99.9':>8}{'max':>8}  (write latency, ms)")
 for name, t in ftl.items():
-    b = bound(t["waf"])
     t = dict(t)
     t.pop("timeline", None); t.pop("monitor", None)
+    res["tests"][name] = t
+    if t.get("read_pct"):
+        continue
+    b = bound(t["waf"])
     t["disk_bound_iops"] = b
     t["ratio_to_bound"] = t["iops"] / b
     t["ratio_to_raw_randwrite"] = t["iops"] / raw["randwrite"]["iops"]
-    res["tests"][name] = t
-    per = ", ".join(f"{p['iops'] / 1000:.1f}K" for p in t["passes"])
     w = t["write_latency"]
+    if t.get("read_pct"):
+        r = t["read_latency"]
+        print(f"{name:<11}{t['read_pct']}% reads at 100% fill after a write pass at {t['warmup']['iops'] / 1000:.1f}K IOPS: "
+              f"{t['ops_per_second'] / 1000:.1f}K ops/s ({t['read_iops'] / 1000:.1f}K reads, {t['write_iops'] / 1000:.1f}K writes), WAF {t['waf']:.3f}")
+        print(f"{'':<11}writes: p50 {w['p50_ms']:.2f} p99 {w['p99_ms']:.2f} p99.9 {w['p999_ms']:.2f} max {w['max_ms']:.1f} ms; "
+              f"reads while cleaning: p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} p99.9 {r['p999_ms']:.2f} max {r['max_ms']:.1f} ms")
+        continue
+    per = ", ".join(f"{p['iops'] / 1000:.1f}K" for p in t["passes"])
     print(f"{name:<11}{per:>28}{t['waf']:>7.3f}{b / 1000:>7.1f}K{t['ratio_to_bound']:>8.2f}{t['ratio_to_raw_randwrite']:>7.2f}"
           f"{w['p50_ms']:>7.2f}{w['p99_ms']:>7.2f}{w['p999_ms']:>8.2f}{w['max_ms']:>8.1f}")
-    if t.get("read_latency"):
-        r = t["read_latency"]
-        print(f"{'':<11}reads while cleaning: p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} p99.9 {r['p999_ms']:.2f} max {r['max_ms']:.1f} ms "
-              f"({t['ops_per_second']:.0f} ops/s, after a write pass at {t['warmup']['iops']:.0f} IOPS)")
 u = res["tests"].get("steady")
 if u:
     w = u["write_latency"]

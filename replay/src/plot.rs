@@ -92,7 +92,16 @@ pub fn plot_timeline(title: &str, runs: &[Timeline], path: &Path) -> Result<(), 
     let (top, bottom) = root.split_vertically(400);
     let points = || runs.iter().flat_map(|r| r.points.iter());
     let max_t = points().map(|p| p.t).fold(1.0f64, f64::max);
-    let max_iops = points().map(|p| p.iops).fold(1.0f64, f64::max) * 1.1;
+    // The first interval of a run (writes into free space) can be ten times the rest:
+    // scale to the 98th percentile so the steady state stays readable.
+    let mut all: Vec<f64> = points().map(|p| p.iops).collect();
+    all.sort_by(f64::total_cmp);
+    let max_iops = all
+        .get(all.len().saturating_sub(1) * 98 / 100)
+        .copied()
+        .unwrap_or(1.0)
+        .max(1.0)
+        * 1.3;
     let max_ms = points().map(|p| p.max_ms).fold(1.0f64, f64::max) * 1.5;
     let min_ms = points()
         .map(|p| p.p99_ms)
@@ -115,10 +124,13 @@ pub fn plot_timeline(title: &str, runs: &[Timeline], path: &Path) -> Result<(), 
         .map_err(|e| e.to_string())?;
     for (i, r) in runs.iter().enumerate() {
         let c = colour(i);
-        iops.draw_series(LineSeries::new(r.points.iter().map(|p| (p.t, p.iops)), c))
-            .map_err(|e| e.to_string())?
-            .label(r.label.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c));
+        iops.draw_series(LineSeries::new(
+            r.points.iter().map(|p| (p.t, p.iops.min(max_iops))),
+            c,
+        ))
+        .map_err(|e| e.to_string())?
+        .label(r.label.as_str())
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c));
     }
     iops.configure_series_labels()
         .background_style(WHITE.mix(0.8))

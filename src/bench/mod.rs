@@ -375,7 +375,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     }
     if let (Some(path), false) = (&a.plot, timelines.is_empty()) {
         replay::plot::plot_timeline(
-            "steady state: IOPS and write latency over time",
+            "steady state: operations per second and their latency over time",
             &timelines,
             path,
         )?;

@@ -355,7 +355,8 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 /// Runs one steady-state test on a freshly formatted `run.ftl`; returns its JSON and the
-/// timeline of its measured phase.
+/// timeline of its measured phase. `iops` (and each pass's) counts every operation: for
+/// the mix, reads and writes together (`write_iops` and `read_iops` split them).
 pub fn run(spec: &Spec, run: &Run) -> Result<(serde_json::Value, Timeline), String> {
     let ftl = run.ftl;
     let workload: Workload = spec.workload.parse().map_err(|e| format!("{e}"))?;
@@ -425,6 +426,8 @@ pub fn run(spec: &Spec, run: &Run) -> Result<(serde_json::Value, Timeline), Stri
             "iops_min": iops.iter().copied().fold(f64::INFINITY, f64::min),
             "iops_max": iops.iter().copied().fold(0.0, f64::max),
             "ops_per_second": ops as f64 / p.seconds,
+            "write_iops": all_writes.len() as f64 / p.seconds,
+            "read_iops": p.reads.len() as f64 / p.seconds,
             "waf": waf(first, last),
             "write_latency": latency_json(&all_writes),
             "read_latency": if spec.read_pct > 0 { latency_json(&p.reads) } else { serde_json::Value::Null },
