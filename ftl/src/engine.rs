@@ -46,6 +46,9 @@ pub const TRIM_STREAM: StreamId = StreamId(0);
 /// other streams fall back to it when only one free segment is left.
 pub const GC_STREAM: StreamId = StreamId(7);
 
+/// Why the FTL turned read-only, once it did (shared with [`PendingChunks`]).
+type Poison = Arc<Mutex<Option<String>>>;
+
 /// Chunks sealed by [`Ftl::relocate_deferred`] whose device writes are the caller's to
 /// issue, with [`Ftl::write_pending`]. Dropped unwritten (a panic on the way), it keeps
 /// engine rule 5: the FTL is poisoned, then the chunk numbers are completed, so no FLUSH
@@ -53,7 +56,7 @@ pub const GC_STREAM: StreamId = StreamId(7);
 #[derive(Default)]
 pub struct PendingChunks {
     chunks: Vec<Arc<SealedChunk>>,
-    owner: Option<(Arc<ChunkTracker>, Arc<Mutex<Option<String>>>)>,
+    owner: Option<(Arc<ChunkTracker>, Poison)>,
 }
 
 impl PendingChunks {
@@ -204,7 +207,7 @@ pub struct Ftl<D: BlockDevice, I: IndexStore> {
     diverted: AtomicU64,
     pub(crate) checkpoint_lock: Mutex<()>,
     pub(crate) staging: Arc<StagingArea>,
-    poison: Arc<Mutex<Option<String>>>,
+    poison: Poison,
     /// FLUSHes: every entry below `done()` (an entry sequence) is durable.
     flush_group: GroupCommit,
     pub(crate) space: crate::clean::SpaceWaiters,
