@@ -19,7 +19,10 @@
 //! 5. a chunk number, once handed out, is completed whatever happens to its sealing
 //!    (poisoned first), so no FLUSH or checkpoint waits for it forever;
 //! 6. a relocation appends only if the map still holds the entry it read (compare and
-//!    swap under the stripe lock), so a user write landing meanwhile is never undone.
+//!    swap under the stripe lock), so a user write landing meanwhile is never undone;
+//! 7. a thread holding chunks whose writes it deferred ([`PendingChunks`]) writes them
+//!    BEFORE it waits for a staging slot, for free space or runs a checkpoint: each of
+//!    those waits for them. Dropped unwritten, they keep rule 5 (poison, then complete).
 
 use crate::device::{BlockDevice, BLOCK_SIZE};
 use crate::error::{Error, Result};
@@ -688,6 +691,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             }
             emit(out, &mut defer)?;
             if need_buffer || need_space {
+                // Rule 7.
                 if let Some(d) = defer.as_deref_mut() {
                     self.write_chunks(d.take())?;
                 }

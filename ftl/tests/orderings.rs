@@ -236,3 +236,152 @@ fn relocations_over_several_streams_leave_the_reserve_to_the_gc_stream() {
         );
     }
 }
+
+/// A written, half-overwritten device whose fullest closed segment is a victim.
+/// Every third block up to the returned bound was overwritten (tag 2; the rest tag 1).
+fn device_with_a_victim() -> (MemFtl, u32, u64) {
+    let dev = Arc::new(ftl::device::mem::MemDevice::new(32 * (64 << 10)));
+    let idx = Arc::new(MemIndex::new());
+    ftl::format(&dev, &idx, &tiny(), false).unwrap();
+    let (f, _) = Ftl::open(dev, idx, Config::default()).unwrap();
+    let cap = f.capacity_blocks();
+    for lba in 0..cap {
+        f.write(lba, &block_for(lba, 1), false, S0).unwrap();
+    }
+    let mut bound = 0;
+    for lba in (0..cap).step_by(3) {
+        if f.free_segments() <= f.gc_reserve_segments() + 1 {
+            break;
+        }
+        f.write(lba, &block_for(lba, 2), false, S0).unwrap();
+        bound = lba + 1;
+    }
+    f.checkpoint().unwrap();
+    let victim = f
+        .segment_snapshot()
+        .into_iter()
+        .filter(|s| s.segment != 0 && s.state == "closed" && s.valid > 0)
+        .max_by_key(|s| s.valid)
+        .expect("a closed segment with live blocks");
+    (f, victim.segment, bound)
+}
+
+/// Relocations whose chunk writes are deferred (the cleaner hands them to its writer
+/// threads): a chunk they sealed is below every later FLUSH, so the FLUSH must wait for
+/// its write, and once written the moved blocks read back what they held. Dropped
+/// unwritten (a panic on the way), they poison the FTL and complete their chunk numbers
+/// (engine rule 5): a FLUSH fails instead of waiting forever.
+#[test]
+fn deferred_relocation_writes_are_covered_by_flush_and_never_wedge_it() {
+    // Relocates live blocks of closed segments, fullest first, until a chunk is sealed.
+    fn relocate_until_sealed(f: &MemFtl) -> (Vec<ftl::LiveBlock>, ftl::PendingChunks) {
+        let mut segs: Vec<_> = f
+            .segment_snapshot()
+            .into_iter()
+            .filter(|s| s.segment != 0 && s.state == "closed" && s.valid > 0)
+            .collect();
+        segs.sort_by_key(|s| std::cmp::Reverse(s.valid));
+        let mut buf = ftl::device::AlignedBuf::new(4096);
+        let mut pending = ftl::PendingChunks::default();
+        let mut moved = Vec::new();
+        for s in segs {
+            for b in f.live_blocks(s.segment).unwrap() {
+                assert!(f.read_live(&b, &mut buf).unwrap());
+                assert!(f
+                    .relocate_deferred(b.lba, b.entry, &buf, ftl::GC_STREAM, &mut pending)
+                    .unwrap());
+                moved.push(b);
+                if !pending.is_empty() {
+                    return (moved, pending);
+                }
+            }
+        }
+        panic!("no chunk was sealed by {} relocations", moved.len());
+    }
+
+    let (f, _, bound) = device_with_a_victim();
+    let f = Arc::new(f);
+    let (moved, pending) = relocate_until_sealed(&f);
+    // A FLUSH started now waits for the deferred chunk...
+    let done = Arc::new(AtomicBool::new(false));
+    let (f2, d2) = (f.clone(), done.clone());
+    let flusher = std::thread::spawn(move || {
+        f2.flush().unwrap();
+        d2.store(true, Ordering::SeqCst);
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !done.load(Ordering::SeqCst),
+        "a FLUSH returned before the relocations' chunk was written"
+    );
+    // ...and returns once it is.
+    f.write_pending(pending).unwrap();
+    flusher.join().unwrap();
+    for b in &moved {
+        let mut out = vec![0u8; 4096];
+        f.read(b.lba, &mut out).unwrap();
+        let tag = if b.lba % 3 == 0 && b.lba < bound {
+            2
+        } else {
+            1
+        };
+        assert_eq!(
+            observe(b.lba, &out),
+            Observed::Tag(tag),
+            "block {} after its relocation",
+            b.lba
+        );
+        assert_ne!(
+            f.map_entry(b.lba).unwrap(),
+            b.entry,
+            "block {} did not move",
+            b.lba
+        );
+    }
+
+    // Dropped unwritten: poisoned, and the FLUSH fails at once instead of hanging.
+    let (f, _, _) = device_with_a_victim();
+    let f = Arc::new(f);
+    let (_, pending) = relocate_until_sealed(&f);
+    // The FLUSH is already waiting for the chunk when it is dropped.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let f2 = f.clone();
+    std::thread::spawn(move || tx.send(f2.flush()));
+    std::thread::sleep(Duration::from_millis(100));
+    drop(pending);
+    let err = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("a FLUSH waits forever for chunks that were dropped unwritten")
+        .expect_err("the dropped chunks were never written");
+    assert!(
+        err.to_string().contains("dropped unwritten"),
+        "unexpected error: {err}"
+    );
+}
+
+/// The cleaner reads a victim's live blocks with few large reads into one window buffer;
+/// every live block lands at its place in the window and matches its entry's crc32c.
+#[test]
+fn a_victims_live_blocks_read_as_one_window() {
+    let (f, victim, _) = device_with_a_victim();
+    let geo = *f.geometry();
+    let start = geo.segment_start(victim);
+    let live = f.live_blocks(victim).unwrap();
+    let mut window = ftl::device::AlignedBuf::new(geo.segment_bytes as usize);
+    f.read_live_window(start, &live, &mut window).unwrap();
+    for b in &live {
+        let at = (b.entry.pba().unwrap() as u64 - start) as usize * 4096;
+        assert!(
+            f.verify_block(b.lba, b.entry, &window[at..at + 4096])
+                .unwrap(),
+            "block {} is not where the window puts it",
+            b.lba
+        );
+    }
+    // The whole-window read (summaries included) gives the same live blocks.
+    f.read_window(start, &mut window).unwrap();
+    assert_eq!(f.live_blocks_in(victim, &window).unwrap(), live);
+    // A block outside the window is refused, not read somewhere else.
+    let mut small = ftl::device::AlignedBuf::new(4096);
+    assert!(f.read_live_window(start, &live, &mut small).is_err() || live.len() <= 1);
+}
