@@ -5,13 +5,17 @@
 //! - [`trigger`]: when to clean and how hard to throttle writers, as pure functions;
 //! - [`slice`]: quasi-preemptive cleaning: work in slices, yield to foreground I/O at the
 //!   end of a slice, resume where it stopped (victim and next block are kept);
-//! - [`runner`]: the background thread that ties them to a live FTL.
+//! - `pipeline`: the slice's helper threads (a prefetcher picking and reading the next
+//!   victim, writers of the chunks relocation seals), so its steps overlap;
+//! - [`runner`]: the background thread that ties them to a live FTL, paces writers at its
+//!   measured rate and checkpoints (on a thread of its own) to free cleaned segments.
 //!
 //! Invariants: relocation is a compare-and-swap on the map (a block overwritten
 //! meanwhile is not moved); relocated blocks go, in LBA order, into the FTL's GC stream;
 //! a cleaned segment becomes free only through a durable checkpoint (the FTL's rule), and
 //! only then is it discarded on the backing.
 
+mod pipeline;
 pub mod policy;
 pub mod runner;
 pub mod slice;

@@ -3,18 +3,16 @@
 //! next block) and yields; the next slice resumes where it stopped. Run with an
 //! unbounded budget it is the classic non-preemptive cleaner (a whole victim at once).
 
-use crate::policy::{pick_victim, Policy};
+use crate::policy::Policy;
 use ftl::device::{AlignedBuf, BLOCK_SIZE};
 use ftl::{BlockDevice, Ftl, IndexStore, LiveBlock, PendingChunks, StreamId, GC_STREAM};
 
-use std::sync::{mpsc, Arc};
-
-/// Threads writing the chunks relocations seal.
-const GC_WRITERS: usize = 4;
+use crate::pipeline::{prepare, GcWriters, Prefetcher, Prepared};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Largest window of a victim read at once (smaller segments are read whole).
 const WINDOW_BYTES: u64 = 8 << 20;
-use std::time::{Duration, Instant};
 
 /// How much one slice may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,104 +86,6 @@ struct Context {
     loaded: Option<u64>,
 }
 
-/// A victim picked and its live blocks listed (and, by the prefetcher, its first window
-/// read), ready to be relocated.
-struct Prepared {
-    victim: u32,
-    policy: Policy,
-    /// Ordered by window, then LBA.
-    blocks: Vec<LiveBlock>,
-    /// The window read into the buffer that came with it, if any.
-    loaded: Option<u64>,
-    at: Instant,
-    pick_ns: u64,
-    read_ns: u64,
-}
-
-/// Picks a victim under `policy` (not one of `exclude`) and lists its live blocks in
-/// relocation order: by window, then by LBA (cleaning also defragments). With `buf`,
-/// also reads the first window's live blocks into it.
-fn prepare<D: BlockDevice, I: IndexStore>(
-    ftl: &Ftl<D, I>,
-    policy: Policy,
-    exclude: &[u32],
-    window_blocks: u64,
-    buf: Option<&mut AlignedBuf>,
-) -> Result<Option<Prepared>, crate::Error> {
-    let t = Instant::now();
-    let snap = ftl.segment_snapshot();
-    let bps = ftl.geometry().blocks_per_segment();
-    let Some(victim) = pick_victim(policy, &snap, ftl.current_seq(), bps, exclude) else {
-        return Ok(None);
-    };
-    let window_of = |b: &LiveBlock| b.entry.pba().map_or(u64::MAX, |p| p as u64 / window_blocks);
-    let first_window = ftl.geometry().segment_start(victim) / window_blocks;
-    let valid = snap
-        .iter()
-        .find(|s| s.segment == victim)
-        .map_or(0, |s| s.valid);
-    let mut read_ns = 0;
-    let mut loaded = None;
-    let mut blocks = match buf {
-        // At least half live: read the victim's first window whole, summaries and data
-        // at once (the live blocks' reads would cover most of it anyway), and walk the
-        // summaries in memory instead of one dependent read each.
-        Some(buf) if 2 * valid as u64 >= window_blocks.min(bps as u64) => {
-            let r = Instant::now();
-            ftl.read_window(first_window * window_blocks, buf)?;
-            read_ns = r.elapsed().as_nanos() as u64;
-            loaded = Some(first_window);
-            let within = (ftl.geometry().segment_start(victim) - first_window * window_blocks)
-                as usize
-                * BLOCK_SIZE;
-            ftl.live_blocks_in(victim, &buf[within..])?
-        }
-        Some(buf) => {
-            let mut blocks = ftl.live_blocks(victim)?;
-            blocks.sort_by_key(window_of);
-            let r = Instant::now();
-            if let Some(w) = blocks.first().map(window_of).filter(|&w| w != u64::MAX) {
-                let n = blocks.iter().take_while(|b| window_of(b) == w).count();
-                ftl.read_live_window(w * window_blocks, &blocks[..n], buf)?;
-                loaded = Some(w);
-            }
-            read_ns = r.elapsed().as_nanos() as u64;
-            blocks
-        }
-        None => ftl.live_blocks(victim)?,
-    };
-    blocks.sort_by_key(window_of);
-    Ok(Some(Prepared {
-        victim,
-        policy,
-        blocks,
-        loaded,
-        at: Instant::now(),
-        pick_ns: (t.elapsed().as_nanos() as u64).saturating_sub(read_ns),
-        read_ns,
-    }))
-}
-
-/// A request to the prefetch thread, and its answer (with the buffer it was given).
-struct Request {
-    policy: Policy,
-    exclude: u32,
-    buf: AlignedBuf,
-}
-type Answer = (Result<Option<Prepared>, crate::Error>, AlignedBuf);
-
-/// The prefetch thread's end: picks and reads the next victim while the cleaner moves
-/// the current one, so victim selection, summary walks and reads overlap relocation.
-struct Prefetcher {
-    tx: mpsc::Sender<Request>,
-    rx: mpsc::Receiver<Answer>,
-    pending: bool,
-    spare: Option<AlignedBuf>,
-}
-
-/// A prefetched victim older than this is picked again (the device moved on).
-const PREFETCH_MAX_AGE: Duration = Duration::from_millis(50);
-
 /// A cleaner over one FTL. Not thread-safe by itself: one cleaner per FTL.
 pub struct Cleaner<D: BlockDevice, I: IndexStore> {
     ftl: Arc<Ftl<D, I>>,
@@ -194,9 +94,10 @@ pub struct Cleaner<D: BlockDevice, I: IndexStore> {
     window: AlignedBuf,
     window_blocks: u64,
     prefetch: Option<Prefetcher>,
-    /// Relocations' sealed chunks, and the writer thread they go to (none: written in line).
+    /// Relocations' sealed chunks, and the writer threads they go to (none: written in
+    /// line).
     pending: PendingChunks,
-    writer: Option<mpsc::SyncSender<PendingChunks>>,
+    writers: Option<GcWriters>,
     gc_stream: Box<dyn Fn(u64) -> StreamId + Send>,
     pub stats: CleanerStats,
     /// Utilisation (live / blocks per segment) of each victim when it was picked.
@@ -213,7 +114,7 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
             window_blocks: window / BLOCK_SIZE as u64,
             prefetch: None,
             pending: PendingChunks::default(),
-            writer: None,
+            writers: None,
             gc_stream: Box::new(|_| GC_STREAM),
             stats: CleanerStats::default(),
             victim_utilization: Vec::new(),
@@ -228,97 +129,39 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
         self
     }
 
-    /// Starts two helper threads (the runner does; tests that count slices and blocks do
-    /// not): one picks and reads the next victim while the current one is relocated, one
-    /// writes the chunks relocation seals while the cleaner appends the next blocks.
+    /// Starts the helper threads (the runner does; tests that count slices and blocks do
+    /// not): a prefetcher picks and reads the next victim while the current one is
+    /// relocated, and writers write the chunks relocation seals while the cleaner
+    /// appends the next blocks (see [`crate::pipeline`]).
     pub fn start_helpers(&mut self) -> std::io::Result<()>
     where
         D: 'static,
         I: 'static,
     {
-        // The chunk writers: relocations seal chunks; their device writes go here so the
-        // cleaner appends the next blocks meanwhile, several in flight (one writer at a
-        // time left the cleaner waiting on it: 9.5 ms of every 4 MiB victim). A few
-        // batches may wait (each holds staging slots).
-        let (wtx, wrx) = mpsc::sync_channel::<PendingChunks>(GC_WRITERS);
-        let wrx = Arc::new(std::sync::Mutex::new(wrx));
-        for i in 0..GC_WRITERS {
-            let (ftl, wrx) = (self.ftl.clone(), wrx.clone());
-            std::thread::Builder::new()
-                .name(format!("ftl-gc-writer-{i}"))
-                .spawn(move || loop {
-                    // Ends when the cleaner (the sender) is dropped.
-                    let next = wrx.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                    let Ok(p) = next else { return };
-                    // A failed write poisons the FTL: the cleaner's next relocation fails.
-                    let _ = ftl.write_pending(p);
-                })?;
-        }
-        self.writer = Some(wtx);
-        let (tx, req_rx) = mpsc::channel::<Request>();
-        let (ans_tx, rx) = mpsc::channel::<Answer>();
-        let ftl = self.ftl.clone();
-        let wb = self.window_blocks;
-        std::thread::Builder::new()
-            .name("ftl-prefetch".into())
-            .spawn(move || {
-                // Ends when the cleaner (the requests' sender) is dropped.
-                for mut r in req_rx {
-                    let p = prepare(&ftl, r.policy, &[r.exclude], wb, Some(&mut r.buf));
-                    if ans_tx.send((p, r.buf)).is_err() {
-                        return;
-                    }
-                }
-            })?;
-        self.prefetch = Some(Prefetcher {
-            tx,
-            rx,
-            pending: false,
-            spare: Some(AlignedBuf::new(self.window.len())),
-        });
+        self.writers = Some(GcWriters::spawn(&self.ftl)?);
+        self.prefetch = Some(Prefetcher::spawn(
+            &self.ftl,
+            self.window_blocks,
+            self.window.len(),
+        )?);
         Ok(())
     }
 
     /// The prefetched victim, if one was asked for under `policy` and is recent; its
-    /// buffer becomes the window buffer. Waits for the prefetcher if it is still busy.
+    /// buffer becomes the window buffer.
     fn take_prefetched(&mut self, policy: Policy) -> Option<Prepared> {
         let pf = self.prefetch.as_mut()?;
-        if !pf.pending {
-            return None;
-        }
-        pf.pending = false;
         let t = Instant::now();
-        let (r, buf) = pf.rx.recv().ok()?;
+        let taken = pf.take(policy, &mut self.window);
         self.stats.prefetch_wait_ns += t.elapsed().as_nanos() as u64;
-        match r {
-            Ok(Some(p)) if p.policy == policy && p.at.elapsed() <= PREFETCH_MAX_AGE => {
-                pf.spare = Some(std::mem::replace(&mut self.window, buf));
-                self.stats.prefetched += 1;
-                Some(p)
-            }
-            // Stale, for another policy, nothing to clean or failed: pick in line (which
-            // reports a failure that persists).
-            _ => {
-                pf.spare = Some(buf);
-                None
-            }
-        }
+        self.stats.prefetched += u64::from(taken.is_some());
+        taken
     }
 
     /// Asks the prefetcher for the victim after `current`.
     fn prefetch_next(&mut self, policy: Policy, current: u32) {
-        let Some(pf) = self.prefetch.as_mut() else {
-            return;
-        };
-        if let Some(buf) = pf.spare.take() {
-            match pf.tx.send(Request {
-                policy,
-                exclude: current,
-                buf,
-            }) {
-                Ok(()) => pf.pending = true,
-                Err(e) => pf.spare = Some(e.0.buf),
-            }
+        if let Some(pf) = self.prefetch.as_mut() {
+            pf.request(policy, current);
         }
     }
 
@@ -328,14 +171,13 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
             return Ok(());
         }
         let p = std::mem::take(&mut self.pending);
-        let p = match &self.writer {
-            Some(w) => match w.send(p) {
-                Ok(()) => return Ok(()),
-                Err(e) => e.0,
-            },
-            None => p,
+        let unsent = match &self.writers {
+            Some(w) => w.send(p),
+            None => Some(p),
         };
-        self.ftl.write_pending(p)?;
+        if let Some(p) = unsent {
+            self.ftl.write_pending(p)?;
+        }
         Ok(())
     }
 

@@ -1,0 +1,236 @@
+//! The cleaner's helper threads, so that its steps overlap instead of running one after
+//! another on the cleaning thread:
+//! - [`Prefetcher`]: picks the next victim and reads it (a whole window at once, its
+//!   chunk summaries walked in memory) while the cleaner relocates the current one;
+//! - [`GcWriters`]: write the chunks relocations seal (`Ftl::relocate_deferred`), several
+//!   in flight, while the cleaner appends the next blocks.
+//!
+//! Measured on a full 2 GiB device under 32 random writers (`ftlblk bench --tests
+//! steady`): with everything on the cleaning thread a 4 MiB victim cost 1.3 ms to pick,
+//! 3 ms to read and 4.6 ms to relocate; picking from memory and overlapping the three
+//! took the cleaner from 18K to about 38K user writes per second of net free space.
+//!
+//! Only [`crate::slice::Cleaner`] uses them (`Cleaner::start_helpers`); both threads end
+//! when it is dropped.
+
+use crate::policy::{pick_victim, Policy};
+use ftl::device::{AlignedBuf, BLOCK_SIZE};
+use ftl::{BlockDevice, Ftl, IndexStore, LiveBlock, PendingChunks};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Threads writing the chunks relocations seal.
+const GC_WRITERS: usize = 4;
+
+/// A victim picked and its live blocks listed (and, by the prefetcher, its first window
+/// read), ready to be relocated.
+pub(crate) struct Prepared {
+    pub(crate) victim: u32,
+    pub(crate) policy: Policy,
+    /// Ordered by window, then LBA.
+    pub(crate) blocks: Vec<LiveBlock>,
+    /// The window read into the buffer that came with it, if any.
+    pub(crate) loaded: Option<u64>,
+    pub(crate) at: Instant,
+    pub(crate) pick_ns: u64,
+    pub(crate) read_ns: u64,
+}
+
+/// Picks a victim under `policy` (not one of `exclude`) and lists its live blocks in
+/// relocation order: by window, then by LBA (cleaning also defragments). With `buf`,
+/// also reads the first window's live blocks into it.
+pub(crate) fn prepare<D: BlockDevice, I: IndexStore>(
+    ftl: &Ftl<D, I>,
+    policy: Policy,
+    exclude: &[u32],
+    window_blocks: u64,
+    buf: Option<&mut AlignedBuf>,
+) -> Result<Option<Prepared>, crate::Error> {
+    let t = Instant::now();
+    let snap = ftl.segment_snapshot();
+    let bps = ftl.geometry().blocks_per_segment();
+    let Some(victim) = pick_victim(policy, &snap, ftl.current_seq(), bps, exclude) else {
+        return Ok(None);
+    };
+    let window_of = |b: &LiveBlock| b.entry.pba().map_or(u64::MAX, |p| p as u64 / window_blocks);
+    let first_window = ftl.geometry().segment_start(victim) / window_blocks;
+    let valid = snap
+        .iter()
+        .find(|s| s.segment == victim)
+        .map_or(0, |s| s.valid);
+    let mut read_ns = 0;
+    let mut loaded = None;
+    let mut blocks = match buf {
+        // At least half live: read the victim's first window whole, summaries and data
+        // at once (the live blocks' reads would cover most of it anyway), and walk the
+        // summaries in memory instead of one dependent read each.
+        Some(buf) if 2 * valid as u64 >= window_blocks.min(bps as u64) => {
+            let r = Instant::now();
+            ftl.read_window(first_window * window_blocks, buf)?;
+            read_ns = r.elapsed().as_nanos() as u64;
+            loaded = Some(first_window);
+            let within = (ftl.geometry().segment_start(victim) - first_window * window_blocks)
+                as usize
+                * BLOCK_SIZE;
+            ftl.live_blocks_in(victim, &buf[within..])?
+        }
+        Some(buf) => {
+            let mut blocks = ftl.live_blocks(victim)?;
+            blocks.sort_by_key(window_of);
+            let r = Instant::now();
+            if let Some(w) = blocks.first().map(window_of).filter(|&w| w != u64::MAX) {
+                let n = blocks.iter().take_while(|b| window_of(b) == w).count();
+                ftl.read_live_window(w * window_blocks, &blocks[..n], buf)?;
+                loaded = Some(w);
+            }
+            read_ns = r.elapsed().as_nanos() as u64;
+            blocks
+        }
+        None => ftl.live_blocks(victim)?,
+    };
+    blocks.sort_by_key(window_of);
+    Ok(Some(Prepared {
+        victim,
+        policy,
+        blocks,
+        loaded,
+        at: Instant::now(),
+        pick_ns: (t.elapsed().as_nanos() as u64).saturating_sub(read_ns),
+        read_ns,
+    }))
+}
+
+/// A request to the prefetch thread, and its answer (with the buffer it was given).
+struct Request {
+    policy: Policy,
+    exclude: u32,
+    buf: AlignedBuf,
+}
+type Answer = (Result<Option<Prepared>, crate::Error>, AlignedBuf);
+
+/// The prefetch thread's end: picks and reads the next victim while the cleaner moves
+/// the current one, so victim selection, summary walks and reads overlap relocation.
+pub(crate) struct Prefetcher {
+    tx: mpsc::Sender<Request>,
+    rx: mpsc::Receiver<Answer>,
+    pending: bool,
+    spare: Option<AlignedBuf>,
+}
+
+/// A prefetched victim older than this is picked again (the device moved on).
+const PREFETCH_MAX_AGE: Duration = Duration::from_millis(50);
+
+impl Prefetcher {
+    /// Starts the thread; it reads into buffers of `buf_len` bytes (windows of
+    /// `window_blocks` blocks).
+    pub(crate) fn spawn<D, I>(
+        ftl: &Arc<Ftl<D, I>>,
+        window_blocks: u64,
+        buf_len: usize,
+    ) -> std::io::Result<Self>
+    where
+        D: BlockDevice + 'static,
+        I: IndexStore + 'static,
+    {
+        let (tx, req_rx) = mpsc::channel::<Request>();
+        let (ans_tx, rx) = mpsc::channel::<Answer>();
+        let ftl = ftl.clone();
+        std::thread::Builder::new()
+            .name("ftl-prefetch".into())
+            .spawn(move || {
+                // Ends when the cleaner (the requests' sender) is dropped.
+                for mut r in req_rx {
+                    let p = prepare(
+                        &ftl,
+                        r.policy,
+                        &[r.exclude],
+                        window_blocks,
+                        Some(&mut r.buf),
+                    );
+                    if ans_tx.send((p, r.buf)).is_err() {
+                        return;
+                    }
+                }
+            })?;
+        Ok(Prefetcher {
+            tx,
+            rx,
+            pending: false,
+            spare: Some(AlignedBuf::new(buf_len)),
+        })
+    }
+
+    /// The victim asked for, if it was picked under `policy` and is recent: its buffer
+    /// is swapped into `window` (the one there becomes the spare). Waits for the thread
+    /// if it is still busy. `None` when nothing was asked for, or the answer is stale,
+    /// for another policy, empty or failed (the cleaner then picks in line, which
+    /// reports a failure that persists).
+    pub(crate) fn take(&mut self, policy: Policy, window: &mut AlignedBuf) -> Option<Prepared> {
+        if !self.pending {
+            return None;
+        }
+        self.pending = false;
+        let (r, buf) = self.rx.recv().ok()?;
+        match r {
+            Ok(Some(p)) if p.policy == policy && p.at.elapsed() <= PREFETCH_MAX_AGE => {
+                self.spare = Some(std::mem::replace(window, buf));
+                Some(p)
+            }
+            _ => {
+                self.spare = Some(buf);
+                None
+            }
+        }
+    }
+
+    /// Asks for the best victim under `policy` other than `current`.
+    pub(crate) fn request(&mut self, policy: Policy, current: u32) {
+        if let Some(buf) = self.spare.take() {
+            match self.tx.send(Request {
+                policy,
+                exclude: current,
+                buf,
+            }) {
+                Ok(()) => self.pending = true,
+                Err(e) => self.spare = Some(e.0.buf),
+            }
+        }
+    }
+}
+
+/// The chunk writers' end (see the module docs).
+pub(crate) struct GcWriters {
+    tx: mpsc::SyncSender<PendingChunks>,
+}
+
+impl GcWriters {
+    /// Starts [`GC_WRITERS`] threads; a few batches may wait for them (each holds
+    /// staging slots). One writer at a time left the cleaner waiting on it (9.5 ms of
+    /// every 4 MiB victim).
+    pub(crate) fn spawn<D, I>(ftl: &Arc<Ftl<D, I>>) -> std::io::Result<Self>
+    where
+        D: BlockDevice + 'static,
+        I: IndexStore + 'static,
+    {
+        let (tx, rx) = mpsc::sync_channel::<PendingChunks>(GC_WRITERS);
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..GC_WRITERS {
+            let (ftl, rx) = (ftl.clone(), rx.clone());
+            std::thread::Builder::new()
+                .name(format!("ftl-gc-writer-{i}"))
+                .spawn(move || loop {
+                    // Ends when the cleaner (the sender) is dropped.
+                    let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                    let Ok(p) = next else { return };
+                    // A failed write poisons the FTL: the cleaner's next relocation fails.
+                    let _ = ftl.write_pending(p);
+                })?;
+        }
+        Ok(GcWriters { tx })
+    }
+
+    /// Hands `p` to a writer; gives it back when they are gone (to be written in line).
+    pub(crate) fn send(&self, p: PendingChunks) -> Option<PendingChunks> {
+        self.tx.send(p).err().map(|e| e.0)
+    }
+}
