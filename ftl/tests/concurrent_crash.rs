@@ -597,8 +597,22 @@ fn child_run() {
     let dir = std::env::var(CHILD_DIR).expect("run by the kill test");
     let seed: u64 = std::env::var(CHILD_SEED).unwrap().parse().unwrap();
     let (img, idx, stage) = child_paths(Path::new(&dir));
-    let (f, _) = open_backing_staged(&img, &idx, Config::default(), &StagingPlace::Dir(stage))
-        .expect("child open");
+    // The parent formatted the index a moment ago; sled lets go of its lock a moment
+    // after the last handle is dropped.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (f, _) = loop {
+        match open_backing_staged(
+            &img,
+            &idx,
+            Config::default(),
+            &StagingPlace::Dir(stage.clone()),
+        ) {
+            Err(e) if Instant::now() < deadline && e.to_string().contains("lock") => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            r => break r.expect("child open"),
+        }
+    };
     let plan = Plan::new(seed, f.capacity_blocks(), 1);
     let f = Arc::new(f);
     let rec: Arc<dyn Recorder> = Arc::new(Printed {
