@@ -1,20 +1,26 @@
 //! The FTL's background machinery, wired the way a running device has it: the online
-//! classifier (user write streams and GC output streams), the cleaner thread with the
+//! classifier (user write streams and GC output streams), the pool of threads that write
+//! the chunks user writes fill ([`ftl::ChunkWriters`]), the cleaner thread with the
 //! default [`CleanerConfig`], and the control plane (background checkpoints, closing the
 //! streams a new plan no longer uses). The daemon starts it for every device, and
 //! `ftlblk bench`'s steady-state tests start the same, so the benchmark measures what a
 //! user runs. Callers write through [`crate::ublk::write_classified`] with
-//! [`Background::classifier`].
+//! [`Background::classifier`] and [`Background::writers`].
 
 use crate::control::Control;
 use cleaner::{CleanerConfig, CleanerHandle};
 use ftl::backing::FileFtl;
 use ftl::classify::Classifier;
+use ftl::ChunkWriters;
 use std::sync::Arc;
+
+/// Threads writing the chunks user writes fill.
+const CHUNK_WRITERS: usize = 4;
 
 /// The running parts; [`Background::stop`] ends them (before the FTL is closed).
 pub struct Background {
     pub classifier: Arc<Classifier>,
+    pub writers: Arc<ChunkWriters>,
     pub cleaner: Option<Arc<CleanerHandle>>,
     pub control: Control,
 }
@@ -25,6 +31,10 @@ impl Background {
     pub fn start(ftl: &Arc<FileFtl>, cleaner: bool, signals: bool) -> Result<Self, String> {
         // Write-time stream classification (in memory, rebuilt from scratch at each start).
         let classifier = Arc::new(Classifier::new(ftl.capacity_blocks()));
+        let writers = Arc::new(
+            ChunkWriters::spawn(ftl, CHUNK_WRITERS, "ftl-chunk-writer")
+                .map_err(|e| format!("cannot start the chunk writers: {e}"))?,
+        );
         let cleaner = if cleaner {
             let c = classifier.clone();
             Some(Arc::new(
@@ -40,6 +50,7 @@ impl Background {
             .map_err(|e| format!("cannot start the control plane: {e}"))?;
         Ok(Background {
             classifier,
+            writers,
             cleaner,
             control,
         })

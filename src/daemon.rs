@@ -19,13 +19,12 @@
 //!    run files and deletes the device. Returns `Ok` after a clean stop.
 
 use crate::background::Background;
-use crate::control::{Control, Event};
+use crate::control::Event;
 use crate::kctl;
 use crate::offload::Offload;
 use crate::runfiles::{self, DeviceRecord};
 use crate::ublk;
 use ftl::backing::{format_backing, open_backing_staged, FileFtl, StagingPlace};
-use ftl::classify::Classifier;
 use ftl::device::BLOCK_SIZE;
 use ftl::{BlockDevice, Config, Error as FtlError, FormatOptions};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
@@ -208,7 +207,7 @@ pub fn run(cfg: DaemonConfig, notifier: Arc<Notifier>) -> Result<(), String> {
     let ftl = Arc::new(open_ftl(&cfg)?);
     let bg = Background::start(&ftl, cfg.cleaner, true)?;
 
-    let result = serve(&cfg, &ftl, &bg.classifier, &bg.control, &notifier);
+    let result = serve(&cfg, &ftl, &bg, &notifier);
 
     bg.stop();
     // Also removes the staging file; on failure it stays and the next open replays it.
@@ -236,10 +235,10 @@ pub fn run(cfg: DaemonConfig, notifier: Arc<Notifier>) -> Result<(), String> {
 fn serve(
     cfg: &DaemonConfig,
     ftl: &Arc<FileFtl>,
-    classifier: &Arc<Classifier>,
-    control: &Control,
+    bg: &Background,
     notifier: &Arc<Notifier>,
 ) -> Result<Option<u32>, String> {
+    let (classifier, control) = (&bg.classifier, &bg.control);
     let shared = control.shared();
     if shared.stop_requested() {
         return Ok(None);
@@ -322,12 +321,14 @@ fn serve(
     let offload = Offload::new(workers).map_err(|e| format!("cannot start I/O workers: {e}"))?;
     let q_offload = offload.clone();
     let q_classifier = classifier.clone();
+    let q_writers = bg.writers.clone();
     let q_fn = move |qid: u16, dev: &UblkDev| {
         ublk::run_queue(
             qid,
             dev,
             q_ftl.clone(),
             q_classifier.clone(),
+            q_writers.clone(),
             q_offload.clone(),
         )
     };

@@ -45,10 +45,12 @@ use std::sync::Arc;
 
 /// Writes `data` at `lba`, each block into the stream the classifier picks for it (runs
 /// of blocks with the same stream go in one call); FUA rides on the last call, whose
-/// flush covers the earlier ones.
+/// flush covers the earlier ones. With `writers`, chunks the write fills are written by
+/// that pool ([`ftl::Ftl::write_via`]) instead of before this returns.
 pub fn write_classified<D: ftl::BlockDevice, I: ftl::IndexStore>(
     ftl: &ftl::Ftl<D, I>,
     classifier: &Classifier,
+    writers: Option<&ftl::ChunkWriters>,
     lba: u64,
     data: &[u8],
     fua: bool,
@@ -57,12 +59,16 @@ pub fn write_classified<D: ftl::BlockDevice, I: ftl::IndexStore>(
     if n == 0 {
         return Ok(());
     }
+    let write = |at: u64, d: &[u8], fua: bool, s: ftl::StreamId| match writers {
+        Some(w) => ftl.write_via(at, d, fua, s, w),
+        None => ftl.write(at, d, fua, s),
+    };
     let mut start = 0;
     let mut stream = classifier.on_write(lba);
     for i in 1..n {
         let s = classifier.on_write(lba + i as u64);
         if s != stream {
-            ftl.write(
+            write(
                 lba + start as u64,
                 &data[start * BLOCK_SIZE..i * BLOCK_SIZE],
                 false,
@@ -72,7 +78,7 @@ pub fn write_classified<D: ftl::BlockDevice, I: ftl::IndexStore>(
             stream = s;
         }
     }
-    ftl.write(lba + start as u64, &data[start * BLOCK_SIZE..], fua, stream)
+    write(lba + start as u64, &data[start * BLOCK_SIZE..], fua, stream)
 }
 
 /// Fixed-file index of the backing in every queue ring (0 is `/dev/ublkcN`).
@@ -148,6 +154,7 @@ pub fn run_queue(
     dev: &UblkDev,
     ftl: Arc<FileFtl>,
     classifier: Arc<Classifier>,
+    writers: Arc<ftl::ChunkWriters>,
     offload: Arc<Offload>,
 ) {
     set_io_flusher();
@@ -165,6 +172,7 @@ pub fn run_queue(
         let ctx = TagContext {
             ftl: ftl.clone(),
             classifier: classifier.clone(),
+            writers: writers.clone(),
             offload: offload.clone(),
         };
         tasks.push(exe.spawn(async move {
@@ -206,6 +214,7 @@ fn set_io_flusher() {
 struct TagContext {
     ftl: Arc<FileFtl>,
     classifier: Arc<Classifier>,
+    writers: Arc<ftl::ChunkWriters>,
     offload: Arc<Offload>,
 }
 
@@ -255,10 +264,10 @@ async fn handle(
         },
         Request::Write { lba, fua, .. } => {
             let data = buf[..bytes].to_vec();
-            let (f, c) = (ftl.clone(), ctx.classifier.clone());
+            let (f, c, w) = (ftl.clone(), ctx.classifier.clone(), ctx.writers.clone());
             offload
                 .run(q, wake, move || {
-                    match write_classified(&f, &c, lba, &data, fua) {
+                    match write_classified(&f, &c, Some(&w), lba, &data, fua) {
                         Ok(()) => bytes as i32,
                         Err(e) => e.errno(),
                     }
@@ -487,10 +496,10 @@ mod tests {
         // over 0..16 then spans classes.
         for round in 0..4u8 {
             let data: Vec<u8> = (0..4).flat_map(|l| block(l, round)).collect();
-            write_classified(&f, &c, 0, &data, false).unwrap();
+            write_classified(&f, &c, None, 0, &data, false).unwrap();
         }
         let data: Vec<u8> = (0..16).flat_map(|l| block(l, 9)).collect();
-        write_classified(&f, &c, 0, &data, true).unwrap();
+        write_classified(&f, &c, None, 0, &data, true).unwrap();
         let mut back = vec![0u8; 16 * BLOCK_SIZE];
         f.read(0, &mut back).unwrap();
         assert!(
@@ -498,7 +507,7 @@ mod tests {
             "a classified multi-stream write reads back wrong"
         );
         assert_eq!(f.stats().counters.user_blocks_written, 4 * 4 + 16);
-        write_classified(&f, &c, 3, &[], false).unwrap();
+        write_classified(&f, &c, None, 3, &[], false).unwrap();
     }
 
     #[test]

@@ -2,8 +2,10 @@
 //! another on the cleaning thread:
 //! - [`Prefetcher`]: picks the next victim and reads it (a whole window at once, its
 //!   chunk summaries walked in memory) while the cleaner relocates the current one;
-//! - [`GcWriters`]: write the chunks relocations seal (`Ftl::relocate_deferred`), several
-//!   in flight, while the cleaner appends the next blocks.
+//! - writers ([`ftl::ChunkWriters`], [`GC_WRITERS`] threads): write the chunks
+//!   relocations seal (`Ftl::relocate_deferred`), several in flight, while the cleaner
+//!   appends the next blocks (one writer at a time left the cleaner waiting on it: 9.5
+//!   ms of every 4 MiB victim).
 //!
 //! Measured on a full 2 GiB device under 32 random writers (`ftlblk bench --tests
 //! steady`): with everything on the cleaning thread a 4 MiB victim cost 1.3 ms to pick,
@@ -15,12 +17,12 @@
 
 use crate::policy::{pick_victim, Policy};
 use ftl::device::{AlignedBuf, BLOCK_SIZE};
-use ftl::{BlockDevice, Ftl, IndexStore, LiveBlock, PendingChunks};
-use std::sync::{mpsc, Arc, Mutex};
+use ftl::{BlockDevice, Ftl, IndexStore, LiveBlock};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 /// Threads writing the chunks relocations seal.
-const GC_WRITERS: usize = 4;
+pub(crate) const GC_WRITERS: usize = 4;
 
 /// A victim picked and its live blocks listed (and, by the prefetcher, its first window
 /// read), ready to be relocated.
@@ -195,42 +197,5 @@ impl Prefetcher {
                 Err(e) => self.spare = Some(e.0.buf),
             }
         }
-    }
-}
-
-/// The chunk writers' end (see the module docs).
-pub(crate) struct GcWriters {
-    tx: mpsc::SyncSender<PendingChunks>,
-}
-
-impl GcWriters {
-    /// Starts [`GC_WRITERS`] threads; a few batches may wait for them (each holds
-    /// staging slots). One writer at a time left the cleaner waiting on it (9.5 ms of
-    /// every 4 MiB victim).
-    pub(crate) fn spawn<D, I>(ftl: &Arc<Ftl<D, I>>) -> std::io::Result<Self>
-    where
-        D: BlockDevice + 'static,
-        I: IndexStore + 'static,
-    {
-        let (tx, rx) = mpsc::sync_channel::<PendingChunks>(GC_WRITERS);
-        let rx = Arc::new(Mutex::new(rx));
-        for i in 0..GC_WRITERS {
-            let (ftl, rx) = (ftl.clone(), rx.clone());
-            std::thread::Builder::new()
-                .name(format!("ftl-gc-writer-{i}"))
-                .spawn(move || loop {
-                    // Ends when the cleaner (the sender) is dropped.
-                    let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                    let Ok(p) = next else { return };
-                    // A failed write poisons the FTL: the cleaner's next relocation fails.
-                    let _ = ftl.write_pending(p);
-                })?;
-        }
-        Ok(GcWriters { tx })
-    }
-
-    /// Hands `p` to a writer; gives it back when they are gone (to be written in line).
-    pub(crate) fn send(&self, p: PendingChunks) -> Option<PendingChunks> {
-        self.tx.send(p).err().map(|e| e.0)
     }
 }

@@ -7,7 +7,7 @@ use crate::policy::Policy;
 use ftl::device::{AlignedBuf, BLOCK_SIZE};
 use ftl::{BlockDevice, Ftl, IndexStore, LiveBlock, PendingChunks, StreamId, GC_STREAM};
 
-use crate::pipeline::{prepare, GcWriters, Prefetcher, Prepared};
+use crate::pipeline::{prepare, Prefetcher, Prepared, GC_WRITERS};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -97,7 +97,7 @@ pub struct Cleaner<D: BlockDevice, I: IndexStore> {
     /// Relocations' sealed chunks, and the writer threads they go to (none: written in
     /// line).
     pending: PendingChunks,
-    writers: Option<GcWriters>,
+    writers: Option<ftl::ChunkWriters>,
     gc_stream: Box<dyn Fn(u64) -> StreamId + Send>,
     pub stats: CleanerStats,
     /// Utilisation (live / blocks per segment) of each victim when it was picked.
@@ -138,7 +138,11 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
         D: 'static,
         I: 'static,
     {
-        self.writers = Some(GcWriters::spawn(&self.ftl)?);
+        self.writers = Some(ftl::ChunkWriters::spawn(
+            &self.ftl,
+            GC_WRITERS,
+            "ftl-gc-writer",
+        )?);
         self.prefetch = Some(Prefetcher::spawn(
             &self.ftl,
             self.window_blocks,

@@ -734,16 +734,57 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
 
     /// Writes whole blocks at `lba`. With `fua`, returns only once they are durable.
     pub fn write(&self, lba: u64, data: &[u8], fua: bool, stream: StreamId) -> Result<()> {
+        self.write_to(lba, data, fua, stream, None)
+    }
+
+    /// [`Ftl::write`], handing the chunk writes it would issue (when a write fills a
+    /// chunk, the writer that sealed it writes it) to `writers`: the write completes once
+    /// its blocks are in the staging area, like every write that does not fill a chunk,
+    /// instead of after a 1 MiB device write. A FUA write still returns only once durable.
+    pub fn write_via(
+        &self,
+        lba: u64,
+        data: &[u8],
+        fua: bool,
+        stream: StreamId,
+        writers: &crate::writers::ChunkWriters,
+    ) -> Result<()> {
+        self.write_to(lba, data, fua, stream, Some(writers))
+    }
+
+    fn write_to(
+        &self,
+        lba: u64,
+        data: &[u8],
+        fua: bool,
+        stream: StreamId,
+        writers: Option<&crate::writers::ChunkWriters>,
+    ) -> Result<()> {
         let n = Self::check_len(data.len())?;
         self.check_range(lba, n)?;
         self.check_poison()?;
         self.note_foreground();
         self.throttle(n);
-        self.append_loop(stream, n, true, false, None, |ftl, st, i| {
-            let block = &data[i as usize * BLOCK_SIZE..(i as usize + 1) * BLOCK_SIZE];
-            let crc = crc32c::crc32c(block);
-            ftl.append_block(st, lba + i, block, crc, None).map(|_| ())
-        })?;
+        let mut pending = PendingChunks::default();
+        let appended = self.append_loop(
+            stream,
+            n,
+            true,
+            false,
+            writers.map(|_| &mut pending),
+            |ftl, st, i| {
+                let block = &data[i as usize * BLOCK_SIZE..(i as usize + 1) * BLOCK_SIZE];
+                let crc = crc32c::crc32c(block);
+                ftl.append_block(st, lba + i, block, crc, None).map(|_| ())
+            },
+        );
+        // Handed over even after an error: sealed chunks must be written (rule 5).
+        if let Some(w) = writers {
+            if let Some(back) = w.send(pending) {
+                self.write_pending(back)?;
+            }
+        }
+        appended?;
         let c = &self.counters;
         c.user_blocks_written.fetch_add(n, Ordering::Relaxed);
         self.appended_since_checkpoint

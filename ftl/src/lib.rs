@@ -62,6 +62,7 @@ pub mod summary;
 pub mod superblock;
 mod sync;
 pub mod tracker;
+pub mod writers;
 
 pub use clean::LiveBlock;
 pub use device::BlockDevice;
@@ -71,3 +72,4 @@ pub use geometry::{FormatOptions, Geometry};
 pub use index::IndexStore;
 pub use lifecycle::{format, read_superblock, OpenReport};
 pub use map::MapEntry;
+pub use writers::ChunkWriters;

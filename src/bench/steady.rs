@@ -187,8 +187,15 @@ fn fill(ftl: &Arc<FileFtl>, bg: &Background, blocks: u64, jobs: usize) -> Result
                             return Ok(());
                         }
                         let n = PIECE.min(blocks - lba) as usize;
-                        write_classified(ftl, &bg.classifier, lba, &buf[..n * BLOCK_SIZE], false)
-                            .map_err(|e| format!("fill write at {lba}: {e}"))?;
+                        write_classified(
+                            ftl,
+                            &bg.classifier,
+                            Some(&bg.writers),
+                            lba,
+                            &buf[..n * BLOCK_SIZE],
+                            false,
+                        )
+                        .map_err(|e| format!("fill write at {lba}: {e}"))?;
                     }
                 })
             })
@@ -272,8 +279,15 @@ fn random_phase(
                         } else {
                             buf[..8].copy_from_slice(&lba.to_le_bytes());
                             buf[8..16].copy_from_slice(&i.to_le_bytes());
-                            write_classified(ftl, &bg.classifier, lba, &buf, false)
-                                .map_err(|e| format!("write of block {lba}: {e}"))?;
+                            write_classified(
+                                ftl,
+                                &bg.classifier,
+                                Some(&bg.writers),
+                                lba,
+                                &buf,
+                                false,
+                            )
+                            .map_err(|e| format!("write of block {lba}: {e}"))?;
                         }
                         let t1 = Instant::now();
                         let ns = (t1 - t0).as_nanos() as u64;
