@@ -753,13 +753,15 @@ mod tests {
         let mut with_cleaner = v.clone();
         with_cleaner["cleaner"] = serde_json::json!({"stats": {
             "cleaner": {"segments_cleaned": 4, "blocks_copied": 96, "slices": 9, "preemptions": 3},
-            "foreground_slices": 2, "background_slices": 7, "throttle_ns_per_block": 2500,
-            "errors": 0}});
+            "foreground_slices": 2, "background_slices": 7, "throttle_ns_per_block": 25000,
+            "clean_rate_blocks_per_s": 30000.0, "errors": 0}});
+        with_cleaner["backing_allocated_bytes"] = serde_json::json!(3u64 << 20);
         let t2 = format_stats(&with_cleaner);
         for want in [
             "4 segments freed, 96 blocks copied",
             "9 run (2 foreground, 7 background), 3 preempted",
-            "2.5 us per block",
+            "writers paced at 40000 blocks/s (cleaner's rate 30000 blocks/s)",
+            "backing allocated      3.0 MiB",
         ] {
             assert!(t2.contains(want), "missing {want:?} in\n{t2}");
         }
