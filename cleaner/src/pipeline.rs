@@ -1,7 +1,8 @@
 //! The cleaner's helper threads, so that its steps overlap instead of running one after
 //! another on the cleaning thread:
-//! - [`Prefetcher`]: picks the next victim and reads it (a whole window at once, its
-//!   chunk summaries walked in memory) while the cleaner relocates the current one;
+//! - [`Prefetcher`]: picks the next victim and reads it (its live runs, or a whole
+//!   window at once when nearly all of it is live, its chunk summaries then walked in
+//!   memory) while the cleaner relocates the current one;
 //! - writers ([`ftl::ChunkWriters`], [`GC_WRITERS`] threads): write the chunks
 //!   relocations seal (`Ftl::relocate_deferred`), several in flight, while the cleaner
 //!   appends the next blocks (one writer at a time left the cleaner waiting on it: 9.5
@@ -20,6 +21,9 @@ use ftl::device::{AlignedBuf, BLOCK_SIZE};
 use ftl::{BlockDevice, Ftl, IndexStore, LiveBlock};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
+
+/// Live share (percent) of a victim from which its window is read whole.
+const WHOLE_WINDOW_PCT: u64 = 85;
 
 /// Threads writing the chunks relocations seal.
 pub(crate) const GC_WRITERS: usize = 4;
@@ -63,10 +67,13 @@ pub(crate) fn prepare<D: BlockDevice, I: IndexStore>(
     let mut read_ns = 0;
     let mut loaded = None;
     let mut blocks = match buf {
-        // At least half live: read the victim's first window whole, summaries and data
-        // at once (the live blocks' reads would cover most of it anyway), and walk the
-        // summaries in memory instead of one dependent read each.
-        Some(buf) if 2 * valid as u64 >= window_blocks.min(bps as u64) => {
+        // Nearly all live: read the victim's first window whole, summaries and data at
+        // once (the live blocks' reads would cover it anyway), and walk the summaries in
+        // memory instead of one dependent read each. Below that, only the live runs are
+        // read: whole 4 MiB windows of 2/3-live victims (uniform overwrites) read half as
+        // much again as needed, and the extra reads doubled the writers' p99.9 (14.5 ->
+        // 7.5 ms over 3 A/B runs, for 7% fewer IOPS).
+        Some(buf) if 100 * valid as u64 >= WHOLE_WINDOW_PCT * window_blocks.min(bps as u64) => {
             let r = Instant::now();
             ftl.read_window(first_window * window_blocks, buf)?;
             read_ns = r.elapsed().as_nanos() as u64;

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 pub use crate::engine::GC_STREAM;
 
 /// Dead blocks a victim read spans rather than splitting into two reads.
-pub const READ_GAP_BLOCKS: u64 = 16;
+pub const READ_GAP_BLOCKS: u64 = 2;
 /// Largest single read of a victim's live blocks.
 pub const MAX_READ_BYTES: u64 = 1 << 20;
 
