@@ -140,12 +140,6 @@ for name, t in ftl.items():
     t = dict(t)
     t.pop("timeline", None); t.pop("monitor", None)
     res["tests"][name] = t
-    if t.get("read_pct"):
-        continue
-    b = bound(t["waf"])
-    t["disk_bound_iops"] = b
-    t["ratio_to_bound"] = t["iops"] / b
-    t["ratio_to_raw_randwrite"] = t["iops"] / raw["randwrite"]["iops"]
     w = t["write_latency"]
     if t.get("read_pct"):
         r = t["read_latency"]
@@ -154,15 +148,24 @@ for name, t in ftl.items():
         print(f"{'':<11}writes: p50 {w['p50_ms']:.2f} p99 {w['p99_ms']:.2f} p99.9 {w['p999_ms']:.2f} max {w['max_ms']:.1f} ms; "
               f"reads while cleaning: p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} p99.9 {r['p999_ms']:.2f} max {r['max_ms']:.1f} ms")
         continue
+    b = bound(t["waf"])
+    t["disk_bound_iops"] = b
+    t["ratio_to_bound"] = t["iops"] / b
+    t["ratio_to_raw_randwrite"] = t["iops"] / raw["randwrite"]["iops"]
+    # Steady state: the passes after the first (which starts on the fill's free space).
+    later = t["passes"][1:] or t["passes"]
+    t["steady_p999_ms"] = max(p["p999_ms"] for p in later)
+    t["steady_max_ms"] = max(p["max_ms"] for p in later)
     per = ", ".join(f"{p['iops'] / 1000:.1f}K" for p in t["passes"])
     print(f"{name:<11}{per:>28}{t['waf']:>7.3f}{b / 1000:>7.1f}K{t['ratio_to_bound']:>8.2f}{t['ratio_to_raw_randwrite']:>7.2f}"
           f"{w['p50_ms']:>7.2f}{w['p99_ms']:>7.2f}{w['p999_ms']:>8.2f}{w['max_ms']:>8.1f}")
+print("(IOPS: the median pass; latency: over all passes, the first included)")
 u = res["tests"].get("steady")
 if u:
-    w = u["write_latency"]
-    print(f"targets: uniform 100% >= 0.7x bound: {u['ratio_to_bound']:.2f} {'yes' if u['ratio_to_bound'] >= 0.7 else 'NO'}; "
-          f"p99.9 <= 5 ms: {w['p999_ms']:.2f} {'yes' if w['p999_ms'] <= 5 else 'NO'}; "
-          f"max <= 20 ms: {w['max_ms']:.1f} {'yes' if w['max_ms'] <= 20 else 'NO'}")
+    p9, mx = u["steady_p999_ms"], u["steady_max_ms"]
+    print(f"targets (uniform 100%, passes after the first): >= 0.7x bound: {u['ratio_to_bound']:.2f} "
+          f"{'yes' if u['ratio_to_bound'] >= 0.7 else 'NO'}; p99.9 <= 5 ms: {p9:.2f} {'yes' if p9 <= 5 else 'NO'}; "
+          f"max <= 20 ms: {mx:.1f} {'yes' if mx <= 20 else 'NO'}")
 m = res["tests"].get("steadymix")
 if m and m.get("read_latency"):
     r = m["read_latency"]["p999_ms"]
