@@ -125,13 +125,15 @@ fn geometry(seed: u64) -> (u64, FormatOptions) {
 }
 
 /// One writer thread: random operations on its own LBAs until `stop`; every read of
-/// its own LBAs must return exactly what it last wrote there.
+/// its own LBAs must return exactly what it last wrote there. With `pool`, the chunks
+/// its writes fill are written by that pool, as the daemon's are (`Ftl::write_via`).
 fn writer<D: BlockDevice, I: IndexStore>(
     f: &Ftl<D, I>,
     rec: &dyn Recorder,
     plan: &Plan,
     t: usize,
     stop: &AtomicBool,
+    pool: Option<&ftl::ChunkWriters>,
 ) -> Result<(), String> {
     let mut r = SmallRng::seed_from_u64(plan.seed.wrapping_mul(31).wrapping_add(t as u64));
     let base = t as u64 * plan.per_writer;
@@ -154,7 +156,10 @@ fn writer<D: BlockDevice, I: IndexStore>(
                 let fua = what < 10;
                 let stream = StreamId(r.gen_range(0..7));
                 let (op, data) = rec.write(t, lba, blocks, fua);
-                let res = f.write(lba, &data, fua, stream);
+                let res = match pool {
+                    Some(p) => f.write_via(lba, &data, fua, stream, p),
+                    None => f.write(lba, &data, fua, stream),
+                };
                 rec.done(op, res.is_ok());
                 res.map_err(|e| err("write", e))?;
                 for (i, l) in (lba..lba + blocks).enumerate() {
@@ -288,10 +293,14 @@ where
     I: IndexStore + 'static,
 {
     let mut hs = Vec::new();
+    // Odd writers hand their full chunks to a pool of chunk writers, as the daemon does;
+    // even ones write them themselves.
+    let pool = Arc::new(ftl::ChunkWriters::spawn(f, 2, "crash-chunk-writer").expect("pool"));
     for t in 0..plan.writers {
         let (f, rec, plan, stop) = (f.clone(), rec.clone(), plan.clone(), stop.clone());
+        let pool = (t % 2 == 1).then(|| pool.clone());
         hs.push(std::thread::spawn(move || {
-            let r = writer(&*f, &*rec, &plan, t, &stop);
+            let r = writer(&*f, &*rec, &plan, t, &stop, pool.as_deref());
             if r.is_err() {
                 stop.store(true, Ordering::SeqCst);
             }
