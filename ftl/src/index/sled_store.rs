@@ -12,28 +12,54 @@ pub struct SledIndex {
     path: PathBuf,
 }
 
+/// How long [`SledIndex::open`] waits out a lock before it reports the index busy.
+pub const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// sled reports a held lock as an I/O error whose kind is `WouldBlock`, or (0.34) as one
+/// wrapping it with the message "could not acquire lock".
+fn is_lock_error(e: &sled::Error) -> bool {
+    match e {
+        sled::Error::Io(io) => {
+            io.kind() == std::io::ErrorKind::WouldBlock
+                || io.to_string().contains("could not acquire lock")
+        }
+        _ => false,
+    }
+}
+
 fn err(path: &Path, e: sled::Error) -> Error {
     Error::Index(format!("{}: {e}", path.display()))
 }
 
 impl SledIndex {
-    /// Opens (creating if needed) the index in directory `path`.
+    /// Opens (creating if needed) the index in directory `path`. Another process (or
+    /// handle) holding it is [`Error::Busy`]; sled lets go of its lock a moment after
+    /// the last handle of a database is dropped, so a lock held for less than
+    /// [`LOCK_WAIT`] (a format followed by an open) is waited out.
     pub fn open(path: &Path) -> Result<Self> {
-        let db = sled::Config::new()
-            .path(path)
-            .mode(sled::Mode::HighThroughput)
-            .cache_capacity(64 << 20)
-            .open()
-            .map_err(|e| match e {
-                sled::Error::Io(ref io) if io.kind() == std::io::ErrorKind::WouldBlock => {
-                    Error::Busy(format!("index {}", path.display()))
+        let deadline = std::time::Instant::now() + LOCK_WAIT;
+        loop {
+            let opened = sled::Config::new()
+                .path(path)
+                .mode(sled::Mode::HighThroughput)
+                .cache_capacity(64 << 20)
+                .open();
+            match opened {
+                Ok(db) => {
+                    return Ok(SledIndex {
+                        db,
+                        path: path.to_path_buf(),
+                    })
                 }
-                other => err(path, other),
-            })?;
-        Ok(SledIndex {
-            db,
-            path: path.to_path_buf(),
-        })
+                Err(e) if is_lock_error(&e) => {
+                    if std::time::Instant::now() >= deadline {
+                        return Err(Error::Busy(format!("index {}", path.display())));
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(other) => return Err(err(path, other)),
+            }
+        }
     }
 
     /// Directory of the index.
@@ -90,10 +116,14 @@ mod tests {
             ])
             .unwrap();
             s.commit(vec![Op::Remove(b"a".to_vec())]).unwrap();
-            assert!(matches!(
-                SledIndex::open(&p),
-                Err(Error::Busy(_)) | Err(Error::Index(_))
-            ));
+            // Held: busy, after waiting out LOCK_WAIT.
+            let t = std::time::Instant::now();
+            assert!(matches!(SledIndex::open(&p), Err(Error::Busy(_))));
+            assert!(t.elapsed() >= LOCK_WAIT);
+        }
+        // Dropped a moment ago: opens (the lock sled lets go of late is waited out).
+        for _ in 0..20 {
+            drop(SledIndex::open(&p).unwrap());
         }
         let s = SledIndex::open(&p).unwrap();
         assert_eq!(s.load().unwrap(), vec![(b"b".to_vec(), b"2".to_vec())]);
