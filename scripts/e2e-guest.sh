@@ -12,10 +12,12 @@
 #   2. ext4, xfs, btrfs, f2fs in turn: mkfs, mount, write a tree of files, md5sums,
 #      unmount, the file system's own checker in read-only mode, remount, verify; then
 #      `del`, `ftlblk check`, `add` of the same backing, verify again.
-#   3. ext4: fstrim after deleting a file lowers `mapped_blocks` in `ftlblk stats`; a
-#      file of 55% of the free space written three times, deleted and fstrim'd: within
-#      15 s of idle the backing's allocation (du) shrinks by at least 40% (dead segments
-#      checkpointed, freed and discarded), shown by `ftlblk stats`.
+#   3. ext4: fstrim after deleting a file lowers `mapped_blocks` in `ftlblk stats`;
+#      3b. a second device on a 512M backing kept on a tmpfs (the work directory, the
+#      host's /tmp over 9p, cannot punch holes), ext4 on it: a file of 55%
+#      of the free space written three times, deleted and fstrim'd: within 15 s of idle
+#      the backing's allocation (du) shrinks by at least 40% (dead segments checkpointed,
+#      freed and discarded), shown by `ftlblk stats`; del, `ftlblk check`.
 #   4. kill -9 of the daemon during fio O_SYNC random writes with crc32c verify headers
 #      on the mounted ext4; `recover`; fio completes and verifies every block; e2fsck clean,
 #      old checksums match; `del`, `ftlblk check`.
@@ -44,7 +46,10 @@ FILESYSTEMS="${FTLBLK_E2E_FS:-ext4 xfs btrfs f2fs}"
 FIO_SECONDS="${FTLBLK_E2E_FIO_SECONDS:-5}"
 IMG="$WORK/t.img"
 MNT="$WORK/m"
+MNT2="$WORK/m2"
+PUNCH="$WORK/punch"
 ID=""
+ID2=""
 DEV=""
 LOOPDEV=""
 
@@ -107,6 +112,9 @@ mkfs_of() { # fs dev
 cleanup() {
     set +e
     mountpoint -q "$MNT" 2>/dev/null && umount "$MNT"
+    mountpoint -q "$MNT2" 2>/dev/null && umount "$MNT2"
+    [ -n "$ID2" ] && "$BIN" del -n "$ID2" >/dev/null 2>&1
+    mountpoint -q "$PUNCH" 2>/dev/null && umount "$PUNCH"
     [ -n "$LOOPDEV" ] && losetup -d "$LOOPDEV"
     "$BIN" del --all >/dev/null 2>&1
 }
@@ -175,29 +183,43 @@ echo "mapped blocks: $before before, $after after fstrim"
 "$BIN" stats -n "$ID" --json | grep -q '"waf"' || fail "stats --json has no waf"
 "$BIN" stats -n "$ID" --json | grep -q '"bytes_per_block"' || fail "stats --json has no classifier figures"
 
-step "3b. ext4: a deleted and fstrim'd file goes back to the backing's file system"
-free_kib=$(df --output=avail -k "$MNT" | tail -n1)
+step "3b. a deleted and fstrim'd file goes back to the backing's file system"
+# The work directory is the host's /tmp over 9p, which cannot punch holes: this backing
+# lives on a tmpfs in the guest, which can (and takes O_DIRECT). A second device, beside
+# the first.
+mkdir -p "$PUNCH" "$MNT2"
+mount -t tmpfs -o size=600M tmpfs "$PUNCH" || fail "mount a tmpfs for the backing"
+out="$("$BIN" add --backing "$PUNCH/b.img" --size 512M)" || fail "add on $PUNCH"
+ID2="$(echo "$out" | json_num id)"
+mkfs_of ext4 "/dev/ublkb$ID2" || fail "mkfs ext4 on ublkb$ID2"
+mount "/dev/ublkb$ID2" "$MNT2" || fail "mount ublkb$ID2"
+free_kib=$(df --output=avail -k "$MNT2" | tail -n1)
 big_mib=$((free_kib * 55 / 100 / 1024))
 for i in 1 2 3; do
-    dd if=/dev/zero of="$MNT/space" bs=1M count="$big_mib" conv=fsync status=none \
+    dd if=/dev/zero of="$MNT2/space" bs=1M count="$big_mib" conv=fsync status=none \
         || fail "writing $big_mib MiB (pass $i)"
 done
 sync
-alloc_before=$(du -B1 "$IMG" | cut -f1)
-rm "$MNT/space"
+alloc_before=$(du -B1 "$PUNCH/b.img" | cut -f1)
+rm "$MNT2/space"
 sync
-fstrim "$MNT" || fail "fstrim"
+fstrim "$MNT2" || fail "fstrim"
 alloc_after=$alloc_before
 for _ in $(seq 1 15); do
     sleep 1
-    alloc_after=$(du -B1 "$IMG" | cut -f1)
+    alloc_after=$(du -B1 "$PUNCH/b.img" | cut -f1)
     [ "$alloc_after" -le $((alloc_before * 60 / 100)) ] && break
 done
-"$BIN" stats -n "$ID" | grep -E "free segments|discarded|backing allocated" || fail "stats"
+"$BIN" stats -n "$ID2" | grep -E "free segments|discarded|backing allocated" || fail "stats"
 echo "backing allocation: $alloc_before bytes before fstrim, $alloc_after after (file of $big_mib MiB x3)"
 [ "$alloc_after" -le $((alloc_before * 60 / 100)) ] \
     || fail "the backing's allocation did not shrink by 40% within 15 s ($alloc_before -> $alloc_after)"
-"$BIN" stats -n "$ID" | grep -q "backing allocated" || fail "stats does not show the backing's allocation"
+"$BIN" stats -n "$ID2" | grep -q "backing allocated" || fail "stats does not show the backing's allocation"
+umount "$MNT2"
+"$BIN" del -n "$ID2" || fail "del -n $ID2"
+"$BIN" check --backing "$PUNCH/b.img" || fail "ftlblk check found problems after 3b"
+ID2=""
+umount "$PUNCH"
 
 # ---------------------------------------------------------------------------------------
 step "4. kill -9 of the daemon during fio writes (3 times), recover, verify"

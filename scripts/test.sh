@@ -31,30 +31,49 @@ command -v cargo >/dev/null || { echo "test.sh: cargo not found (install rustup)
 echo "== cargo fmt --check"
 cargo fmt --all --check
 
+# Runs a command with its output appended to log $1 and only the lines matching $2
+# shown; returns the command's own status. (The `cmd | tee | grep || true` this replaces
+# lost it: under pipefail a failing command made the pipeline fail, `|| true` ran and
+# PIPESTATUS became true's, so a failing test, fuzz replay or VM run passed the suite.)
+filtered() { # log pattern command...
+    local log=$1 pat=$2
+    shift 2
+    "$@" 2>&1 | tee -a "$log" | grep -E "$pat"
+    local st=("${PIPESTATUS[@]}")
+    return "${st[0]}"
+}
+: > /tmp/ftlblk-test.log
+
 echo "== cargo test (workspace, release)"
-cargo test --workspace --release 2>&1 | tee /tmp/ftlblk-test.log | grep -E "^(test result|running|error|warning: unused)|FAILED|panicked" || true
-status=${PIPESTATUS[0]}
+status=0
+filtered /tmp/ftlblk-test.log "^(test result|running|error|warning: unused)|FAILED|panicked" \
+    cargo test --workspace --release || status=$?
 if [ "$status" -ne 0 ]; then
-    echo "test.sh: cargo test failed (full log: /tmp/ftlblk-test.log)" >&2
+    echo "test.sh: cargo test failed (exit $status; full log: /tmp/ftlblk-test.log)" >&2
     tail -50 /tmp/ftlblk-test.log >&2
     exit "$status"
 fi
 echo "== schedule exploration under shuttle (ftl --features shuttle)"
-cargo test -p ftl --features shuttle --test shuttle --release 2>&1 | tee -a /tmp/ftlblk-test.log | grep -E "^test result|FAILED|panicked|scenario [0-9]+:" || true
-[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "test.sh: shuttle tests failed (full log: /tmp/ftlblk-test.log)" >&2; tail -40 /tmp/ftlblk-test.log >&2; exit 1; }
+filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked|scenario [0-9]+:" \
+    cargo test -p ftl --features shuttle --test shuttle --release \
+    || { echo "test.sh: shuttle tests failed (full log: /tmp/ftlblk-test.log)" >&2; tail -40 /tmp/ftlblk-test.log >&2; exit 1; }
 
 echo "== fuzz regressions and seed corpus replay (stable)"
-cargo test --manifest-path fuzz/Cargo.toml --release 2>&1 | tee -a /tmp/ftlblk-test.log | grep -E "^test result|FAILED|panicked" || true
-[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "test.sh: fuzz regression tests failed" >&2; exit 1; }
-cargo test --manifest-path fuzz/Cargo.toml --release --features sched --test sched 2>&1 | tee -a /tmp/ftlblk-test.log | grep -E "^test result|FAILED|panicked" || true
-[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "test.sh: sched fuzz regression tests failed" >&2; exit 1; }
+filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked" \
+    cargo test --manifest-path fuzz/Cargo.toml --release \
+    || { echo "test.sh: fuzz regression tests failed" >&2; tail -40 /tmp/ftlblk-test.log >&2; exit 1; }
+filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked" \
+    cargo test --manifest-path fuzz/Cargo.toml --release --features sched --test sched \
+    || { echo "test.sh: sched fuzz regression tests failed" >&2; tail -40 /tmp/ftlblk-test.log >&2; exit 1; }
 
 echo "== fuzzing: every target ${FUZZ_SECONDS:-60} s from the committed seeds"
 scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
 
 echo "== ublk end-to-end tests in the VM"
-scripts/vm-e2e.sh --no-deps 2>&1 | tee /tmp/ftlblk-e2e.log | grep -E "^(==|e2e|vm-run|vm-e2e|kill [0-9]|check while)|: ok|IOPS" || true
-e2e_status=${PIPESTATUS[0]}
+: > /tmp/ftlblk-e2e.log
+e2e_status=0
+filtered /tmp/ftlblk-e2e.log "^(==|e2e|vm-run|vm-e2e|kill [0-9]|check while|backing allocation)|: ok|IOPS" \
+    scripts/vm-e2e.sh --no-deps || e2e_status=$?
 if [ "$e2e_status" -ne 0 ]; then
     echo "test.sh: ublk end-to-end tests failed (exit $e2e_status; full log: /tmp/ftlblk-e2e.log)" >&2
     tail -60 /tmp/ftlblk-e2e.log >&2

@@ -23,7 +23,8 @@
 //!   referenced by the kernel after a call returns. Short transfers are resubmitted for the
 //!   remainder; a read that hits end-of-file fills the rest of the buffer with zeros.
 //!   `discard` uses a plain syscall (`BLKDISCARD` or a hole punch) and is advisory: a backing
-//!   that does not support it (`EOPNOTSUPP`) succeeds without doing anything.
+//!   that does not support it (`EOPNOTSUPP`) gets an `Unsupported` error, which callers
+//!   ignore but do not count as discarded.
 //!
 //! Errors from the data path keep their [`io::ErrorKind`] and name the operation, offset and
 //! path in their message; the underlying OS error is available as the error's source
@@ -448,8 +449,12 @@ impl BlockDevice for FileDevice {
         }
         let e = io::Error::last_os_error();
         if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
-            // Discard is advisory.
-            return Ok(());
+            // Discard is advisory, but not done: say so (callers count only discards
+            // that happened), e.g. a file on 9p, which cannot punch holes.
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("{} cannot discard (punch holes)", self.path.display()),
+            ));
         }
         Err(annotate("discard", offset, len_usize, &self.path, e))
     }
