@@ -47,6 +47,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             (counters.backing_blocks_written) as f64 / counters.user_blocks_written as f64
         };
         let map_ram_bytes = self.map.ram_bytes();
+        let (throttled_ns, space_wait_ns) = self.flow_wait_ns();
         Stats {
             exported_blocks: self.geo.exported_blocks,
             block_size: BLOCK_SIZE,
@@ -63,8 +64,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             map_dirty_bitmap_bytes: self.map.dirty_ram_bytes(),
             map_ram_bytes_per_block: map_ram_bytes as f64 / self.geo.exported_blocks.max(1) as f64,
             index_bytes_on_disk: self.index.size_on_disk(),
-            throttled_ns: self.flow_wait_ns().0,
-            space_wait_ns: self.flow_wait_ns().1,
+            throttled_ns,
+            space_wait_ns,
             checkpoint_times: self.checkpoint_times.get(),
         }
     }
