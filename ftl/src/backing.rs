@@ -1,8 +1,9 @@
 //! Opening a real backing (file or block device) with its sled index: the production
 //! composition of [`FileDevice`] and [`SledIndex`].
 
+use crate::config::Config;
 use crate::device::file::{FileDevice, OpenOptions};
-use crate::engine::{Config, Ftl};
+use crate::engine::Ftl;
 use crate::error::{Error, Result};
 use crate::geometry::FormatOptions;
 use crate::index::sled_store::SledIndex;

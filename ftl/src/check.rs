@@ -19,8 +19,8 @@
 //! beyond the point recovery stopped at).
 
 use crate::chunks::SegmentChunks;
+use crate::config::Config;
 use crate::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
-use crate::engine::Config;
 use crate::error::Result;
 use crate::index::IndexStore;
 use crate::map::MapEntry;
@@ -223,7 +223,7 @@ pub fn check_staged<D: BlockDevice, I: IndexStore>(
     }
     // 6. Live counts after replay, and open segments.
     for seg in 1..geo.segment_count {
-        let recorded = segs.valid[seg as usize].load(std::sync::atomic::Ordering::SeqCst);
+        let recorded = segs.valid(seg);
         if recorded != live[seg as usize] {
             problems.push(Problem::new(
                 "segment live counts",

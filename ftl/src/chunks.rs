@@ -79,7 +79,7 @@ impl<D: BlockDevice> Iterator for SegmentChunks<'_, D> {
 
     fn next(&mut self) -> Option<Self::Item> {
         let bps = self.geo.blocks_per_segment();
-        if self.done || self.off + 2 > bps {
+        if self.done || !self.geo.chunk_fits_at(self.off) {
             return None;
         }
         let at = (self.geo.segment_start(self.seg) + self.off as u64) * BLOCK_SIZE as u64;

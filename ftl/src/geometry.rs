@@ -177,6 +177,12 @@ impl Geometry {
         (pba / self.blocks_per_segment() as u64) as u32
     }
 
+    /// Whether a chunk can start at block `offset` of a segment: room for its summary
+    /// block and at least one data block. Where it cannot, the segment is full.
+    pub fn chunk_fits_at(&self, offset: u32) -> bool {
+        offset as u64 + 2 <= self.blocks_per_segment() as u64
+    }
+
     /// Total physical blocks in use.
     pub fn physical_blocks(&self) -> u64 {
         self.backing_bytes / BLOCK_SIZE as u64

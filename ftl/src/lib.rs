@@ -34,13 +34,13 @@
 //! - [`staging`]: the chunk buffers, kept where they outlive the server process;
 //! - [`model`]: the reference model shared by property tests and fuzz targets.
 
+mod append;
 pub mod backing;
 pub mod check;
-pub mod checkpoint;
 pub mod chunks;
 pub mod classify;
-pub mod clean;
 pub mod codec;
+mod config;
 pub mod device;
 pub mod engine;
 pub mod error;
@@ -56,20 +56,27 @@ pub mod request;
 #[cfg(feature = "shuttle")]
 pub mod sched;
 pub mod segments;
+mod space;
 pub mod staging;
-pub mod stats;
+mod stream;
 pub mod summary;
 pub mod superblock;
 mod sync;
+mod tables;
 pub mod tracker;
 pub mod writers;
 
-pub use clean::LiveBlock;
+pub use append::PendingChunks;
+pub use config::Config;
 pub use device::BlockDevice;
-pub use engine::{BlockLocation, Config, Ftl, PendingChunks, StreamId, GC_STREAM, TRIM_STREAM};
+pub use engine::checkpoint::{dead_batch_due, CheckpointReport, CheckpointTimesNs};
+pub use engine::reloc::{LiveBlock, MAX_READ_BYTES, READ_GAP_BLOCKS};
+pub use engine::stats::Stats;
+pub use engine::{BlockLocation, Ftl, READ_RETRIES};
 pub use error::{Error, Result};
 pub use geometry::{FormatOptions, Geometry};
 pub use index::IndexStore;
 pub use lifecycle::{format, read_superblock, OpenReport};
 pub use map::MapEntry;
+pub use stream::{StreamId, GC_STREAM, STREAMS, TRIM_STREAM};
 pub use writers::ChunkWriters;

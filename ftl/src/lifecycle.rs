@@ -13,18 +13,19 @@
 //! 3. a checkpoint with the new epoch is durable BEFORE any chunk of the session is
 //!    written (see `recovery.rs` for why).
 
+use crate::config::Config;
 use crate::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
-use crate::engine::{Config, Ftl};
+use crate::engine::Ftl;
 use crate::error::{Error, Result};
 use crate::geometry::{
     FormatOptions, Geometry, MAX_FLASH_PAGE_BYTES, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
 };
 use crate::index::{IndexStore, Key, Op};
-use crate::log::STREAMS;
 use crate::records::{CheckpointRecord, Counters};
 use crate::recovery::{recover, RecoveryReport};
 use crate::segments::Segments;
-use crate::staging::{AreaOwner, StagingArea, DEFAULT_SLOTS};
+use crate::staging::{StagingArea, DEFAULT_SLOTS};
+use crate::stream::STREAMS;
 use crate::superblock::{SbDecode, Superblock, SB_VERSION};
 use std::sync::Arc;
 
@@ -259,17 +260,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         let (sb, warnings) = read_superblock(&dev)?;
         let (parts, recovery) = recover(dev, index, sb, cfg, "index", staging)?;
         let ftl = Ftl::from_parts(parts);
-        ftl.map.mark_all_dirty();
-        ftl.checkpoint()?;
-        // Staging rule 4: the area is handed to this session only after the checkpoint
-        // that starts it is committed.
-        ftl.staging.reset(
-            AreaOwner {
-                uuid: ftl.sb.uuid,
-                epoch: ftl.epoch,
-            },
-            ftl.tracker.next_seq(),
-        );
+        ftl.start_session()?;
         Ok((ftl, OpenReport { recovery, warnings }))
     }
 }

@@ -14,9 +14,6 @@ use std::sync::Arc;
 
 pub use crate::staging::CHUNK_BUF_BYTES;
 
-/// Number of stream slots (user streams plus cleaner streams).
-pub const STREAMS: usize = 8;
-
 /// Data blocks a chunk starting at block `offset` of its segment may hold (one block is
 /// its summary; it never crosses the segment end).
 pub fn chunk_capacity(blocks_per_segment: u32, offset: u32) -> u32 {

@@ -18,18 +18,18 @@
 //! session, so chunks left beyond the break by a crashed session (epoch E) can never be
 //! mistaken for the new session's chunks with the same chain numbers (epoch E+1).
 
+use crate::config::Config;
 use crate::device::{BlockDevice, BLOCK_SIZE};
-use crate::engine::{Config, Parts};
+use crate::engine::Parts;
 use crate::error::{Error, Result};
 use crate::index::{IndexStore, Key};
-use crate::log::STREAMS;
 use crate::map::{L2p, MapEntry};
 use crate::records::{CheckpointRecord, MapPage, SegState, SegmentRecord};
 use crate::segments::Segments;
+use crate::stream::STREAMS;
 use crate::summary::{ChunkSummary, Entry};
 use crate::superblock::Superblock;
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 
 /// What recovery found.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -212,7 +212,7 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         let mut found = None;
         for (sid, cur) in cursors.iter().enumerate() {
             if let Some((seg, off)) = *cur {
-                if off + 2 <= bps {
+                if geo.chunk_fits_at(off) {
                     if let Some(s) = read_summary(seg, off)? {
                         if accept(&s, expected)
                             && s.stream as usize == sid
@@ -264,7 +264,7 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         }
         let next = off + s.total_blocks();
         let sid = s.stream as usize;
-        if next + 2 > bps {
+        if !geo.chunk_fits_at(next) {
             segs.close(seg);
             cursors[sid] = None;
         } else {
@@ -309,7 +309,7 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
     let mut mapped = 0;
     for (_, e) in map.iter_mapped() {
         if let Some(p) = e.pba() {
-            segs.valid[geo.segment_of(p as u64) as usize].fetch_add(1, Ordering::Relaxed);
+            segs.count_live(geo.segment_of(p as u64));
             mapped += 1;
         }
     }

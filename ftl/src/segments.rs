@@ -29,12 +29,13 @@ pub struct SegTableInner {
     pub free: VecDeque<u32>,
 }
 
-/// The segment table.
+/// The segment table. Its counters change only through the methods below, each named
+/// for the step of the log that calls it.
 pub struct Segments {
     inner: Mutex<SegTableInner>,
-    pub valid: Box<[AtomicU32]>,
-    pub unwritten: Box<[AtomicU32]>,
-    pub owner: Box<[AtomicU8]>,
+    valid: Box<[AtomicU32]>,
+    unwritten: Box<[AtomicU32]>,
+    owner: Box<[AtomicU8]>,
 }
 
 /// A plain copy of one segment's statistics, for policies and stats.
@@ -102,6 +103,51 @@ impl Segments {
     /// Number of segments.
     pub fn count(&self) -> u32 {
         self.valid.len() as u32
+    }
+
+    /// A block was appended into segment `new`, replacing one in `old` (if mapped):
+    /// called under the block's stripe lock, with the map change.
+    pub fn note_append(&self, new: u32, old: Option<u32>) {
+        self.valid[new as usize].fetch_add(1, Ordering::SeqCst);
+        if let Some(o) = old {
+            self.note_unmap(o);
+        }
+    }
+
+    /// A mapped block of segment `seg` was unmapped (trimmed or overwritten).
+    pub fn note_unmap(&self, seg: u32) {
+        self.valid[seg as usize].fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Recovery: a block of the recovered map lives in `seg`.
+    pub fn count_live(&self, seg: u32) {
+        self.valid[seg as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Live blocks of `seg` (0 for a segment that does not exist).
+    pub fn valid(&self, seg: u32) -> u32 {
+        self.valid
+            .get(seg as usize)
+            .map_or(0, |v| v.load(Ordering::SeqCst))
+    }
+
+    /// A chunk of `stream` opened in `seg`: until [`Segments::chunk_end`], reads of
+    /// `seg` look in the stream's buffers first.
+    pub fn chunk_begin(&self, seg: u32, stream: u8) {
+        self.owner[seg as usize].store(stream, Ordering::SeqCst);
+        self.unwritten[seg as usize].fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A chunk of `seg` is on the device (or was dropped empty).
+    pub fn chunk_end(&self, seg: u32) {
+        self.unwritten[seg as usize].fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// The stream whose buffers may hold blocks of `seg`, while some chunk of it is only
+    /// in memory.
+    pub fn buffered_owner(&self, seg: u32) -> Option<u8> {
+        (self.unwritten[seg as usize].load(Ordering::SeqCst) > 0)
+            .then(|| self.owner[seg as usize].load(Ordering::SeqCst))
     }
 
     /// Takes a free segment for `stream`, opened at entry sequence `seq`, unless that
@@ -229,7 +275,10 @@ mod tests {
         assert_eq!(t.free_count(), 3);
         let s = t.allocate(2, 10, 0).unwrap();
         assert_eq!(s, 1);
-        assert_eq!(t.owner[1].load(Ordering::SeqCst), 2);
+        t.chunk_begin(s, 2);
+        assert_eq!(t.buffered_owner(s), Some(2));
+        t.chunk_end(s);
+        assert_eq!(t.buffered_owner(s), None);
         t.close(s);
         assert_eq!(t.dead_closed(), vec![1]);
         let recs = t.records(&[1]);
@@ -238,7 +287,9 @@ mod tests {
         t.release(&[1]);
         assert_eq!(t.free_count(), 3);
         assert_eq!(t.snapshot()[1].erase_count, 1);
-        t.valid[2].store(1, Ordering::SeqCst);
+        t.note_append(2, None);
+        t.note_append(3, Some(2));
+        assert_eq!((t.valid(2), t.valid(3)), (0, 1));
         assert!(t.allocate(0, 0, 3).is_none(), "the reserve is kept");
         t.allocate(0, 0, 0);
         t.allocate(0, 0, 0);

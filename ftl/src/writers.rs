@@ -6,13 +6,18 @@
 //! checkpoints wait for the chunks below them as before (the tracker), wherever they
 //! are being written.
 //!
-//! Who may use it: anyone appending with a deferred sink; the pool owns no FTL state.
-//! Threads end when the pool is dropped (after writing what they were given).
+//! Who may use it: anyone appending with a deferred sink; the pool owns no FTL state and
+//! knows the FTL only as a [`ChunkSink`]. Threads end when the pool is dropped (after
+//! writing what they were given).
 
-use crate::device::BlockDevice;
-use crate::engine::{Ftl, PendingChunks};
-use crate::index::IndexStore;
+use crate::append::PendingChunks;
 use std::sync::{mpsc, Arc, Mutex};
+
+/// Where the pool's threads write what they are handed (the FTL: `Ftl::write_pending`).
+pub trait ChunkSink: Send + Sync + 'static {
+    /// Writes the chunks and retires them; a failure poisons the sink.
+    fn write_pending(&self, p: PendingChunks) -> crate::Result<()>;
+}
 
 /// The pool's end: hand chunks over with [`ChunkWriters::send`].
 pub struct ChunkWriters {
@@ -22,11 +27,7 @@ pub struct ChunkWriters {
 impl ChunkWriters {
     /// Starts `threads` writers of `ftl`'s chunks. At most `threads` batches wait for
     /// them; a sender blocks beyond that (each batch holds staging slots).
-    pub fn spawn<D, I>(ftl: &Arc<Ftl<D, I>>, threads: usize, name: &str) -> std::io::Result<Self>
-    where
-        D: BlockDevice + 'static,
-        I: IndexStore + 'static,
-    {
+    pub fn spawn<S: ChunkSink>(ftl: &Arc<S>, threads: usize, name: &str) -> std::io::Result<Self> {
         let threads = threads.max(1);
         let (tx, rx) = mpsc::sync_channel::<PendingChunks>(threads);
         let rx = Arc::new(Mutex::new(rx));

@@ -151,7 +151,7 @@ fn per_stream_figures_add_up() {
         // a chunk is sealed, so the data still in open chunks (at most one chunk per
         // stream) is not in it yet.
         let accounted = r.user_blocks + r.relocated_blocks + r.summary_blocks + r.padding_blocks;
-        let open_at_most = (ftl::log::STREAMS * ftl::summary::MAX_CHUNK_DATA) as u64;
+        let open_at_most = (ftl::STREAMS * ftl::summary::MAX_CHUNK_DATA) as u64;
         assert!(
             accounted >= r.backing_blocks && accounted - r.backing_blocks <= open_at_most,
             "{classifier:?}: {accounted} blocks accounted, {} written",

@@ -61,7 +61,7 @@ mod online;
 
 pub use online::Classifier;
 
-use crate::engine::StreamId;
+use crate::stream::StreamId;
 
 /// Number of classes (and streams) available for placement.
 pub const CLASSES: usize = 7;

@@ -4,7 +4,7 @@ use super::{
     class_lifetime, class_of, implied_lifetime_log2, plan, relocation_lifetime, stream_of,
     write_lifetime, Params, Stat, CLASSES,
 };
-use crate::engine::StreamId;
+use crate::stream::StreamId;
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 
 /// Per-block write clock and interval stat (6 bytes per block), the live-block count

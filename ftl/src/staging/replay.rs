@@ -11,7 +11,8 @@
 use super::{AreaHeader, SlotState, StagedSlot, StagingArea};
 use crate::device::{BlockDevice, BLOCK_SIZE};
 use crate::error::{Error, Result};
-use crate::log::{chunk_capacity, seal, OpenChunk, SealParams, STREAMS};
+use crate::log::{chunk_capacity, seal, OpenChunk, SealParams};
+use crate::stream::STREAMS;
 use crate::summary::Entry;
 use crate::superblock::Superblock;
 use std::sync::Arc;
@@ -106,7 +107,7 @@ pub fn replay<D: BlockDevice>(
         let capacity = chunk_capacity(bps, p.offset);
         if p.seg == 0
             || p.seg >= geo.segment_count
-            || p.offset + 2 > bps
+            || !geo.chunk_fits_at(p.offset)
             || p.start_pba != geo.segment_start(p.seg) + p.offset as u64
             || p.stream as usize >= STREAMS
             || data_blocks > capacity as usize

@@ -168,9 +168,10 @@ fn a_death_between_any_two_sealing_stores_loses_no_completed_write() {
         // Stream 2 starts sealing: it takes the next number under the tracker lock and
         // the process dies after `upto` of the stores.
         {
-            let st = crate::sync::lock(&f.streams[2]);
+            let log = f.appender();
+            let st = log.stream(StreamId(2)).unwrap();
             let chunk = st.chunk.as_ref().unwrap();
-            f.tracker.begin_with(|n| chunk.buf.seal_steps(n, upto));
+            log.tracker().begin_with(|n| chunk.buf.seal_steps(n, upto));
         }
         let staging = f.staging().clone();
         drop(f);

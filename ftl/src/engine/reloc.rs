@@ -1,11 +1,15 @@
-//! What the FTL offers a cleaner (the `cleaner` crate drives it):
+//! Relocation, and the rest of what the FTL offers a cleaner (the `cleaner` crate drives
+//! it; nothing else in this crate calls it):
 //! - [`Ftl::live_blocks`]: the live blocks of a closed segment, from its on-disk chunk
 //!   summaries checked against the map, sorted by LBA (relocation order: cleaning also
 //!   defragments);
 //! - [`Ftl::read_live`]: a live block's data, verified against its map entry;
-//! - [`Ftl::relocate`] (in `engine.rs`): compare-and-swap move into [`GC_STREAM`];
-//! - free-space signalling: writers that find no free segment wait (bounded by
-//!   `Config::space_wait`) while a cleaner is attached, instead of failing at once;
+//! - [`Ftl::relocate`], [`Ftl::relocate_deferred`]: compare-and-swap moves (the append
+//!   itself is the appender's, rule 6 there), into the block's class stream or
+//!   [`GC_STREAM`], which alone may take the cleaner's reserve;
+//! - the reads of a victim: its live blocks in few large reads, or its whole window;
+//! - the cleaner's side of free-space flow control (`space.rs`): attach, so writers that
+//!   find no free segment wait (bounded by `Config::space_wait`) instead of failing;
 //! - [`Ftl::set_write_pace`]: the pace the cleaner's throttle sets for all writers
 //!   together (one block per interval, admitted in arrival order);
 //! - [`Ftl::close_stream`]: gives up a stream's open segment, so the free space left in it
@@ -14,19 +18,19 @@
 //! Invariant: a relocation moves a block only if the map still points at the old place,
 //! so a user write landing on a victim's block meanwhile is never lost.
 
+use super::Ftl;
+use crate::append::PendingChunks;
 use crate::chunks::SegmentChunks;
 use crate::device::{BlockDevice, BLOCK_SIZE};
-use crate::engine::Ftl;
 use crate::error::{Error, Result};
 use crate::index::IndexStore;
 use crate::map::MapEntry;
 use crate::records::SegState;
+use crate::stream::{StreamId, GC_STREAM};
 use crate::summary::Entry;
-use crate::sync::{lock, wait_timeout, AtomicBool, AtomicU64, Condvar, Mutex};
+use crate::tables::LiveCounters;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
-
-pub use crate::engine::GC_STREAM;
+use std::time::Duration;
 
 /// Dead blocks a victim read spans rather than splitting into two reads.
 pub const READ_GAP_BLOCKS: u64 = 2;
@@ -56,172 +60,115 @@ pub struct LiveBlock {
     pub entry: MapEntry,
 }
 
-/// Unused pacing time a writer may draw on: a pause of the writers does not buy a
-/// burst longer than this.
-const PACE_SLACK_NS: u64 = 1_000_000;
-
-/// Writers waiting for free segments, and the cleaner's signals to them.
-pub struct SpaceWaiters {
-    generation: Mutex<u64>,
-    cv: Condvar,
-    cleaner_attached: AtomicBool,
-    /// The throttle: nanoseconds between two blocks admitted, over all writers (0: none).
-    pace_ns: AtomicU64,
-    /// When (nanoseconds after `clock`) the next block may go.
-    next_slot_ns: AtomicU64,
-    clock: Instant,
-    /// Foreground requests started (the cleaner compares it across a slice).
-    pub(crate) foreground_ops: AtomicU64,
-    /// Nanoseconds writers spent in the throttle, and waiting for free segments.
-    pub(crate) throttled_ns: AtomicU64,
-    pub(crate) space_wait_ns: AtomicU64,
-}
-
-impl Default for SpaceWaiters {
-    fn default() -> Self {
-        SpaceWaiters {
-            generation: Mutex::new(0),
-            cv: Condvar::new(),
-            cleaner_attached: AtomicBool::new(false),
-            pace_ns: AtomicU64::new(0),
-            next_slot_ns: AtomicU64::new(0),
-            clock: Instant::now(),
-            foreground_ops: AtomicU64::new(0),
-            throttled_ns: AtomicU64::new(0),
-            space_wait_ns: AtomicU64::new(0),
-        }
+impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
+    /// Relocations diverted to [`GC_STREAM`] since open (see [`Ftl::relocate`]).
+    pub fn relocations_diverted(&self) -> u64 {
+        self.diverted.load(Ordering::Relaxed)
     }
-}
 
-impl SpaceWaiters {
-    /// Reserves `blocks` slots of the pace; returns how long the caller must wait for
-    /// them (zero when unpaced or the schedule is behind). The slots are handed out in
-    /// arrival order with a compare-and-swap on the next free slot, so writers are
-    /// spread evenly at the pace instead of each sleeping a fixed delay.
-    fn reserve_slots(&self, blocks: u64) -> Duration {
-        let pace = self.pace_ns.load(Ordering::Relaxed);
-        if pace == 0 {
-            return Duration::ZERO;
+    /// Moves a block for the cleaner: appends `data` for `lba` in `stream` only if the map
+    /// still holds `expected` (compare-and-swap). Returns whether it moved. Only
+    /// relocations into [`GC_STREAM`] may open segments out of the cleaner's reserve; a
+    /// relocation whose own stream would need it goes to [`GC_STREAM`] instead. Data that
+    /// does not match `expected`'s crc32c is not moved: skipped if the map moved on
+    /// meanwhile, an error if it still holds `expected`.
+    pub fn relocate(
+        &self,
+        lba: u64,
+        expected: MapEntry,
+        data: &[u8],
+        stream: StreamId,
+    ) -> Result<bool> {
+        let mut pending = PendingChunks::default();
+        let r = self.relocate_deferred(lba, expected, data, stream, &mut pending);
+        let w = self.write_pending(pending);
+        let moved = r?;
+        w?;
+        Ok(moved)
+    }
+
+    /// [`Ftl::relocate`], leaving the device writes of the chunks it seals to the caller
+    /// (in `pending`, for [`Ftl::write_pending`], e.g. on another thread while the
+    /// cleaner goes on). Until they are written they hold staging slots and every FLUSH
+    /// and checkpoint after them waits for them.
+    pub fn relocate_deferred(
+        &self,
+        lba: u64,
+        expected: MapEntry,
+        data: &[u8],
+        stream: StreamId,
+        pending: &mut PendingChunks,
+    ) -> Result<bool> {
+        if data.len() != BLOCK_SIZE {
+            return Err(Error::Unaligned(format!(
+                "relocate takes one block, got {} bytes",
+                data.len()
+            )));
         }
-        let cost = pace.saturating_mul(blocks);
-        let now = self.clock.elapsed().as_nanos() as u64;
-        let mut cur = self.next_slot_ns.load(Ordering::Relaxed);
-        loop {
-            let start = cur.max(now.saturating_sub(PACE_SLACK_NS));
-            match self.next_slot_ns.compare_exchange_weak(
-                cur,
-                start.saturating_add(cost),
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Duration::from_nanos(start.saturating_sub(now)),
-                Err(c) => cur = c,
+        self.check_range(lba, 1)?;
+        self.check_poison()?;
+        let crc = crc32c::crc32c(data);
+        if crc != expected.crc() {
+            // Data that does not match an entry the map no longer holds: the block moved
+            // on (nothing to relocate); one the map still holds is corrupt.
+            if !self.verify_block(lba, expected, data)? {
+                return Ok(false);
             }
         }
+        let mut moved = false;
+        let mut append = |s: StreamId, pending: &mut PendingChunks| {
+            self.append_loop(s, 1, true, true, Some(pending), |st, _| {
+                moved = self
+                    .log
+                    .append_block(&self.t, st, lba, data, crc, Some(expected))?;
+                Ok(())
+            })
+        };
+        match append(stream, pending) {
+            Err(Error::NoSpace) if stream != GC_STREAM => {
+                self.diverted.fetch_add(1, Ordering::Relaxed);
+                append(GC_STREAM, pending)?;
+            }
+            r => r?,
+        }
+        if moved {
+            LiveCounters::add(&self.t.counters.relocated_blocks, 1);
+            self.ckpt.note_appended(1);
+        }
+        Ok(moved)
     }
 
-    /// Wakes writers: segments were freed.
-    pub fn notify(&self) {
-        let mut g = lock(&self.generation);
-        *g += 1;
-        drop(g);
-        self.cv.notify_all();
-    }
-}
-
-impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Declares that a cleaner runs: writers short of space wait for it.
     pub fn attach_cleaner(&self, attached: bool) {
-        self.space
-            .cleaner_attached
-            .store(attached, Ordering::SeqCst);
-        self.space.notify();
-    }
-
-    pub(crate) fn cleaner_attached(&self) -> bool {
-        self.space.cleaner_attached.load(Ordering::SeqCst)
+        self.space.attach(attached);
     }
 
     /// Sets the throttle: writers together are admitted one block per `interval`
     /// (zero: no throttle). The cleaner sets it from its measured cleaning rate.
     pub fn set_write_pace(&self, interval: Duration) {
-        self.space.pace_ns.store(
-            interval.as_nanos().min(u64::MAX as u128) as u64,
-            Ordering::Relaxed,
-        );
+        self.space.set_pace(interval);
     }
 
     /// Nanoseconds writers have spent in the throttle and waiting for free segments
     /// since open.
     pub fn flow_wait_ns(&self) -> (u64, u64) {
-        (
-            self.space.throttled_ns.load(Ordering::Relaxed),
-            self.space.space_wait_ns.load(Ordering::Relaxed),
-        )
+        self.space.wait_ns()
     }
 
     /// Current throttle: the interval between two blocks admitted (zero: none).
     pub fn write_pace(&self) -> Duration {
-        Duration::from_nanos(self.space.pace_ns.load(Ordering::Relaxed))
-    }
-
-    pub(crate) fn throttle(&self, blocks: u64) {
-        let d = self.space.reserve_slots(blocks);
-        if !d.is_zero() {
-            crate::sync::sleep(d);
-            self.space
-                .throttled_ns
-                .fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
-        }
-    }
-
-    /// Waits for a segment to be freed while a cleaner is attached. False when none is,
-    /// or nothing was freed within `Config::space_wait`.
-    pub(crate) fn wait_for_space(&self) -> Result<bool> {
-        if !self.space.cleaner_attached.load(Ordering::SeqCst) {
-            return Ok(false);
-        }
-        let began = Instant::now();
-        let deadline = began + self.cfg.space_wait;
-        let mut g = lock(&self.space.generation);
-        let start = *g;
-        let waited = || {
-            self.space
-                .space_wait_ns
-                .fetch_add(began.elapsed().as_nanos() as u64, Ordering::Relaxed)
-        };
-        while *g == start {
-            let now = Instant::now();
-            if now >= deadline {
-                waited();
-                return Ok(false);
-            }
-            g = wait_timeout(&self.space.cv, g, deadline - now);
-        }
-        drop(g);
-        waited();
-        self.check_poison()?;
-        Ok(true)
+        self.space.pace()
     }
 
     /// Foreground requests started so far; a change across a cleaning slice means
     /// foreground I/O is waiting or running, and the cleaner should yield.
     pub fn foreground_ops(&self) -> u64 {
-        self.space.foreground_ops.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn note_foreground(&self) {
-        self.space.foreground_ops.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The entry sequence number the next write gets (the FTL's clock for segment ages).
-    pub fn current_seq(&self) -> u64 {
-        self.entry_seq.load(Ordering::SeqCst)
+        self.space.foreground_ops()
     }
 
     /// Free segments now (including the cleaner's reserve).
     pub fn free_segments(&self) -> usize {
-        self.segs.free_count()
+        self.t.segs.free_count()
     }
 
     /// Closes `stream`'s open segment: seals and writes its open chunk if it holds
@@ -233,29 +180,15 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Does nothing while free segments are at or below the cleaner's reserve: the room
     /// left in an open segment is then what cleaning needs to finish its victim, and the
     /// stream's next write would need a free segment there is none of.
-    pub fn close_stream(&self, stream: crate::StreamId) -> Result<()> {
-        let Some(m) = self.streams.get(stream.0 as usize) else {
+    pub fn close_stream(&self, stream: StreamId) -> Result<()> {
+        if stream.0 as usize >= crate::stream::STREAMS {
             return Err(Error::InvalidParameters(format!("no stream {}", stream.0)));
-        };
-        if self.segs.free_count() <= self.cfg.gc_reserve_segments {
+        }
+        if self.t.segs.free_count() <= self.cfg.gc_reserve_segments {
             return Ok(());
         }
-        let mut out = Vec::new();
-        {
-            let mut st = lock(m);
-            if let Some(sealed) = self.seal_open(stream.0, &mut st)? {
-                out.push(sealed);
-            }
-            // Left: an open chunk with nothing in it, which nobody reads.
-            if let Some(empty) = st.chunk.take() {
-                self.segs.unwritten[empty.seg as usize].fetch_sub(1, Ordering::SeqCst);
-                drop(empty);
-            }
-            if let Some((seg, _)) = st.cursor.take() {
-                self.segs.close(seg);
-            }
-        }
-        self.write_chunks(out)
+        let sealed = self.log.close_segment(&self.t, stream)?;
+        self.write_chunks(sealed.into_iter().collect())
     }
 
     /// The cleaner's reserve, in segments.
@@ -272,17 +205,17 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// first bytes, read with [`Ftl::read_window`]) from it.
     pub fn live_blocks_in(&self, seg: u32, preloaded: &[u8]) -> Result<Vec<LiveBlock>> {
         if seg == 0
-            || seg >= self.geo.segment_count
-            || self.segs.state(seg) != Some(SegState::Closed)
+            || seg >= self.t.geo.segment_count
+            || self.t.segs.state(seg) != Some(SegState::Closed)
         {
             return Err(Error::InvalidParameters(format!(
                 "segment {seg} is not a closed log segment"
             )));
         }
-        let start = self.geo.segment_start(seg);
-        let below = (self.epoch, self.tracker.next_seq());
+        let start = self.t.geo.segment_start(seg);
+        let below = (self.epoch, self.log.tracker().next_seq());
         let mut out = Vec::new();
-        let walk = SegmentChunks::new(&self.dev, self.geo, seg, self.format_id(), below);
+        let walk = SegmentChunks::new(&self.dev, self.t.geo, seg, self.format_id(), below);
         for chunk in walk.preloaded(preloaded) {
             let (off, s) = chunk?;
             let mut k = 0u64;
@@ -290,8 +223,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 if let Entry::Data { lba, .. } = *e {
                     let pba = start + off as u64 + 1 + k;
                     k += 1;
-                    if lba < self.geo.exported_blocks {
-                        let cur = self.map.get(lba);
+                    if lba < self.t.geo.exported_blocks {
+                        let cur = self.t.map.get(lba);
                         if cur.pba() == Some(pba as u32) {
                             out.push(LiveBlock { lba, entry: cur });
                         }
@@ -381,15 +314,12 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
 
     /// Closed segments without live blocks, waiting for a checkpoint to become free.
     pub fn dead_segments(&self) -> usize {
-        self.segs.dead_closed().len()
+        self.t.segs.dead_closed().len()
     }
 
     /// Live-block count of a segment (from the in-memory table).
     pub fn segment_valid(&self, seg: u32) -> u32 {
-        self.segs
-            .valid
-            .get(seg as usize)
-            .map_or(0, |v| v.load(Ordering::SeqCst))
+        self.t.segs.valid(seg)
     }
 }
 

@@ -1,5 +1,13 @@
 //! Checkpoints: the map and segment table written to the index, so recovery replays only
-//! the log written since.
+//! the log written since, and the only way a dead segment returns to the free list.
+//!
+//! Owns the index store and what checkpoints keep between runs ([`Checkpointer`]: the
+//! one-at-a-time lock, blocks appended since the last one, the count and the step
+//! times). A checkpoint is a step over every part of the engine (it seals each stream
+//! under its lock, snapshots the tables, syncs through the device-sync group, frees
+//! segments and wakes writers), so it lives beside the engine as its child. Called by the
+//! engine (open, close, a writer out of space without a cleaner), by the cleaner's
+//! runner, and by tools.
 //!
 //! Crash-ordering rules of a checkpoint:
 //! 1. every stream's open chunk is sealed BEFORE the snapshot is taken, so the snapshot
@@ -21,14 +29,54 @@
 //!    the chunks a writer puts there (acknowledged data, and the chain recovery follows).
 //!    Test: `tests/orderings.rs`, `a_freed_segment_is_not_allocatable_until_...`.
 
+use super::Ftl;
 use crate::device::{BlockDevice, BLOCK_SIZE};
-use crate::engine::Ftl;
 use crate::error::Result;
 use crate::index::{IndexStore, Key, Op};
 use crate::records::{CheckpointRecord, MapPage};
-use crate::sync::{lock, AtomicU64, MutexGuard};
+use crate::sync::{lock, AtomicU64, Mutex};
+use crate::tables::LiveCounters;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
+
+/// The index and what checkpoints keep between runs.
+pub(crate) struct Checkpointer<I> {
+    pub(crate) index: I,
+    /// One checkpoint at a time.
+    lock: Mutex<()>,
+    /// Blocks appended since the last checkpoint's snapshot.
+    appended: AtomicU64,
+    /// Checkpoints completed since open.
+    count: AtomicU64,
+    times: CheckpointTimes,
+}
+
+impl<I> Checkpointer<I> {
+    pub(crate) fn new(index: I) -> Self {
+        Checkpointer {
+            index,
+            lock: Mutex::new(()),
+            appended: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+            times: CheckpointTimes::default(),
+        }
+    }
+
+    /// `n` blocks were appended (writes and relocations).
+    pub(crate) fn note_appended(&self, n: u64) {
+        self.appended.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Checkpoints completed since open.
+    pub(crate) fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Where checkpoints spent their time since open.
+    pub(crate) fn times(&self) -> CheckpointTimesNs {
+        self.times.get()
+    }
+}
 
 /// Nanoseconds checkpoints spent in each step since open, summed.
 #[derive(Default)]
@@ -79,42 +127,44 @@ pub struct CheckpointReport {
 impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Writes a checkpoint now.
     pub fn checkpoint(&self) -> Result<CheckpointReport> {
-        let _one = lock(&self.checkpoint_lock);
+        let ck = &self.ckpt;
+        let _one = lock(&ck.lock);
         self.check_poison()?;
-        let times = &self.checkpoint_times;
+        let times = &ck.times;
+        let (tables, map, segs) = (&self.t, &self.t.map, &self.t.segs);
         let mut t = Instant::now();
-        let mut guards: Vec<MutexGuard<'_, _>> = self.streams.iter().map(|s| lock(s)).collect();
+        let mut guards = self.log.lock_all();
         // Rule 1: sealed under the locks; written once they are released (below).
         let mut sealed = Vec::new();
         for (sid, guard) in guards.iter_mut().enumerate() {
-            if let Some(c) = self.seal_open(sid as u8, guard)? {
+            if let Some(c) = self.log.seal_open(tables, sid as u8, guard)? {
                 sealed.push(c);
             }
         }
-        let next_chunk_seq = self.tracker.next_seq();
+        let next_chunk_seq = self.log.tracker().next_seq();
         // Rule 2.
-        let dirty = self.map.take_dirty();
-        let pages: Vec<(u64, Vec<u64>)> = dirty.iter().map(|&p| (p, self.map.page(p))).collect();
-        let dead = self.segs.dead_closed();
-        let seg_records = self.segs.records(&dead);
+        let dirty = map.take_dirty();
+        let pages: Vec<(u64, Vec<u64>)> = dirty.iter().map(|&p| (p, map.page(p))).collect();
+        let dead = segs.dead_closed();
+        let seg_records = segs.records(&dead);
         let header = CheckpointRecord {
             uuid: self.sb.uuid,
             epoch: self.epoch,
             next_chunk_seq,
-            next_entry_seq: self.entry_seq.load(Ordering::SeqCst),
-            exported_blocks: self.geo.exported_blocks,
-            segment_count: self.geo.segment_count,
-            counters: self.counters.get(),
+            next_entry_seq: self.log.next_entry_seq(),
+            exported_blocks: tables.geo.exported_blocks,
+            segment_count: tables.geo.segment_count,
+            counters: tables.counters.get(),
             cursors: guards.iter().map(|g| g.cursor).collect(),
         };
-        self.appended_since_checkpoint.store(0, Ordering::Relaxed);
+        ck.appended.store(0, Ordering::Relaxed);
         drop(guards);
         times.add(&times.snapshot, &mut t);
         // Writing them under the locks held every writer for up to one chunk write per
         // stream. Rule 3 below waits for them (and any other chunk below the snapshot).
         if let Err(e) = self.write_chunks(sealed) {
             for p in dirty {
-                self.map.mark_dirty(p);
+                map.mark_dirty(p);
             }
             return Err(e);
         }
@@ -141,11 +191,11 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         // Rule 3, then rule 4; on failure the pages stay dirty for the next checkpoint.
         let committed = self.flush_upto(next_chunk_seq).and_then(|()| {
             times.add(&times.sync, &mut t);
-            self.index.commit(ops)
+            ck.index.commit(ops)
         });
         if let Err(e) = committed {
             for p in dirty {
-                self.map.mark_dirty(p);
+                map.mark_dirty(p);
             }
             return Err(e);
         }
@@ -154,19 +204,18 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         // (the checkpoint lock keeps any other checkpoint from recording it meanwhile).
         for &s in &dead {
             if self.cfg.discard_freed {
-                let off = self.geo.segment_start(s) * BLOCK_SIZE as u64;
+                let bytes = tables.geo.segment_bytes;
+                let off = tables.geo.segment_start(s) * BLOCK_SIZE as u64;
                 // Discard is advisory: a failure loses nothing, so it is counted, not fatal.
-                if self.dev.discard(off, self.geo.segment_bytes).is_ok() {
-                    self.counters
-                        .discarded_bytes
-                        .fetch_add(self.geo.segment_bytes, Ordering::Relaxed);
+                if self.dev.discard(off, bytes).is_ok() {
+                    LiveCounters::add(&tables.counters.discarded_bytes, bytes);
                 }
             }
-            self.segs.release(&[s]);
+            segs.release(&[s]);
             self.space.notify();
         }
         times.add(&times.release, &mut t);
-        self.checkpoints.fetch_add(1, Ordering::Relaxed);
+        ck.count.fetch_add(1, Ordering::Relaxed);
         Ok(CheckpointReport {
             pages_written: pages.len(),
             segments_freed: dead.len(),
@@ -178,15 +227,16 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// run low while a batch of dead ones waits for a checkpoint to be reusable
     /// ([`dead_batch_due`]).
     pub fn checkpoint_due(&self) -> bool {
-        let appended = self.appended_since_checkpoint.load(Ordering::Relaxed);
+        let appended = self.ckpt.appended.load(Ordering::Relaxed);
         if appended >= self.cfg.checkpoint_blocks {
             return true;
         }
+        let segs = &self.t.segs;
         appended > 0
             && dead_batch_due(
-                self.segs.free_count(),
-                self.segs.dead_closed().len(),
-                self.geo.segment_count as usize,
+                segs.free_count(),
+                segs.dead_closed().len(),
+                self.t.geo.segment_count as usize,
             )
     }
 }

@@ -1,7 +1,8 @@
-//! Figures for `ftlblk stats` and benchmarks.
+//! Figures for `ftlblk stats` and benchmarks: [`Stats`], a plain snapshot read from every
+//! part of the engine. Read-only; called by the control plane, benchmarks and tests.
 
+use super::Ftl;
 use crate::device::{BlockDevice, BLOCK_SIZE};
-use crate::engine::Ftl;
 use crate::index::IndexStore;
 use crate::records::Counters;
 use std::sync::atomic::Ordering;
@@ -34,44 +35,45 @@ pub struct Stats {
     /// Nanoseconds writers spent waiting for a free segment since open.
     pub space_wait_ns: u64,
     /// Where checkpoints spent their time since open.
-    pub checkpoint_times: crate::checkpoint::CheckpointTimesNs,
+    pub checkpoint_times: super::checkpoint::CheckpointTimesNs,
 }
 
 impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Current figures.
     pub fn stats(&self) -> Stats {
-        let counters = self.counters.get();
+        let counters = self.t.counters.get();
         let waf = if counters.user_blocks_written == 0 {
             0.0
         } else {
             (counters.backing_blocks_written) as f64 / counters.user_blocks_written as f64
         };
-        let map_ram_bytes = self.map.ram_bytes();
+        let (t, map) = (&self.t, &self.t.map);
+        let map_ram_bytes = map.ram_bytes();
         let (throttled_ns, space_wait_ns) = self.flow_wait_ns();
         Stats {
-            exported_blocks: self.geo.exported_blocks,
+            exported_blocks: t.geo.exported_blocks,
             block_size: BLOCK_SIZE,
-            segment_bytes: self.geo.segment_bytes,
-            segment_count: self.geo.segment_count,
-            free_segments: self.segs.free_count(),
-            dead_segments: self.segs.dead_closed().len(),
-            mapped_blocks: self.mapped.load(Ordering::Relaxed),
+            segment_bytes: t.geo.segment_bytes,
+            segment_count: t.geo.segment_count,
+            free_segments: t.segs.free_count(),
+            dead_segments: t.segs.dead_closed().len(),
+            mapped_blocks: t.mapped.load(Ordering::Relaxed),
             epoch: self.epoch,
-            checkpoints: self.checkpoints.load(Ordering::Relaxed),
+            checkpoints: self.ckpt.count(),
             counters,
             waf,
             map_ram_bytes,
-            map_dirty_bitmap_bytes: self.map.dirty_ram_bytes(),
-            map_ram_bytes_per_block: map_ram_bytes as f64 / self.geo.exported_blocks.max(1) as f64,
-            index_bytes_on_disk: self.index.size_on_disk(),
+            map_dirty_bitmap_bytes: map.dirty_ram_bytes(),
+            map_ram_bytes_per_block: map_ram_bytes as f64 / t.geo.exported_blocks.max(1) as f64,
+            index_bytes_on_disk: self.ckpt.index.size_on_disk(),
             throttled_ns,
             space_wait_ns,
-            checkpoint_times: self.checkpoint_times.get(),
+            checkpoint_times: self.ckpt.times(),
         }
     }
 
     /// Per-segment statistics (for cleaning policies).
     pub fn segment_snapshot(&self) -> Vec<crate::segments::SegmentSnapshot> {
-        self.segs.snapshot()
+        self.t.segs.snapshot()
     }
 }

@@ -1,0 +1,527 @@
+//! The appender: turns writes, TRIMs and relocations into chunks of the log.
+//!
+//! Owns each stream's open segment and open chunk ([`StreamLog`], one mutex per stream),
+//! the LBA stripe locks, the entry sequence, the chunk tracker (chain numbers handed out
+//! and completed), the staging slots the chunks are buffered in, and the poison (why the
+//! FTL turned read-only). It changes the [`Tables`] it is handed (map, segment counts,
+//! counters) and nothing else. Called by the engine (writes, TRIMs, FLUSH, relocation,
+//! reads of buffered blocks) and by the checkpoint (every stream sealed under its lock).
+//! It neither waits for space nor syncs the device: [`Room`] tells the caller what is
+//! missing, and the caller (the engine's append loop) waits.
+//!
+//! Rules carried out here (numbers as in the engine's list; staging rules as in
+//! `staging/mod.rs`):
+//! - rule 1: an entry's sequence number, its record in the open chunk and its map change
+//!   are one step under the stream lock and the LBA's stripe lock ([`Appender::append_block`],
+//!   [`Appender::trim_piece`]); staging rule 1 (data before entry) is in the slot's
+//!   `record`, called from here;
+//! - staging rule 2: a chunk's number reaches its slot under the tracker lock
+//!   ([`Appender::seal_open`]); staging rule 3: the slot is freed after the device write
+//!   and before the tracker learns it ([`Appender::write_chunk_io`]);
+//! - rule 4: a failed chunk write poisons BEFORE the tracker completes the chunk;
+//! - rule 5: a chunk number once handed out is completed whatever happens ([`SealGuard`],
+//!   [`PendingChunks`]'s drop);
+//! - rule 6: a relocation appends only if the map still holds what the cleaner read.
+//!
+//! Lock order: stream locks (ascending) -> stripe locks (ascending) -> segment table lock.
+//! No device I/O under a stripe or the segment-table lock; chunk writes happen with no
+//! stream lock held ([`Appender::write_chunks`]).
+
+use crate::device::{BlockDevice, BLOCK_SIZE};
+use crate::error::{Error, Result};
+use crate::geometry::Geometry;
+use crate::log::{chunk_capacity, seal, OpenChunk, SealParams, SealedChunk, StreamLog};
+use crate::map::MapEntry;
+use crate::staging::{SlotPlace, StagingArea};
+use crate::stream::{StreamId, GC_STREAM, STREAMS};
+use crate::sync::{lock, AtomicU64, Mutex, MutexGuard};
+use crate::tables::{LiveCounters, Tables};
+use crate::tracker::ChunkTracker;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Number of LBA stripe locks (also the largest TRIM record, in blocks).
+pub(crate) const STRIPES: usize = 4096;
+
+/// Why the FTL turned read-only, once it did (shared with [`PendingChunks`]).
+type Poison = Arc<Mutex<Option<String>>>;
+
+/// Records the first reason the FTL turned read-only.
+fn poison_with(p: &Mutex<Option<String>>, why: String) {
+    let mut p = lock(p);
+    if p.is_none() {
+        *p = Some(why);
+    }
+}
+
+/// Chunks sealed by `Ftl::relocate_deferred` (or a write handed to chunk writers) whose
+/// device writes are the caller's to issue, with `Ftl::write_pending`. Dropped unwritten
+/// (a panic on the way), it keeps rule 5: the FTL is poisoned, then the chunk numbers are
+/// completed, so no FLUSH or checkpoint waits for them forever.
+#[derive(Default)]
+pub struct PendingChunks {
+    chunks: Vec<Arc<SealedChunk>>,
+    owner: Option<(Arc<ChunkTracker>, Poison)>,
+}
+
+impl PendingChunks {
+    /// No chunk to write.
+    pub fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    pub(crate) fn take(&mut self) -> Vec<Arc<SealedChunk>> {
+        std::mem::take(&mut self.chunks)
+    }
+}
+
+impl Drop for PendingChunks {
+    fn drop(&mut self) {
+        if self.chunks.is_empty() {
+            return;
+        }
+        if let Some((tracker, poison)) = &self.owner {
+            poison_with(
+                poison,
+                format!("{} sealed chunks were dropped unwritten", self.chunks.len()),
+            );
+            for c in &self.chunks {
+                tracker.complete(c.chunk_seq);
+            }
+        }
+    }
+}
+
+/// Completes a chunk number whose sealing did not finish (rule 5), poisoning first
+/// (rule 4). Forgotten once the chunk is sealed and in flight.
+struct SealGuard<'a> {
+    tracker: &'a ChunkTracker,
+    poison: &'a Mutex<Option<String>>,
+    seq: u64,
+}
+
+impl Drop for SealGuard<'_> {
+    fn drop(&mut self) {
+        poison_with(
+            self.poison,
+            format!("sealing chunk {} did not finish", self.seq),
+        );
+        self.tracker.complete(self.seq);
+    }
+}
+
+/// Outcome of [`Appender::ensure_room`].
+pub(crate) enum Room {
+    Ready,
+    /// No free segment the caller may take: wait for the cleaner, or checkpoint.
+    NeedSpace,
+    /// Every staging slot is taken: wait for a chunk write to complete (no lock held).
+    NeedBuffer,
+}
+
+/// What the appender needs to know of the session, fixed at open.
+pub(crate) struct Session {
+    pub geo: Geometry,
+    pub epoch: u64,
+    pub format_id: u64,
+    /// Free segments only relocations into [`GC_STREAM`] may take.
+    pub gc_reserve: usize,
+    pub next_chunk_seq: u64,
+    pub next_entry_seq: u64,
+}
+
+/// The streams, their open chunks and everything that numbers and buffers them.
+pub(crate) struct Appender {
+    s: Session,
+    streams: Box<[Mutex<StreamLog>]>,
+    stripes: Box<[Mutex<()>]>,
+    entry_seq: AtomicU64,
+    tracker: Arc<ChunkTracker>,
+    staging: Arc<StagingArea>,
+    poison: Poison,
+}
+
+impl Appender {
+    /// An appender whose streams continue at `cursors` (where each one's next chunk goes).
+    pub fn new(s: Session, cursors: &[Option<(u32, u32)>], staging: Arc<StagingArea>) -> Self {
+        let streams = (0..STREAMS)
+            .map(|i| {
+                Mutex::new(StreamLog {
+                    cursor: cursors.get(i).copied().flatten(),
+                    ..Default::default()
+                })
+            })
+            .collect();
+        Appender {
+            streams,
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            entry_seq: AtomicU64::new(s.next_entry_seq),
+            tracker: Arc::new(ChunkTracker::new(s.next_chunk_seq)),
+            staging,
+            poison: Arc::new(Mutex::new(None)),
+            s,
+        }
+    }
+
+    /// The stream's log, locked; an error for a stream number out of range.
+    pub fn stream(&self, stream: StreamId) -> Result<MutexGuard<'_, StreamLog>> {
+        match self.streams.get(stream.0 as usize) {
+            Some(m) => Ok(lock(m)),
+            None => Err(Error::InvalidParameters(format!(
+                "stream {} >= {STREAMS}",
+                stream.0
+            ))),
+        }
+    }
+
+    /// Every stream's log, locked in ascending order (the checkpoint's snapshot).
+    pub fn lock_all(&self) -> Vec<MutexGuard<'_, StreamLog>> {
+        self.streams.iter().map(|s| lock(s)).collect()
+    }
+
+    /// The entry sequence number the next entry gets.
+    pub fn next_entry_seq(&self) -> u64 {
+        self.entry_seq.load(Ordering::SeqCst)
+    }
+
+    /// The chunk tracker (FLUSH and checkpoints wait on it).
+    pub fn tracker(&self) -> &ChunkTracker {
+        &self.tracker
+    }
+
+    /// The staging area the chunk buffers live in.
+    pub fn staging(&self) -> &Arc<StagingArea> {
+        &self.staging
+    }
+
+    /// Fails with the reason once the FTL turned read-only.
+    pub fn check_poison(&self) -> Result<()> {
+        match &*lock(&self.poison) {
+            Some(why) => Err(Error::ReadOnly(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Turns the FTL read-only (the first reason is kept).
+    pub fn set_poison(&self, why: String) {
+        poison_with(&self.poison, why);
+    }
+
+    /// Hands sealed chunks to `pending`, whose owner must write them.
+    pub fn defer(&self, pending: &mut PendingChunks, out: Vec<Arc<SealedChunk>>) {
+        if !out.is_empty() && pending.owner.is_none() {
+            pending.owner = Some((self.tracker.clone(), self.poison.clone()));
+        }
+        pending.chunks.extend(out);
+    }
+
+    fn seal_params(&self, stream: u8, chunk_seq: u64) -> SealParams {
+        SealParams {
+            chunk_seq,
+            epoch: self.s.epoch,
+            format_id: self.s.format_id,
+            stream,
+            blocks_per_page: self.s.geo.blocks_per_page(),
+            blocks_per_segment: self.s.geo.blocks_per_segment(),
+        }
+    }
+
+    /// Seals the stream's open chunk, if it holds anything.
+    pub fn seal_open(
+        &self,
+        t: &Tables,
+        stream: u8,
+        st: &mut StreamLog,
+    ) -> Result<Option<Arc<SealedChunk>>> {
+        let Some(chunk) = st.chunk.take() else {
+            return Ok(None);
+        };
+        if chunk.entries.is_empty() {
+            // Nothing recorded yet: keep the slot for the next append.
+            st.chunk = Some(chunk);
+            return Ok(None);
+        }
+        // Staging rule 2: the slot learns its number under the tracker lock.
+        let seq = self.tracker.begin_with(|n| chunk.buf.mark_sealed(n));
+        // Rule 5: from here the number is registered as incomplete, and every
+        // later FLUSH and checkpoint waits for it. If sealing fails or panics, the guard
+        // poisons the FTL and then completes the number, so they fail instead of
+        // waiting forever. Test: `engine::tests::a_panic_while_sealing_does_not_wedge_flush`.
+        let guard = SealGuard {
+            tracker: &self.tracker,
+            poison: &self.poison,
+            seq,
+        };
+        #[cfg(test)]
+        tests::maybe_panic_in_seal();
+        let offset = chunk.offset;
+        let seg = chunk.seg;
+        let (sealed, pad) = match seal(chunk, &self.seal_params(stream, seq)) {
+            Ok(x) => x,
+            Err(e) => {
+                poison_with(&self.poison, format!("sealing a chunk failed: {e}"));
+                drop(guard);
+                return Err(e);
+            }
+        };
+        std::mem::forget(guard);
+        let c = &t.counters;
+        LiveCounters::add(&c.padding_bytes, pad as u64 * BLOCK_SIZE as u64);
+        LiveCounters::add(&c.summary_blocks, 1);
+        LiveCounters::add(&c.backing_blocks_written, sealed.total_blocks as u64);
+        let next = offset + sealed.total_blocks;
+        if self.s.geo.chunk_fits_at(next) {
+            st.cursor = Some((seg, next));
+        } else {
+            t.segs.close(seg);
+            st.cursor = None;
+        }
+        let sealed = Arc::new(sealed);
+        st.inflight.push(sealed.clone());
+        Ok(Some(sealed))
+    }
+
+    /// Makes sure the stream has an open chunk with room for one entry (and a data block
+    /// when `data`), sealing the full one into `out`. Only a `relocation` into
+    /// [`GC_STREAM`] may open a segment out of the cleaner's reserve.
+    pub fn ensure_room(
+        &self,
+        t: &Tables,
+        stream: u8,
+        st: &mut StreamLog,
+        data: bool,
+        relocation: bool,
+        out: &mut Vec<Arc<SealedChunk>>,
+    ) -> Result<Room> {
+        loop {
+            if let Some(c) = &st.chunk {
+                let room = if data {
+                    c.has_data_room()
+                } else {
+                    c.has_entry_room()
+                };
+                if room && c.seq_fits(self.next_entry_seq()) {
+                    return Ok(Room::Ready);
+                }
+                if let Some(s) = self.seal_open(t, stream, st)? {
+                    out.push(s);
+                }
+                continue;
+            }
+            let Some(mut buf) = self.staging.try_take() else {
+                return Ok(Room::NeedBuffer);
+            };
+            let geo = &self.s.geo;
+            let (seg, offset) = match st.cursor {
+                Some((seg, off)) if geo.chunk_fits_at(off) => (seg, off),
+                other => {
+                    if let Some((seg, _)) = other {
+                        t.segs.close(seg);
+                        st.cursor = None;
+                    }
+                    // The reserve is the GC stream's alone: user writes, TRIM records
+                    // and relocations into any other stream keep it (a relocation that
+                    // would need it is diverted to GC_STREAM by `relocate`), so one
+                    // stream spends it, one victim at a time: a victim's live blocks
+                    // fit in the GC stream's open segment and the reserve, and the
+                    // victim's segment is dead afterwards.
+                    let keep = if relocation && stream == GC_STREAM.0 {
+                        0
+                    } else {
+                        self.s.gc_reserve
+                    };
+                    match t.segs.allocate(stream, self.next_entry_seq(), keep) {
+                        Some(seg) => (seg, 0),
+                        None => return Ok(Room::NeedSpace),
+                    }
+                }
+            };
+            st.cursor = Some((seg, offset));
+            let capacity = chunk_capacity(geo.blocks_per_segment(), offset) as u16;
+            let start_pba = geo.segment_start(seg) + offset as u64;
+            buf.open(SlotPlace {
+                stream,
+                seg,
+                offset,
+                start_pba,
+            });
+            t.segs.chunk_begin(seg, stream);
+            st.chunk = Some(OpenChunk {
+                seg,
+                offset,
+                start_pba,
+                capacity,
+                entries: Vec::new(),
+                data_blocks: 0,
+                buf,
+            });
+        }
+    }
+
+    /// Writes one sealed chunk and marks it complete. On failure the chunk stays in
+    /// memory (reads keep working), the device turns read-only and every later FLUSH
+    /// reports the failure.
+    ///
+    /// Rule 4: a failed write poisons the FTL BEFORE the tracker learns the chunk is
+    /// done. A FLUSH or checkpoint waiting for this chunk checks the poison right after
+    /// the wait, so it never syncs and acknowledges (or commits a map naming) blocks that
+    /// were not written. Test: `tests/shuttle.rs`,
+    /// `a_failed_chunk_write_is_never_covered_by_a_flush`.
+    fn write_chunk_io<D: BlockDevice>(&self, dev: &D, c: &SealedChunk) -> Result<()> {
+        let offset = c.start_pba * BLOCK_SIZE as u64;
+        let r = match dev.write_at(offset, c.bytes()) {
+            Ok(()) => {
+                // Staging rule 3: free in the staging area before the tracker knows.
+                c.buf.mark_written();
+                Ok(())
+            }
+            Err(e) => {
+                let err = Error::io("chunk write", offset, e);
+                self.set_poison(err.to_string());
+                Err(err)
+            }
+        };
+        self.tracker.complete(c.chunk_seq);
+        r
+    }
+
+    /// Drops a written chunk's buffer (reads now go to the device).
+    fn retire(&self, t: &Tables, st: &mut StreamLog, c: Arc<SealedChunk>) {
+        st.inflight.retain(|x| !Arc::ptr_eq(x, &c));
+        t.segs.chunk_end(c.seg);
+        // The staging slot returns to the free list with the last reference.
+        drop(c);
+    }
+
+    /// Writes sealed chunks to the device, then retires them. All writes complete before
+    /// any stream lock is taken: a checkpoint holding every stream lock may be waiting for
+    /// exactly these writes.
+    pub fn write_chunks<D: BlockDevice>(
+        &self,
+        dev: &D,
+        t: &Tables,
+        chunks: Vec<Arc<SealedChunk>>,
+    ) -> Result<()> {
+        let mut first_err = None;
+        let mut written = Vec::with_capacity(chunks.len());
+        for c in chunks {
+            match self.write_chunk_io(dev, &c) {
+                Ok(()) => written.push(c),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        for c in written {
+            let mut st = lock(&self.streams[c.stream as usize]);
+            self.retire(t, &mut st, c);
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Appends one block under the stream lock. With `expect`, only if the map still
+    /// holds `expect` (relocation); returns whether it was appended.
+    pub fn append_block(
+        &self,
+        t: &Tables,
+        st: &mut StreamLog,
+        lba: u64,
+        data: &[u8],
+        crc: u32,
+        expect: Option<MapEntry>,
+    ) -> Result<bool> {
+        let Some(chunk) = st.chunk.as_mut() else {
+            return Err(Error::Corrupt("append without an open chunk".into()));
+        };
+        let pba = chunk.next_data_pba();
+        let new = MapEntry::new(pba as u32, crc);
+        let _stripe = lock(&self.stripes[lba as usize % STRIPES]);
+        let old = t.map.get(lba);
+        // Rule 6: a relocation only if the map still holds what the cleaner read.
+        if expect.is_some_and(|e| e != old) {
+            return Ok(false);
+        }
+        // Rule 1: numbered, recorded and mapped under the stream and stripe locks.
+        let seq = self.entry_seq.fetch_add(1, Ordering::SeqCst);
+        chunk.push_data(lba, seq, crc, data);
+        let geo = &self.s.geo;
+        let old_seg = old.pba().map(|o| geo.segment_of(o as u64));
+        t.segs.note_append(geo.segment_of(pba), old_seg);
+        t.map.swap(lba, new);
+        if old_seg.is_none() {
+            LiveCounters::add(&t.mapped, 1);
+        }
+        Ok(true)
+    }
+
+    /// Unmaps at most [`STRIPES`] blocks under their stripe locks and logs one record.
+    pub fn trim_piece(&self, t: &Tables, st: &mut StreamLog, lba: u64, count: u32) -> Result<()> {
+        let Some(chunk) = st.chunk.as_mut() else {
+            return Err(Error::Corrupt("trim without an open chunk".into()));
+        };
+        let mut idx: Vec<usize> = (lba..lba + count as u64)
+            .map(|l| l as usize % STRIPES)
+            .collect();
+        idx.sort_unstable();
+        let _guards: Vec<_> = idx.iter().map(|&i| lock(&self.stripes[i])).collect();
+        // Rule 1, as for data.
+        let seq = self.entry_seq.fetch_add(1, Ordering::SeqCst);
+        for l in lba..lba + count as u64 {
+            if let Some(o) = t.map.get(l).pba() {
+                t.map.swap(l, MapEntry::UNMAPPED);
+                t.segs.note_unmap(self.s.geo.segment_of(o as u64));
+                t.mapped.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        chunk.push_trim(lba, seq, count);
+        Ok(())
+    }
+
+    /// Copies `pba` into `out` when a stream still buffers it (its chunk is not yet on
+    /// the device); false when the device has it.
+    pub fn copy_buffered(&self, t: &Tables, pba: u64, out: &mut [u8]) -> bool {
+        let Some(owner) = t.segs.buffered_owner(self.s.geo.segment_of(pba)) else {
+            return false;
+        };
+        let st = lock(&self.streams[owner as usize]);
+        match st.buffered(pba) {
+            Some(b) => {
+                out[..BLOCK_SIZE].copy_from_slice(b);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Gives up the stream's open segment: seals its open chunk (returned, to be written
+    /// by the caller), drops an empty one and closes the segment.
+    pub fn close_segment(&self, t: &Tables, stream: StreamId) -> Result<Option<Arc<SealedChunk>>> {
+        let mut st = self.stream(stream)?;
+        let sealed = self.seal_open(t, stream.0, &mut st)?;
+        // Left: an open chunk with nothing in it, which nobody reads.
+        if let Some(empty) = st.chunk.take() {
+            t.segs.chunk_end(empty.seg);
+            drop(empty);
+        }
+        if let Some((seg, _)) = st.cursor.take() {
+            t.segs.close(seg);
+        }
+        Ok(sealed)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::cell::Cell;
+
+    thread_local! {
+        pub(crate) static PANIC_IN_SEAL: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Test hook: panics inside `seal_open` on threads that asked for it.
+    pub(super) fn maybe_panic_in_seal() {
+        if PANIC_IN_SEAL.with(|p| p.get()) {
+            panic!("injected panic while sealing");
+        }
+    }
+}

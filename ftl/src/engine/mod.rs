@@ -1,0 +1,677 @@
+//! The FTL engine: [`Ftl`] and its public I/O API (write, trim, flush, locate, read,
+//! close). It owns the parts (appender, tables, space, checkpointer, group commits) and
+//! is the only module that combines them: the append loop (room, staging slots, free
+//! space, checkpoint when space runs out), FLUSH and the device-sync group. Its children
+//! add the rest of the API: [`reloc`] (what a cleaner calls), [`checkpoint`], [`stats`].
+//! Called by users of the crate (the ublk server, the cleaner, tools, tests). See the
+//! crate docs for the durability contract.
+//!
+//! Lock order (never acquired in the other direction):
+//! checkpoint lock -> stream locks (ascending) -> LBA stripe locks (ascending) -> segment
+//! table lock. Device I/O is never issued while a stripe or the segment-table lock is held.
+//!
+//! Ordering rules between threads (each a numbered comment where it is carried out:
+//! rules 1, 4, 5 and 6 in `append.rs`, 2, 3 and 7 here; the tests that break without
+//! each are listed in `docs/orderings.md`):
+//! 1. an entry gets its sequence number under its stream's lock, in the same step that
+//!    records it in the open chunk and (under its LBA's stripe lock) changes the map: a
+//!    sealer, which takes the stream lock, seals every entry numbered before it did;
+//! 2. a FLUSH takes its ticket (the next entry number) when it starts, and its leader
+//!    loads what it will cover BEFORE it seals: every write completed before the FLUSH is
+//!    below the ticket and in a chunk sealed by this leader or an earlier one;
+//! 3. every chunk below a target has completed its write BEFORE the device sync that
+//!    declares it durable (recovery stops at the first missing chunk);
+//! 4. a failed chunk write poisons the FTL BEFORE the tracker learns the chunk is done;
+//! 5. a chunk number, once handed out, is completed whatever happens to its sealing
+//!    (poisoned first), so no FLUSH or checkpoint waits for it forever;
+//! 6. a relocation appends only if the map still holds the entry it read (compare and
+//!    swap under the stripe lock), so a user write landing meanwhile is never undone;
+//! 7. a thread holding chunks whose writes it deferred ([`PendingChunks`]) writes them
+//!    BEFORE it waits for a staging slot, for free space or runs a checkpoint: each of
+//!    those waits for them. Dropped unwritten, they keep rule 5 (poison, then complete).
+
+use crate::append::{Appender, PendingChunks, Room, Session, STRIPES};
+use crate::config::Config;
+use crate::device::{BlockDevice, BLOCK_SIZE};
+use crate::error::{Error, Result};
+use crate::geometry::Geometry;
+use crate::index::IndexStore;
+use crate::log::{SealedChunk, StreamLog};
+use crate::map::{L2p, MapEntry};
+use crate::records::Counters;
+use crate::segments::Segments;
+use crate::space::SpaceWaiters;
+use crate::staging::{AreaOwner, StagingArea};
+use crate::stream::{StreamId, TRIM_STREAM};
+use crate::superblock::Superblock;
+use crate::sync::AtomicU64;
+use crate::tables::{LiveCounters, Tables};
+use crate::tracker::GroupCommit;
+use checkpoint::Checkpointer;
+use std::sync::Arc;
+
+pub(crate) mod checkpoint;
+pub(crate) mod reloc;
+pub(crate) mod stats;
+
+/// How often a block that keeps moving under a read is located again before the read
+/// fails (every reader: [`Ftl::read`] and the ublk edge, through [`Ftl::reread_block`]).
+pub const READ_RETRIES: usize = 16;
+
+/// A log-structured FTL over a backing device `D` with its checkpoints in index `I`.
+///
+/// Its parts, each owning one concern: the appender (streams, chunks, entry and chunk
+/// numbers, staging, poison: `append.rs`), the tables it changes (map, segments,
+/// counters: `tables.rs`), free-space flow control (`space.rs`), the checkpointer
+/// (`engine/checkpoint.rs`) and two group commits (FLUSH, device sync).
+pub struct Ftl<D: BlockDevice, I: IndexStore> {
+    dev: D,
+    sb: Superblock,
+    cfg: Config,
+    epoch: u64,
+    t: Tables,
+    log: Appender,
+    space: SpaceWaiters,
+    ckpt: Checkpointer<I>,
+    /// Device syncs: everything below `done()` (a chunk number) is durable.
+    sync: GroupCommit,
+    /// FLUSHes: every entry below `done()` (an entry sequence) is durable.
+    flush_group: GroupCommit,
+    /// Relocations sent to GC_STREAM because their stream needed the last free segment.
+    diverted: AtomicU64,
+}
+
+/// Where a block a caller wants to read lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockLocation {
+    /// Never written or trimmed: reads as zeros.
+    Zero,
+    /// Already copied out of the write buffer into the caller's block.
+    Copied,
+    /// On the device at this byte offset; verify with [`Ftl::verify_block`].
+    Device { offset: u64, entry: MapEntry },
+}
+
+/// What recovery hands the engine to start a session with.
+pub(crate) struct Parts<D, I> {
+    pub dev: D,
+    pub index: I,
+    pub sb: Superblock,
+    pub cfg: Config,
+    pub map: L2p,
+    pub segs: Segments,
+    pub cursors: Vec<Option<(u32, u32)>>,
+    pub next_chunk_seq: u64,
+    pub next_entry_seq: u64,
+    pub epoch: u64,
+    pub counters: Counters,
+    pub mapped: u64,
+    pub staging: Arc<StagingArea>,
+}
+
+impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
+    pub(crate) fn from_parts(p: Parts<D, I>) -> Self {
+        let geo = p.sb.geometry;
+        let cfg = p.cfg.resolved(geo.exported_blocks);
+        let log = Appender::new(
+            Session {
+                geo,
+                epoch: p.epoch,
+                format_id: p.sb.format_id(),
+                gc_reserve: cfg.gc_reserve_segments,
+                next_chunk_seq: p.next_chunk_seq,
+                next_entry_seq: p.next_entry_seq,
+            },
+            &p.cursors,
+            p.staging,
+        );
+        Ftl {
+            dev: p.dev,
+            sb: p.sb,
+            epoch: p.epoch,
+            t: Tables {
+                geo,
+                map: p.map,
+                segs: p.segs,
+                counters: LiveCounters::from(&p.counters),
+                mapped: AtomicU64::new(p.mapped),
+            },
+            log,
+            space: SpaceWaiters::default(),
+            ckpt: Checkpointer::new(p.index),
+            sync: GroupCommit::new(p.next_chunk_seq),
+            flush_group: GroupCommit::new(p.next_entry_seq),
+            diverted: AtomicU64::new(0),
+            cfg,
+        }
+    }
+
+    /// Starts the session recovery prepared: a checkpoint of the whole recovered map
+    /// (with the new epoch), then the staging area is handed to this session.
+    pub(crate) fn start_session(&self) -> Result<()> {
+        self.t.map.mark_all_dirty();
+        self.checkpoint()?;
+        // Staging rule 4: the area is handed to this session only after the checkpoint
+        // that starts it is committed.
+        self.log.staging().reset(
+            AreaOwner {
+                uuid: self.sb.uuid,
+                epoch: self.epoch,
+            },
+            self.log.tracker().next_seq(),
+        );
+        Ok(())
+    }
+
+    /// Device geometry.
+    pub fn geometry(&self) -> &Geometry {
+        &self.t.geo
+    }
+
+    /// Superblock of the backing.
+    pub fn superblock(&self) -> &Superblock {
+        &self.sb
+    }
+
+    /// Exported capacity in blocks.
+    pub fn capacity_blocks(&self) -> u64 {
+        self.t.geo.exported_blocks
+    }
+
+    /// The backing device.
+    pub fn device(&self) -> &D {
+        &self.dev
+    }
+
+    /// Open count of this device (epoch of the chunks this session writes).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// First 8 bytes of the superblock uuid, stamped into every chunk summary.
+    pub fn format_id(&self) -> u64 {
+        self.sb.format_id()
+    }
+
+    /// The staging area the chunk buffers live in.
+    pub fn staging(&self) -> &Arc<StagingArea> {
+        self.log.staging()
+    }
+
+    /// The appender, for tests that stop it between two steps.
+    #[cfg(test)]
+    pub(crate) fn appender(&self) -> &Appender {
+        &self.log
+    }
+
+    /// The entry sequence number the next write gets (the FTL's clock for segment ages).
+    pub fn current_seq(&self) -> u64 {
+        self.log.next_entry_seq()
+    }
+
+    fn check_range(&self, lba: u64, blocks: u64) -> Result<()> {
+        let cap = self.t.geo.exported_blocks;
+        match lba.checked_add(blocks) {
+            Some(end) if end <= cap => Ok(()),
+            _ => Err(Error::OutOfRange {
+                lba,
+                end: lba.saturating_add(blocks),
+                capacity: cap,
+            }),
+        }
+    }
+
+    fn check_len(len: usize) -> Result<u64> {
+        if !len.is_multiple_of(BLOCK_SIZE) {
+            return Err(Error::Unaligned(format!(
+                "{len} bytes is not a multiple of {BLOCK_SIZE}"
+            )));
+        }
+        Ok((len / BLOCK_SIZE) as u64)
+    }
+
+    fn check_poison(&self) -> Result<()> {
+        self.log.check_poison()
+    }
+
+    fn set_poison(&self, why: String) {
+        self.log.set_poison(why)
+    }
+
+    /// Writes sealed chunks, then retires them.
+    fn write_chunks(&self, chunks: Vec<Arc<SealedChunk>>) -> Result<()> {
+        self.log.write_chunks(&self.dev, &self.t, chunks)
+    }
+
+    // ----- the write path -----
+
+    /// Runs `f` for each block with the stream lock held and room ensured; handles
+    /// sealing, device writes and running out of free segments (`relocation`: may take
+    /// the reserve).
+    fn append_loop(
+        &self,
+        stream: StreamId,
+        items: u64,
+        data: bool,
+        relocation: bool,
+        mut defer: Option<&mut PendingChunks>,
+        mut f: impl FnMut(&mut StreamLog, u64) -> Result<()>,
+    ) -> Result<()> {
+        // Sealed chunks go to the device now, or (with `defer`) to the caller, who writes
+        // them with `write_pending`. Deferred chunks hold staging slots and are below any
+        // later FLUSH or checkpoint target: they are written here before this thread
+        // waits for a slot, for space or runs a checkpoint.
+        let emit = |out: Vec<Arc<SealedChunk>>, defer: &mut Option<&mut PendingChunks>| match defer
+        {
+            Some(d) => {
+                self.log.defer(d, out);
+                Ok(())
+            }
+            None => self.write_chunks(out),
+        };
+        let sid = stream.0;
+        let mut i = 0;
+        let mut retried = false;
+        while i < items {
+            let mut out = Vec::new();
+            let mut need_space = false;
+            let mut need_buffer = false;
+            {
+                let mut st = self.log.stream(stream)?;
+                while i < items {
+                    match self
+                        .log
+                        .ensure_room(&self.t, sid, &mut st, data, relocation, &mut out)
+                    {
+                        Ok(Room::Ready) => {}
+                        Ok(Room::NeedSpace) => {
+                            need_space = true;
+                            break;
+                        }
+                        Ok(Room::NeedBuffer) => {
+                            need_buffer = true;
+                            break;
+                        }
+                        Err(e) => {
+                            drop(st);
+                            emit(out, &mut defer)?;
+                            return Err(e);
+                        }
+                    }
+                    if let Err(e) = f(&mut st, i) {
+                        drop(st);
+                        emit(out, &mut defer)?;
+                        return Err(e);
+                    }
+                    retried = false;
+                    i += 1;
+                }
+            }
+            emit(out, &mut defer)?;
+            if need_buffer || need_space {
+                // Rule 7.
+                if let Some(d) = defer.as_deref_mut() {
+                    self.write_chunks(d.take())?;
+                }
+            }
+            if need_buffer {
+                // Slots come back as chunk writes complete; none is waited for under a lock.
+                // After a failed chunk write they may never come back: stop then.
+                self.check_poison()?;
+                self.log
+                    .staging()
+                    .wait_for_slot(std::time::Duration::from_millis(50));
+                continue;
+            }
+            if need_space {
+                // Dead segments come back only through a durable checkpoint. An attached
+                // cleaner runs those (off its thread, in batches); a writer waits for
+                // it rather than running one more behind it. Without a cleaner, or for
+                // the cleaner itself, the caller checkpoints.
+                if !retried
+                    && (relocation || !self.space.attached())
+                    && !self.t.segs.dead_closed().is_empty()
+                {
+                    self.checkpoint()?;
+                    retried = true;
+                    continue;
+                }
+                // The cleaner makes space; it must not wait for it.
+                if relocation || !self.space.wait(self.cfg.space_wait) {
+                    return Err(Error::NoSpace);
+                }
+                self.check_poison()?;
+                retried = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes whole blocks at `lba`. With `fua`, returns only once they are durable.
+    pub fn write(&self, lba: u64, data: &[u8], fua: bool, stream: StreamId) -> Result<()> {
+        self.write_to(lba, data, fua, stream, None)
+    }
+
+    /// [`Ftl::write`], handing the chunk writes it would issue (when a write fills a
+    /// chunk, the writer that sealed it writes it) to `writers`: the write completes once
+    /// its blocks are in the staging area, like every write that does not fill a chunk,
+    /// instead of after a 1 MiB device write. A FUA write still returns only once durable.
+    pub fn write_via(
+        &self,
+        lba: u64,
+        data: &[u8],
+        fua: bool,
+        stream: StreamId,
+        writers: &crate::writers::ChunkWriters,
+    ) -> Result<()> {
+        self.write_to(lba, data, fua, stream, Some(writers))
+    }
+
+    fn write_to(
+        &self,
+        lba: u64,
+        data: &[u8],
+        fua: bool,
+        stream: StreamId,
+        writers: Option<&crate::writers::ChunkWriters>,
+    ) -> Result<()> {
+        let n = Self::check_len(data.len())?;
+        self.check_range(lba, n)?;
+        self.check_poison()?;
+        self.space.note_foreground();
+        self.space.throttle(n);
+        let mut pending = PendingChunks::default();
+        let appended = self.append_loop(
+            stream,
+            n,
+            true,
+            false,
+            writers.map(|_| &mut pending),
+            |st, i| {
+                let block = &data[i as usize * BLOCK_SIZE..(i as usize + 1) * BLOCK_SIZE];
+                let crc = crc32c::crc32c(block);
+                self.log
+                    .append_block(&self.t, st, lba + i, block, crc, None)
+                    .map(|_| ())
+            },
+        );
+        // Handed over even after an error: sealed chunks must be written (rule 5).
+        if let Some(w) = writers {
+            if let Some(back) = w.send(pending) {
+                self.write_pending(back)?;
+            }
+        }
+        appended?;
+        LiveCounters::add(&self.t.counters.user_blocks_written, n);
+        self.ckpt.note_appended(n);
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Writes chunks a [`Ftl::relocate_deferred`] or [`Ftl::write_via`] sealed, then
+    /// retires them.
+    pub fn write_pending(&self, mut pending: PendingChunks) -> Result<()> {
+        self.write_chunks(pending.take())
+    }
+
+    /// Unmaps `blocks` blocks from `lba` (TRIM, DISCARD, WRITE_ZEROES): they read as zeros.
+    pub fn trim(&self, lba: u64, blocks: u64) -> Result<()> {
+        self.check_range(lba, blocks)?;
+        self.check_poison()?;
+        self.space.note_foreground();
+        let pieces = blocks.div_ceil(STRIPES as u64);
+        self.append_loop(TRIM_STREAM, pieces, false, false, None, |st, i| {
+            let start = lba + i * STRIPES as u64;
+            let count = (blocks - i * STRIPES as u64).min(STRIPES as u64);
+            self.log.trim_piece(&self.t, st, start, count as u32)
+        })?;
+        LiveCounters::add(&self.t.counters.trimmed_blocks, blocks);
+        Ok(())
+    }
+
+    // ----- durability -----
+
+    /// FLUSH: every write completed before this call is durable when it returns.
+    ///
+    /// Group commit: one flusher at a time leads, sealing every stream's open chunk and
+    /// syncing; flushers arriving meanwhile wait, and the next leader seals everything
+    /// they appended in one go, so concurrent write+flush pairs share chunks and syncs.
+    pub fn flush(&self) -> Result<()> {
+        self.check_poison()?;
+        self.space.note_foreground();
+        LiveCounters::add(&self.t.counters.flushes, 1);
+        // Rule 2: every write that completed before this call has an entry sequence below
+        // it.
+        let ticket = self.log.next_entry_seq();
+        self.flush_group
+            .run_to(ticket, || self.seal_and_sync_all())
+            .map(|_| ())
+    }
+
+    /// Seals and writes every open chunk, then makes the whole log durable. Returns the
+    /// entry sequence below which everything is now durable.
+    fn seal_and_sync_all(&self) -> Result<u64> {
+        // Rule 2: loaded BEFORE sealing: every entry below it is in a chunk sealed below.
+        let covers = self.log.next_entry_seq();
+        for sid in 0..crate::stream::STREAMS as u8 {
+            let mut st = self.log.stream(StreamId(sid))?;
+            let sealed = self.log.seal_open(&self.t, sid, &mut st)?;
+            drop(st);
+            // Written before the next stream lock is taken: a checkpoint holding that lock
+            // may be waiting for this very chunk.
+            if let Some(c) = sealed {
+                self.write_chunks(vec![c])?;
+            }
+        }
+        self.flush_upto(self.log.tracker().next_seq())?;
+        Ok(covers)
+    }
+
+    /// Makes every chunk below `target` durable.
+    fn flush_upto(&self, target: u64) -> Result<()> {
+        // Waiting first saves syncs that could not cover `target` yet (and lets rule 4's
+        // poison be seen before any sync).
+        let tracker = self.log.tracker();
+        tracker.wait_below(target);
+        self.check_poison()?;
+        self.sync
+            .run_to(target, || {
+                // Rule 3: a sync makes durable only the chunks whose writes completed
+                // BEFORE it started: the frontier is loaded before the sync, and only it
+                // is credited.
+                let covers = tracker.frontier();
+                self.dev.sync().map(|()| covers)
+            })
+            .map_err(|e| {
+                let err = Error::io("sync", 0, e);
+                self.set_poison(err.to_string());
+                err
+            })?;
+        Ok(())
+    }
+
+    // ----- reads -----
+
+    /// Finds where `lba` lives; copies it into `out` when it is still buffered.
+    pub fn locate(&self, lba: u64, out: &mut [u8]) -> Result<BlockLocation> {
+        self.check_range(lba, 1)?;
+        self.space.note_foreground();
+        let e = self.t.map.get(lba);
+        let Some(pba) = e.pba() else {
+            return Ok(BlockLocation::Zero);
+        };
+        let pba = pba as u64;
+        if self.log.copy_buffered(&self.t, pba, out) {
+            return Ok(BlockLocation::Copied);
+        }
+        Ok(BlockLocation::Device {
+            offset: pba * BLOCK_SIZE as u64,
+            entry: e,
+        })
+    }
+
+    /// Verifies a block read from the device against its map entry. A mismatch is an
+    /// error unless the map moved on meanwhile (then the caller locates again).
+    pub fn verify_block(&self, lba: u64, entry: MapEntry, data: &[u8]) -> Result<bool> {
+        if crc32c::crc32c(&data[..BLOCK_SIZE]) == entry.crc() {
+            return Ok(true);
+        }
+        if self.t.map.get(lba) != entry {
+            return Ok(false);
+        }
+        Err(Error::DataChecksum {
+            lba,
+            pba: entry.pba().unwrap_or(u32::MAX) as u64,
+        })
+    }
+
+    /// Reads whole blocks at `lba` into `buf`. Never-written and trimmed blocks read zeros.
+    pub fn read(&self, lba: u64, buf: &mut [u8]) -> Result<()> {
+        let n = Self::check_len(buf.len())?;
+        self.check_range(lba, n)?;
+        let mut i = 0u64;
+        while i < n {
+            let blk = &mut buf[i as usize * BLOCK_SIZE..(i as usize + 1) * BLOCK_SIZE];
+            match self.locate(lba + i, blk)? {
+                BlockLocation::Zero => {
+                    blk.fill(0);
+                    i += 1;
+                }
+                BlockLocation::Copied => i += 1,
+                BlockLocation::Device { offset, entry } => {
+                    // Extend the run while the following blocks are physically contiguous.
+                    let mut run = vec![entry];
+                    while i + (run.len() as u64) < n {
+                        let next = self.t.map.get(lba + i + run.len() as u64);
+                        let contiguous = next.pba().is_some_and(|p| {
+                            p as u64 * BLOCK_SIZE as u64
+                                == offset + run.len() as u64 * BLOCK_SIZE as u64
+                                && self
+                                    .t
+                                    .segs
+                                    .buffered_owner(self.t.geo.segment_of(p as u64))
+                                    .is_none()
+                        });
+                        if !contiguous {
+                            break;
+                        }
+                        run.push(next);
+                    }
+                    let bytes =
+                        &mut buf[i as usize * BLOCK_SIZE..(i as usize + run.len()) * BLOCK_SIZE];
+                    self.dev
+                        .read_at(offset, bytes)
+                        .map_err(|e| Error::io("read", offset, e))?;
+                    for (k, e) in run.iter().enumerate() {
+                        let blk = &mut buf
+                            [(i as usize + k) * BLOCK_SIZE..(i as usize + k + 1) * BLOCK_SIZE];
+                        if !self.verify_block(lba + i + k as u64, *e, blk)? {
+                            self.reread_block(lba + i + k as u64, blk)?;
+                        }
+                    }
+                    i += run.len() as u64;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads one block whose map entry moved while it was read (its data did not match
+    /// the entry it was located by), locating it again up to [`READ_RETRIES`] times. The
+    /// one retry path of every reader.
+    pub fn reread_block(&self, lba: u64, blk: &mut [u8]) -> Result<()> {
+        for _ in 0..READ_RETRIES {
+            match self.locate(lba, blk)? {
+                BlockLocation::Zero => {
+                    blk.fill(0);
+                    return Ok(());
+                }
+                BlockLocation::Copied => return Ok(()),
+                BlockLocation::Device { offset, entry } => {
+                    self.dev
+                        .read_at(offset, &mut blk[..BLOCK_SIZE])
+                        .map_err(|e| Error::io("read", offset, e))?;
+                    if self.verify_block(lba, entry, blk)? {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        Err(Error::DataChecksum { lba, pba: u64::MAX })
+    }
+
+    /// Current map entry of `lba` (for the cleaner and checks).
+    pub fn map_entry(&self, lba: u64) -> Result<MapEntry> {
+        self.check_range(lba, 1)?;
+        Ok(self.t.map.get(lba))
+    }
+
+    /// Flushes and checkpoints, then removes the staging file (if the area has one):
+    /// everything it held is in the log and checkpointed. Call before dropping for a
+    /// clean shutdown; dropping without it is a crash, from which `open` recovers. On
+    /// failure the staging file stays, and the next open replays it.
+    pub fn close(&self) -> Result<()> {
+        self.flush()?;
+        self.checkpoint()?;
+        self.log.staging().remove_file()
+    }
+}
+
+impl<D, I> crate::writers::ChunkSink for Ftl<D, I>
+where
+    D: BlockDevice + 'static,
+    I: IndexStore + 'static,
+{
+    fn write_pending(&self, p: PendingChunks) -> Result<()> {
+        Ftl::write_pending(self, p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::append::tests::PANIC_IN_SEAL;
+    use crate::device::mem::MemDevice;
+    use crate::index::mem::MemIndex;
+    use crate::model::block_for;
+    use crate::{Config, Error, FormatOptions, Ftl, StreamId};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// Rule 5: a panic between taking a chunk number and putting the chunk in
+    /// flight poisons the FTL and completes the number; every later FLUSH fails at once
+    /// instead of waiting forever (for the number, or for the dead FLUSH leader).
+    #[test]
+    fn a_panic_while_sealing_does_not_wedge_flush() {
+        let dev = Arc::new(MemDevice::new(32 * (64 << 10)));
+        let idx = Arc::new(MemIndex::new());
+        let opts = FormatOptions {
+            segment_bytes: Some(64 << 10),
+            ..Default::default()
+        };
+        crate::format(&dev, &idx, &opts, false).unwrap();
+        let (f, _) = Ftl::open(dev, idx, Config::default()).unwrap();
+        let f = Arc::new(f);
+        let f2 = f.clone();
+        let dying = std::thread::spawn(move || {
+            PANIC_IN_SEAL.with(|p| p.set(true));
+            f2.write(1, &block_for(1, 1), false, StreamId(1)).unwrap();
+            let _ = f2.flush();
+        });
+        assert!(dying.join().is_err(), "the injected panic happened");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let f3 = f.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send((f3.flush(), f3.checkpoint().map(|_| ())));
+        });
+        let (flush, checkpoint) = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("FLUSH and checkpoint return after a panic while sealing");
+        assert!(matches!(flush, Err(Error::ReadOnly(_))), "{flush:?}");
+        assert!(
+            matches!(checkpoint, Err(Error::ReadOnly(_))),
+            "{checkpoint:?}"
+        );
+    }
+}
