@@ -1,0 +1,382 @@
+//! [`FileDevice`]: a regular file or a block device as the FTL's backing store.
+//!
+//! Contract:
+//! - **Exclusivity.** Opening takes `flock(LOCK_EX | LOCK_NB)` on the backing; a second
+//!   opener (another process, or another `open` in this one) fails with
+//!   [`io::ErrorKind::WouldBlock`] for as long as the first [`FileDevice`] lives. A block
+//!   device is additionally opened with `O_EXCL`, the kernel's exclusive claim, so a mounted
+//!   or otherwise claimed device fails with `EBUSY`.
+//! - **O_DIRECT.** By default the backing is opened with `O_DIRECT`, so the page cache is
+//!   bypassed and every transfer must use a 4 KiB-aligned memory buffer, file offset and
+//!   length. Offsets and lengths are checked by [`check_range`]; a caller buffer that is not
+//!   4 KiB-aligned in memory is transparently bounced through an [`AlignedBuf`] (a copy, so
+//!   hot paths should pass aligned buffers). If the file system refuses `O_DIRECT` (e.g.
+//!   tmpfs answers `EINVAL`), the device falls back to buffered I/O; [`FileDevice::is_direct`]
+//!   tells which mode is in use. Either way [`BlockDevice::sync`] is an `fdatasync`, which is
+//!   what makes completed writes durable.
+//! - **Size.** A regular file's length or a block device's `BLKGETSIZE64`, rounded *down* to
+//!   a multiple of 4 KiB; the tail beyond that is never touched.
+//! - **Thread-local io_uring.** All data-path I/O (`read_at`, `write_at`, `read_many`,
+//!   `sync`) goes through one io_uring per thread, created lazily on first use and shared
+//!   by every `FileDevice` used on that thread. Each call submits its requests and waits for
+//!   all of them before returning, so the ring is empty between calls and buffers are never
+//!   referenced by the kernel after a call returns. Short transfers are resubmitted for the
+//!   remainder; a read that hits end-of-file fills the rest of the buffer with zeros.
+//!   `discard` uses a plain syscall (`BLKDISCARD` or a hole punch) and is advisory: a backing
+//!   that does not support it (`EOPNOTSUPP`) gets an `Unsupported` error, which callers
+//!   ignore but do not count as discarded.
+//!
+//! Errors from the data path keep their [`io::ErrorKind`] and name the operation, offset and
+//! path in their message; the underlying OS error is available as the error's source
+//! (`get_ref()`), not through `raw_os_error()`.
+//!
+//! Files: `mod.rs` the device and its contract, `uring.rs` the per-thread io_uring runner
+//! (requests, short transfers, retries, error annotation), `sys.rs` the ioctls, the lock
+//! and the discard syscall, `tests.rs` the tests.
+
+use super::aligned::is_aligned;
+use super::{check_range, AlignedBuf, BlockDevice, BLOCK_SIZE};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use sys::{block_device_size, lock_exclusive};
+use uring::{annotate, Kind, Op, RING_ENTRIES};
+
+mod sys;
+#[cfg(test)]
+mod tests;
+mod uring;
+
+/// How to open a [`FileDevice`].
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// If the path does not exist, create a sparse regular file of this many bytes
+    /// (`set_len`). When `None`, a missing path is an error.
+    pub create_size: Option<u64>,
+    /// Open with `O_DIRECT` (default `true`). Silently falls back to buffered I/O when the
+    /// file system refuses it.
+    pub direct: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            create_size: None,
+            direct: true,
+        }
+    }
+}
+
+/// A regular file or block device driven through a thread-local io_uring.
+#[derive(Debug)]
+pub struct FileDevice {
+    file: File,
+    path: PathBuf,
+    size: u64,
+    direct: bool,
+    block_device: bool,
+}
+
+impl FileDevice {
+    /// Opens (or, with [`OpenOptions::create_size`], creates) the backing at `path` and
+    /// claims it exclusively. See the module documentation for the contract.
+    pub fn open(path: &Path, opts: &OpenOptions) -> io::Result<FileDevice> {
+        let with_path = |e: io::Error, what: &str| {
+            io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
+        };
+
+        let mut created = false;
+        let meta = match std::fs::metadata(path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if opts.create_size.is_none() {
+                    return Err(with_path(e, "cannot open backing"));
+                }
+                // Create without O_DIRECT (a file system refusing O_DIRECT may still create
+                // the file before failing the open); the real open happens below.
+                match std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .open(path)
+                {
+                    Ok(_) => created = true,
+                    // Lost a race with another creator: just open what is there.
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(with_path(e, "cannot create backing")),
+                }
+                std::fs::metadata(path).map_err(|e| with_path(e, "cannot stat backing"))?
+            }
+            Err(e) => return Err(with_path(e, "cannot stat backing")),
+        };
+
+        let ft = meta.file_type();
+        let block_device = ft.is_block_device();
+        if !block_device && !ft.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "backing {} is neither a regular file nor a block device",
+                    path.display()
+                ),
+            ));
+        }
+
+        let open_with = |direct: bool| {
+            let mut flags = libc::O_CLOEXEC;
+            if direct {
+                flags |= libc::O_DIRECT;
+            }
+            if block_device {
+                flags |= libc::O_EXCL;
+            }
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(flags)
+                .open(path)
+        };
+        let mut direct = opts.direct;
+        let file = match open_with(direct) {
+            Ok(f) => f,
+            Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                direct = false;
+                open_with(false).map_err(|e| with_path(e, "cannot open backing"))?
+            }
+            Err(e) if block_device && e.raw_os_error() == Some(libc::EBUSY) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "block device {} is busy (mounted, or claimed by another user): {e}",
+                        path.display()
+                    ),
+                ));
+            }
+            Err(e) => return Err(with_path(e, "cannot open backing")),
+        };
+
+        lock_exclusive(&file, path)?;
+
+        let raw_size = if block_device {
+            block_device_size(&file).map_err(|e| with_path(e, "cannot get size of"))?
+        } else {
+            if created {
+                if let Some(len) = opts.create_size {
+                    // Only size a file we created and nobody has written to yet.
+                    let cur = file
+                        .metadata()
+                        .map_err(|e| with_path(e, "cannot stat backing"))?
+                        .len();
+                    if cur == 0 {
+                        file.set_len(len)
+                            .map_err(|e| with_path(e, "cannot size backing"))?;
+                    }
+                }
+            }
+            file.metadata()
+                .map_err(|e| with_path(e, "cannot stat backing"))?
+                .len()
+        };
+        let bs = BLOCK_SIZE as u64;
+        let size = raw_size / bs * bs;
+
+        Ok(FileDevice {
+            file,
+            path: path.to_path_buf(),
+            size,
+            direct,
+            block_device,
+        })
+    }
+
+    /// True when the backing is a block device (not a regular file).
+    pub fn is_block_device(&self) -> bool {
+        self.block_device
+    }
+
+    /// True when I/O bypasses the page cache (`O_DIRECT`); false after a fallback.
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// The path the device was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads every `(offset, buffer)` pair, submitting them together on this thread's ring
+    /// (in batches of the ring size) and waiting for all. Each pair obeys the same rules as
+    /// [`BlockDevice::read_at`]; every range is checked before anything is submitted.
+    pub fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        for (offset, buf) in reqs.iter() {
+            check_range(self.size, *offset, buf.len())?;
+        }
+        let fd = self.file.as_raw_fd();
+        for chunk in reqs.chunks_mut(RING_ENTRIES as usize) {
+            // Bounce buffers for unaligned destinations, index-matched with `chunk`.
+            let mut bounces: Vec<Option<AlignedBuf>> = chunk
+                .iter()
+                .map(|(_, buf)| {
+                    (self.direct && !buf.is_empty() && !is_aligned(buf))
+                        .then(|| AlignedBuf::new(buf.len()))
+                })
+                .collect();
+            let mut ops = Vec::with_capacity(chunk.len());
+            let mut which = Vec::with_capacity(chunk.len());
+            for (i, ((offset, buf), bounce)) in chunk.iter_mut().zip(bounces.iter_mut()).enumerate()
+            {
+                if buf.is_empty() {
+                    continue;
+                }
+                let ptr = match bounce {
+                    Some(b) => b.as_mut_ptr(),
+                    None => buf.as_mut_ptr(),
+                };
+                ops.push(Op::new(Kind::Read, fd, ptr, buf.len(), *offset));
+                which.push(i);
+            }
+            // The pointers in `ops` point into `chunk` or `bounces`, both alive and not
+            // otherwise accessed until `run` returns.
+            self.run(&mut ops)?;
+            for (op, &i) in ops.iter().zip(which.iter()) {
+                if op.eof {
+                    match &mut bounces[i] {
+                        Some(b) => b[op.done..op.len].fill(0),
+                        None => chunk[i].1[op.done..op.len].fill(0),
+                    }
+                }
+            }
+            for ((_, buf), bounce) in chunk.iter_mut().zip(bounces.iter()) {
+                if let Some(b) = bounce {
+                    buf.copy_from_slice(&b[..buf.len()]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `ops` on this thread's ring.
+    fn run(&self, ops: &mut [Op]) -> io::Result<()> {
+        uring::run(ops, &self.path)
+    }
+
+    /// Reads into `dst`, which must be suitable for the open mode (aligned under O_DIRECT).
+    fn read_into(&self, offset: u64, dst: &mut [u8]) -> io::Result<()> {
+        let fd = self.file.as_raw_fd();
+        let mut ops = [Op::new(Kind::Read, fd, dst.as_mut_ptr(), dst.len(), offset)];
+        // `dst` is exclusively borrowed for the whole call, which outlives the I/O.
+        self.run(&mut ops)?;
+        let [op] = &ops;
+        if op.eof {
+            dst[op.done..].fill(0);
+        }
+        Ok(())
+    }
+
+    /// Writes `src`, which must be suitable for the open mode (aligned under O_DIRECT).
+    fn write_from(&self, offset: u64, src: &[u8]) -> io::Result<()> {
+        let fd = self.file.as_raw_fd();
+        // The kernel only reads through this pointer (Write opcode); `src` is borrowed
+        // for the whole call, which outlives the I/O.
+        let mut ops = [Op::new(
+            Kind::Write,
+            fd,
+            src.as_ptr() as *mut u8,
+            src.len(),
+            offset,
+        )];
+        self.run(&mut ops)
+    }
+}
+
+impl BlockDevice for FileDevice {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        check_range(self.size, offset, buf.len())?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if self.direct && !is_aligned(buf) {
+            let mut bounce = AlignedBuf::new(buf.len());
+            self.read_into(offset, &mut bounce[..buf.len()])?;
+            buf.copy_from_slice(&bounce[..buf.len()]);
+            Ok(())
+        } else {
+            self.read_into(offset, buf)
+        }
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        check_range(self.size, offset, buf.len())?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if self.direct && !is_aligned(buf) {
+            let mut bounce = AlignedBuf::new(buf.len());
+            bounce[..buf.len()].copy_from_slice(buf);
+            self.write_from(offset, &bounce[..buf.len()])
+        } else {
+            self.write_from(offset, buf)
+        }
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        let mut ops = [Op::new(
+            Kind::Fsync,
+            self.file.as_raw_fd(),
+            std::ptr::null_mut(),
+            0,
+            0,
+        )];
+        self.run(&mut ops)
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        let len_usize = usize::try_from(len).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("discard length {len} too large"),
+            )
+        })?;
+        check_range(self.size, offset, len_usize)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let ret = sys::discard(self.file.as_raw_fd(), self.block_device, offset, len);
+        if ret == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+            // Discard is advisory, but not done: say so (callers count only discards
+            // that happened), e.g. a file on 9p, which cannot punch holes.
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("{} cannot discard (punch holes)", self.path.display()),
+            ));
+        }
+        Err(annotate("discard", offset, len_usize, &self.path, e))
+    }
+
+    fn raw_fd(&self) -> Option<RawFd> {
+        Some(self.file.as_raw_fd())
+    }
+
+    fn describe(&self) -> String {
+        let kind = if self.block_device {
+            "block device"
+        } else {
+            "file"
+        };
+        format!("{kind} {} ({} bytes)", self.path.display(), self.size)
+    }
+
+    fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        FileDevice::read_many(self, reqs)
+    }
+}
