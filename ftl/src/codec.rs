@@ -59,6 +59,17 @@ impl<'a> Reader<'a> {
     pub fn pos(&self) -> usize {
         self.pos
     }
+    /// Moves to `offset`, a field's named place in the structure's layout.
+    pub fn seek(&mut self, offset: usize) -> Result<&mut Self> {
+        if offset > self.buf.len() {
+            return Err(Error::Corrupt(format!(
+                "{}: truncated before byte {offset}",
+                self.what
+            )));
+        }
+        self.pos = offset;
+        Ok(self)
+    }
 }
 
 /// Appends little-endian fields to a byte vector.
@@ -92,6 +103,16 @@ impl Writer {
     pub fn bytes(&mut self, v: &[u8]) -> &mut Self {
         self.buf.extend_from_slice(v);
         self
+    }
+    /// Moves to `offset`, a field's named place in the structure's layout, padding with
+    /// zeros. Fields are written in increasing offset order; each structure's layout
+    /// test checks every named offset against what its encoder wrote.
+    pub fn at(&mut self, offset: usize) -> &mut Self {
+        debug_assert!(
+            self.buf.len() <= offset,
+            "field at {offset} overlaps the one before"
+        );
+        self.pad_to(offset)
     }
     /// Pads with zeros up to `len` bytes.
     pub fn pad_to(&mut self, len: usize) -> &mut Self {

@@ -62,6 +62,19 @@ pub struct SegmentRecord {
     pub valid: u32,
 }
 
+/// Byte offsets of a [`SegmentRecord`]'s fields (the table above).
+pub mod seg_offsets {
+    pub const MAGIC: usize = 0;
+    pub const VERSION: usize = 2;
+    pub const STATE: usize = 3;
+    pub const STREAM: usize = 4;
+    pub const SEGMENT: usize = 8;
+    pub const ERASE_COUNT: usize = 12;
+    pub const OPENED_SEQ: usize = 16;
+    pub const VALID: usize = 24;
+    pub const CRC: usize = 28;
+}
+
 const SEG_MAGIC: &[u8; 2] = b"SG";
 const SEG_VERSION: u8 = 1;
 /// Encoded size of a [`SegmentRecord`].
@@ -69,16 +82,25 @@ pub const SEG_RECORD_BYTES: usize = 32;
 
 impl SegmentRecord {
     pub fn encode(&self) -> Vec<u8> {
+        use seg_offsets as o;
         let mut w = Writer::with_capacity(SEG_RECORD_BYTES);
-        w.bytes(SEG_MAGIC)
+        w.at(o::MAGIC)
+            .bytes(SEG_MAGIC)
+            .at(o::VERSION)
             .u8(SEG_VERSION)
+            .at(o::STATE)
             .u8(self.state.code())
+            .at(o::STREAM)
             .u8(self.stream)
-            .pad_to(8)
+            .at(o::SEGMENT)
             .u32(self.segment)
+            .at(o::ERASE_COUNT)
             .u32(self.erase_count)
+            .at(o::OPENED_SEQ)
             .u64(self.opened_seq)
+            .at(o::VALID)
             .u32(self.valid)
+            .at(o::CRC)
             .crc();
         w.buf
     }
@@ -88,24 +110,21 @@ impl SegmentRecord {
             return Err(Error::Corrupt("segment record: bad size or magic".into()));
         }
         check_trailing_crc(buf, "segment record")?;
+        use seg_offsets as o;
         let mut r = Reader::new(buf, "segment record");
-        r.skip(2)?;
-        let version = r.u8()?;
+        let version = r.seek(o::VERSION)?.u8()?;
         if version != SEG_VERSION {
             return Err(Error::Corrupt(format!(
                 "segment record version {version} unknown"
             )));
         }
-        let state = SegState::from_code(r.u8()?)?;
-        let stream = r.u8()?;
-        r.skip(3)?;
         Ok(SegmentRecord {
-            state,
-            stream,
-            segment: r.u32()?,
-            erase_count: r.u32()?,
-            opened_seq: r.u64()?,
-            valid: r.u32()?,
+            state: SegState::from_code(r.seek(o::STATE)?.u8()?)?,
+            stream: r.seek(o::STREAM)?.u8()?,
+            segment: r.seek(o::SEGMENT)?.u32()?,
+            erase_count: r.seek(o::ERASE_COUNT)?.u32()?,
+            opened_seq: r.seek(o::OPENED_SEQ)?.u64()?,
+            valid: r.seek(o::VALID)?.u32()?,
         })
     }
 }
@@ -128,39 +147,60 @@ pub struct MapPage {
     pub entries: Vec<u64>,
 }
 
+/// Byte offsets of a [`MapPage`]'s fields (the table above).
+pub mod map_offsets {
+    pub const MAGIC: usize = 0;
+    pub const VERSION: usize = 4;
+    pub const COUNT: usize = 6;
+    pub const PAGE: usize = 8;
+    pub const ENTRIES: usize = 16;
+    /// The crc32c follows the entries: at `ENTRIES + 8 * count`.
+    pub const fn crc(count: usize) -> usize {
+        ENTRIES + 8 * count
+    }
+}
+
 const MAP_MAGIC: &[u8; 4] = b"FTLM";
 const MAP_VERSION: u16 = 1;
 
 impl MapPage {
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::with_capacity(20 + 8 * self.entries.len());
-        w.bytes(MAP_MAGIC)
+        use map_offsets as o;
+        let n = self.entries.len();
+        let mut w = Writer::with_capacity(o::crc(n) + 4);
+        w.at(o::MAGIC)
+            .bytes(MAP_MAGIC)
+            .at(o::VERSION)
             .u16(MAP_VERSION)
-            .u16(self.entries.len() as u16)
-            .u64(self.page);
+            .at(o::COUNT)
+            .u16(n as u16)
+            .at(o::PAGE)
+            .u64(self.page)
+            .at(o::ENTRIES);
         for &e in &self.entries {
             w.u64(e);
         }
-        w.crc();
+        w.at(o::crc(n)).crc();
         w.buf
     }
 
     pub fn decode(buf: &[u8]) -> Result<Self> {
-        if buf.len() < 20 || &buf[..4] != MAP_MAGIC {
+        use map_offsets as o;
+        if buf.len() < o::crc(0) + 4 || &buf[..4] != MAP_MAGIC {
             return Err(Error::Corrupt("map page: bad size or magic".into()));
         }
         check_trailing_crc(buf, "map page")?;
         let mut r = Reader::new(buf, "map page");
-        r.skip(4)?;
-        let version = r.u16()?;
+        let version = r.seek(o::VERSION)?.u16()?;
         if version != MAP_VERSION {
             return Err(Error::Corrupt(format!(
                 "map page version {version} unknown"
             )));
         }
-        let count = r.u16()? as usize;
-        let page = r.u64()?;
-        if count > PAGE_ENTRIES || buf.len() != 20 + 8 * count {
+        let count = r.seek(o::COUNT)?.u16()? as usize;
+        let page = r.seek(o::PAGE)?.u64()?;
+        r.seek(o::ENTRIES)?;
+        if count > PAGE_ENTRIES || buf.len() != o::crc(count) + 4 {
             return Err(Error::Corrupt(format!(
                 "map page {page}: {count} entries in {} bytes",
                 buf.len()
@@ -248,73 +288,111 @@ pub struct CheckpointRecord {
     pub cursors: Vec<Cursor>,
 }
 
+/// Byte offsets of a [`CheckpointRecord`]'s fields (the table above).
+pub mod ckpt_offsets {
+    pub const MAGIC: usize = 0;
+    pub const VERSION: usize = 8;
+    pub const STREAMS: usize = 12;
+    pub const UUID: usize = 16;
+    pub const EPOCH: usize = 32;
+    pub const NEXT_CHUNK_SEQ: usize = 40;
+    pub const NEXT_ENTRY_SEQ: usize = 48;
+    pub const EXPORTED_BLOCKS: usize = 56;
+    pub const SEGMENT_COUNT: usize = 64;
+    pub const COUNTERS: usize = 72;
+    pub const CURSORS: usize = 136;
+    /// Stream `i`'s cursor: segment at `cursor(i)`, block offset 4 bytes on.
+    pub const fn cursor(i: usize) -> usize {
+        CURSORS + 8 * i
+    }
+    /// The crc32c follows the `n` cursors.
+    pub const fn crc(n: usize) -> usize {
+        cursor(n)
+    }
+}
+
 const CKPT_MAGIC: &[u8; 8] = b"FTLCKPT1";
 const CKPT_VERSION: u32 = 1;
 const MAX_STREAMS_RECORDED: usize = 64;
 
 impl CheckpointRecord {
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = Writer::with_capacity(140 + 8 * self.cursors.len());
-        w.bytes(CKPT_MAGIC)
+        use ckpt_offsets as o;
+        let n = self.cursors.len();
+        let mut w = Writer::with_capacity(o::crc(n) + 4);
+        w.at(o::MAGIC)
+            .bytes(CKPT_MAGIC)
+            .at(o::VERSION)
             .u32(CKPT_VERSION)
-            .u32(self.cursors.len() as u32)
+            .at(o::STREAMS)
+            .u32(n as u32)
+            .at(o::UUID)
             .bytes(&self.uuid)
+            .at(o::EPOCH)
             .u64(self.epoch)
+            .at(o::NEXT_CHUNK_SEQ)
             .u64(self.next_chunk_seq)
+            .at(o::NEXT_ENTRY_SEQ)
             .u64(self.next_entry_seq)
+            .at(o::EXPORTED_BLOCKS)
             .u64(self.exported_blocks)
+            .at(o::SEGMENT_COUNT)
             .u32(self.segment_count)
-            .u32(0);
+            .at(o::COUNTERS);
         for c in self.counters.to_array() {
             w.u64(c);
         }
-        for c in &self.cursors {
-            let (s, o) = c.unwrap_or((u32::MAX, 0));
-            w.u32(s).u32(o);
+        for (i, c) in self.cursors.iter().enumerate() {
+            let (seg, off) = c.unwrap_or((u32::MAX, 0));
+            w.at(o::cursor(i)).u32(seg).u32(off);
         }
-        w.crc();
+        w.at(o::crc(n)).crc();
         w.buf
     }
 
     pub fn decode(buf: &[u8]) -> Result<Self> {
-        if buf.len() < 12 || &buf[..8] != CKPT_MAGIC {
+        use ckpt_offsets as o;
+        if buf.len() < o::UUID || &buf[..8] != CKPT_MAGIC {
             return Err(Error::Corrupt(
                 "checkpoint record: bad size or magic".into(),
             ));
         }
         check_trailing_crc(buf, "checkpoint record")?;
         let mut r = Reader::new(buf, "checkpoint record");
-        r.skip(8)?;
-        let version = r.u32()?;
+        let version = r.seek(o::VERSION)?.u32()?;
         if version != CKPT_VERSION {
             return Err(Error::Corrupt(format!(
                 "checkpoint record version {version} unknown"
             )));
         }
-        let n = r.u32()? as usize;
-        if n > MAX_STREAMS_RECORDED || buf.len() != 140 + 8 * n {
+        let n = r.seek(o::STREAMS)?.u32()? as usize;
+        if n > MAX_STREAMS_RECORDED || buf.len() != o::crc(n) + 4 {
             return Err(Error::Corrupt(format!(
                 "checkpoint record: {n} streams in {} bytes",
                 buf.len()
             )));
         }
         let mut uuid = [0u8; 16];
-        uuid.copy_from_slice(r.bytes(16)?);
-        let epoch = r.u64()?;
-        let next_chunk_seq = r.u64()?;
-        let next_entry_seq = r.u64()?;
-        let exported_blocks = r.u64()?;
-        let segment_count = r.u32()?;
-        r.skip(4)?;
+        uuid.copy_from_slice(r.seek(o::UUID)?.bytes(16)?);
+        let epoch = r.seek(o::EPOCH)?.u64()?;
+        let next_chunk_seq = r.seek(o::NEXT_CHUNK_SEQ)?.u64()?;
+        let next_entry_seq = r.seek(o::NEXT_ENTRY_SEQ)?.u64()?;
+        let exported_blocks = r.seek(o::EXPORTED_BLOCKS)?.u64()?;
+        let segment_count = r.seek(o::SEGMENT_COUNT)?.u32()?;
         let mut a = [0u64; Counters::N];
+        r.seek(o::COUNTERS)?;
         for x in a.iter_mut() {
             *x = r.u64()?;
         }
         let mut cursors = Vec::with_capacity(n);
-        for _ in 0..n {
-            let s = r.u32()?;
-            let o = r.u32()?;
-            cursors.push(if s == u32::MAX { None } else { Some((s, o)) });
+        for i in 0..n {
+            let seg = r.seek(o::cursor(i))?.u32()?;
+            let off = r.u32()?;
+            cursors.push(if seg == u32::MAX {
+                None
+            } else {
+                Some((seg, off))
+            });
         }
         Ok(CheckpointRecord {
             uuid,
@@ -333,6 +411,45 @@ impl CheckpointRecord {
 mod tests {
     use super::*;
 
+    /// The on-disk formats are frozen: these are the offsets of the drawn tables.
+    #[test]
+    fn the_named_offsets_are_the_drawn_tables() {
+        use seg_offsets as s;
+        let named = [s::MAGIC, s::VERSION, s::STATE, s::STREAM, s::SEGMENT];
+        assert_eq!(named, [0, 2, 3, 4, 8]);
+        let named = [
+            s::ERASE_COUNT,
+            s::OPENED_SEQ,
+            s::VALID,
+            s::CRC,
+            SEG_RECORD_BYTES,
+        ];
+        assert_eq!(named, [12, 16, 24, 28, 32]);
+        use map_offsets as m;
+        let named = [
+            m::MAGIC,
+            m::VERSION,
+            m::COUNT,
+            m::PAGE,
+            m::ENTRIES,
+            m::crc(2),
+        ];
+        assert_eq!(named, [0, 4, 6, 8, 16, 32]);
+        use ckpt_offsets as c;
+        let named = [c::MAGIC, c::VERSION, c::STREAMS, c::UUID, c::EPOCH];
+        assert_eq!(named, [0, 8, 12, 16, 32]);
+        let named = [c::NEXT_CHUNK_SEQ, c::NEXT_ENTRY_SEQ, c::EXPORTED_BLOCKS];
+        assert_eq!(named, [40, 48, 56]);
+        let named = [
+            c::SEGMENT_COUNT,
+            c::COUNTERS,
+            c::CURSORS,
+            c::cursor(1),
+            c::crc(8),
+        ];
+        assert_eq!(named, [64, 72, 136, 144, 200]);
+    }
+
     #[test]
     fn segment_record_round_trip() {
         let s = SegmentRecord {
@@ -346,6 +463,16 @@ mod tests {
         let b = s.encode();
         assert_eq!(b.len(), SEG_RECORD_BYTES);
         assert_eq!(SegmentRecord::decode(&b).unwrap(), s);
+        // Every named offset holds its field.
+        use seg_offsets as o;
+        let at = |off: usize, v: &[u8]| assert_eq!(&b[off..off + v.len()], v, "offset {off}");
+        at(o::MAGIC, SEG_MAGIC);
+        at(o::VERSION, &[SEG_VERSION, 2, 3]);
+        at(o::SEGMENT, &9u32.to_le_bytes());
+        at(o::ERASE_COUNT, &4u32.to_le_bytes());
+        at(o::OPENED_SEQ, &99u64.to_le_bytes());
+        at(o::VALID, &12u32.to_le_bytes());
+        at(o::CRC, &crc32c::crc32c(&b[..o::CRC]).to_le_bytes());
         let mut bad = b.clone();
         bad[10] ^= 1;
         assert!(SegmentRecord::decode(&bad).is_err());
@@ -359,6 +486,15 @@ mod tests {
         };
         let b = p.encode();
         assert_eq!(MapPage::decode(&b).unwrap(), p);
+        use map_offsets as o;
+        let at = |off: usize, v: &[u8]| assert_eq!(&b[off..off + v.len()], v, "offset {off}");
+        at(o::MAGIC, MAP_MAGIC);
+        at(o::VERSION, &MAP_VERSION.to_le_bytes());
+        at(o::COUNT, &(PAGE_ENTRIES as u16).to_le_bytes());
+        at(o::PAGE, &3u64.to_le_bytes());
+        at(o::ENTRIES + 8 * 5, &5u64.to_le_bytes());
+        let crc = o::crc(PAGE_ENTRIES);
+        at(crc, &crc32c::crc32c(&b[..crc]).to_le_bytes());
         assert!(MapPage::decode(&b[..b.len() - 1]).is_err());
     }
 
@@ -379,6 +515,21 @@ mod tests {
         };
         let b = c.encode();
         assert_eq!(CheckpointRecord::decode(&b).unwrap(), c);
+        use ckpt_offsets as o;
+        let at = |off: usize, v: &[u8]| assert_eq!(&b[off..off + v.len()], v, "offset {off}");
+        at(o::MAGIC, CKPT_MAGIC);
+        at(o::VERSION, &CKPT_VERSION.to_le_bytes());
+        at(o::STREAMS, &2u32.to_le_bytes());
+        at(o::UUID, &[1; 16]);
+        at(o::EPOCH, &2u64.to_le_bytes());
+        at(o::NEXT_CHUNK_SEQ, &3u64.to_le_bytes());
+        at(o::NEXT_ENTRY_SEQ, &4u64.to_le_bytes());
+        at(o::EXPORTED_BLOCKS, &5u64.to_le_bytes());
+        at(o::SEGMENT_COUNT, &6u32.to_le_bytes());
+        at(o::COUNTERS + 8 * 5, &7u64.to_le_bytes());
+        at(o::cursor(0), &u32::MAX.to_le_bytes());
+        at(o::cursor(1), &[4, 0, 0, 0, 128, 0, 0, 0]);
+        at(o::crc(2), &crc32c::crc32c(&b[..o::crc(2)]).to_le_bytes());
         let mut bad = b.clone();
         bad[33] ^= 1;
         assert!(CheckpointRecord::decode(&bad).is_err());

@@ -38,12 +38,36 @@ use crate::codec::{check_trailing_crc, Reader, Writer};
 use crate::device::BLOCK_SIZE;
 use crate::error::{Error, Result};
 
+/// Byte offsets of a summary block's fields (the table above); `ENTRY_*` are relative
+/// to an entry's start (`ENTRIES + i * ENTRY_BYTES`).
+pub mod offsets {
+    pub const MAGIC: usize = 0;
+    pub const VERSION: usize = 8;
+    pub const STREAM: usize = 10;
+    pub const FLAGS: usize = 11;
+    pub const N_ENTRIES: usize = 12;
+    pub const DATA_BLOCKS: usize = 14;
+    pub const CHUNK_SEQ: usize = 16;
+    pub const EPOCH: usize = 24;
+    pub const BASE_SEQ: usize = 32;
+    pub const SEGMENT: usize = 40;
+    pub const OFFSET: usize = 44;
+    pub const PAD_BLOCKS: usize = 48;
+    pub const FORMAT_ID: usize = 56;
+    pub const ENTRIES: usize = 64;
+    pub const ENTRY_LBA: usize = 0;
+    pub const ENTRY_SEQ_DELTA: usize = 8;
+    pub const ENTRY_CRC_OR_COUNT: usize = 12;
+    pub const CRC: usize = 4092;
+}
+use offsets as o;
+
 /// Summary block magic.
 pub const CHUNK_MAGIC: &[u8; 8] = b"FTLCHUNK";
 /// Summary format version.
 pub const CHUNK_VERSION: u16 = 1;
 /// Bytes before the entries.
-pub const HEADER_BYTES: usize = 64;
+pub const HEADER_BYTES: usize = offsets::ENTRIES;
 /// Bytes per entry.
 pub const ENTRY_BYTES: usize = 16;
 /// Entries a summary block can hold.
@@ -103,20 +127,33 @@ impl ChunkSummary {
         }
         let base = self.entries.first().map_or(0, Entry::seq);
         let mut w = Writer::with_capacity(BLOCK_SIZE);
-        w.bytes(CHUNK_MAGIC)
+        w.at(o::MAGIC)
+            .bytes(CHUNK_MAGIC)
+            .at(o::VERSION)
             .u16(CHUNK_VERSION)
+            .at(o::STREAM)
             .u8(self.stream)
+            .at(o::FLAGS)
             .u8(0)
+            .at(o::N_ENTRIES)
             .u16(self.entries.len() as u16)
+            .at(o::DATA_BLOCKS)
             .u16(self.data_blocks)
+            .at(o::CHUNK_SEQ)
             .u64(self.chunk_seq)
+            .at(o::EPOCH)
             .u64(self.epoch)
+            .at(o::BASE_SEQ)
             .u64(base)
+            .at(o::SEGMENT)
             .u32(self.segment)
+            .at(o::OFFSET)
             .u32(self.offset)
+            .at(o::PAD_BLOCKS)
             .u16(self.pad_blocks)
-            .pad_to(56)
-            .u64(self.format_id);
+            .at(o::FORMAT_ID)
+            .u64(self.format_id)
+            .at(o::ENTRIES);
         for e in &self.entries {
             let delta = e
                 .seq()
@@ -133,7 +170,7 @@ impl ChunkSummary {
                 Entry::Trim { lba, count, .. } => w.u64(lba | TRIM_FLAG).u32(delta).u32(count),
             };
         }
-        w.pad_to(BLOCK_SIZE - 4).crc();
+        w.at(o::CRC).crc();
         out.copy_from_slice(&w.buf);
         Ok(())
     }
@@ -152,31 +189,28 @@ impl ChunkSummary {
         }
         check_trailing_crc(buf, "chunk summary")?;
         let mut r = Reader::new(buf, "chunk summary");
-        r.skip(8)?;
-        let version = r.u16()?;
+        let version = r.seek(o::VERSION)?.u16()?;
         if version != CHUNK_VERSION {
             return Err(Error::Corrupt(format!(
                 "chunk summary version {version} unknown"
             )));
         }
-        let stream = r.u8()?;
-        let _flags = r.u8()?;
-        let n = r.u16()? as usize;
-        let data_blocks = r.u16()?;
-        let chunk_seq = r.u64()?;
-        let epoch = r.u64()?;
-        let base = r.u64()?;
-        let segment = r.u32()?;
-        let offset = r.u32()?;
-        let pad_blocks = r.u16()?;
-        r.skip(6)?;
-        let format_id = r.u64()?;
+        let stream = r.seek(o::STREAM)?.u8()?;
+        let n = r.seek(o::N_ENTRIES)?.u16()? as usize;
+        let data_blocks = r.seek(o::DATA_BLOCKS)?.u16()?;
+        let chunk_seq = r.seek(o::CHUNK_SEQ)?.u64()?;
+        let epoch = r.seek(o::EPOCH)?.u64()?;
+        let base = r.seek(o::BASE_SEQ)?.u64()?;
+        let segment = r.seek(o::SEGMENT)?.u32()?;
+        let offset = r.seek(o::OFFSET)?.u32()?;
+        let pad_blocks = r.seek(o::PAD_BLOCKS)?.u16()?;
+        let format_id = r.seek(o::FORMAT_ID)?.u64()?;
+        r.seek(o::ENTRIES)?;
         if n > MAX_ENTRIES || data_blocks as usize > n {
             return Err(Error::Corrupt(format!(
                 "chunk summary claims {n} entries, {data_blocks} data blocks"
             )));
         }
-        debug_assert_eq!(r.pos(), HEADER_BYTES);
         let mut entries = Vec::with_capacity(n);
         let mut data = 0u16;
         for _ in 0..n {
@@ -251,6 +285,56 @@ mod tests {
                 },
             ],
         }
+    }
+
+    /// The on-disk format is frozen: these are the offsets of the drawn table.
+    #[test]
+    fn the_named_offsets_are_the_drawn_table() {
+        let named = [o::MAGIC, o::VERSION, o::STREAM, o::FLAGS, o::N_ENTRIES];
+        assert_eq!(named, [0, 8, 10, 11, 12]);
+        let named = [
+            o::DATA_BLOCKS,
+            o::CHUNK_SEQ,
+            o::EPOCH,
+            o::BASE_SEQ,
+            o::SEGMENT,
+        ];
+        assert_eq!(named, [14, 16, 24, 32, 40]);
+        let named = [o::OFFSET, o::PAD_BLOCKS, o::FORMAT_ID, o::ENTRIES, o::CRC];
+        assert_eq!(named, [44, 48, 56, 64, 4092]);
+        let entry = [
+            o::ENTRY_LBA,
+            o::ENTRY_SEQ_DELTA,
+            o::ENTRY_CRC_OR_COUNT,
+            ENTRY_BYTES,
+        ];
+        assert_eq!(entry, [0, 8, 12, 16]);
+    }
+
+    /// Every named offset holds its field in what the encoder wrote.
+    #[test]
+    fn fields_sit_at_their_named_offsets() {
+        let s = sample();
+        let mut b = vec![0u8; BLOCK_SIZE];
+        s.encode_into(&mut b).unwrap();
+        let at = |off: usize, v: &[u8]| assert_eq!(&b[off..off + v.len()], v, "offset {off}");
+        at(o::MAGIC, CHUNK_MAGIC);
+        at(o::VERSION, &CHUNK_VERSION.to_le_bytes());
+        at(o::STREAM, &[2, 0]);
+        at(o::N_ENTRIES, &3u16.to_le_bytes());
+        at(o::DATA_BLOCKS, &2u16.to_le_bytes());
+        at(o::CHUNK_SEQ, &77u64.to_le_bytes());
+        at(o::EPOCH, &3u64.to_le_bytes());
+        at(o::BASE_SEQ, &1000u64.to_le_bytes());
+        at(o::SEGMENT, &5u32.to_le_bytes());
+        at(o::OFFSET, &256u32.to_le_bytes());
+        at(o::PAD_BLOCKS, &1u16.to_le_bytes());
+        at(o::FORMAT_ID, &0x1234u64.to_le_bytes());
+        let second = o::ENTRIES + ENTRY_BYTES;
+        at(second + o::ENTRY_LBA, &(50 | TRIM_FLAG).to_le_bytes());
+        at(second + o::ENTRY_SEQ_DELTA, &1u32.to_le_bytes());
+        at(second + o::ENTRY_CRC_OR_COUNT, &9u32.to_le_bytes());
+        at(o::CRC, &crc32c::crc32c(&b[..o::CRC]).to_le_bytes());
     }
 
     #[test]

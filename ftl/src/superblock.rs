@@ -26,6 +26,24 @@ use crate::device::BLOCK_SIZE;
 use crate::error::Error;
 use crate::geometry::Geometry;
 
+/// Byte offsets of the superblock's fields (the table above).
+pub mod offsets {
+    pub const MAGIC: usize = 0;
+    pub const VERSION: usize = 8;
+    pub const FLAGS: usize = 12;
+    pub const UUID: usize = 16;
+    pub const BLOCK_SIZE: usize = 32;
+    pub const FLASH_PAGE_BYTES: usize = 36;
+    pub const SEGMENT_BYTES: usize = 40;
+    pub const SEGMENT_COUNT: usize = 48;
+    pub const OP_PERMILLE: usize = 52;
+    pub const BACKING_BYTES: usize = 56;
+    pub const EXPORTED_BLOCKS: usize = 64;
+    pub const CREATED_SECS: usize = 72;
+    pub const CRC: usize = 4092;
+}
+use offsets as o;
+
 /// Superblock magic.
 pub const SB_MAGIC: &[u8; 8] = b"FTLBLKSB";
 /// Superblock format version this build writes and reads.
@@ -63,19 +81,31 @@ impl Superblock {
     pub fn encode(&self) -> Vec<u8> {
         let g = &self.geometry;
         let mut w = Writer::with_capacity(BLOCK_SIZE);
-        w.bytes(SB_MAGIC)
+        w.at(o::MAGIC)
+            .bytes(SB_MAGIC)
+            .at(o::VERSION)
             .u32(SB_VERSION)
+            .at(o::FLAGS)
             .u32(0)
+            .at(o::UUID)
             .bytes(&self.uuid)
+            .at(o::BLOCK_SIZE)
             .u32(BLOCK_SIZE as u32)
+            .at(o::FLASH_PAGE_BYTES)
             .u32(g.flash_page_bytes)
+            .at(o::SEGMENT_BYTES)
             .u64(g.segment_bytes)
+            .at(o::SEGMENT_COUNT)
             .u32(g.segment_count)
+            .at(o::OP_PERMILLE)
             .u32(g.op_permille)
+            .at(o::BACKING_BYTES)
             .u64(g.backing_bytes)
+            .at(o::EXPORTED_BLOCKS)
             .u64(g.exported_blocks)
+            .at(o::CREATED_SECS)
             .u64(self.created_secs)
-            .pad_to(BLOCK_SIZE - 4)
+            .at(o::CRC)
             .crc();
         w.buf
     }
@@ -94,22 +124,22 @@ impl Superblock {
         check_trailing_crc(buf, "superblock").map_err(|e| SbDecode::Corrupt(e.to_string()))?;
         let c = |e: Error| SbDecode::Corrupt(e.to_string());
         let mut r = Reader::new(buf, "superblock");
-        r.skip(8).map_err(c)?;
-        let version = r.u32().map_err(c)?;
+        let version = r.seek(o::VERSION).and_then(|r| r.u32()).map_err(c)?;
         if version != SB_VERSION {
             return Err(SbDecode::Version(version));
         }
-        let _flags = r.u32().map_err(c)?;
         let mut uuid = [0u8; 16];
-        uuid.copy_from_slice(r.bytes(16).map_err(c)?);
-        let block_size = r.u32().map_err(c)?;
-        let flash_page_bytes = r.u32().map_err(c)?;
-        let segment_bytes = r.u64().map_err(c)?;
-        let segment_count = r.u32().map_err(c)?;
-        let op_permille = r.u32().map_err(c)?;
-        let backing_bytes = r.u64().map_err(c)?;
-        let exported_blocks = r.u64().map_err(c)?;
-        let created_secs = r.u64().map_err(c)?;
+        uuid.copy_from_slice(r.seek(o::UUID).and_then(|r| r.bytes(16)).map_err(c)?);
+        let mut u32_at = |at| r.seek(at).and_then(|r| r.u32()).map_err(c);
+        let block_size = u32_at(o::BLOCK_SIZE)?;
+        let flash_page_bytes = u32_at(o::FLASH_PAGE_BYTES)?;
+        let segment_count = u32_at(o::SEGMENT_COUNT)?;
+        let op_permille = u32_at(o::OP_PERMILLE)?;
+        let mut u64_at = |at| r.seek(at).and_then(|r| r.u64()).map_err(c);
+        let segment_bytes = u64_at(o::SEGMENT_BYTES)?;
+        let backing_bytes = u64_at(o::BACKING_BYTES)?;
+        let exported_blocks = u64_at(o::EXPORTED_BLOCKS)?;
+        let created_secs = u64_at(o::CREATED_SECS)?;
         let geometry = Geometry {
             backing_bytes,
             segment_bytes,
@@ -172,6 +202,50 @@ mod tests {
             geometry,
             created_secs: 42,
         }
+    }
+
+    /// The on-disk format is frozen: these are the offsets of the drawn table, and
+    /// moving one is a format change (a new version), not a refactor.
+    #[test]
+    fn the_named_offsets_are_the_drawn_table() {
+        let named = [o::MAGIC, o::VERSION, o::FLAGS, o::UUID, o::BLOCK_SIZE];
+        assert_eq!(named, [0, 8, 12, 16, 32]);
+        let named = [
+            o::FLASH_PAGE_BYTES,
+            o::SEGMENT_BYTES,
+            o::SEGMENT_COUNT,
+            o::OP_PERMILLE,
+        ];
+        assert_eq!(named, [36, 40, 48, 52]);
+        let named = [
+            o::BACKING_BYTES,
+            o::EXPORTED_BLOCKS,
+            o::CREATED_SECS,
+            o::CRC,
+        ];
+        assert_eq!(named, [56, 64, 72, 4092]);
+    }
+
+    /// Every named offset holds its field in what the encoder wrote.
+    #[test]
+    fn fields_sit_at_their_named_offsets() {
+        let sb = sample();
+        let g = sb.geometry;
+        let b = sb.encode();
+        let at = |off: usize, v: &[u8]| assert_eq!(&b[off..off + v.len()], v, "offset {off}");
+        at(o::MAGIC, SB_MAGIC);
+        at(o::VERSION, &SB_VERSION.to_le_bytes());
+        at(o::FLAGS, &0u32.to_le_bytes());
+        at(o::UUID, &sb.uuid);
+        at(o::BLOCK_SIZE, &(BLOCK_SIZE as u32).to_le_bytes());
+        at(o::FLASH_PAGE_BYTES, &g.flash_page_bytes.to_le_bytes());
+        at(o::SEGMENT_BYTES, &g.segment_bytes.to_le_bytes());
+        at(o::SEGMENT_COUNT, &g.segment_count.to_le_bytes());
+        at(o::OP_PERMILLE, &g.op_permille.to_le_bytes());
+        at(o::BACKING_BYTES, &g.backing_bytes.to_le_bytes());
+        at(o::EXPORTED_BLOCKS, &g.exported_blocks.to_le_bytes());
+        at(o::CREATED_SECS, &sb.created_secs.to_le_bytes());
+        at(o::CRC, &crc32c::crc32c(&b[..o::CRC]).to_le_bytes());
     }
 
     #[test]

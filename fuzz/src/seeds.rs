@@ -10,9 +10,10 @@ use crate::open_corrupt::{Case, Damage, IndexKey, Poke, Put};
 use crate::ops::Op::{self, *};
 use crate::tiny;
 use ftl::device::BLOCK_SIZE;
+use ftl::records::ckpt_offsets as ckpt;
 use ftl::records::{CheckpointRecord, Counters, MapPage, SegState, SegmentRecord, PAGE_ENTRIES};
-use ftl::summary::{ChunkSummary, Entry};
-use ftl::superblock::Superblock;
+use ftl::summary::{offsets as summary_at, ChunkSummary, Entry};
+use ftl::superblock::{offsets as sb_at, Superblock};
 use ftl::Geometry;
 
 /// One seed input.
@@ -300,11 +301,14 @@ pub fn open_corrupt_regressions() -> Vec<(&'static str, Case)> {
         // Checkpoint record (index key "c", record 0) with epoch u64::MAX, crc fixed.
         (
             "recovery-epoch-overflow",
-            edit_checkpoint(32, vec![0xff; 8]),
+            edit_checkpoint(ckpt::EPOCH as u16, vec![0xff; 8]),
         ),
         // Checkpoint record with next_chunk_seq u64::MAX: the first chunk sealed after
         // the open overflows the chain number.
-        ("chunk-seq-overflow", edit_checkpoint(40, vec![0xff; 8])),
+        (
+            "chunk-seq-overflow",
+            edit_checkpoint(ckpt::NEXT_CHUNK_SEQ as u16, vec![0xff; 8]),
+        ),
         // The first chunk of the log (segment 1, block 16: stream 1's, 11 entries with
         // seq deltas up to 15) with base_seq u64::MAX - 15, crc fixed, no checkpoint
         // since: its entries are replayed and the last one's seq is u64::MAX.
@@ -314,7 +318,7 @@ pub fn open_corrupt_regressions() -> Vec<(&'static str, Case)> {
                 checkpoint: false,
                 damage: vec![Damage::Bytes {
                     block: SEG1,
-                    offset: 32,
+                    offset: summary_at::BASE_SEQ as u16,
                     bytes: vec![0xf0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff],
                     fix_crc: true,
                 }],
@@ -373,26 +377,53 @@ pub fn open_corrupt_seeds() -> Vec<(&'static str, Case)> {
                         block: SB_A,
                         byte: 0x41,
                     },
-                    bytes(SB_B, 40, &[0xff; 8], true),
+                    bytes(SB_B, sb_at::SEGMENT_BYTES as u16, &[0xff; 8], true),
                 ],
                 None,
             ),
         ),
         (
             "sb-geometry-fixed-crc",
-            with(vec![bytes(SB_A, 64, &[0xff, 0xff, 0, 0], true)], None),
+            with(
+                vec![bytes(
+                    SB_A,
+                    sb_at::EXPORTED_BLOCKS as u16,
+                    &[0xff, 0xff, 0, 0],
+                    true,
+                )],
+                None,
+            ),
         ),
         (
             "summary-entries-fixed-crc",
-            with(vec![bytes(SEG1, 12, &[0xff, 0x00, 0x09, 0x00], true)], None),
+            with(
+                vec![bytes(
+                    SEG1,
+                    summary_at::N_ENTRIES as u16,
+                    &[0xff, 0x00, 0x09, 0x00],
+                    true,
+                )],
+                None,
+            ),
         ),
         (
             "summary-lba-fixed-crc",
-            with(vec![bytes(SEG1, 64, &[0xff; 8], true)], None),
+            with(
+                vec![bytes(SEG1, summary_at::ENTRIES as u16, &[0xff; 8], true)],
+                None,
+            ),
         ),
         (
             "summary-pad-fixed-crc",
-            with(vec![bytes(SEG1, 48, &[0xff, 0x7f], true)], None),
+            with(
+                vec![bytes(
+                    SEG1,
+                    summary_at::PAD_BLOCKS as u16,
+                    &[0xff, 0x7f],
+                    true,
+                )],
+                None,
+            ),
         ),
         (
             "summary-copied",
@@ -414,7 +445,7 @@ pub fn open_corrupt_seeds() -> Vec<(&'static str, Case)> {
                 vec![],
                 Some(Poke::Edit {
                     record: 0,
-                    offset: 32,
+                    offset: ckpt::EPOCH as u16,
                     bytes: vec![0, 0, 0, 0, 0, 0, 0, 0x80],
                     resize: None,
                     fix_crc: true,
@@ -427,7 +458,7 @@ pub fn open_corrupt_seeds() -> Vec<(&'static str, Case)> {
                 vec![],
                 Some(Poke::Edit {
                     record: 0,
-                    offset: 136 + 8,
+                    offset: ckpt::cursor(1) as u16,
                     bytes: vec![1, 0, 0, 0, 0xfe, 0xff, 0, 0],
                     resize: None,
                     fix_crc: true,
@@ -440,7 +471,7 @@ pub fn open_corrupt_seeds() -> Vec<(&'static str, Case)> {
                 vec![],
                 Some(Poke::Edit {
                     record: 0,
-                    offset: 40,
+                    offset: ckpt::NEXT_CHUNK_SEQ as u16,
                     bytes: vec![0, 0, 0, 0, 0, 0, 0, 0x80],
                     resize: None,
                     fix_crc: true,

@@ -105,8 +105,50 @@ const MAGIC: &[u8; 8] = b"FTLSTAGE";
 /// 2: chunk buffers of [`CHUNK_BUF_BLOCKS`] (version 1 had 252 blocks, too few to pad
 /// a full chunk to a 32 KiB page).
 const VERSION: u16 = 2;
-const META_HEADER: usize = 64;
-const META_ENTRY: usize = 24;
+/// Byte offsets in the area header (the table above).
+pub mod header_offsets {
+    pub const MAGIC: usize = 0;
+    pub const VERSION: usize = 8;
+    pub const SLOTS: usize = 12;
+    pub const UUID: usize = 16;
+    pub const EPOCH: usize = 32;
+    pub const SLOT_BYTES: usize = 40;
+    /// crc32c of bytes `0..CRC`.
+    pub const CRC: usize = 44;
+    pub const NEXT_CHUNK_MARK: usize = 48;
+}
+use header_offsets as h_at;
+
+/// Byte offsets in a slot's metadata (the table above); `PLACE_*` are relative to
+/// `PLACE`, `ENTRY_*` to an entry's start (`ENTRIES + k * ENTRY_BYTES`).
+pub mod slot_offsets {
+    pub const STATE: usize = 0;
+    pub const COUNT: usize = 4;
+    pub const CHUNK_SEQ: usize = 8;
+    pub const PLACE: usize = 16;
+    pub const PLACE_BYTES: usize = 24;
+    pub const PLACE_SEGMENT: usize = 0;
+    pub const PLACE_OFFSET: usize = 4;
+    pub const PLACE_START_PBA: usize = 8;
+    pub const PLACE_STREAM: usize = 16;
+    /// crc32c of the place's bytes `0..PLACE_CRC`.
+    pub const PLACE_CRC: usize = 20;
+    pub const ENTRIES: usize = 64;
+    pub const ENTRY_BYTES: usize = 24;
+    pub const ENTRY_KEY: usize = 0;
+    pub const ENTRY_SEQ: usize = 8;
+    pub const ENTRY_VALUE: usize = 16;
+    /// crc32c of the entry's bytes `0..ENTRY_CRC`.
+    pub const ENTRY_CRC: usize = 20;
+}
+use slot_offsets as s_at;
+const META_HEADER: usize = s_at::ENTRIES;
+const META_ENTRY: usize = s_at::ENTRY_BYTES;
+
+/// Copies `v` into `buf` at a field's named offset.
+fn put(buf: &mut [u8], offset: usize, v: &[u8]) {
+    buf[offset..offset + v.len()].copy_from_slice(v);
+}
 
 const STATE_FREE: u32 = 0;
 const STATE_OPEN: u32 = 1;
@@ -153,17 +195,14 @@ struct RawHeader {
 impl RawHeader {
     fn read(h: &[u8]) -> Option<Self> {
         let mut r = Reader::new(h, "staging header");
-        let magic = r.bytes(8).ok()?.try_into().ok()?;
-        let version = r.u16().ok()?;
-        r.skip(2).ok()?;
         Some(RawHeader {
-            magic,
-            version,
-            slots: r.u32().ok()?,
-            uuid: r.bytes(16).ok()?.try_into().ok()?,
-            epoch: r.u64().ok()?,
-            slot_bytes: r.u32().ok()?,
-            crc: r.u32().ok()?,
+            magic: r.seek(h_at::MAGIC).ok()?.bytes(8).ok()?.try_into().ok()?,
+            version: r.seek(h_at::VERSION).ok()?.u16().ok()?,
+            slots: r.seek(h_at::SLOTS).ok()?.u32().ok()?,
+            uuid: r.seek(h_at::UUID).ok()?.bytes(16).ok()?.try_into().ok()?,
+            epoch: r.seek(h_at::EPOCH).ok()?.u64().ok()?,
+            slot_bytes: r.seek(h_at::SLOT_BYTES).ok()?.u32().ok()?,
+            crc: r.seek(h_at::CRC).ok()?.u32().ok()?,
         })
     }
 }
@@ -321,7 +360,7 @@ impl StagingArea {
     /// What the header says: nobody's (never reset, or torn while being reset, when no
     /// slot held anything), a session's, or a layout this build cannot read.
     pub fn header(&self) -> AreaHeader {
-        let h = self.bytes(0, 48);
+        let h = self.bytes(0, h_at::NEXT_CHUNK_MARK);
         let Some(RawHeader {
             magic,
             version,
@@ -334,7 +373,7 @@ impl StagingArea {
         else {
             return AreaHeader::Blank;
         };
-        if &magic != MAGIC || crc != crc32c::crc32c(&h[..44]) {
+        if &magic != MAGIC || crc != crc32c::crc32c(&h[..h_at::CRC]) {
             return AreaHeader::Blank;
         }
         if version != VERSION || slot_bytes as usize != SLOT_BYTES {
@@ -363,12 +402,12 @@ impl StagingArea {
 
     /// Every chunk number handed out by the owner is below this.
     pub fn next_chunk_mark(&self) -> u64 {
-        self.atomic64(48).load(Ordering::Acquire)
+        self.atomic64(h_at::NEXT_CHUNK_MARK).load(Ordering::Acquire)
     }
 
     /// Rule 2: raises the next-chunk mark past `chunk_seq`.
     pub(crate) fn note_chunk(&self, chunk_seq: u64) {
-        self.atomic64(48)
+        self.atomic64(h_at::NEXT_CHUNK_MARK)
             .fetch_max(chunk_seq.saturating_add(1), Ordering::AcqRel);
     }
 
@@ -377,20 +416,22 @@ impl StagingArea {
     pub fn reset(&self, owner: AreaOwner, next_chunk_seq: u64) {
         for s in 0..self.slots as u32 {
             let at = Self::slot_at(s);
-            self.atomic32(at).store(STATE_FREE, Ordering::Release);
-            self.atomic32(at + 4).store(0, Ordering::Release);
+            self.atomic32(at + s_at::STATE)
+                .store(STATE_FREE, Ordering::Release);
+            self.atomic32(at + s_at::COUNT).store(0, Ordering::Release);
         }
-        let h = self.bytes_mut(0, 48);
+        let h = self.bytes_mut(0, h_at::NEXT_CHUNK_MARK);
         h.fill(0);
-        h[..8].copy_from_slice(MAGIC);
-        h[8..10].copy_from_slice(&VERSION.to_le_bytes());
-        h[12..16].copy_from_slice(&(self.slots as u32).to_le_bytes());
-        h[16..32].copy_from_slice(&owner.uuid);
-        h[32..40].copy_from_slice(&owner.epoch.to_le_bytes());
-        h[40..44].copy_from_slice(&(SLOT_BYTES as u32).to_le_bytes());
-        let crc = crc32c::crc32c(&h[..44]);
-        h[44..48].copy_from_slice(&crc.to_le_bytes());
-        self.atomic64(48).store(next_chunk_seq, Ordering::Release);
+        put(h, h_at::MAGIC, MAGIC);
+        put(h, h_at::VERSION, &VERSION.to_le_bytes());
+        put(h, h_at::SLOTS, &(self.slots as u32).to_le_bytes());
+        put(h, h_at::UUID, &owner.uuid);
+        put(h, h_at::EPOCH, &owner.epoch.to_le_bytes());
+        put(h, h_at::SLOT_BYTES, &(SLOT_BYTES as u32).to_le_bytes());
+        let crc = crc32c::crc32c(&h[..h_at::CRC]);
+        put(h, h_at::CRC, &crc.to_le_bytes());
+        self.atomic64(h_at::NEXT_CHUNK_MARK)
+            .store(next_chunk_seq, Ordering::Release);
     }
 
     /// A free slot, if one is left.
@@ -435,16 +476,19 @@ impl StagingArea {
     /// entries whose checksums hold (a torn tail is cut off).
     pub(crate) fn read_slot(&self, slot: u32) -> StagedSlot {
         let at = Self::slot_at(slot);
-        let state = self.atomic32(at).load(Ordering::Acquire);
-        let count = (self.atomic32(at + 4).load(Ordering::Acquire) as usize).min(MAX_ENTRIES);
+        let state = self.atomic32(at + s_at::STATE).load(Ordering::Acquire);
+        let count =
+            (self.atomic32(at + s_at::COUNT).load(Ordering::Acquire) as usize).min(MAX_ENTRIES);
         let m = self.bytes(at, META_HEADER + count * META_ENTRY);
         StagedSlot {
             state: match state {
                 STATE_OPEN => SlotState::Open,
-                STATE_SEALED => SlotState::Sealed(self.atomic64(at + 8).load(Ordering::Acquire)),
+                STATE_SEALED => {
+                    SlotState::Sealed(self.atomic64(at + s_at::CHUNK_SEQ).load(Ordering::Acquire))
+                }
                 _ => SlotState::Free,
             },
-            place: decode_place(&m[16..40]),
+            place: decode_place(&m[s_at::PLACE..s_at::PLACE + s_at::PLACE_BYTES]),
             entries: m[META_HEADER..]
                 .chunks_exact(META_ENTRY)
                 .map_while(decode_entry)
@@ -453,16 +497,15 @@ impl StagingArea {
     }
 }
 
-/// A slot's place record (bytes 16..40 of its metadata), if its checksum holds.
+/// A slot's place record (`slot_offsets::PLACE..`), if its checksum holds.
 fn decode_place(b: &[u8]) -> Option<SlotPlace> {
     let mut r = Reader::new(b, "staging slot place");
-    let seg = r.u32().ok()?;
-    let offset = r.u32().ok()?;
-    let start_pba = r.u64().ok()?;
-    let stream = r.u8().ok()?;
-    r.skip(3).ok()?;
-    let crc = r.u32().ok()?;
-    (crc == crc32c::crc32c(&b[..20])).then_some(SlotPlace {
+    let seg = r.seek(s_at::PLACE_SEGMENT).ok()?.u32().ok()?;
+    let offset = r.seek(s_at::PLACE_OFFSET).ok()?.u32().ok()?;
+    let start_pba = r.seek(s_at::PLACE_START_PBA).ok()?.u64().ok()?;
+    let stream = r.seek(s_at::PLACE_STREAM).ok()?.u8().ok()?;
+    let crc = r.seek(s_at::PLACE_CRC).ok()?.u32().ok()?;
+    (crc == crc32c::crc32c(&b[..s_at::PLACE_CRC])).then_some(SlotPlace {
         stream,
         seg,
         offset,
@@ -473,8 +516,11 @@ fn decode_place(b: &[u8]) -> Option<SlotPlace> {
 /// One recorded entry, if its checksum holds (a torn one ends the list).
 fn decode_entry(b: &[u8]) -> Option<Entry> {
     let mut r = Reader::new(b, "staging entry");
-    let (key, seq, v, crc) = (r.u64().ok()?, r.u64().ok()?, r.u32().ok()?, r.u32().ok()?);
-    if crc != crc32c::crc32c(&b[..20]) {
+    let key = r.seek(s_at::ENTRY_KEY).ok()?.u64().ok()?;
+    let seq = r.seek(s_at::ENTRY_SEQ).ok()?.u64().ok()?;
+    let v = r.seek(s_at::ENTRY_VALUE).ok()?.u32().ok()?;
+    let crc = r.seek(s_at::ENTRY_CRC).ok()?.u32().ok()?;
+    if crc != crc32c::crc32c(&b[..s_at::ENTRY_CRC]) {
         return None;
     }
     Some(if key & TRIM_FLAG != 0 {
@@ -534,17 +580,19 @@ impl ChunkBuf {
     pub(crate) fn open(&mut self, place: SlotPlace) {
         let at = self.meta_at();
         let a = &self.area;
-        a.atomic32(at).store(STATE_FREE, Ordering::Release);
-        a.atomic32(at + 4).store(0, Ordering::Release);
-        let m = a.bytes_mut(at + 16, 24);
+        a.atomic32(at + s_at::STATE)
+            .store(STATE_FREE, Ordering::Release);
+        a.atomic32(at + s_at::COUNT).store(0, Ordering::Release);
+        let m = a.bytes_mut(at + s_at::PLACE, s_at::PLACE_BYTES);
         m.fill(0);
-        m[0..4].copy_from_slice(&place.seg.to_le_bytes());
-        m[4..8].copy_from_slice(&place.offset.to_le_bytes());
-        m[8..16].copy_from_slice(&place.start_pba.to_le_bytes());
-        m[16] = place.stream;
-        let crc = crc32c::crc32c(&m[..20]);
-        m[20..24].copy_from_slice(&crc.to_le_bytes());
-        a.atomic32(at).store(STATE_OPEN, Ordering::Release);
+        put(m, s_at::PLACE_SEGMENT, &place.seg.to_le_bytes());
+        put(m, s_at::PLACE_OFFSET, &place.offset.to_le_bytes());
+        put(m, s_at::PLACE_START_PBA, &place.start_pba.to_le_bytes());
+        put(m, s_at::PLACE_STREAM, &[place.stream]);
+        let crc = crc32c::crc32c(&m[..s_at::PLACE_CRC]);
+        put(m, s_at::PLACE_CRC, &crc.to_le_bytes());
+        a.atomic32(at + s_at::STATE)
+            .store(STATE_OPEN, Ordering::Release);
     }
 
     /// Rule 1: records entry number `k` (the data, if any, is already in the buffer).
@@ -560,13 +608,13 @@ impl ChunkBuf {
         let m = self
             .area
             .bytes_mut(at + META_HEADER + k * META_ENTRY, META_ENTRY);
-        m[0..8].copy_from_slice(&key.to_le_bytes());
-        m[8..16].copy_from_slice(&seq.to_le_bytes());
-        m[16..20].copy_from_slice(&v.to_le_bytes());
-        let crc = crc32c::crc32c(&m[..20]);
-        m[20..24].copy_from_slice(&crc.to_le_bytes());
+        put(m, s_at::ENTRY_KEY, &key.to_le_bytes());
+        put(m, s_at::ENTRY_SEQ, &seq.to_le_bytes());
+        put(m, s_at::ENTRY_VALUE, &v.to_le_bytes());
+        let crc = crc32c::crc32c(&m[..s_at::ENTRY_CRC]);
+        put(m, s_at::ENTRY_CRC, &crc.to_le_bytes());
         self.area
-            .atomic32(at + 4)
+            .atomic32(at + s_at::COUNT)
             .store(k as u32 + 1, Ordering::Release);
     }
 
@@ -584,11 +632,11 @@ impl ChunkBuf {
             match step {
                 SealStep::Number => self
                     .area
-                    .atomic64(at + 8)
+                    .atomic64(at + s_at::CHUNK_SEQ)
                     .store(chunk_seq, Ordering::Release),
                 SealStep::State => self
                     .area
-                    .atomic32(at)
+                    .atomic32(at + s_at::STATE)
                     .store(STATE_SEALED, Ordering::Release),
                 SealStep::Mark => self.area.note_chunk(chunk_seq),
             }
@@ -599,7 +647,7 @@ impl ChunkBuf {
     /// Rule 3: the chunk's device write completed.
     pub(crate) fn mark_written(&self) {
         self.area
-            .atomic32(self.meta_at())
+            .atomic32(self.meta_at() + s_at::STATE)
             .store(STATE_FREE, Ordering::Release);
     }
 }

@@ -212,3 +212,51 @@ fn a_header_of_another_layout_is_foreign_not_blank() {
     a.bytes_mut(0, 48)[20] ^= 1;
     assert_eq!(a.header(), AreaHeader::Blank);
 }
+
+/// The layout is frozen: the named offsets are the drawn table (moving one is a new
+/// layout version).
+#[test]
+fn the_named_offsets_are_the_drawn_table() {
+    use super::header_offsets as h;
+    use super::slot_offsets as s;
+    let named = [h::MAGIC, h::VERSION, h::SLOTS, h::UUID, h::EPOCH];
+    assert_eq!(named, [0, 8, 12, 16, 32]);
+    assert_eq!([h::SLOT_BYTES, h::CRC, h::NEXT_CHUNK_MARK], [40, 44, 48]);
+    let named = [
+        s::STATE,
+        s::COUNT,
+        s::CHUNK_SEQ,
+        s::PLACE,
+        s::PLACE + s::PLACE_BYTES,
+    ];
+    assert_eq!(named, [0, 4, 8, 16, 40]);
+    let place = [
+        s::PLACE_SEGMENT,
+        s::PLACE_OFFSET,
+        s::PLACE_START_PBA,
+        s::PLACE_STREAM,
+    ];
+    assert_eq!(place.map(|p| s::PLACE + p), [16, 20, 24, 32]);
+    assert_eq!(s::PLACE + s::PLACE_CRC, 36);
+    let entry = [s::ENTRY_KEY, s::ENTRY_SEQ, s::ENTRY_VALUE, s::ENTRY_CRC];
+    assert_eq!(entry, [0, 8, 16, 20]);
+    assert_eq!((s::ENTRIES, s::ENTRY_BYTES), (64, 24));
+}
+
+/// What `reset` wrote sits at the named offsets of the header.
+#[test]
+fn the_header_fields_sit_at_their_named_offsets() {
+    use super::header_offsets as h;
+    let a = StagingArea::in_memory(3).unwrap();
+    a.reset(owner(), 9);
+    let b = a.bytes(0, h::NEXT_CHUNK_MARK + 8);
+    let at = |off: usize, v: &[u8]| assert_eq!(&b[off..off + v.len()], v, "offset {off}");
+    at(h::MAGIC, b"FTLSTAGE");
+    at(h::VERSION, &2u16.to_le_bytes());
+    at(h::SLOTS, &3u32.to_le_bytes());
+    at(h::UUID, &owner().uuid);
+    at(h::EPOCH, &owner().epoch.to_le_bytes());
+    at(h::SLOT_BYTES, &(SLOT_BYTES as u32).to_le_bytes());
+    at(h::CRC, &crc32c::crc32c(&b[..h::CRC]).to_le_bytes());
+    at(h::NEXT_CHUNK_MARK, &9u64.to_le_bytes());
+}
