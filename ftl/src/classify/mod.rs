@@ -58,8 +58,10 @@
 //!   corrupt state or panic.
 
 mod online;
+mod write;
 
 pub use online::Classifier;
+pub use write::write_classified;
 
 use crate::stream::StreamId;
 
