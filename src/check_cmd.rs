@@ -28,7 +28,7 @@ pub fn run(a: CheckArgs) -> Result<bool, String> {
     let index = ftl::index::sled_store::SledIndex::open(&dir).map_err(|e| e.to_string())?;
     // What a dead server of this backing staged is part of what the next open sees: check
     // it too (a private view; the file is left as it is).
-    let (sb, _) = ftl::lifecycle::read_superblock_readonly(&dev).map_err(|e| e.to_string())?;
+    let (sb, _) = ftl::read_superblock_readonly(&dev).map_err(|e| e.to_string())?;
     let staged_file = ftl::backing::staging_file(&crate::runfiles::run_dir(), &sb.uuid_string());
     let staging = if staged_file.exists() {
         Some(

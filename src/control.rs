@@ -13,7 +13,7 @@
 //!   streams it no longer uses are closed ([`ftl::Ftl::close_stream`]) on the blocking pool.
 //! - **Stats.** Once told the device is live ([`Event::Live`]), the runtime serves
 //!   `/run/ftlblk/N.sock`: each connection receives one JSON document (`device`: the
-//!   [`DeviceRecord`], `stats`: [`ftl::stats::Stats`], `cleaner`: the cleaner's figures)
+//!   [`DeviceRecord`], `stats`: [`ftl::Stats`], `cleaner`: the cleaner's figures)
 //!   and is closed. The socket is removed on shutdown.
 
 use crate::runfiles::{self, DeviceRecord};

@@ -11,7 +11,7 @@
 //! one. A closed segment with nothing live is never a victim: there is nothing to copy,
 //! and the next checkpoint frees it (`Ftl::dead_segments` counts them).
 
-use ftl::segments::SegmentSnapshot;
+use ftl::SegmentSnapshot;
 
 /// A victim-selection policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -51,14 +51,6 @@ impl<'a> Reader<'a> {
     pub fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(self.array()?))
     }
-    /// Skips `n` bytes.
-    pub fn skip(&mut self, n: usize) -> Result<()> {
-        self.bytes(n).map(|_| ())
-    }
-    /// Current offset.
-    pub fn pos(&self) -> usize {
-        self.pos
-    }
     /// Moves to `offset`, a field's named place in the structure's layout.
     pub fn seek(&mut self, offset: usize) -> Result<&mut Self> {
         if offset > self.buf.len() {

@@ -23,48 +23,37 @@
 //!    it dead are durable (a segment returns to the free list only through a durable
 //!    checkpoint that records it dead).
 //! 6. Block patching: a FLUSH/FUA that forces out a partly filled flash page pads it to the
-//!    page size with zeros; the padding is counted in [`records::Counters::padding_bytes`].
+//!    page size with zeros; the padding is counted in [`Counters::padding_bytes`].
 //!
-//! ## Layout
-//! - [`device`]: the backing-device trait and its file (io_uring, O_DIRECT), memory and
-//!   crash-simulating implementations;
-//! - [`index`]: the index-store trait, sled and memory implementations;
-//! - [`geometry`], [`superblock`], [`summary`], [`records`]: on-disk structures;
-//! - [`engine`] (I/O API), [`checkpoint`], [`recovery`], [`lifecycle`] (format, open);
-//! - [`staging`]: the chunk buffers, kept where they outlive the server process;
-//! - [`model`]: the reference model shared by property tests and fuzz targets.
+//! ## Layout (`docs/architecture.md` draws it)
+//! The API: [`Ftl`] (`engine/`: the I/O API, with its children `reloc` for cleaners,
+//! `checkpoint` and `stats`), [`Config`], the [`device`] trait and its file, memory and
+//! crash-simulating backings, the [`index`] trait with sled and memory stores,
+//! [`geometry`] and [`superblock`] (format), [`staging`] (the chunk buffers that outlive
+//! the server process), [`check`] (the offline checker), [`classify`] (lifetime
+//! placement), [`request`] (the block-request vocabulary of the ublk edge), [`backing`]
+//! (opening a backing file or device with its index) and [`model`] (the reference model
+//! shared by property tests, the concurrent crash harness and the fuzz targets).
+//!
+//! Inside, one concern each: `append` (the appender), `space` (flow control), `tables`
+//! (map, segments, counters), `log` (open and sealed chunks), `tracker` (chain numbers,
+//! group commit), `segments`, `map`, `summary` and `records` (on-disk structures),
+//! `chunks` (the one walker over a segment's summaries), `recovery`, `lifecycle`
+//! (format, open). They are public only with the `internals` feature, for tests, fuzzing
+//! and tools that build on-disk structures.
 
-mod append;
+// ----- the API -----
 pub mod backing;
 pub mod check;
-pub mod chunks;
 pub mod classify;
-pub mod codec;
-mod config;
 pub mod device;
-pub mod engine;
 pub mod error;
 pub mod geometry;
 pub mod index;
-pub mod lifecycle;
-pub mod log;
-pub mod map;
 pub mod model;
-pub mod records;
-pub mod recovery;
 pub mod request;
-#[cfg(feature = "shuttle")]
-pub mod sched;
-pub mod segments;
-mod space;
 pub mod staging;
-mod stream;
-pub mod summary;
 pub mod superblock;
-mod sync;
-mod tables;
-pub mod tracker;
-pub mod writers;
 
 pub use append::PendingChunks;
 pub use config::Config;
@@ -76,7 +65,37 @@ pub use engine::{BlockLocation, Ftl, READ_RETRIES};
 pub use error::{Error, Result};
 pub use geometry::{FormatOptions, Geometry};
 pub use index::IndexStore;
-pub use lifecycle::{format, read_superblock, OpenReport};
+pub use lifecycle::{format, read_superblock, read_superblock_readonly, OpenReport};
 pub use map::MapEntry;
+pub use records::Counters;
+pub use recovery::RecoveryReport;
+pub use segments::SegmentSnapshot;
 pub use stream::{StreamId, GC_STREAM, STREAMS, TRIM_STREAM};
-pub use writers::ChunkWriters;
+pub use writers::{ChunkSink, ChunkWriters};
+
+// ----- internals: public only with the `internals` feature (tests, fuzzing, tools
+// that build on-disk structures), private otherwise -----
+
+/// Declares a module public with the `internals` feature and private without it.
+macro_rules! internal {
+    ($($name:ident),* $(,)?) => {$(
+        #[cfg(feature = "internals")]
+        pub mod $name;
+        #[cfg(not(feature = "internals"))]
+        mod $name;
+    )*};
+}
+
+internal!(
+    chunks, codec, engine, lifecycle, log, map, records, recovery, segments, summary, tracker,
+    writers
+);
+
+mod append;
+mod config;
+#[cfg(feature = "shuttle")]
+pub mod sched;
+mod space;
+mod stream;
+mod sync;
+mod tables;

@@ -12,8 +12,6 @@ use crate::staging::ChunkBuf;
 use crate::summary::{ChunkSummary, Entry, MAX_CHUNK_DATA, MAX_ENTRIES};
 use std::sync::Arc;
 
-pub use crate::staging::CHUNK_BUF_BYTES;
-
 /// Data blocks a chunk starting at block `offset` of its segment may hold (one block is
 /// its summary; it never crosses the segment end).
 pub fn chunk_capacity(blocks_per_segment: u32, offset: u32) -> u32 {

@@ -55,11 +55,6 @@ impl L2p {
         self.entries.len() as u64
     }
 
-    /// True when the map has no entries.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
     /// Number of pages.
     pub fn pages(&self) -> u64 {
         self.len().div_ceil(PAGE_ENTRIES as u64)
@@ -87,16 +82,6 @@ impl L2p {
         old
     }
 
-    /// Sets `lba` to `new` only if it still holds `expected`.
-    pub fn compare_swap(&self, lba: u64, expected: MapEntry, new: MapEntry) -> bool {
-        let ok = self.entries[lba as usize]
-            .compare_exchange(expected.0, new.0, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok();
-        if ok {
-            self.mark_dirty(lba / PAGE_ENTRIES as u64);
-        }
-        ok
-    }
 
     /// Loads a page's entries (used by recovery; marks nothing dirty).
     pub fn load_page(&self, page: u64, entries: &[u64]) {
@@ -166,11 +151,10 @@ mod tests {
     }
 
     #[test]
-    fn swap_cas_and_dirty() {
+    fn swap_and_dirty() {
         let m = L2p::new(2000);
         assert_eq!(m.swap(600, MapEntry::new(1, 2)), MapEntry::UNMAPPED);
-        assert!(!m.compare_swap(600, MapEntry::UNMAPPED, MapEntry::new(3, 4)));
-        assert!(m.compare_swap(600, MapEntry::new(1, 2), MapEntry::new(3, 4)));
+        assert_eq!(m.swap(600, MapEntry::new(3, 4)), MapEntry::new(1, 2));
         assert_eq!(m.get(600), MapEntry::new(3, 4));
         assert_eq!(m.take_dirty(), vec![1]);
         assert!(m.take_dirty().is_empty());

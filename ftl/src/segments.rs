@@ -100,11 +100,6 @@ impl Segments {
         crate::sync::lock(&self.inner)
     }
 
-    /// Number of segments.
-    pub fn count(&self) -> u32 {
-        self.valid.len() as u32
-    }
-
     /// A block was appended into segment `new`, replacing one in `old` (if mapped):
     /// called under the block's stripe lock, with the map change.
     pub fn note_append(&self, new: u32, old: Option<u32>) {

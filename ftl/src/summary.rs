@@ -154,7 +154,7 @@ impl ChunkSummary {
             .at(o::FORMAT_ID)
             .u64(self.format_id)
             .at(o::ENTRIES);
-        for e in &self.entries {
+        for (i, e) in self.entries.iter().enumerate() {
             let delta = e
                 .seq()
                 .checked_sub(base)
@@ -165,10 +165,17 @@ impl ChunkSummary {
                         e.seq()
                     ))
                 })? as u32;
-            match *e {
-                Entry::Data { lba, crc, .. } => w.u64(lba).u32(delta).u32(crc),
-                Entry::Trim { lba, count, .. } => w.u64(lba | TRIM_FLAG).u32(delta).u32(count),
+            let (key, last) = match *e {
+                Entry::Data { lba, crc, .. } => (lba, crc),
+                Entry::Trim { lba, count, .. } => (lba | TRIM_FLAG, count),
             };
+            let at = o::ENTRIES + i * ENTRY_BYTES;
+            w.at(at + o::ENTRY_LBA)
+                .u64(key)
+                .at(at + o::ENTRY_SEQ_DELTA)
+                .u32(delta)
+                .at(at + o::ENTRY_CRC_OR_COUNT)
+                .u32(last);
         }
         w.at(o::CRC).crc();
         out.copy_from_slice(&w.buf);
@@ -205,7 +212,6 @@ impl ChunkSummary {
         let offset = r.seek(o::OFFSET)?.u32()?;
         let pad_blocks = r.seek(o::PAD_BLOCKS)?.u16()?;
         let format_id = r.seek(o::FORMAT_ID)?.u64()?;
-        r.seek(o::ENTRIES)?;
         if n > MAX_ENTRIES || data_blocks as usize > n {
             return Err(Error::Corrupt(format!(
                 "chunk summary claims {n} entries, {data_blocks} data blocks"
@@ -213,12 +219,13 @@ impl ChunkSummary {
         }
         let mut entries = Vec::with_capacity(n);
         let mut data = 0u16;
-        for _ in 0..n {
-            let raw = r.u64()?;
+        for i in 0..n {
+            let at = o::ENTRIES + i * ENTRY_BYTES;
+            let raw = r.seek(at + o::ENTRY_LBA)?.u64()?;
             let seq = base
-                .checked_add(r.u32()? as u64)
+                .checked_add(r.seek(at + o::ENTRY_SEQ_DELTA)?.u32()? as u64)
                 .ok_or_else(|| Error::Corrupt("entry seq overflows".into()))?;
-            let last = r.u32()?;
+            let last = r.seek(at + o::ENTRY_CRC_OR_COUNT)?.u32()?;
             if raw & TRIM_FLAG != 0 {
                 entries.push(Entry::Trim {
                     lba: raw & !TRIM_FLAG,

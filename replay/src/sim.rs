@@ -171,7 +171,7 @@ pub fn simulate(
         .sum();
     let every = (total_writes / cfg.series_points.max(1) as u64).max(1);
     let mut series = Vec::new();
-    let mut half: Option<ftl::records::Counters> = None;
+    let mut half: Option<ftl::Counters> = None;
     let mut wi = 0u64;
     let mut trimmed = 0u64;
     let mut plans = 0u64;
@@ -220,9 +220,8 @@ pub fn simulate(
     let steady =
         |n: u64| n as f64 / (end.user_blocks_written - mid.user_blocks_written).max(1) as f64;
     // Summary and padding blocks: the log's own metadata.
-    let metadata = |c: &ftl::records::Counters| {
-        c.summary_blocks + c.padding_bytes / ftl::device::BLOCK_SIZE as u64
-    };
+    let metadata =
+        |c: &ftl::Counters| c.summary_blocks + c.padding_bytes / ftl::device::BLOCK_SIZE as u64;
     let mut hist = [0u64; 10];
     for u in &cleaner.victim_utilization {
         hist[((u * 10.0) as usize).min(9)] += 1;

@@ -17,7 +17,7 @@ use crate::background::Background;
 use crate::ublk::write_classified;
 use ftl::backing::FileFtl;
 use ftl::device::BLOCK_SIZE;
-use ftl::records::Counters;
+use ftl::Counters;
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
