@@ -50,14 +50,9 @@ impl L2p {
         L2p { entries, dirty }
     }
 
-    /// Number of entries.
-    pub fn len(&self) -> u64 {
-        self.entries.len() as u64
-    }
-
     /// Number of pages.
     pub fn pages(&self) -> u64 {
-        self.len().div_ceil(PAGE_ENTRIES as u64)
+        (self.entries.len() as u64).div_ceil(PAGE_ENTRIES as u64)
     }
 
     /// Bytes of RAM the entries use (8 per exported block).
