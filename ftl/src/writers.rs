@@ -16,7 +16,7 @@ use std::sync::{mpsc, Arc, Mutex};
 /// Where the pool's threads write what they are handed (the FTL: `Ftl::write_pending`).
 pub trait ChunkSink: Send + Sync + 'static {
     /// Writes the chunks and retires them; a failure poisons the sink.
-    fn write_pending(&self, p: PendingChunks) -> crate::Result<()>;
+    fn write_pending(&self, p: PendingChunks) -> crate::error::Result<()>;
 }
 
 /// The pool's end: hand chunks over with [`ChunkWriters::send`].

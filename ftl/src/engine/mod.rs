@@ -1,8 +1,9 @@
 //! The FTL engine: [`Ftl`] and its public I/O API (write, trim, flush, locate, read,
 //! close). It owns the parts (appender, tables, space, checkpointer, group commits) and
 //! is the only module that combines them: the append loop (room, staging slots, free
-//! space, checkpoint when space runs out), FLUSH and the device-sync group. Its children
-//! add the rest of the API: [`reloc`] (what a cleaner calls), [`checkpoint`], [`stats`].
+//! space, checkpoint when space runs out). Its children add the rest of the API, one
+//! concern each: `flush` (FLUSH and the device-sync group), `read` (locate, read, the
+//! retry path), [`reloc`] (what a cleaner calls), [`checkpoint`], [`stats`].
 //! Called by users of the crate (the ublk server, the cleaner, tools, tests). See the
 //! crate docs for the durability contract.
 //!
@@ -11,7 +12,8 @@
 //! table lock. Device I/O is never issued while a stripe or the segment-table lock is held.
 //!
 //! Ordering rules between threads (each a numbered comment where it is carried out:
-//! rules 1, 4, 5 and 6 in `append.rs`, 2, 3 and 7 here; the tests that break without
+//! rules 1, 4, 5 and 6 in `append.rs`, 2 and 3 in `engine/flush.rs`, 7 here; the tests
+//! that break without
 //! each are listed in `docs/orderings.md`):
 //! 1. an entry gets its sequence number under its stream's lock, in the same step that
 //!    records it in the open chunk and (under its LBA's stripe lock) changes the map: a
@@ -51,6 +53,8 @@ use checkpoint::Checkpointer;
 use std::sync::Arc;
 
 pub(crate) mod checkpoint;
+mod flush;
+mod read;
 pub(crate) mod reloc;
 pub(crate) mod stats;
 
@@ -429,183 +433,6 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         })?;
         LiveCounters::add(&self.t.counters.trimmed_blocks, blocks);
         Ok(())
-    }
-
-    // ----- durability -----
-
-    /// FLUSH: every write completed before this call is durable when it returns.
-    ///
-    /// Group commit: one flusher at a time leads, sealing every stream's open chunk and
-    /// syncing; flushers arriving meanwhile wait, and the next leader seals everything
-    /// they appended in one go, so concurrent write+flush pairs share chunks and syncs.
-    pub fn flush(&self) -> Result<()> {
-        self.check_poison()?;
-        self.space.note_foreground();
-        LiveCounters::add(&self.t.counters.flushes, 1);
-        // Rule 2: every write that completed before this call has an entry sequence below
-        // it.
-        let ticket = self.log.next_entry_seq();
-        self.flush_group
-            .run_to(ticket, || self.seal_and_sync_all())
-            .map(|_| ())
-    }
-
-    /// Seals and writes every open chunk, then makes the whole log durable. Returns the
-    /// entry sequence below which everything is now durable.
-    fn seal_and_sync_all(&self) -> Result<u64> {
-        // Rule 2: loaded BEFORE sealing: every entry below it is in a chunk sealed below.
-        let covers = self.log.next_entry_seq();
-        for sid in 0..crate::stream::STREAMS as u8 {
-            let mut st = self.log.stream(StreamId(sid))?;
-            let sealed = self.log.seal_open(&self.t, sid, &mut st)?;
-            drop(st);
-            // Written before the next stream lock is taken: a checkpoint holding that lock
-            // may be waiting for this very chunk.
-            if let Some(c) = sealed {
-                self.write_chunks(vec![c])?;
-            }
-        }
-        self.flush_upto(self.log.tracker().next_seq())?;
-        Ok(covers)
-    }
-
-    /// Makes every chunk below `target` durable.
-    fn flush_upto(&self, target: u64) -> Result<()> {
-        // Waiting first saves syncs that could not cover `target` yet (and lets rule 4's
-        // poison be seen before any sync).
-        let tracker = self.log.tracker();
-        tracker.wait_below(target);
-        self.check_poison()?;
-        self.sync
-            .run_to(target, || {
-                // Rule 3: a sync makes durable only the chunks whose writes completed
-                // BEFORE it started: the frontier is loaded before the sync, and only it
-                // is credited.
-                let covers = tracker.frontier();
-                self.dev.sync().map(|()| covers)
-            })
-            .map_err(|e| {
-                let err = Error::io("sync", 0, e);
-                self.set_poison(err.to_string());
-                err
-            })?;
-        Ok(())
-    }
-
-    // ----- reads -----
-
-    /// Finds where `lba` lives; copies it into `out` when it is still buffered.
-    pub fn locate(&self, lba: u64, out: &mut [u8]) -> Result<BlockLocation> {
-        self.check_range(lba, 1)?;
-        self.space.note_foreground();
-        let e = self.t.map.get(lba);
-        let Some(pba) = e.pba() else {
-            return Ok(BlockLocation::Zero);
-        };
-        let pba = pba as u64;
-        if self.log.copy_buffered(&self.t, pba, out) {
-            return Ok(BlockLocation::Copied);
-        }
-        Ok(BlockLocation::Device {
-            offset: pba * BLOCK_SIZE as u64,
-            entry: e,
-        })
-    }
-
-    /// Verifies a block read from the device against its map entry. A mismatch is an
-    /// error unless the map moved on meanwhile (then the caller locates again).
-    pub fn verify_block(&self, lba: u64, entry: MapEntry, data: &[u8]) -> Result<bool> {
-        if crc32c::crc32c(&data[..BLOCK_SIZE]) == entry.crc() {
-            return Ok(true);
-        }
-        if self.t.map.get(lba) != entry {
-            return Ok(false);
-        }
-        Err(Error::DataChecksum {
-            lba,
-            pba: entry.pba().unwrap_or(u32::MAX) as u64,
-        })
-    }
-
-    /// Reads whole blocks at `lba` into `buf`. Never-written and trimmed blocks read zeros.
-    pub fn read(&self, lba: u64, buf: &mut [u8]) -> Result<()> {
-        let n = Self::check_len(buf.len())?;
-        self.check_range(lba, n)?;
-        let mut i = 0u64;
-        while i < n {
-            let blk = &mut buf[i as usize * BLOCK_SIZE..(i as usize + 1) * BLOCK_SIZE];
-            match self.locate(lba + i, blk)? {
-                BlockLocation::Zero => {
-                    blk.fill(0);
-                    i += 1;
-                }
-                BlockLocation::Copied => i += 1,
-                BlockLocation::Device { offset, entry } => {
-                    // Extend the run while the following blocks are physically contiguous.
-                    let mut run = vec![entry];
-                    while i + (run.len() as u64) < n {
-                        let next = self.t.map.get(lba + i + run.len() as u64);
-                        let contiguous = next.pba().is_some_and(|p| {
-                            p as u64 * BLOCK_SIZE as u64
-                                == offset + run.len() as u64 * BLOCK_SIZE as u64
-                                && self
-                                    .t
-                                    .segs
-                                    .buffered_owner(self.t.geo.segment_of(p as u64))
-                                    .is_none()
-                        });
-                        if !contiguous {
-                            break;
-                        }
-                        run.push(next);
-                    }
-                    let bytes =
-                        &mut buf[i as usize * BLOCK_SIZE..(i as usize + run.len()) * BLOCK_SIZE];
-                    self.dev
-                        .read_at(offset, bytes)
-                        .map_err(|e| Error::io("read", offset, e))?;
-                    for (k, e) in run.iter().enumerate() {
-                        let blk = &mut buf
-                            [(i as usize + k) * BLOCK_SIZE..(i as usize + k + 1) * BLOCK_SIZE];
-                        if !self.verify_block(lba + i + k as u64, *e, blk)? {
-                            self.reread_block(lba + i + k as u64, blk)?;
-                        }
-                    }
-                    i += run.len() as u64;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Reads one block whose map entry moved while it was read (its data did not match
-    /// the entry it was located by), locating it again up to [`READ_RETRIES`] times. The
-    /// one retry path of every reader.
-    pub fn reread_block(&self, lba: u64, blk: &mut [u8]) -> Result<()> {
-        for _ in 0..READ_RETRIES {
-            match self.locate(lba, blk)? {
-                BlockLocation::Zero => {
-                    blk.fill(0);
-                    return Ok(());
-                }
-                BlockLocation::Copied => return Ok(()),
-                BlockLocation::Device { offset, entry } => {
-                    self.dev
-                        .read_at(offset, &mut blk[..BLOCK_SIZE])
-                        .map_err(|e| Error::io("read", offset, e))?;
-                    if self.verify_block(lba, entry, blk)? {
-                        return Ok(());
-                    }
-                }
-            }
-        }
-        Err(Error::DataChecksum { lba, pba: u64::MAX })
-    }
-
-    /// Current map entry of `lba` (for the cleaner and checks).
-    pub fn map_entry(&self, lba: u64) -> Result<MapEntry> {
-        self.check_range(lba, 1)?;
-        Ok(self.t.map.get(lba))
     }
 
     /// Flushes and checkpoints, then removes the staging file (if the area has one):

@@ -1,0 +1,72 @@
+//! FLUSH and the device-sync group: engine rules 2 and 3 (see `engine/mod.rs`). A FLUSH
+//! seals every stream's open chunk, waits for every chunk below its target and syncs
+//! the device once for everyone waiting. Called by the engine's API (FLUSH, FUA writes)
+//! and the checkpoint (`flush_upto`).
+
+use super::Ftl;
+use crate::device::BlockDevice;
+use crate::error::{Error, Result};
+use crate::index::IndexStore;
+use crate::stream::StreamId;
+use crate::tables::LiveCounters;
+
+impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
+    /// FLUSH: every write completed before this call is durable when it returns.
+    ///
+    /// Group commit: one flusher at a time leads, sealing every stream's open chunk and
+    /// syncing; flushers arriving meanwhile wait, and the next leader seals everything
+    /// they appended in one go, so concurrent write+flush pairs share chunks and syncs.
+    pub fn flush(&self) -> Result<()> {
+        self.check_poison()?;
+        self.space.note_foreground();
+        LiveCounters::add(&self.t.counters.flushes, 1);
+        // Rule 2: every write that completed before this call has an entry sequence below
+        // it.
+        let ticket = self.log.next_entry_seq();
+        self.flush_group
+            .run_to(ticket, || self.seal_and_sync_all())
+            .map(|_| ())
+    }
+
+    /// Seals and writes every open chunk, then makes the whole log durable. Returns the
+    /// entry sequence below which everything is now durable.
+    fn seal_and_sync_all(&self) -> Result<u64> {
+        // Rule 2: loaded BEFORE sealing: every entry below it is in a chunk sealed below.
+        let covers = self.log.next_entry_seq();
+        for sid in 0..crate::stream::STREAMS as u8 {
+            let mut st = self.log.stream(StreamId(sid))?;
+            let sealed = self.log.seal_open(&self.t, sid, &mut st)?;
+            drop(st);
+            // Written before the next stream lock is taken: a checkpoint holding that lock
+            // may be waiting for this very chunk.
+            if let Some(c) = sealed {
+                self.write_chunks(vec![c])?;
+            }
+        }
+        self.flush_upto(self.log.tracker().next_seq())?;
+        Ok(covers)
+    }
+
+    /// Makes every chunk below `target` durable.
+    pub(super) fn flush_upto(&self, target: u64) -> Result<()> {
+        // Waiting first saves syncs that could not cover `target` yet (and lets rule 4's
+        // poison be seen before any sync).
+        let tracker = self.log.tracker();
+        tracker.wait_below(target);
+        self.check_poison()?;
+        self.sync
+            .run_to(target, || {
+                // Rule 3: a sync makes durable only the chunks whose writes completed
+                // BEFORE it started: the frontier is loaded before the sync, and only it
+                // is credited.
+                let covers = tracker.frontier();
+                self.dev.sync().map(|()| covers)
+            })
+            .map_err(|e| {
+                let err = Error::io("sync", 0, e);
+                self.set_poison(err.to_string());
+                err
+            })?;
+        Ok(())
+    }
+}
