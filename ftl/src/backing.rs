@@ -1,5 +1,8 @@
 //! Opening a real backing (file or block device) with its sled index: the production
 //! composition of [`FileDevice`] and [`SledIndex`].
+//!
+//! Owns the production wiring (file device, sled index, staging file paths). Called by the
+//! binary and the tools.
 
 use crate::config::Config;
 use crate::device::file::{FileDevice, OpenOptions};

@@ -17,6 +17,9 @@
 //! in-memory overlay of the backing, and the chunk summaries are read with the same rules
 //! recovery and relocation use (`chunks.rs`: this format, in place, in log order, not
 //! beyond the point recovery stopped at).
+//!
+//! Owns no state of a live FTL: it reads a backing and its index (recovering on an
+//! overlay). Called by `ftlblk check` and tests.
 
 use crate::chunks::SegmentChunks;
 use crate::config::Config;

@@ -11,6 +11,9 @@
 //! place, past the segment end, not newer than the chunk before it (a stale chunk a
 //! crashed session left beyond the point where the next session continued), or at or
 //! beyond `below` (chunks recovery did not, or does not yet, accept).
+//!
+//! Owns the rules that say which summaries are part of the log; called by relocation
+//! (`engine/reloc.rs`), the checker and recovery.
 
 use crate::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
 use crate::error::{Error, Result};

@@ -1,5 +1,7 @@
 //! Little-endian field codec with bounds checks, shared by every on-disk structure.
 //! Decoding never panics and never allocates more than the input length.
+//!
+//! Called by every encoder and decoder of an on-disk structure; owns no state.
 
 use crate::error::{Error, Result};
 

@@ -14,6 +14,9 @@
 //! Segment 0 holds the two superblock copies, far apart; every other segment is a unit of
 //! log space (written sequentially, cleaned and reused whole). A tail smaller than one
 //! segment is left unused. Exported capacity = physical bytes - over-provisioning - metadata.
+//!
+//! Owns the arithmetic of the layout (segment sizes, blocks per segment, where chunks fit).
+//! Called by format, open and every layer that turns a block number into a place.
 
 use crate::device::BLOCK_SIZE;
 use crate::error::{Error, Result};

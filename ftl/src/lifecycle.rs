@@ -12,6 +12,10 @@
 //! 2. recovery rebuilds the state from the checkpoint and the log;
 //! 3. a checkpoint with the new epoch is durable BEFORE any chunk of the session is
 //!    written (see `recovery.rs` for why).
+//!
+//! Owns the superblock writes and the open sequence (superblock, recovery, the session's
+//! first checkpoint). Called by users of the crate (`Ftl::open`, `format`) and the tools
+//! (`backing`, `check`).
 
 use crate::config::Config;
 use crate::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};

@@ -6,6 +6,9 @@
 //! next chain sequence number, its summary is encoded, it is padded with zeros to the
 //! flash-page boundary (block patching) and it moves to the stream's in-flight list until
 //! its write completes. Reads of a block still in memory are served from these buffers.
+//!
+//! Owns the in-memory form of chunks (open and sealed) and a stream's log state; no
+//! locking, no I/O. Called by the appender (`append.rs`) and staging replay.
 
 use crate::device::BLOCK_SIZE;
 use crate::staging::ChunkBuf;

@@ -4,6 +4,10 @@
 //! crc32c of the block's data in the high 32 bits, so a read can verify what it got and a
 //! relocation can compare-and-swap the whole entry. `u64::MAX` means unmapped (reads zero).
 //! Cost: 8 bytes per block, plus one dirty bit per 512-entry page for checkpoints.
+//!
+//! Owns the entries and the dirty-page bitmap. Changed only by the appender (under the
+//! stripe locks) and recovery; read by everyone through `tables.rs`; the checkpoint takes
+//! its dirty pages.
 
 use crate::records::PAGE_ENTRIES;
 use crate::sync::AtomicU64;

@@ -1,6 +1,9 @@
 //! Records the checkpoint writes into the index (sled): the checkpoint header, one record
 //! per segment and one per map page. Each has a magic, a version and a crc32c; decoding
 //! never panics and never allocates more than its input.
+//!
+//! Owns these encodings only. Called by the checkpoint (encode), recovery and the checker
+//! (decode), fuzz seeds (with the `internals` feature).
 
 use crate::codec::{check_trailing_crc, Reader, Writer};
 use crate::error::{Error, Result};

@@ -17,6 +17,9 @@
 //! Why the epoch: open writes a checkpoint with epoch+1 before any chunk of the new
 //! session, so chunks left beyond the break by a crashed session (epoch E) can never be
 //! mistaken for the new session's chunks with the same chain numbers (epoch E+1).
+//!
+//! Owns nothing after open: it builds the engine's `Parts`. Called by `lifecycle` (open)
+//! and the checker.
 
 use crate::config::Config;
 use crate::device::{BlockDevice, BLOCK_SIZE};

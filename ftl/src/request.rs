@@ -14,6 +14,9 @@
 //!
 //! The operation codes are the kernel's uapi (`include/uapi/linux/ublk_cmd.h`); the
 //! server's tests assert they equal libublk's generated bindings.
+//!
+//! Owns the decoding of ublk descriptors into requests; no I/O. Called by the ublk edge of
+//! the binary and fuzzing.
 
 use crate::device::BLOCK_SIZE;
 use crate::error::{Error, Result};

@@ -8,6 +8,11 @@
 //!   the owning stream's buffers (`owner[s]`) before the device;
 //! - a `Closed` segment with `valid == 0` becomes `Free` only after a checkpoint that
 //!   records it dead is durable (see `checkpoint.rs`).
+//!
+//! Owns per-segment state and counters, changed only through its methods (the appender's
+//! `note_append` / `chunk_begin` / `chunk_end`, the checkpoint's `release`, recovery's
+//! `count_live`). Called by the appender, the checkpoint, relocation, recovery and the
+//! checker.
 
 use crate::records::{SegState, SegmentRecord};
 use crate::sync::{AtomicU32, AtomicU8, Mutex, MutexGuard};

@@ -33,6 +33,9 @@
 //!             +12 4 crc32c of the data block, or for a trim: block count
 //!   4092    4 crc32c       of bytes 0..4092
 //! ```
+//!
+//! Owns this encoding only. Called by sealing (`log.rs`), the chunk walker (`chunks.rs`),
+//! recovery, the checker and staging replay.
 
 use crate::codec::{check_trailing_crc, Reader, Writer};
 use crate::device::BLOCK_SIZE;

@@ -20,6 +20,9 @@
 //!     80 4012 zero             reserved
 //!   4092    4 crc32c           of bytes 0..4092
 //! ```
+//!
+//! Owns this encoding only. Called by `lifecycle` (format, open) and the tools (`info`,
+//! `check`).
 
 use crate::codec::{check_trailing_crc, Reader, Writer};
 use crate::device::BLOCK_SIZE;

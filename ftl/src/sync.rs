@@ -12,6 +12,8 @@
 //!
 //! Who may use it: every module of the crate that shares state between threads. Nothing
 //! here is public API.
+//!
+//! Owns nothing: it picks std or shuttle primitives. Used by every module that locks.
 
 #[cfg(not(feature = "shuttle"))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8};

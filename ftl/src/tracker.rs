@@ -4,6 +4,10 @@
 //! so "every chunk below N has completed" is a well-defined question even while other
 //! threads are sealing. A FLUSH waits for that, then joins (or starts) one device sync;
 //! concurrent flushes share a sync ([`GroupCommit`], which also groups the FLUSHes).
+//!
+//! Owns chain-number bookkeeping and the one group-commit helper used by FLUSH and the
+//! device-sync group. Called by the appender (begin, complete) and the engine (wait, group
+//! commit).
 
 use crate::sync::{wait, Condvar, Mutex, MutexGuard};
 use std::collections::BTreeSet;
