@@ -4,6 +4,7 @@ that should catch it: every rule must have at least one test that fails without 
 
 Usage: scripts/orderings-mutants.py [MUTANT_ID ...]      (default: all)
        scripts/orderings-mutants.py --list
+       scripts/orderings-mutants.py --check     (only: is every mutant's text in place?)
 
 Works in a scratch git worktree of HEAD (/tmp/ftlblk-mutants, its own target dir), so the
 checkout you work in is never touched. For each mutant it applies one textual change (it
@@ -30,159 +31,156 @@ PREFIX = "cargo test --release -p ftl --lib a_death_between"
 PROCESS = "cargo test --release -p ftl --test process_crash"
 MODEL = "cargo test --release -p ftl --test crash_model"
 
-# (id, rule, file, old text, new text, tests)
+# (id, rule, file, [(old text, new text), ...], tests)
 MUTANTS = [
     ("engine-2", "engine rule 2: the FLUSH leader loads what it covers BEFORE sealing",
-     "ftl/src/engine.rs",
-     """        let covers = self.entry_seq.load(Ordering::SeqCst);
-        for (sid, s) in self.streams.iter().enumerate() {""",
-     """        for (sid, s) in self.streams.iter().enumerate() {""",
-     None),  # filled below: `covers` loaded after the loop
+     "ftl/src/engine/flush.rs",
+     [("""        let covers = self.log.next_entry_seq();
+        for sid in 0..crate::stream::STREAMS as u8 {""",
+       """        for sid in 0..crate::stream::STREAMS as u8 {"""),
+      ("""        self.flush_upto(self.log.tracker().next_seq())?;
+        Ok(covers)""",
+       """        let covers = self.log.next_entry_seq();
+        self.flush_upto(self.log.tracker().next_seq())?;
+        Ok(covers)""")],
+     [SHUTTLE, POWER]),
     ("engine-3", "engine rule 3: a sync covers only chunk writes completed before it",
-     "ftl/src/engine.rs",
-     """        self.tracker.wait_below(target);
+     "ftl/src/engine/flush.rs",
+     [("""        tracker.wait_below(target);
         self.check_poison()?;
         self.sync
             .run_to(target, || {""",
-     """        self.check_poison()?;
+       """        self.check_poison()?;
         self.sync
             .run_to(target, || {
-                return self.dev.sync().map(|()| target);""",
+                return self.dev.sync().map(|()| target);""")],
      [ORDERINGS, SHUTTLE, POWER]),
     ("engine-4", "engine rule 4: a failed chunk write poisons BEFORE the tracker learns it",
-     "ftl/src/engine.rs",
-     """        let r = match self.dev.write_at(offset, c.bytes()) {""",
-     """        let r = self.dev.write_at(offset, c.bytes());
+     "ftl/src/append.rs",
+     [("""        let r = match dev.write_at(offset, c.bytes()) {""",
+       """        let r = dev.write_at(offset, c.bytes());
         self.tracker.complete(c.chunk_seq);
-        let r = match r {""",
+        let r = match r {""")],
      [SHUTTLE_FAILED_WRITE]),
     ("engine-5", "engine rule 5: a chunk number is completed whatever happens to its sealing",
-     "ftl/src/engine.rs",
-     """        #[cfg(test)]
+     "ftl/src/append.rs",
+     [("""        #[cfg(test)]
         tests::maybe_panic_in_seal();""",
-     """        std::mem::forget(guard);
+       """        std::mem::forget(guard);
         #[cfg(test)]
         tests::maybe_panic_in_seal();
         let guard = SealGuard {
             tracker: &self.tracker,
             poison: &self.poison,
             seq,
-        };""",
+        };""")],
      [PANIC]),
     ("engine-5-deferred", "engine rule 5: deferred relocation chunks dropped unwritten are completed",
-     "ftl/src/engine.rs",
-     """                tracker.complete(c.chunk_seq);""",
-     """                let _ = (tracker, c);""",
+     "ftl/src/append.rs",
+     [("""                tracker.complete(c.chunk_seq);""",
+       """                let _ = (tracker, c);""")],
      [ORDERINGS]),
     ("engine-6", "engine rule 6: relocation is a compare-and-swap",
-     "ftl/src/engine.rs",
-     """        if expect.is_some_and(|e| e != old) {""",
-     """        if expect.is_some_and(|e| e != old) && false {""",
+     "ftl/src/append.rs",
+     [("""        if expect.is_some_and(|e| e != old) {""",
+       """        if expect.is_some_and(|e| e != old) && false {""")],
      [POWER, SHUTTLE]),
     ("checkpoint-1", "checkpoint rule 1: open chunks sealed BEFORE the snapshot",
-     "ftl/src/checkpoint.rs",
-     """        for (sid, guard) in guards.iter_mut().enumerate() {""",
-     """        for (sid, guard) in guards.iter_mut().enumerate().take(0) {""",
+     "ftl/src/engine/checkpoint.rs",
+     [("""        for (sid, guard) in guards.iter_mut().enumerate() {""",
+       """        for (sid, guard) in guards.iter_mut().enumerate().take(0) {""")],
      [MODEL, POWER, SHUTTLE]),
     ("checkpoint-3", "checkpoint rule 3: the log is synced BEFORE the index commit",
-     "ftl/src/checkpoint.rs",
-     """        let committed = self
-            .flush_upto(next_chunk_seq)
-            .and_then(|()| self.index.commit(ops));""",
-     """        let committed = self
+     "ftl/src/engine/checkpoint.rs",
+     [("""        let committed = self.flush_upto(next_chunk_seq).and_then(|()| {
+            times.add(&times.sync, &mut t);
+            ck.index.commit(ops)
+        });""",
+       """        let committed = ck
             .index
             .commit(ops)
-            .and_then(|()| self.flush_upto(next_chunk_seq));""",
+            .and_then(|()| self.flush_upto(next_chunk_seq));""")],
      [MODEL, POWER, SHUTTLE]),
     ("checkpoint-4", "checkpoint rule 4: the commit is durable BEFORE dead segments are freed",
-     "ftl/src/checkpoint.rs",
-     """        // Rule 3, then rule 4; on failure the pages stay dirty for the next checkpoint.""",
-     """        self.segs.release(&dead);
-        self.space.notify();""",
+     "ftl/src/engine/checkpoint.rs",
+     [("""        // Rule 3, then rule 4; on failure the pages stay dirty for the next checkpoint.""",
+       """        segs.release(&dead);
+        self.space.notify();""")],
      [SHUTTLE, POWER]),
     ("checkpoint-5", "checkpoint rule 5: a dead segment's discard completes BEFORE it is free",
-     "ftl/src/checkpoint.rs",
-     """        for &s in &dead {
+     "ftl/src/engine/checkpoint.rs",
+     [("""        for &s in &dead {
             if self.cfg.discard_freed {""",
-     """        self.segs.release(&dead);
+       """        segs.release(&dead);
         self.space.notify();
         for &s in &dead {
-            if self.cfg.discard_freed {""",
+            if self.cfg.discard_freed {""")],
      [ORDERINGS, SHUTTLE, POWER]),
     ("reserve-1", "the reserve is the GC stream's alone (other relocations keep it)",
-     "ftl/src/engine.rs",
-     """                    let keep = if relocation && stream == GC_STREAM.0 {
+     "ftl/src/append.rs",
+     [("""                    let keep = if relocation && stream == GC_STREAM.0 {
                         0
                     } else {""",
-     """                    let keep = if relocation && stream == GC_STREAM.0 {
+       """                    let keep = if relocation && stream == GC_STREAM.0 {
                         0
                     } else if relocation {
                         1
-                    } else {""",
+                    } else {""")],
      [ORDERINGS]),
     ("reserve-2", "closing a stream gives nothing up while free space is at the reserve",
-     "ftl/src/clean.rs",
-     """        if self.segs.free_count() <= self.cfg.gc_reserve_segments {
+     "ftl/src/engine/reloc.rs",
+     [("""        if self.t.segs.free_count() <= self.cfg.gc_reserve_segments {
             return Ok(());
         }""",
-     "",
+       "")],
      [ORDERINGS]),
     ("staging-2", "staging rule 2: the slot is marked sealed BEFORE the mark passes it",
      "ftl/src/staging/mod.rs",
-     """[SealStep::Number, SealStep::State, SealStep::Mark]""",
-     """[SealStep::Number, SealStep::Mark, SealStep::State]""",
+     [("""[SealStep::Number, SealStep::State, SealStep::Mark]""",
+       """[SealStep::Number, SealStep::Mark, SealStep::State]""")],
      [PREFIX, SHUTTLE]),
     ("staging-3", "staging rule 3: a slot is freed only AFTER its chunk's write completed",
-     "ftl/src/engine.rs",
-     """        let r = match self.dev.write_at(offset, c.bytes()) {
+     "ftl/src/append.rs",
+     [("""        let r = match dev.write_at(offset, c.bytes()) {
             Ok(()) => {
                 // Staging rule 3: free in the staging area before the tracker knows.
                 c.buf.mark_written();""",
-     """        c.buf.mark_written();
-        let r = match self.dev.write_at(offset, c.bytes()) {
-            Ok(()) => {""",
+       """        c.buf.mark_written();
+        let r = match dev.write_at(offset, c.bytes()) {
+            Ok(()) => {""")],
      [SHUTTLE, KILL]),
     ("staging-4", "staging rule 4: staged chunks are written BEFORE the log scan",
      "ftl/src/recovery.rs",
-     """    let staged = crate::staging::replay(&dev, &staging, &sb, ck.epoch, ck.next_chunk_seq)?;""",
-     """    let staged = crate::staging::StagedReport::default();
-    let _ = (&staging, crate::staging::replay::<D>);""",
+     [("""    let staged = crate::staging::replay(&dev, &staging, &sb, ck.epoch, ck.next_chunk_seq)?;""",
+       """    let staged = crate::staging::StagedReport::default();
+    let _ = (&staging, crate::staging::replay::<D>);""")],
      [PROCESS, KILL]),
     ("recovery-1", "recovery: rolled-forward chunks are synced BEFORE the open checkpoint",
      "ftl/src/recovery.rs",
-     """    if report.chunks_replayed > 0 {
+     [("""    if report.chunks_replayed > 0 {
         dev.sync().map_err(|e| Error::io("recovery sync", 0, e))?;
     }""",
-     "",
+       "")],
      [PROCESS, MODEL]),
     ("open-3", "open rule 3: a checkpoint of the new epoch is durable BEFORE its chunks",
-     "ftl/src/lifecycle.rs",
-     """        ftl.map.mark_all_dirty();
-        ftl.checkpoint()?;""",
-     """        ftl.map.mark_all_dirty();""",
+     "ftl/src/engine/mod.rs",
+     [("""        self.t.map.mark_all_dirty();
+        self.checkpoint()?;""",
+       """        self.t.map.mark_all_dirty();""")],
      [MODEL, POWER, PROCESS]),
 ]
 
-# engine-2: move the load after the loop.
-MUTANTS[0] = MUTANTS[0][:3] + (
-    """        let covers = self.entry_seq.load(Ordering::SeqCst);
-        for (sid, s) in self.streams.iter().enumerate() {
-            let sealed = self.seal_open(sid as u8, &mut lock(s))?;
-            // Written before the next stream lock is taken: a checkpoint holding that lock
-            // may be waiting for this very chunk.
-            if let Some(c) = sealed {
-                self.write_chunks(vec![c])?;
-            }
-        }""",
-    """        for (sid, s) in self.streams.iter().enumerate() {
-            let sealed = self.seal_open(sid as u8, &mut lock(s))?;
-            if let Some(c) = sealed {
-                self.write_chunks(vec![c])?;
-            }
-        }
-        let covers = self.entry_seq.load(Ordering::SeqCst);""",
-    [SHUTTLE, POWER],
-)
+
+def check_texts(root):
+    """Every mutant's texts stand exactly once in their files (run by scripts/test.sh, so
+    a refactor that moves a rule's code updates its mutant in the same change)."""
+    stale = []
+    for mid, _rule, path, edits, _tests in MUTANTS:
+        src = open(os.path.join(root, path)).read()
+        for old, _new in edits:
+            if src.count(old) != 1:
+                stale.append(f"{mid}: {path} holds its text {src.count(old)} times, not once")
+    return stale
 
 
 def sh(cmd, cwd, timeout=3600):
@@ -198,6 +196,12 @@ def main():
         for m in MUTANTS:
             print(f"{m[0]:14} {m[1]}")
         return 0
+    if "--check" in sys.argv:
+        stale = check_texts(root)
+        for line in stale:
+            print(line)
+        print("mutant texts:", "stale" if stale else f"all {len(MUTANTS)} in place")
+        return 1 if stale else 0
     want = [a for a in sys.argv[1:] if not a.startswith("-")]
     mutants = [m for m in MUTANTS if not want or m[0] in want]
     if os.path.exists(WT):
@@ -205,14 +209,17 @@ def main():
     subprocess.check_call(["git", "worktree", "add", "--detach", WT, "HEAD"], cwd=root)
     missed = []
     try:
-        for mid, rule, path, old, new, tests in mutants:
+        for mid, rule, path, edits, tests in mutants:
             f = os.path.join(WT, path)
             src = open(f).read()
-            if old not in src:
+            if any(old not in src for old, _ in edits):
                 print(f"{mid}: its text is no longer in {path}: update the mutant", flush=True)
                 missed.append(mid)
                 continue
-            open(f, "w").write(src.replace(old, new, 1))
+            mutated = src
+            for old, new in edits:
+                mutated = mutated.replace(old, new, 1)
+            open(f, "w").write(mutated)
             caught = []
             for cmd in tests:
                 rc, out, secs = sh(cmd, WT)

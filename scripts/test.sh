@@ -5,7 +5,8 @@
 #
 # 1. scripts/install-deps.sh --vm (fio, clang/libclang for bindgen, pkg-config, and what
 #    the VM needs: qemu, Debian's 6.12 kernel with ublk_drv, virtme-ng, fs tools);
-# 2. cargo fmt --check, then cargo test over the workspace (release build: the property
+# 2. cargo fmt --check, the crash-rule mutants checked against the code
+#    (scripts/orderings-mutants.py --check), then cargo test over the workspace (release build: the property
 #    tests run many cases): unit tests, model-based crash-consistency property tests on
 #    the crash-simulating device, file-backend tests (O_DIRECT, io_uring, sled) in a temp
 #    directory, corrupt/too-small/busy tests;
@@ -30,6 +31,9 @@ command -v cargo >/dev/null || { echo "test.sh: cargo not found (install rustup)
 
 echo "== cargo fmt --check"
 cargo fmt --all --check
+
+echo "== crash-rule mutants name code that exists (scripts/orderings-mutants.py --check)"
+python3 scripts/orderings-mutants.py --check
 
 # Runs a command with its output appended to log $1 and only the lines matching $2
 # shown; returns the command's own status. (The `cmd | tee | grep || true` this replaces
