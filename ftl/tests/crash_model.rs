@@ -74,7 +74,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     Err(e) => return Err(TestCaseError::fail(format!("step {step}: write: {e}"))),
                 }
             }
-            Op::Read { lba } => check_read(ftl, &m, lba)
+            Op::Read { lba } => check_read(ftl, &m, lba, 1)
                 .map_err(|e| TestCaseError::fail(format!("step {step}: {e}")))?,
             Op::Trim { lba, blocks } => {
                 ftl.trim(lba, blocks)
@@ -128,7 +128,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 m.process_died();
                 // Strict: every completed write and trim, flushed or not.
                 for lba in 0..nf.capacity_blocks() {
-                    check_read(&nf, &m, lba).map_err(|e| {
+                    check_read(&nf, &m, lba, 1).map_err(|e| {
                         TestCaseError::fail(format!("step {step}: after kill: {e}"))
                     })?;
                 }
@@ -176,6 +176,6 @@ fn flushed_data_survives_a_crash_that_loses_every_unsynced_write() {
         let mut mm = m.clone();
         check_after_crash(&f2, &mut mm).unwrap();
         // The FUA write must be exactly there.
-        check_read(&f2, &m, 40).unwrap();
+        check_read(&f2, &m, 40, 1).unwrap();
     }
 }
