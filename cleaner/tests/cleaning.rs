@@ -2,47 +2,21 @@
 
 use cleaner::{Budget, Cleaner, CleanerConfig, Policy, SliceEnd};
 use ftl::device::crash::CrashDevice;
-use ftl::device::mem::MemDevice;
 use ftl::index::mem::MemIndex;
-use ftl::model::{block_for, observe, Model, Observed};
-use ftl::{BlockDevice, Config, FormatOptions, Ftl, IndexStore, StreamId};
+use ftl::model::tiny::{self, CrashFtl};
+use ftl::model::{block_for, check_after_crash, check_read, checker, mem_ftl, Model};
+use ftl::{BlockDevice, FormatOptions, Ftl, IndexStore, StreamId};
 use proptest::prelude::*;
 use std::sync::Arc;
 
-fn tiny() -> FormatOptions {
-    FormatOptions {
-        segment_bytes: Some(64 << 10),
-        flash_page_bytes: Some(16 << 10),
-        ..Default::default()
-    }
+/// The tiny crash device and index, formatted, and the FTL open on them.
+fn formatted_and_open() -> (Arc<CrashDevice>, Arc<MemIndex>, Arc<CrashFtl>) {
+    let (dev, idx, f) = tiny::crash_ftl();
+    (dev, idx, Arc::new(f))
 }
-
-type CrashFtl = Ftl<Arc<CrashDevice>, Arc<MemIndex>>;
 
 fn open(dev: &Arc<CrashDevice>, idx: &Arc<MemIndex>) -> Arc<CrashFtl> {
-    Arc::new(
-        Ftl::open(dev.clone(), idx.clone(), Config::default())
-            .unwrap()
-            .0,
-    )
-}
-
-fn check_read<D: BlockDevice, I: IndexStore>(
-    f: &Ftl<D, I>,
-    m: &Model,
-    lba: u64,
-) -> Result<(), String> {
-    let mut b = vec![0u8; 4096];
-    f.read(lba, &mut b)
-        .map_err(|e| format!("read {lba}: {e}"))?;
-    let got = observe(lba, &b);
-    if got != Observed::Tag(m.expected(lba)) {
-        return Err(format!(
-            "lba {lba}: read {got:?}, expected tag {}",
-            m.expected(lba)
-        ));
-    }
-    Ok(())
+    Arc::new(tiny::open(dev, idx).unwrap())
 }
 
 /// Every map entry points into a segment that is not free, and each segment's live
@@ -124,10 +98,7 @@ fn policy(p: u8) -> Policy {
 }
 
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let dev = Arc::new(CrashDevice::new(32 * (64 << 10)));
-    let idx = Arc::new(MemIndex::new());
-    ftl::format(&dev, &idx, &tiny(), false).unwrap();
-    let mut f = open(&dev, &idx);
+    let (dev, idx, mut f) = formatted_and_open();
     let span = (f.capacity_blocks() * 9 / 10).max(1);
     let mut c = Cleaner::new(f.clone());
     let mut m = Model::new();
@@ -142,7 +113,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     m.fua_completed(lba, 1);
                 }
             }
-            Op::Read { lba } => check_read(&f, &m, lba % span).map_err(|e| fail(step, e))?,
+            Op::Read { lba } => check_read(&f, &m, lba % span, 1).map_err(|e| fail(step, e))?,
             Op::Trim { lba, blocks } => {
                 let lba = lba % span;
                 let blocks = blocks.min(span - lba);
@@ -169,25 +140,16 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 drop(c);
                 drop(f);
                 dev.crash(seed).unwrap();
-                let report =
-                    ftl::check::check(&*dev, &*idx, true).map_err(|e| fail(step, e.to_string()))?;
-                if !report.clean() {
-                    return Err(fail(step, format!("checker: {:?}", report.problems)));
-                }
+                checker(&dev, &idx).map_err(|e| fail(step, e))?;
                 f = open(&dev, &idx);
                 c = Cleaner::new(f.clone());
-                for lba in 0..f.capacity_blocks() {
-                    let mut b = vec![0u8; 4096];
-                    f.read(lba, &mut b).map_err(|e| fail(step, e.to_string()))?;
-                    m.settle_after_crash(lba, observe(lba, &b))
-                        .map_err(|e| fail(step, e))?;
-                }
+                check_after_crash(&f, &mut m).map_err(|e| fail(step, e))?;
                 check_invariants(&f).map_err(|e| fail(step, e))?;
             }
         }
     }
     for lba in 0..span {
-        check_read(&f, &m, lba).map_err(|e| TestCaseError::fail(format!("final: {e}")))?;
+        check_read(&f, &m, lba, 1).map_err(|e| TestCaseError::fail(format!("final: {e}")))?;
     }
     Ok(())
 }
@@ -203,10 +165,7 @@ proptest! {
 
 #[test]
 fn preempted_cleaning_resumes_where_it_stopped_and_finishes() {
-    let dev = Arc::new(CrashDevice::new(32 * (64 << 10)));
-    let idx = Arc::new(MemIndex::new());
-    ftl::format(&dev, &idx, &tiny(), false).unwrap();
-    let f = open(&dev, &idx);
+    let (dev, _idx, f) = formatted_and_open();
     // Fill several segments, then overwrite every other block so victims are half live.
     for lba in 0..120 {
         f.write(lba, &block_for(lba, 1), false, StreamId(1))
@@ -288,18 +247,11 @@ fn preempted_cleaning_resumes_where_it_stopped_and_finishes() {
 fn full_device_overwritten_at_random_keeps_running_with_the_background_cleaner() {
     // 100% logically full, then uniform random overwrites for 4x the capacity from two
     // writers while the cleaning thread runs: no write may fail, nothing may be lost.
-    let dev = Arc::new(MemDevice::new(64 << 20));
-    let idx = Arc::new(MemIndex::new());
     let opts = FormatOptions {
         segment_bytes: Some(1 << 20),
         ..Default::default()
     };
-    ftl::format(&dev, &idx, &opts, false).unwrap();
-    let f = Arc::new(
-        Ftl::open(dev.clone(), idx.clone(), Config::default())
-            .unwrap()
-            .0,
-    );
+    let f = Arc::new(mem_ftl(64 << 20, &opts).2);
     let cap = f.capacity_blocks();
     for lba in 0..cap {
         f.write(lba, &block_for(lba, 1), false, StreamId(1))

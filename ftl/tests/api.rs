@@ -17,7 +17,7 @@ fn write_read_trim_round_trip() {
     let data = m.write(10, 3);
     f.write(10, &data, false, S0).unwrap();
     for l in 8..14 {
-        check_read(&f, &m, l).unwrap();
+        check_read(&f, &m, l, 1).unwrap();
     }
     let mut big = vec![0u8; 3 * 4096];
     f.read(10, &mut big).unwrap();
@@ -28,7 +28,7 @@ fn write_read_trim_round_trip() {
     f.trim(11, 1).unwrap();
     m.trim(11, 1);
     for l in 10..13 {
-        check_read(&f, &m, l).unwrap();
+        check_read(&f, &m, l, 1).unwrap();
     }
     assert_eq!(f.stats().mapped_blocks, 2);
 }
@@ -233,7 +233,7 @@ fn whole_dead_segments_are_recycled_through_checkpoints() {
         }
     }
     for lba in 0..cap {
-        check_read(&f, &m, lba).unwrap();
+        check_read(&f, &m, lba, 1).unwrap();
     }
     let s = f.stats();
     assert!(s.counters.user_blocks_written >= 8 * cap);
@@ -389,13 +389,13 @@ fn large_flash_pages_pad_full_chunks() {
         }
         f.flush().unwrap();
         for l in 0..600 {
-            check_read(&f, &m, l).unwrap_or_else(|e| panic!("page {page}: {e}"));
+            check_read(&f, &m, l, 1).unwrap_or_else(|e| panic!("page {page}: {e}"));
         }
         f.close().unwrap();
         drop(f);
         let (f, _) = Ftl::open(dev, idx, Config::default()).unwrap();
         for l in 0..600 {
-            check_read(&f, &m, l).unwrap_or_else(|e| panic!("page {page} reopened: {e}"));
+            check_read(&f, &m, l, 1).unwrap_or_else(|e| panic!("page {page} reopened: {e}"));
         }
     }
 }

@@ -30,15 +30,15 @@ fn failed_log_write_turns_read_only_and_keeps_acknowledged_data() {
     assert_eq!(e.errno(), -30);
     assert!(e.to_string().contains("chunk write"), "{e}");
     // Reads still work, including the unflushed blocks still held in memory.
-    check_read(&f, &m, 0).unwrap();
-    check_read(&f, &m, 10).unwrap();
+    check_read(&f, &m, 0, 1).unwrap();
+    check_read(&f, &m, 10, 1).unwrap();
     drop(f);
     // After the fault clears and the device restarts, the flushed data is there.
     dev.faults.writes.store(false, Ordering::SeqCst);
     dev.crash(1).unwrap();
     let (f, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
     for l in 0..4 {
-        check_read(&f, &m, l).unwrap();
+        check_read(&f, &m, l, 1).unwrap();
     }
 }
 

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 type GateFtl = Ftl<Arc<GateDevice<Arc<CrashDevice>>>, Arc<MemIndex>>;
 
 fn gated(cfg: Config) -> (Arc<GateDevice<Arc<CrashDevice>>>, Arc<MemIndex>, GateFtl) {
-    let crash = Arc::new(CrashDevice::new(32 * (64 << 10)));
+    let crash = Arc::new(CrashDevice::new(ftl::model::tiny::DEVICE_BYTES));
     let dev = Arc::new(GateDevice::new(crash));
     let idx = Arc::new(MemIndex::new());
     ftl::format(&dev, &idx, &tiny(), false).unwrap();
@@ -178,10 +178,7 @@ fn a_flush_waits_for_a_chunk_another_thread_is_writing() {
 /// reserve: a victim always finishes and frees its segment.
 #[test]
 fn relocations_over_several_streams_leave_the_reserve_to_the_gc_stream() {
-    let dev = Arc::new(ftl::device::mem::MemDevice::new(32 * (64 << 10)));
-    let idx = Arc::new(MemIndex::new());
-    ftl::format(&dev, &idx, &tiny(), false).unwrap();
-    let (f, _) = Ftl::open(dev, idx, Config::default()).unwrap();
+    let (_, _, f) = mem_ftl(ftl::model::tiny::DEVICE_BYTES, &tiny());
     let reserve = f.gc_reserve_segments();
     // Write every block, then overwrite at random until one segment more than the
     // reserve is free: every closed segment holds live blocks, some of them few.
@@ -240,10 +237,7 @@ fn relocations_over_several_streams_leave_the_reserve_to_the_gc_stream() {
 /// A written, half-overwritten device whose fullest closed segment is a victim.
 /// Every third block up to the returned bound was overwritten (tag 2; the rest tag 1).
 fn device_with_a_victim() -> (MemFtl, u32, u64) {
-    let dev = Arc::new(ftl::device::mem::MemDevice::new(32 * (64 << 10)));
-    let idx = Arc::new(MemIndex::new());
-    ftl::format(&dev, &idx, &tiny(), false).unwrap();
-    let (f, _) = Ftl::open(dev, idx, Config::default()).unwrap();
+    let (_, _, f) = mem_ftl(ftl::model::tiny::DEVICE_BYTES, &tiny());
     let cap = f.capacity_blocks();
     for lba in 0..cap {
         f.write(lba, &block_for(lba, 1), false, S0).unwrap();

@@ -34,14 +34,14 @@ fn unflushed_writes_survive_the_death_of_the_process() {
     );
     m.process_died();
     for lba in 0..96 {
-        check_read(&f, &m, lba).unwrap();
+        check_read(&f, &m, lba, 1).unwrap();
     }
     // And the replayed writes are durable now: a power cut right after loses none.
     drop(f);
     dev.crash(1).unwrap();
     let (f, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
     for lba in 0..96 {
-        check_read(&f, &m, lba).unwrap();
+        check_read(&f, &m, lba, 1).unwrap();
     }
 }
 
@@ -62,7 +62,7 @@ fn without_the_staging_area_unflushed_writes_are_lost() {
     .unwrap();
     assert_eq!(rep.recovery.staged.open_chunks, 0);
     assert!(
-        check_read(&f, &m, 5).is_err(),
+        check_read(&f, &m, 5, 1).is_err(),
         "the write was only in memory"
     );
 }
@@ -86,7 +86,7 @@ fn a_sealed_chunk_whose_write_failed_is_written_by_the_next_open() {
     );
     m.process_died();
     for lba in 0..8 {
-        check_read(&f, &m, lba).unwrap();
+        check_read(&f, &m, lba, 1).unwrap();
     }
 }
 

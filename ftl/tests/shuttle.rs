@@ -9,12 +9,12 @@
 
 mod common;
 
-use common::tiny;
+use common::{tiny_crash, CrashFtl};
 use ftl::device::crash::CrashDevice;
 use ftl::index::mem::MemIndex;
 use ftl::model::{block_for, Crash};
 use ftl::sched::{Scenario, Step};
-use ftl::{Config, Ftl, StreamId};
+use ftl::StreamId;
 use shuttle::scheduler::PctScheduler;
 use shuttle::thread;
 use std::sync::atomic::Ordering;
@@ -37,13 +37,8 @@ fn explore(f: impl Fn() + Send + Sync + 'static) {
     runner.run(f);
 }
 
-type ShuttleFtl = Ftl<Arc<CrashDevice>, Arc<MemIndex>>;
-
-fn open_tiny() -> (Arc<CrashDevice>, Arc<MemIndex>, Arc<ShuttleFtl>) {
-    let dev = Arc::new(CrashDevice::new(32 * (64 << 10)));
-    let idx = Arc::new(MemIndex::new());
-    ftl::format(&dev, &idx, &tiny(), false).unwrap();
-    let (f, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
+fn open_tiny() -> (Arc<CrashDevice>, Arc<MemIndex>, Arc<CrashFtl>) {
+    let (dev, idx, f) = tiny_crash();
     (dev, idx, Arc::new(f))
 }
 

@@ -137,7 +137,7 @@ fn closing_a_stream_gives_its_segment_up_and_loses_nothing() {
     f.flush().unwrap();
     m.flush();
     for lba in 0..30 {
-        check_read(&f, &m, lba).unwrap();
+        check_read(&f, &m, lba, 1).unwrap();
     }
     // Recovery finds every flushed chunk after the closes.
     drop(f);
