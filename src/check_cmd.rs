@@ -1,6 +1,6 @@
 //! `ftlblk check`: the offline checker over a backing and its index (read-only).
 
-use crate::cli::BackingArgs;
+use crate::args::BackingArgs;
 use clap::Args;
 
 #[derive(Args, Debug)]

@@ -11,7 +11,7 @@
 //! - `list` shows the devices of `/run/ftlblk/*.json` whose daemon is alive or whose
 //!   kernel device still exists; `stats` reads the daemon's stats socket.
 
-use crate::cli::parse_size;
+use crate::args::parse_size;
 use crate::daemon::{self, DaemonConfig, Mode, Notifier};
 use crate::kctl;
 use crate::runfiles::{self, DeviceRecord};

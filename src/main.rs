@@ -8,6 +8,7 @@
 //! [`kctl`] (kernel control),
 //! [`runfiles`] (`/run/ftlblk`), [`device_cmd`] (the subcommands).
 
+mod args;
 mod background;
 mod bench;
 mod check_cmd;

@@ -23,13 +23,13 @@ pub struct ReplayArgs {
     /// Logical capacity of the simulated device (e.g. 1G); the default is the size of the
     /// file `ftlblk add` creates by default. WAF depends on it: the default geometry cuts
     /// a small device into small segments, where the log's metadata weighs more.
-    #[arg(long, value_parser = crate::cli::parse_size, default_value = "8G")]
+    #[arg(long, value_parser = crate::args::parse_size, default_value = "8G")]
     pub capacity: u64,
     /// Over-provisioning in percent of the physical size.
     #[arg(long, default_value_t = 20.0)]
     pub op: f64,
     /// Segment size (default: the FTL's default for the size).
-    #[arg(long, value_parser = crate::cli::parse_size)]
+    #[arg(long, value_parser = crate::args::parse_size)]
     pub segment_size: Option<u64>,
     /// Lifetime classes (streams) at most, 1 ..= 7; 1 is one stream (classifier none).
     /// The classifier gives a class its own stream only while it is busy enough.

@@ -37,7 +37,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub index: Option<PathBuf>,
     /// Size to create the backing with if it does not exist.
-    #[arg(long, value_parser = crate::cli::parse_size, default_value = "2G")]
+    #[arg(long, value_parser = crate::args::parse_size, default_value = "2G")]
     pub size: u64,
     /// Tests to run, comma separated: randwrite, randread, writeflush (fresh device);
     /// steady, steady80, steadyzipf, steadymix (full device, see --passes).
