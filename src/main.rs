@@ -10,8 +10,8 @@
 
 mod args;
 mod background;
+mod backing_cmd;
 mod bench;
-mod check_cmd;
 mod cli;
 mod control;
 mod daemon;
