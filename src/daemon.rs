@@ -13,7 +13,8 @@
 //!    previous server died). Then libublk's `run_target` runs the queues ([`crate::ublk`]).
 //! 4. When `/dev/ublkbN` is live: writes `/run/ftlblk/N.json`, prints the record as JSON on
 //!    stdout, and reports it on the readiness pipe of the `add`/`recover` that started this
-//!    daemon in the background ([`Notifier`]); any failure before that is reported there.
+//!    daemon in the background ([`crate::launch`]); any failure before that is reported
+//!    there.
 //! 5. When the device stops (SIGINT/SIGTERM, or `ftlblk del` through the kernel): stops
 //!    the control plane and the cleaner, closes the FTL (flush + checkpoint), removes the
 //!    run files and deletes the device. Returns `Ok` after a clean stop.
@@ -21,6 +22,7 @@
 use crate::background::Background;
 use crate::control::Event;
 use crate::kctl;
+use crate::launch::{self, Notifier};
 use crate::offload::Offload;
 use crate::runfiles::{self, DeviceRecord};
 use crate::ublk;
@@ -30,17 +32,10 @@ use ftl::{BlockDevice, Config, Error as FtlError, FormatOptions};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::UblkDev;
 use libublk::UblkFlags;
-use std::fs::File;
 use std::io::Write;
-use std::os::fd::FromRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Environment variable naming the readiness pipe's write end (set by the CLI).
-pub const NOTIFY_FD_ENV: &str = "FTLBLK_NOTIFY_FD";
-/// Environment variable naming the log file the CLI opened for this daemon.
-pub const LOG_ENV: &str = "FTLBLK_LOG";
 
 /// Size of a backing file `add` creates when none is given.
 pub const DEFAULT_CREATE_SIZE: u64 = 8 << 30;
@@ -74,49 +69,6 @@ pub struct DaemonConfig {
     pub mode: Mode,
     /// The log file stdout/stderr go to (background daemons).
     pub log: Option<PathBuf>,
-}
-
-/// The readiness pipe to the CLI process that started this daemon; a no-op without one.
-///
-/// Protocol: exactly one line, `OK <json record>` or `ERR <message>`, then the pipe is
-/// closed. End-of-file without a line means the daemon died.
-pub struct Notifier(Mutex<Option<File>>);
-
-impl Notifier {
-    /// Takes the pipe named by `$FTLBLK_NOTIFY_FD` (and clears the variable).
-    pub fn from_env() -> Notifier {
-        let fd = std::env::var(NOTIFY_FD_ENV)
-            .ok()
-            .and_then(|s| s.parse::<i32>().ok());
-        std::env::remove_var(NOTIFY_FD_ENV);
-        let file = fd.filter(|&fd| fd > 2).and_then(|fd| {
-            // SAFETY: the CLI passed this descriptor to us for exactly this purpose; check
-            // that it is open before taking ownership of it.
-            (unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } == 0)
-                .then(|| unsafe { File::from_raw_fd(fd) })
-        });
-        Notifier(Mutex::new(file))
-    }
-
-    fn send(&self, line: &str) {
-        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(mut f) = g.take() {
-            let one_line = line.replace('\n', " ");
-            let _ = writeln!(f, "{one_line}");
-        }
-    }
-
-    /// Reports the live device.
-    pub fn ok(&self, rec: &DeviceRecord) {
-        if let Ok(s) = serde_json::to_string(rec) {
-            self.send(&format!("OK {s}"));
-        }
-    }
-
-    /// Reports a failure (ignored once the device was reported live).
-    pub fn err(&self, msg: &str) {
-        self.send(&format!("ERR {msg}"));
-    }
 }
 
 /// Opens the FTL for `cfg`, formatting a new or unformatted backing file for `add`.
@@ -191,8 +143,18 @@ fn wait_for_path(p: &Path, limit: Duration) -> bool {
     true
 }
 
-/// Serves one device until it is stopped. See the module docs.
-pub fn run(cfg: DaemonConfig, notifier: Arc<Notifier>) -> Result<(), String> {
+/// Serves one device until it is stopped (see the module docs); a failure before the
+/// device is live is also reported to the launcher that started this daemon, if any.
+pub fn run(cfg: DaemonConfig) -> Result<(), String> {
+    let notifier = Arc::new(Notifier::from_env());
+    let r = serve_device(cfg, &notifier);
+    if let Err(e) = &r {
+        notifier.err(e);
+    }
+    r
+}
+
+fn serve_device(cfg: DaemonConfig, notifier: &Arc<Notifier>) -> Result<(), String> {
     kctl::require_ublk()?;
     runfiles::ensure_run_dir().map_err(|e| e.to_string())?;
     if let Mode::Recover { id, .. } = cfg.mode {
@@ -207,7 +169,7 @@ pub fn run(cfg: DaemonConfig, notifier: Arc<Notifier>) -> Result<(), String> {
     let ftl = Arc::new(open_ftl(&cfg)?);
     let bg = Background::start(&ftl, cfg.cleaner, true)?;
 
-    let result = serve(&cfg, &ftl, &bg, &notifier);
+    let result = serve(&cfg, &ftl, &bg, notifier);
 
     bg.stop();
     // Also removes the staging file; on failure it stays and the next open replays it.
@@ -281,14 +243,7 @@ fn serve(
             _ => format!("cannot create the ublk device: {}", kctl::describe(&e)),
         })?;
     let id = ctrl.dev_info().dev_id;
-    let log = cfg.log.as_ref().map(|p| {
-        let want = runfiles::log_path(id);
-        if *p != want && std::fs::rename(p, &want).is_ok() {
-            want
-        } else {
-            p.clone()
-        }
-    });
+    let log = launch::settle_log(cfg.log.as_ref(), id);
     let record = DeviceRecord {
         id,
         block_device: runfiles::bdev_path(id),

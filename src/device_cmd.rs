@@ -1,10 +1,10 @@
 //! The device subcommands: `add`, `recover`, `del`, `list`, `stats`.
 //!
-//! - `add` / `recover` without `--foreground` start the daemon ([`crate::daemon`]) as a
-//!   detached process (`setsid`, stdin from /dev/null, stdout/stderr appended to
-//!   `/run/ftlblk/N.log`) and wait on a readiness pipe until it reports the device live
-//!   (then print its record as JSON and exit 0) or fails (then exit 1 with the daemon's
-//!   message, or the tail of its log when it died without one).
+//! - `add` / `recover` check their options, then either serve the device in this process
+//!   (`--foreground`: [`crate::daemon::run`]) or start that same command as a background
+//!   daemon through [`crate::launch`], which waits until it reports the device live (then
+//!   its record is printed as JSON and the command exits 0) or fails (exit 1 with the
+//!   daemon's message, or the tail of its log when it died without one).
 //! - `del` stops a device through the kernel (STOP_DEV + DEL_DEV with a fresh control
 //!   handle), waits for its daemon to exit (it checkpoints the FTL and releases the
 //!   backing on the way), and removes the run files.
@@ -12,8 +12,9 @@
 //!   kernel device still exists; `stats` reads the daemon's stats socket.
 
 use crate::args::parse_size;
-use crate::daemon::{self, DaemonConfig, Mode, Notifier};
+use crate::daemon::{self, DaemonConfig, Mode};
 use crate::kctl;
+use crate::launch;
 use crate::runfiles::{self, DeviceRecord};
 use clap::Args;
 use ftl::backing::default_index_dir;
@@ -21,16 +22,8 @@ use libublk::sys;
 use serde_json::Value;
 use std::ffi::OsString;
 use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// How long `add`/`recover` wait for the daemon to report (formatting and recovering a
-/// large backing under emulation can take a while).
-const START_TIMEOUT: Duration = Duration::from_secs(600);
 
 #[derive(Args, Debug, Clone)]
 pub struct AddArgs {
@@ -167,10 +160,10 @@ pub fn add(a: AddArgs) -> Result<(), String> {
         io_buf_bytes: a.io_buf_size as u32,
         cleaner: !a.no_cleaner,
         mode: Mode::Add { id: a.id },
-        log: std::env::var_os(daemon::LOG_ENV).map(PathBuf::from),
+        log: launch::log_from_env(),
     };
     if a.foreground {
-        return run_foreground(cfg);
+        return daemon::run(cfg);
     }
     let mut args: Vec<OsString> = vec![
         "add".into(),
@@ -195,21 +188,8 @@ pub fn add(a: AddArgs) -> Result<(), String> {
     if a.no_cleaner {
         args.push("--no-cleaner".into());
     }
-    let log = match a.id {
-        Some(id) => runfiles::log_path(id),
-        None => runfiles::run_dir().join(format!("add-{}.log", std::process::id())),
-    };
-    let rec = start_background(args, &log)?;
+    let rec = launch::start_background(args, &launch::provisional_log(a.id))?;
     print_record(&rec)
-}
-
-fn run_foreground(cfg: DaemonConfig) -> Result<(), String> {
-    let notifier = Arc::new(Notifier::from_env());
-    let r = daemon::run(cfg, notifier.clone());
-    if let Err(e) = &r {
-        notifier.err(e);
-    }
-    r
 }
 
 fn print_record(rec: &DeviceRecord) -> Result<(), String> {
@@ -257,10 +237,10 @@ pub fn recover(a: RecoverArgs) -> Result<(), String> {
             id,
             recoveries: rec.recoveries,
         },
-        log: std::env::var_os(daemon::LOG_ENV).map(PathBuf::from),
+        log: launch::log_from_env(),
     };
     if a.foreground {
-        return run_foreground(cfg);
+        return daemon::run(cfg);
     }
     let args: Vec<OsString> = vec![
         "recover".into(),
@@ -268,139 +248,8 @@ pub fn recover(a: RecoverArgs) -> Result<(), String> {
         id.to_string().into(),
         "--foreground".into(),
     ];
-    let rec = start_background(args, &runfiles::log_path(id))?;
+    let rec = launch::start_background(args, &runfiles::log_path(id))?;
     print_record(&rec)
-}
-
-/// Starts `ftlblk <args>` as a detached daemon logging to `log` and waits for its report.
-fn start_background(args: Vec<OsString>, log: &Path) -> Result<DeviceRecord, String> {
-    runfiles::ensure_run_dir().map_err(|e| e.to_string())?;
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find my executable: {e}"))?;
-    let logf = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .map_err(|e| format!("cannot open the log {}: {e}", log.display()))?;
-    let logf2 = logf
-        .try_clone()
-        .map_err(|e| format!("log {}: {e}", log.display()))?;
-    let mut fds = [0i32; 2];
-    // SAFETY: pipe2 fills two descriptors we then own.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
-    }
-    // SAFETY: freshly created, owned by nothing else.
-    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    let wfd = wr.as_raw_fd();
-    let mut cmd = Command::new(&exe);
-    cmd.args(&args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(logf))
-        .stderr(Stdio::from(logf2))
-        .current_dir("/")
-        .env(daemon::NOTIFY_FD_ENV, wfd.to_string())
-        .env(daemon::LOG_ENV, log);
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // Let the daemon inherit the pipe's write end.
-            let flags = libc::fcntl(wfd, libc::F_GETFD);
-            if flags < 0 || libc::fcntl(wfd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start the daemon {}: {e}", exe.display()))?;
-    drop(wr);
-    let line = read_report(rd, START_TIMEOUT);
-    match line {
-        Ok(Some(l)) if l.starts_with("OK ") => serde_json::from_str(&l[3..])
-            .map_err(|e| format!("the daemon's report is garbled ({e}): {l}")),
-        Ok(Some(l)) if l.starts_with("ERR ") => {
-            let _ = child.wait();
-            Err(l[4..].to_string())
-        }
-        Ok(other) => {
-            let status = child
-                .wait()
-                .map(|s| s.to_string())
-                .unwrap_or_else(|e| e.to_string());
-            Err(format!(
-                "the daemon exited ({status}) before the device was live{}; last lines of {}:\n{}",
-                other
-                    .map(|l| format!(" (it said: {l})"))
-                    .unwrap_or_default(),
-                log.display(),
-                tail(log, 15)
-            ))
-        }
-        Err(e) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            Err(format!(
-                "{e}; the daemon was killed; last lines of {}:\n{}",
-                log.display(),
-                tail(log, 15)
-            ))
-        }
-    }
-}
-
-/// Reads the readiness pipe until end-of-file or the first line; `Ok(None)` on a silent EOF.
-fn read_report(rd: OwnedFd, limit: Duration) -> Result<Option<String>, String> {
-    let deadline = Instant::now() + limit;
-    let mut f = std::fs::File::from(rd);
-    let mut got = Vec::new();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(format!("the daemon did not report within {limit:?}"));
-        }
-        let mut pfd = libc::pollfd {
-            fd: f.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = left.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if r < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(format!("poll: {e}"));
-        }
-        if r == 0 {
-            continue;
-        }
-        let mut buf = [0u8; 4096];
-        match f.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                got.extend_from_slice(&buf[..n]);
-                if got.contains(&b'\n') {
-                    break;
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(format!("reading the daemon's report: {e}")),
-        }
-    }
-    let s = String::from_utf8_lossy(&got);
-    Ok(s.lines().next().map(|l| l.trim().to_string()))
-}
-
-fn tail(p: &Path, n: usize) -> String {
-    let s = std::fs::read_to_string(p).unwrap_or_default();
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// `ftlblk del`.
@@ -784,24 +633,5 @@ mod tests {
         assert_eq!(human_bytes(512), "512 B");
         assert_eq!(human_bytes(1 << 30), "1.0 GiB");
         assert_eq!(human_bytes(3 << 19), "1.5 MiB");
-    }
-
-    #[test]
-    fn report_pipe_protocol() {
-        let mut fds = [0i32; 2];
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        let mut w = std::fs::File::from(wr);
-        std::io::Write::write_all(&mut w, b"ERR backing busy\n").unwrap();
-        drop(w);
-        assert_eq!(
-            read_report(rd, Duration::from_secs(5)).unwrap(),
-            Some("ERR backing busy".into())
-        );
-        let mut fds = [0i32; 2];
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        drop(wr);
-        assert_eq!(read_report(rd, Duration::from_secs(5)).unwrap(), None);
     }
 }

@@ -17,6 +17,7 @@ mod control;
 mod daemon;
 mod device_cmd;
 mod kctl;
+mod launch;
 mod offload;
 mod replay_cmd;
 mod runfiles;
