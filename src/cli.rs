@@ -5,7 +5,7 @@
 //! options); no command module imports this one.
 
 use crate::args::BackingArgs;
-use crate::{backing_cmd, bench, device_cmd, replay_cmd};
+use crate::{backing_cmd, bench, device_cmd, replay_cmd, stats_cmd};
 use clap::{Parser, Subcommand};
 
 /// ftlblk: a block device whose every write is appended to a log on the backing SSD.
@@ -45,7 +45,7 @@ pub enum Cmd {
     Recover(device_cmd::RecoverArgs),
     /// Show a device's figures from its daemon: WAF, free segments, mapped blocks,
     /// flushes, trims, discards, cleaning (copies, slices, preemptions, throttle), streams.
-    Stats(device_cmd::StatsArgs),
+    Stats(stats_cmd::StatsArgs),
 }
 
 pub fn run(cli: Cli) -> Result<(), String> {
@@ -59,6 +59,6 @@ pub fn run(cli: Cli) -> Result<(), String> {
         Cmd::Del(a) => device_cmd::del(a),
         Cmd::List(a) => device_cmd::list(a),
         Cmd::Recover(a) => device_cmd::recover(a),
-        Cmd::Stats(a) => device_cmd::stats(a),
+        Cmd::Stats(a) => stats_cmd::run(a),
     }
 }

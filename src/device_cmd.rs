@@ -1,4 +1,5 @@
-//! The device subcommands: `add`, `recover`, `del`, `list`, `stats`.
+//! The device subcommands: `add`, `recover`, `del`, `list` (`stats` is
+//! [`crate::stats_cmd`]).
 //!
 //! - `add` / `recover` check their options, then either serve the device in this process
 //!   (`--foreground`: [`crate::daemon::run`]) or start that same command as a background
@@ -9,19 +10,20 @@
 //!   handle), waits for its daemon to exit (it checkpoints the FTL and releases the
 //!   backing on the way), and removes the run files.
 //! - `list` shows the devices of `/run/ftlblk/*.json` whose daemon is alive or whose
-//!   kernel device still exists; `stats` reads the daemon's stats socket.
+//!   kernel device still exists.
+//!
+//! Owns the commands' arguments. Called by [`crate::cli`] only.
 
 use crate::args::parse_size;
 use crate::daemon::{self, DaemonConfig, Mode};
 use crate::kctl;
 use crate::launch;
+use crate::output::human_bytes;
 use crate::runfiles::{self, DeviceRecord};
 use clap::Args;
 use ftl::backing::default_index_dir;
 use libublk::sys;
-use serde_json::Value;
 use std::ffi::OsString;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -99,16 +101,6 @@ pub struct DelArgs {
 #[derive(Args, Debug, Clone)]
 pub struct ListArgs {
     /// Print JSON (an array of device records with their state) instead of a table.
-    #[arg(long)]
-    pub json: bool,
-}
-
-#[derive(Args, Debug, Clone)]
-pub struct StatsArgs {
-    /// Device number N of /dev/ublkbN.
-    #[arg(short = 'n', long = "number")]
-    pub id: u32,
-    /// Print the daemon's JSON document as is instead of a table.
     #[arg(long)]
     pub json: bool,
 }
@@ -387,251 +379,4 @@ pub fn list(a: ListArgs) -> Result<(), String> {
         );
     }
     Ok(())
-}
-
-/// `ftlblk stats`.
-pub fn stats(a: StatsArgs) -> Result<(), String> {
-    let id = a.id;
-    let doc = fetch_stats(id)?;
-    if a.json {
-        println!("{doc}");
-        return Ok(());
-    }
-    let v: Value =
-        serde_json::from_str(&doc).map_err(|e| format!("the daemon's stats are not JSON ({e})"))?;
-    print!("{}", format_stats(&v));
-    Ok(())
-}
-
-fn fetch_stats(id: u32) -> Result<String, String> {
-    let sock = runfiles::socket_path(id);
-    let mut s = match std::os::unix::net::UnixStream::connect(&sock) {
-        Ok(s) => s,
-        Err(e) => {
-            return Err(match runfiles::read_record(id).ok().flatten() {
-                Some(r) if !runfiles::pid_alive(r.pid) => format!(
-                    "the daemon of device {id} (pid {}) is not running; if /dev/ublkb{id} still \
-                     exists, re-attach it with `ftlblk recover -n {id}`",
-                    r.pid
-                ),
-                Some(_) => format!(
-                    "cannot reach the daemon of device {id} at {}: {e}",
-                    sock.display()
-                ),
-                None => format!(
-                    "ublk device {id} not found (no {}; is it served by ftlblk?)",
-                    runfiles::record_path(id).display()
-                ),
-            })
-        }
-    };
-    s.set_read_timeout(Some(Duration::from_secs(30)))
-        .map_err(|e| e.to_string())?;
-    let mut doc = String::new();
-    s.read_to_string(&mut doc)
-        .map_err(|e| format!("reading {}: {e}", sock.display()))?;
-    Ok(doc)
-}
-
-fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
-/// The human-readable `stats` table.
-pub fn format_stats(v: &Value) -> String {
-    let n = |path: &str| -> u64 { v.pointer(path).and_then(Value::as_u64).unwrap_or(0) };
-    let f = |path: &str| -> f64 { v.pointer(path).and_then(Value::as_f64).unwrap_or(0.0) };
-    let s = |path: &str| -> String {
-        v.pointer(path)
-            .and_then(Value::as_str)
-            .unwrap_or("?")
-            .to_string()
-    };
-    let bs = n("/stats/block_size").max(1);
-    let blocks = |k: &str| {
-        let b = n(k);
-        format!("{} ({b} blocks)", human_bytes(b * bs))
-    };
-    let exported = n("/stats/exported_blocks");
-    let mapped = n("/stats/mapped_blocks");
-    let mut out = String::new();
-    let mut row = |k: &str, val: String| out.push_str(&format!("{k:<22} {val}\n"));
-    row(
-        "device",
-        format!(
-            "{} (id {}, pid {})",
-            s("/device/block_device"),
-            n("/device/id"),
-            n("/device/pid")
-        ),
-    );
-    row("backing", s("/device/backing"));
-    row(
-        "capacity",
-        format!(
-            "{} ({exported} blocks of {bs} B)",
-            human_bytes(exported * bs)
-        ),
-    );
-    row(
-        "user written",
-        blocks("/stats/counters/user_blocks_written"),
-    );
-    row(
-        "backing written",
-        blocks("/stats/counters/backing_blocks_written"),
-    );
-    row("WAF", format!("{:.3}", f("/stats/waf")));
-    row(
-        "free segments",
-        format!(
-            "{} of {} ({} dead, waiting for a checkpoint)",
-            n("/stats/free_segments"),
-            n("/stats/segment_count"),
-            n("/stats/dead_segments")
-        ),
-    );
-    row(
-        "mapped blocks",
-        format!(
-            "{mapped} ({:.1}% of capacity)",
-            if exported == 0 {
-                0.0
-            } else {
-                mapped as f64 * 100.0 / exported as f64
-            }
-        ),
-    );
-    row("flushes", n("/stats/counters/flushes").to_string());
-    row(
-        "trimmed blocks",
-        n("/stats/counters/trimmed_blocks").to_string(),
-    );
-    row("padding", human_bytes(n("/stats/counters/padding_bytes")));
-    row(
-        "relocated blocks",
-        n("/stats/counters/relocated_blocks").to_string(),
-    );
-    row("checkpoints", n("/stats/checkpoints").to_string());
-    row("epoch (opens)", n("/stats/epoch").to_string());
-    row("map RAM", human_bytes(n("/stats/map_ram_bytes")));
-    row(
-        "index on disk",
-        human_bytes(n("/stats/index_bytes_on_disk")),
-    );
-    row(
-        "discarded (TRIM out)",
-        human_bytes(n("/stats/counters/discarded_bytes")),
-    );
-    if v.pointer("/backing_allocated_bytes")
-        .is_some_and(|x| x.is_u64())
-    {
-        row(
-            "backing allocated",
-            human_bytes(n("/backing_allocated_bytes")),
-        );
-    }
-    if v.pointer("/cleaner/stats").is_some() {
-        row(
-            "cleaner",
-            format!(
-                "{} segments freed, {} blocks copied, {} errors",
-                n("/cleaner/stats/cleaner/segments_cleaned"),
-                n("/cleaner/stats/cleaner/blocks_copied"),
-                n("/cleaner/stats/errors")
-            ),
-        );
-        row(
-            "cleaning slices",
-            format!(
-                "{} run ({} foreground, {} background), {} preempted",
-                n("/cleaner/stats/cleaner/slices"),
-                n("/cleaner/stats/foreground_slices"),
-                n("/cleaner/stats/background_slices"),
-                n("/cleaner/stats/cleaner/preemptions")
-            ),
-        );
-        let throttle = n("/cleaner/stats/throttle_ns_per_block");
-        row(
-            "write throttle",
-            if throttle == 0 {
-                "off".to_string()
-            } else {
-                format!(
-                    "writers paced at {:.0} blocks/s (cleaner's rate {:.0} blocks/s)",
-                    1e9 / throttle as f64,
-                    f("/cleaner/stats/clean_rate_blocks_per_s")
-                )
-            },
-        );
-    } else {
-        row("cleaner", "off".to_string());
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stats_table_has_the_figures() {
-        let v = serde_json::json!({
-            "device": {"id": 0, "block_device": "/dev/ublkb0", "pid": 42, "backing": "/tmp/t.img"},
-            "stats": {
-                "block_size": 4096, "exported_blocks": 1000, "mapped_blocks": 250,
-                "free_segments": 10, "segment_count": 64, "dead_segments": 1,
-                "waf": 1.25, "checkpoints": 3, "epoch": 2,
-                "counters": {"user_blocks_written": 800, "backing_blocks_written": 1000,
-                             "flushes": 7, "trimmed_blocks": 5, "padding_bytes": 0,
-                             "relocated_blocks": 0}
-            },
-            "cleaner": null
-        });
-        let mut with_cleaner = v.clone();
-        with_cleaner["cleaner"] = serde_json::json!({"stats": {
-            "cleaner": {"segments_cleaned": 4, "blocks_copied": 96, "slices": 9, "preemptions": 3},
-            "foreground_slices": 2, "background_slices": 7, "throttle_ns_per_block": 25000,
-            "clean_rate_blocks_per_s": 30000.0, "errors": 0}});
-        with_cleaner["backing_allocated_bytes"] = serde_json::json!(3u64 << 20);
-        let t2 = format_stats(&with_cleaner);
-        for want in [
-            "4 segments freed, 96 blocks copied",
-            "9 run (2 foreground, 7 background), 3 preempted",
-            "writers paced at 40000 blocks/s (cleaner's rate 30000 blocks/s)",
-            "backing allocated      3.0 MiB",
-        ] {
-            assert!(t2.contains(want), "missing {want:?} in\n{t2}");
-        }
-        let t = format_stats(&v);
-        for want in [
-            "/dev/ublkb0",
-            "WAF                    1.250",
-            "free segments          10 of 64",
-            "mapped blocks          250 (25.0% of capacity)",
-            "flushes                7",
-            "trimmed blocks         5",
-            "cleaner                off",
-        ] {
-            assert!(t.contains(want), "missing {want:?} in\n{t}");
-        }
-    }
-
-    #[test]
-    fn sizes_read_well() {
-        assert_eq!(human_bytes(512), "512 B");
-        assert_eq!(human_bytes(1 << 30), "1.0 GiB");
-        assert_eq!(human_bytes(3 << 19), "1.5 MiB");
-    }
 }

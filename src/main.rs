@@ -19,8 +19,11 @@ mod device_cmd;
 mod kctl;
 mod launch;
 mod offload;
+mod output;
 mod replay_cmd;
 mod runfiles;
+mod stats_cmd;
+mod stats_doc;
 mod ublk;
 
 use clap::Parser;

@@ -1,0 +1,31 @@
+//! How the commands print for people: byte counts as `1.5 MiB`.
+//!
+//! A leaf: any command module may use it.
+
+/// `b` bytes in the largest binary unit that keeps the figure at least 1 (one decimal).
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_well() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(1 << 30), "1.0 GiB");
+        assert_eq!(human_bytes(3 << 19), "1.5 MiB");
+    }
+}
