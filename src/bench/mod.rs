@@ -155,8 +155,8 @@ fn random_reads(f: &FileFtl, ops: u64, qd: usize, seed: u64, verify: bool) -> Re
             iov_len: BLOCK_SIZE,
         })
         .collect();
-    // SAFETY: the buffers outlive the ring (declared before it is dropped at the end of
-    // this function) and are only accessed by the kernel while a read is in flight.
+    // SAFETY: the buffers are only accessed by the kernel while a read is in flight, and
+    // no read is left in flight when they are dropped (see the drain after the loop).
     unsafe {
         ring.submitter()
             .register_buffers(&iovecs)
@@ -183,58 +183,78 @@ fn random_reads(f: &FileFtl, ops: u64, qd: usize, seed: u64, verify: bool) -> Re
         Ok(())
     };
     let start = Instant::now();
-    while done < ops {
-        while issued < ops && in_flight < qd {
-            let Some(slot) = free.pop() else { break };
-            let lba = rng.gen_range(0..cap);
-            issued += 1;
-            match f.locate(lba, &mut bufs[slot]).map_err(|e| e.to_string())? {
-                BlockLocation::Zero | BlockLocation::Copied => {
+    let result = (|| -> Result<(), String> {
+        while done < ops {
+            while issued < ops && in_flight < qd {
+                let Some(slot) = free.pop() else { break };
+                let lba = rng.gen_range(0..cap);
+                issued += 1;
+                match f.locate(lba, &mut bufs[slot]).map_err(|e| e.to_string())? {
+                    BlockLocation::Zero | BlockLocation::Copied => {
+                        done += 1;
+                        free.push(slot);
+                    }
+                    BlockLocation::Device { offset, entry } => {
+                        meta[slot] = (lba, entry);
+                        let sqe = opcode::ReadFixed::new(
+                            types::Fixed(0),
+                            bufs[slot].as_mut_ptr(),
+                            BLOCK_SIZE as u32,
+                            slot as u16,
+                        )
+                        .offset(offset)
+                        .build()
+                        .user_data(slot as u64);
+                        // SAFETY: the buffer lives in `bufs` until its completion is reaped below.
+                        unsafe { ring.submission().push(&sqe).map_err(|e| e.to_string())? };
+                        // Submitted at once, as fio does by default: a read waiting in the
+                        // ring for the rest of its batch is a read the device is not serving.
+                        ring.submit().map_err(|e| e.to_string())?;
+                        in_flight += 1;
+                    }
+                }
+            }
+            if unchecked.is_empty() {
+                if in_flight == 0 {
+                    continue;
+                }
+                ring.submit_and_wait(1).map_err(|e| e.to_string())?;
+            } else {
+                // The replacement reads are on their way while these are checked.
+                for slot in unchecked.drain(..) {
+                    check(slot, &bufs, &meta)?;
                     done += 1;
                     free.push(slot);
                 }
-                BlockLocation::Device { offset, entry } => {
-                    meta[slot] = (lba, entry);
-                    let sqe = opcode::ReadFixed::new(
-                        types::Fixed(0),
-                        bufs[slot].as_mut_ptr(),
-                        BLOCK_SIZE as u32,
-                        slot as u16,
-                    )
-                    .offset(offset)
-                    .build()
-                    .user_data(slot as u64);
-                    // SAFETY: the buffer lives in `bufs` until its completion is reaped below.
-                    unsafe { ring.submission().push(&sqe).map_err(|e| e.to_string())? };
-                    // Submitted at once, as fio does by default: a read waiting in the
-                    // ring for the rest of its batch is a read the device is not serving.
-                    ring.submit().map_err(|e| e.to_string())?;
-                    in_flight += 1;
+            }
+            for c in ring.completion() {
+                let slot = c.user_data() as usize;
+                in_flight -= 1;
+                if c.result() != BLOCK_SIZE as i32 {
+                    return Err(format!("read failed: {}", c.result()));
                 }
+                unchecked.push(slot);
             }
         }
-        if unchecked.is_empty() {
-            if in_flight == 0 {
-                continue;
+        Ok(())
+    })();
+    // Never leave a read in flight: the kernel would write its block into a buffer freed
+    // when this returns (an error above returns with reads in flight). A ring that cannot
+    // be waited on keeps the buffers for good.
+    while in_flight > 0 {
+        match ring.submit_and_wait(1) {
+            Ok(_) => in_flight -= ring.completion().count(),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                std::mem::forget(bufs);
+                return Err(match result {
+                    Err(first) => first,
+                    Ok(()) => format!("waiting for the reads in flight: {e}"),
+                });
             }
-            ring.submit_and_wait(1).map_err(|e| e.to_string())?;
-        } else {
-            // The replacement reads are on their way while these are checked.
-            for slot in unchecked.drain(..) {
-                check(slot, &bufs, &meta)?;
-                done += 1;
-                free.push(slot);
-            }
-        }
-        for c in ring.completion() {
-            let slot = c.user_data() as usize;
-            if c.result() != BLOCK_SIZE as i32 {
-                return Err(format!("read failed: {}", c.result()));
-            }
-            in_flight -= 1;
-            unchecked.push(slot);
         }
     }
+    result?;
     // Drop the registration now: a ring torn down at exit releases its files late, and
     // with them the backing's exclusive lock.
     ring.submitter()
