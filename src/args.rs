@@ -2,9 +2,10 @@
 //! commands take (where a backing and its index are, the geometry of a new format).
 //!
 //! Owns [`parse_size`], [`BackingArgs`] and [`GeometryArgs`]. Any command module may use
-//! it; it uses no other module of the binary, so commands depend on it and [`crate::cli`]
-//! depends on the commands, never the other way round.
+//! it; it uses only [`crate::error`], so commands depend on it and [`crate::cli`] depends
+//! on the commands, never the other way round.
 
+use crate::error::CliError;
 use clap::Args;
 use ftl::backing::default_index_dir;
 use ftl::FormatOptions;
@@ -51,16 +52,20 @@ pub struct GeometryArgs {
 }
 
 impl GeometryArgs {
-    pub fn options(&self) -> Result<FormatOptions, String> {
+    pub fn options(&self) -> Result<FormatOptions, CliError> {
         let op_permille = match self.op_percent {
             Some(p) if !(0.0..100.0).contains(&p) => {
-                return Err(format!("--op-percent {p} must be in 0..100"))
+                return Err(CliError::BadArgs(format!(
+                    "--op-percent {p} must be in 0..100"
+                )))
             }
             Some(p) => Some((p * 10.0).round() as u32),
             None => None,
         };
         let page = match self.page_size {
-            Some(p) if p > u32::MAX as u64 => return Err(format!("--page-size {p} is too large")),
+            Some(p) if p > u32::MAX as u64 => {
+                return Err(CliError::BadArgs(format!("--page-size {p} is too large")))
+            }
             Some(p) => Some(p as u32),
             None => None,
         };
@@ -74,8 +79,8 @@ impl GeometryArgs {
     }
 }
 
-/// Parses sizes like 4096, 64K, 512M, 2G, 1T (powers of 1024).
-pub fn parse_size(s: &str) -> Result<u64, String> {
+/// Parses sizes like 4096, 64K, 512M, 2G, 1T (powers of 1024); a clap value parser.
+pub fn parse_size(s: &str) -> Result<u64, CliError> {
     let s = s.trim();
     let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
         Some((i, _)) => {
@@ -90,9 +95,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
                 "G" => 1 << 30,
                 "T" => 1 << 40,
                 other => {
-                    return Err(format!(
+                    return Err(CliError::BadArgs(format!(
                         "unknown size suffix {other:?} in {s:?} (use K, M, G, T)"
-                    ))
+                    )))
                 }
             };
             (&s[..i], mult)
@@ -102,9 +107,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let n: u64 = num
         .trim()
         .parse()
-        .map_err(|_| format!("{s:?} is not a size (e.g. 512M, 2G)"))?;
+        .map_err(|_| CliError::BadArgs(format!("{s:?} is not a size (e.g. 512M, 2G)")))?;
     n.checked_mul(mult)
-        .ok_or_else(|| format!("size {s:?} overflows"))
+        .ok_or_else(|| CliError::BadArgs(format!("size {s:?} overflows")))
 }
 
 #[cfg(test)]
@@ -113,10 +118,10 @@ mod tests {
 
     #[test]
     fn sizes() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64K"), Ok(64 << 10));
-        assert_eq!(parse_size("2G"), Ok(2 << 30));
-        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("4096").ok(), Some(4096));
+        assert_eq!(parse_size("64K").ok(), Some(64 << 10));
+        assert_eq!(parse_size("2G").ok(), Some(2 << 30));
+        assert_eq!(parse_size("2GiB").ok(), Some(2 << 30));
         assert!(parse_size("2X").is_err());
         assert!(parse_size("lots").is_err());
     }

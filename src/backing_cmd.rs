@@ -7,6 +7,8 @@
 //! sees: `info` replays it like any open, `check` checks a private view of it.
 
 use crate::args::{BackingArgs, GeometryArgs};
+use crate::error::CliError;
+use crate::output::print_json;
 use crate::runfiles;
 use clap::Args;
 use ftl::backing::{format_backing, open_backing_staged, StagingPlace};
@@ -24,7 +26,7 @@ pub struct FormatArgs {
 }
 
 /// `ftlblk format`.
-pub fn format(a: FormatArgs) -> Result<(), String> {
+pub fn format(a: FormatArgs) -> Result<(), CliError> {
     let opts = a.geometry.options()?;
     let sb = format_backing(
         &a.backing.backing,
@@ -32,8 +34,7 @@ pub fn format(a: FormatArgs) -> Result<(), String> {
         a.geometry.size,
         &opts,
         a.force,
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let g = sb.geometry;
     let out = serde_json::json!({
         "backing": a.backing.backing,
@@ -45,33 +46,24 @@ pub fn format(a: FormatArgs) -> Result<(), String> {
         "flash_page_bytes": g.flash_page_bytes,
         "op_percent": g.op_permille as f64 / 10.0,
     });
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
-    );
-    Ok(())
+    print_json(&out)
 }
 
 /// `ftlblk info`: opens the backing (recovering after a crash), prints its superblock and
 /// figures as JSON, and closes it cleanly.
-pub fn info(a: BackingArgs) -> Result<(), String> {
+pub fn info(a: BackingArgs) -> Result<(), CliError> {
     // The server's staging directory: what a killed server staged is replayed
     // here too rather than left behind by a newer checkpoint.
     let staging = StagingPlace::Dir(runfiles::run_dir());
-    let (f, report) = open_backing_staged(&a.backing, &a.index_dir(), Config::default(), &staging)
-        .map_err(|e| e.to_string())?;
+    let (f, report) = open_backing_staged(&a.backing, &a.index_dir(), Config::default(), &staging)?;
     let out = serde_json::json!({
         "uuid": f.superblock().uuid_string(),
         "geometry": f.geometry(),
         "open": report,
         "stats": f.stats(),
     });
-    f.close().map_err(|e| e.to_string())?;
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
-    );
-    Ok(())
+    f.close()?;
+    print_json(&out)
 }
 
 #[derive(Args, Debug)]
@@ -86,37 +78,30 @@ pub struct CheckArgs {
     pub json: bool,
 }
 
-/// `ftlblk check`: runs the checker; fails with "the checker found problems" (exit status
-/// 1) when the backing is not clean.
-pub fn check(a: CheckArgs) -> Result<(), String> {
-    let dev = ftl::backing::open_device(&a.backing.backing, None).map_err(|e| e.to_string())?;
+/// `ftlblk check`: runs the checker; fails with [`CliError::CheckFailed`] (exit status 1)
+/// when the backing is not clean.
+pub fn check(a: CheckArgs) -> Result<(), CliError> {
+    let dev = ftl::backing::open_device(&a.backing.backing, None)?;
     let dir = a.backing.index_dir();
     if !dir.exists() {
-        return Err(format!(
+        return Err(CliError::BadArgs(format!(
             "index {} does not exist (give --index)",
             dir.display()
-        ));
+        )));
     }
-    let index = ftl::index::sled_store::SledIndex::open(&dir).map_err(|e| e.to_string())?;
+    let index = ftl::index::sled_store::SledIndex::open(&dir)?;
     // What a dead server of this backing staged is part of what the next open sees: check
     // it too (a private view; the file is left as it is).
-    let (sb, _) = ftl::lifecycle::read_superblock_readonly(&dev).map_err(|e| e.to_string())?;
+    let (sb, _) = ftl::lifecycle::read_superblock_readonly(&dev)?;
     let staged_file = ftl::backing::staging_file(&runfiles::run_dir(), &sb.uuid_string());
     let staging = if staged_file.exists() {
-        Some(
-            ftl::staging::StagingArea::open_file_snapshot(&staged_file)
-                .map_err(|e| e.to_string())?,
-        )
+        Some(ftl::staging::StagingArea::open_file_snapshot(&staged_file)?)
     } else {
         None
     };
-    let report =
-        ftl::check::check_staged(&dev, &index, !a.no_data, staging).map_err(|e| e.to_string())?;
+    let report = ftl::check::check_staged(&dev, &index, !a.no_data, staging)?;
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?
-        );
+        print_json(&report)?;
     } else {
         println!(
             "{}: {} segments ({} free), {} mapped blocks, {} verified, {} chunks replayed",
@@ -150,6 +135,6 @@ pub fn check(a: CheckArgs) -> Result<(), String> {
     if report.clean() {
         Ok(())
     } else {
-        Err("the checker found problems".into())
+        Err(CliError::CheckFailed)
     }
 }

@@ -5,6 +5,7 @@
 //! options); no command module imports this one.
 
 use crate::args::BackingArgs;
+use crate::error::CliError;
 use crate::{backing_cmd, bench, device_cmd, replay_cmd, stats_cmd};
 use clap::{Parser, Subcommand};
 
@@ -48,7 +49,8 @@ pub enum Cmd {
     Stats(stats_cmd::StatsArgs),
 }
 
-pub fn run(cli: Cli) -> Result<(), String> {
+/// Runs the command.
+pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
         Cmd::Format(a) => backing_cmd::format(a),
         Cmd::Info(a) => backing_cmd::info(a),

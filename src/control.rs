@@ -264,7 +264,7 @@ async fn recv_signal(s: &mut Option<tokio::signal::unix::Signal>) -> Option<()> 
 }
 
 fn bind(path: &PathBuf) -> io::Result<UnixListener> {
-    runfiles::ensure_run_dir()?;
+    runfiles::ensure_run_dir().map_err(io::Error::other)?;
     // A socket left by a crashed daemon for this id is stale: its daemon is gone.
     let _ = std::fs::remove_file(path);
     UnixListener::bind(path)

@@ -21,6 +21,7 @@
 
 use crate::background::Background;
 use crate::control::Event;
+use crate::error::{describe_ublk, CliError};
 use crate::kctl;
 use crate::launch::{self, Notifier};
 use crate::offload::Offload;
@@ -72,7 +73,7 @@ pub struct DaemonConfig {
 }
 
 /// Opens the FTL for `cfg`, formatting a new or unformatted backing file for `add`.
-fn open_ftl(cfg: &DaemonConfig) -> Result<FileFtl, String> {
+fn open_ftl(cfg: &DaemonConfig) -> Result<FileFtl, CliError> {
     let open = || {
         let staging = StagingPlace::Dir(runfiles::run_dir());
         open_backing_staged(&cfg.backing, &cfg.index, Config::default(), &staging).map(
@@ -95,7 +96,7 @@ fn open_ftl(cfg: &DaemonConfig) -> Result<FileFtl, String> {
         );
     };
     if matches!(cfg.mode, Mode::Recover { .. }) {
-        return open().map_err(|e| e.to_string());
+        return Ok(open()?);
     }
     if !cfg.backing.exists() {
         let size = cfg.size.unwrap_or(DEFAULT_CREATE_SIZE);
@@ -105,10 +106,9 @@ fn open_ftl(cfg: &DaemonConfig) -> Result<FileFtl, String> {
             Some(size),
             &FormatOptions::default(),
             false,
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         formatted(sb);
-        return open().map_err(|e| e.to_string());
+        return Ok(open()?);
     }
     match open() {
         Ok(f) => Ok(f),
@@ -117,17 +117,12 @@ fn open_ftl(cfg: &DaemonConfig) -> Result<FileFtl, String> {
                 size_bytes: cfg.size,
                 ..Default::default()
             };
-            let sb = format_backing(&cfg.backing, &cfg.index, None, &opts, false)
-                .map_err(|e| e.to_string())?;
+            let sb = format_backing(&cfg.backing, &cfg.index, None, &opts, false)?;
             formatted(sb);
-            open().map_err(|e| e.to_string())
+            Ok(open()?)
         }
-        Err(FtlError::NotFormatted(..)) => Err(format!(
-            "{} has no ftlblk format; add formats only files: run `ftlblk format --backing {}` first",
-            cfg.backing.display(),
-            cfg.backing.display()
-        )),
-        Err(e) => Err(e.to_string()),
+        Err(FtlError::NotFormatted(..)) => Err(CliError::Unformatted(cfg.backing.clone())),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -145,25 +140,25 @@ fn wait_for_path(p: &Path, limit: Duration) -> bool {
 
 /// Serves one device until it is stopped (see the module docs); a failure before the
 /// device is live is also reported to the launcher that started this daemon, if any.
-pub fn run(cfg: DaemonConfig) -> Result<(), String> {
+pub fn run(cfg: DaemonConfig) -> Result<(), CliError> {
     let notifier = Arc::new(Notifier::from_env());
     let r = serve_device(cfg, &notifier);
     if let Err(e) = &r {
-        notifier.err(e);
+        notifier.err(&e.to_string());
     }
     r
 }
 
-fn serve_device(cfg: DaemonConfig, notifier: &Arc<Notifier>) -> Result<(), String> {
+fn serve_device(cfg: DaemonConfig, notifier: &Arc<Notifier>) -> Result<(), CliError> {
     kctl::require_ublk()?;
-    runfiles::ensure_run_dir().map_err(|e| e.to_string())?;
+    runfiles::ensure_run_dir()?;
     if let Mode::Recover { id, .. } = cfg.mode {
         // Before opening the FTL: a live device has nothing to recover.
         let state = kctl::state(id)?;
         if state == "live" {
-            return Err(format!(
+            return Err(CliError::Device(format!(
                 "ublk device {id} is live: it has a server, nothing to recover"
-            ));
+            )));
         }
     }
     let ftl = Arc::new(open_ftl(&cfg)?);
@@ -173,7 +168,9 @@ fn serve_device(cfg: DaemonConfig, notifier: &Arc<Notifier>) -> Result<(), Strin
 
     bg.stop();
     // Also removes the staging file; on failure it stays and the next open replays it.
-    let closed = ftl.close().map_err(|e| format!("closing the FTL: {e}"));
+    let closed = ftl
+        .close()
+        .map_err(|e| CliError::ftl_at("closing the FTL", e));
     match (&result, &closed) {
         (Ok(Some(id)), _) => {
             runfiles::remove_record(*id);
@@ -199,7 +196,7 @@ fn serve(
     ftl: &Arc<FileFtl>,
     bg: &Background,
     notifier: &Arc<Notifier>,
-) -> Result<Option<u32>, String> {
+) -> Result<Option<u32>, CliError> {
     let (classifier, control) = (&bg.classifier, &bg.control);
     let shared = control.shared();
     if shared.stop_requested() {
@@ -209,18 +206,13 @@ fn serve(
         Mode::Add { id } => (
             UblkFlags::UBLK_DEV_F_ADD_DEV,
             id.map_or(Ok(-1), i32::try_from)
-                .map_err(|_| "device id out of range".to_string())?,
+                .map_err(|_| CliError::BadArgs("device id out of range".into()))?,
             0,
         ),
         Mode::Recover { id, recoveries } => {
             let ctrl = kctl::open(id)?;
-            kctl::check(ctrl.start_user_recover()).map_err(|e| {
-                format!(
-                    "START_USER_RECOVERY of ublk device {id} failed: {} (is its old server \
-                     still exiting, or was it created without user recovery?)",
-                    kctl::describe(&e)
-                )
-            })?;
+            kctl::check(ctrl.start_user_recover())
+                .map_err(|source| CliError::RecoveryRefused { id, source })?;
             drop(ctrl);
             (UblkFlags::UBLK_DEV_F_RECOVER_DEV, id as i32, recoveries + 1)
         }
@@ -238,9 +230,9 @@ fn serve(
             (Mode::Add { id: Some(id) }, libublk::UblkError::UringIOError(n))
                 if *n == -libc::EEXIST =>
             {
-                format!("ublk device {id} already exists")
+                CliError::Device(format!("ublk device {id} already exists"))
             }
-            _ => format!("cannot create the ublk device: {}", kctl::describe(&e)),
+            _ => CliError::ublk("cannot create the ublk device", e),
         })?;
     let id = ctrl.dev_info().dev_id;
     let log = launch::settle_log(cfg.log.as_ref(), id);
@@ -262,10 +254,7 @@ fn serve(
         uuid: ftl.superblock().uuid_string(),
         recoveries,
     };
-    let backing_fd = ftl
-        .device()
-        .raw_fd()
-        .ok_or_else(|| "the backing has no file descriptor".to_string())?;
+    let backing_fd = ftl.device().raw_fd().ok_or(CliError::NoBackingFd)?;
 
     let tgt_ftl = ftl.clone();
     let tgt_init = move |dev: &mut UblkDev| ublk::init_target(dev, &tgt_ftl, backing_fd);
@@ -273,7 +262,7 @@ fn serve(
     // Enough workers that every queue can have several writes and flushes in flight (the
     // FTL batches concurrent flushes into one device sync).
     let workers = (cfg.queues as usize * IO_WORKERS_PER_QUEUE).clamp(4, 64);
-    let offload = Offload::new(workers).map_err(|e| format!("cannot start I/O workers: {e}"))?;
+    let offload = Offload::new(workers).map_err(|e| CliError::io("cannot start I/O workers", e))?;
     let q_offload = offload.clone();
     let q_classifier = classifier.clone();
     let q_writers = bg.writers.clone();
@@ -296,7 +285,7 @@ fn serve(
             eprintln!("ftlblk: {why}");
             live_notifier.err(&why);
             if let Err(e) = kctl::check(d_ctrl.kill_dev()) {
-                eprintln!("ftlblk: stopping device {}: {}", rec.id, kctl::describe(&e));
+                eprintln!("ftlblk: stopping device {}: {}", rec.id, describe_ublk(&e));
             }
         };
         if !wait_for_path(&rec.block_device, BDEV_WAIT) {
@@ -306,7 +295,7 @@ fn serve(
             ));
         }
         if let Err(e) = runfiles::write_record(&rec) {
-            return stop(format!("cannot write the device record: {e}"));
+            return stop(e.to_string());
         }
         let _ = tx.send(Event::Live(Box::new(rec.clone())));
         if let Ok(s) = serde_json::to_string_pretty(&rec) {
@@ -317,7 +306,7 @@ fn serve(
         if shared.mark_live(rec.id) {
             eprintln!("ftlblk: a stop was requested during start-up; stopping");
             if let Err(e) = kctl::check(d_ctrl.kill_dev()) {
-                eprintln!("ftlblk: stopping device {}: {}", rec.id, kctl::describe(&e));
+                eprintln!("ftlblk: stopping device {}: {}", rec.id, describe_ublk(&e));
             }
         }
     };
@@ -333,7 +322,7 @@ fn serve(
         cfg.backing.display()
     );
     ctrl.run_target(tgt_init, q_fn, device_fn)
-        .map_err(|e| format!("ublk device {id} failed: {}", kctl::describe(&e)))?;
+        .map_err(|e| CliError::ublk(format!("ublk device {id} failed"), e))?;
     offload.shutdown();
     eprintln!("ftlblk: device {id} stopped; closing the FTL");
     // The queues are gone: delete the device (a recovered one is not deleted on drop).
@@ -341,7 +330,7 @@ fn serve(
         Ok(_) => {}
         Err(libublk::UblkError::UringIOError(n)) | Err(libublk::UblkError::OtherError(n))
             if n == -libc::ENODEV || n == -libc::ENOENT => {}
-        Err(e) => eprintln!("ftlblk: deleting device {id}: {}", kctl::describe(&e)),
+        Err(e) => eprintln!("ftlblk: deleting device {id}: {}", describe_ublk(&e)),
     }
     Ok(Some(id))
 }

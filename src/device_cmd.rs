@@ -16,9 +16,10 @@
 
 use crate::args::parse_size;
 use crate::daemon::{self, DaemonConfig, Mode};
+use crate::error::CliError;
 use crate::kctl;
 use crate::launch;
-use crate::output::human_bytes;
+use crate::output::{human_bytes, print_json};
 use crate::runfiles::{self, DeviceRecord};
 use clap::Args;
 use ftl::backing::default_index_dir;
@@ -105,8 +106,8 @@ pub struct ListArgs {
     pub json: bool,
 }
 
-fn absolute(p: &Path) -> Result<PathBuf, String> {
-    std::path::absolute(p).map_err(|e| format!("{}: {e}", p.display()))
+fn absolute(p: &Path) -> Result<PathBuf, CliError> {
+    std::path::absolute(p).map_err(|e| CliError::io(p.display().to_string(), e))
 }
 
 fn default_queues() -> u16 {
@@ -116,27 +117,27 @@ fn default_queues() -> u16 {
 }
 
 /// `ftlblk add`.
-pub fn add(a: AddArgs) -> Result<(), String> {
+pub fn add(a: AddArgs) -> Result<(), CliError> {
     kctl::require_ublk()?;
     let queues = a.queues.unwrap_or_else(default_queues);
     if queues == 0 || queues as u32 > sys::UBLK_MAX_NR_QUEUES {
-        return Err(format!(
+        return Err(CliError::BadArgs(format!(
             "--queues {queues} must be 1..={}",
             sys::UBLK_MAX_NR_QUEUES
-        ));
+        )));
     }
     if a.depth == 0 || a.depth as u32 > sys::UBLK_MAX_QUEUE_DEPTH {
-        return Err(format!(
+        return Err(CliError::BadArgs(format!(
             "--depth {} must be 1..={}",
             a.depth,
             sys::UBLK_MAX_QUEUE_DEPTH
-        ));
+        )));
     }
     if a.io_buf_size < 4096 || !a.io_buf_size.is_multiple_of(4096) || a.io_buf_size > 32 << 20 {
-        return Err(format!(
+        return Err(CliError::BadArgs(format!(
             "--io-buf-size {} must be a multiple of 4K between 4K and 32M",
             a.io_buf_size
-        ));
+        )));
     }
     let backing = absolute(&a.backing)?;
     let index = match &a.index {
@@ -181,41 +182,31 @@ pub fn add(a: AddArgs) -> Result<(), String> {
         args.push("--no-cleaner".into());
     }
     let rec = launch::start_background(args, &launch::provisional_log(a.id))?;
-    print_record(&rec)
-}
-
-fn print_record(rec: &DeviceRecord) -> Result<(), String> {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(rec).map_err(|e| e.to_string())?
-    );
-    Ok(())
+    print_json(&rec)
 }
 
 /// `ftlblk recover`.
-pub fn recover(a: RecoverArgs) -> Result<(), String> {
+pub fn recover(a: RecoverArgs) -> Result<(), CliError> {
     kctl::require_ublk()?;
     let id = a.id;
-    let rec = runfiles::read_record(id)
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| {
-            format!(
-                "no {}: ftlblk has no record of device {id}, so it does not know its backing",
-                runfiles::record_path(id).display()
-            )
-        })?;
+    let rec = runfiles::read_record(id)?.ok_or_else(|| {
+        CliError::Device(format!(
+            "no {}: ftlblk has no record of device {id}, so it does not know its backing",
+            runfiles::record_path(id).display()
+        ))
+    })?;
     if runfiles::pid_alive(rec.pid) {
-        return Err(format!(
+        return Err(CliError::Device(format!(
             "device {id} is still served by pid {}: nothing to recover",
             rec.pid
-        ));
+        )));
     }
     if !runfiles::kernel_has_device(id) {
-        return Err(format!(
+        return Err(CliError::Device(format!(
             "ublk device {id} no longer exists in the kernel: nothing to recover; start it \
              anew with `ftlblk add --backing {}`",
             rec.backing.display()
-        ));
+        )));
     }
     let cfg = DaemonConfig {
         backing: rec.backing.clone(),
@@ -241,11 +232,11 @@ pub fn recover(a: RecoverArgs) -> Result<(), String> {
         "--foreground".into(),
     ];
     let rec = launch::start_background(args, &runfiles::log_path(id))?;
-    print_record(&rec)
+    print_json(&rec)
 }
 
 /// `ftlblk del`.
-pub fn del(a: DelArgs) -> Result<(), String> {
+pub fn del(a: DelArgs) -> Result<(), CliError> {
     kctl::require_ublk()?;
     let ids: Vec<u32> = if a.all {
         runfiles::all_records()
@@ -269,11 +260,11 @@ pub fn del(a: DelArgs) -> Result<(), String> {
     if failed.is_empty() {
         Ok(())
     } else {
-        Err(format!("could not delete device(s) {failed:?}"))
+        Err(CliError::DeleteFailed(failed))
     }
 }
 
-fn del_one(id: u32, timeout: Duration) -> Result<String, String> {
+fn del_one(id: u32, timeout: Duration) -> Result<String, CliError> {
     let rec = runfiles::read_record(id).ok().flatten();
     let daemon = rec
         .as_ref()
@@ -287,11 +278,11 @@ fn del_one(id: u32, timeout: Duration) -> Result<String, String> {
                     "ublk device {id} was already gone; removed its stale record"
                 ))
             }
-            (Some(_), Some(pid)) => Err(format!(
+            (Some(_), Some(pid)) => Err(CliError::Device(format!(
                 "ublk device {id} does not exist in the kernel but its daemon (pid {pid}) runs: \
                  it is starting or stopping; try again"
-            )),
-            (None, _) => Err(format!("ublk device {id} not found")),
+            ))),
+            (None, _) => Err(CliError::NotFound(id)),
         };
     }
     kctl::kill_and_delete(id)?;
@@ -299,10 +290,10 @@ fn del_one(id: u32, timeout: Duration) -> Result<String, String> {
         let deadline = Instant::now() + timeout;
         while runfiles::pid_alive(pid) {
             if Instant::now() >= deadline {
-                return Err(format!(
+                return Err(CliError::Device(format!(
                     "ublk device {id} is deleted but its daemon (pid {pid}) did not exit within \
                      {timeout:?}"
-                ));
+                )));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -322,7 +313,7 @@ struct ListEntry {
 }
 
 /// `ftlblk list`.
-pub fn list(a: ListArgs) -> Result<(), String> {
+pub fn list(a: ListArgs) -> Result<(), CliError> {
     let have_ctl = kctl::require_ublk().is_ok();
     let entries: Vec<ListEntry> = runfiles::all_records()
         .into_iter()
@@ -347,11 +338,7 @@ pub fn list(a: ListArgs) -> Result<(), String> {
         })
         .collect();
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&entries).map_err(|e| e.to_string())?
-        );
-        return Ok(());
+        return print_json(&entries);
     }
     if entries.is_empty() {
         println!("no ftlblk devices");

@@ -17,8 +17,10 @@
 //!   ([`provisional_log`]); the daemon renames it to `N.log` once the kernel has given the
 //!   device its id ([`settle_log`]).
 //!
-//! Uses [`crate::runfiles`] (paths, [`DeviceRecord`]) and nothing else of the binary.
+//! Uses [`crate::runfiles`] (paths, [`DeviceRecord`]) and [`crate::error`], nothing else
+//! of the binary.
 
+use crate::error::CliError;
 use crate::runfiles::{self, DeviceRecord};
 use std::ffi::OsString;
 use std::fs::File;
@@ -72,21 +74,21 @@ pub fn settle_log(log: Option<&PathBuf>, id: u32) -> Option<PathBuf> {
 }
 
 /// Starts `ftlblk <args>` as a detached daemon logging to `log` and waits for its report.
-pub fn start_background(args: Vec<OsString>, log: &Path) -> Result<DeviceRecord, String> {
-    runfiles::ensure_run_dir().map_err(|e| e.to_string())?;
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find my executable: {e}"))?;
+pub fn start_background(args: Vec<OsString>, log: &Path) -> Result<DeviceRecord, CliError> {
+    runfiles::ensure_run_dir()?;
+    let exe = std::env::current_exe().map_err(|e| CliError::io("cannot find my executable", e))?;
     let logf = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
-        .map_err(|e| format!("cannot open the log {}: {e}", log.display()))?;
+        .map_err(|e| CliError::io(format!("cannot open the log {}", log.display()), e))?;
     let logf2 = logf
         .try_clone()
-        .map_err(|e| format!("log {}: {e}", log.display()))?;
+        .map_err(|e| CliError::io(format!("log {}", log.display()), e))?;
     let mut fds = [0i32; 2];
     // SAFETY: pipe2 fills two descriptors we then own.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+        return Err(CliError::io("pipe", std::io::Error::last_os_error()));
     }
     // SAFETY: freshly created, owned by nothing else.
     let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
@@ -115,51 +117,53 @@ pub fn start_background(args: Vec<OsString>, log: &Path) -> Result<DeviceRecord,
     }
     let mut child = cmd
         .spawn()
-        .map_err(|e| format!("cannot start the daemon {}: {e}", exe.display()))?;
+        .map_err(|e| CliError::io(format!("cannot start the daemon {}", exe.display()), e))?;
     drop(wr);
     let line = read_report(rd, START_TIMEOUT);
     match line {
         Ok(Some(l)) if l.starts_with(READY) => serde_json::from_str(&l[READY.len()..])
-            .map_err(|e| format!("the daemon's report is garbled ({e}): {l}")),
+            .map_err(|e| CliError::Launch(format!("the daemon's report is garbled ({e}): {l}"))),
         Ok(Some(l)) if l.starts_with(FAILED) => {
             let _ = child.wait();
-            Err(l[FAILED.len()..].to_string())
+            Err(CliError::Launch(l[FAILED.len()..].to_string()))
         }
         Ok(other) => {
             let status = child
                 .wait()
                 .map(|s| s.to_string())
                 .unwrap_or_else(|e| e.to_string());
-            Err(format!(
+            Err(CliError::Launch(format!(
                 "the daemon exited ({status}) before the device was live{}; last lines of {}:\n{}",
                 other
                     .map(|l| format!(" (it said: {l})"))
                     .unwrap_or_default(),
                 log.display(),
                 tail(log, 15)
-            ))
+            )))
         }
         Err(e) => {
             let _ = child.kill();
             let _ = child.wait();
-            Err(format!(
+            Err(CliError::Launch(format!(
                 "{e}; the daemon was killed; last lines of {}:\n{}",
                 log.display(),
                 tail(log, 15)
-            ))
+            )))
         }
     }
 }
 
 /// Reads the readiness pipe until end-of-file or the first line; `Ok(None)` on a silent EOF.
-fn read_report(rd: OwnedFd, limit: Duration) -> Result<Option<String>, String> {
+fn read_report(rd: OwnedFd, limit: Duration) -> Result<Option<String>, CliError> {
     let deadline = Instant::now() + limit;
     let mut f = File::from(rd);
     let mut got = Vec::new();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(format!("the daemon did not report within {limit:?}"));
+            return Err(CliError::Launch(format!(
+                "the daemon did not report within {limit:?}"
+            )));
         }
         let mut pfd = libc::pollfd {
             fd: f.as_raw_fd(),
@@ -174,7 +178,7 @@ fn read_report(rd: OwnedFd, limit: Duration) -> Result<Option<String>, String> {
             if e.kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
-            return Err(format!("poll: {e}"));
+            return Err(CliError::io("poll", e));
         }
         if r == 0 {
             continue;
@@ -189,7 +193,7 @@ fn read_report(rd: OwnedFd, limit: Duration) -> Result<Option<String>, String> {
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(format!("reading the daemon's report: {e}")),
+            Err(e) => return Err(CliError::io("reading the daemon's report", e)),
         }
     }
     let s = String::from_utf8_lossy(&got);

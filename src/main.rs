@@ -16,6 +16,7 @@ mod cli;
 mod control;
 mod daemon;
 mod device_cmd;
+mod error;
 mod kctl;
 mod launch;
 mod offload;

@@ -1,6 +1,17 @@
-//! How the commands print for people: byte counts as `1.5 MiB`.
+//! How the commands print: byte counts for people (`1.5 MiB`), documents as pretty JSON.
 //!
-//! A leaf: any command module may use it.
+//! Uses only [`crate::error`]; any command module may use it.
+
+use crate::error::CliError;
+use serde::Serialize;
+
+/// Prints `v` as pretty JSON on stdout.
+pub fn print_json<T: Serialize + ?Sized>(v: &T) -> Result<(), CliError> {
+    let text =
+        serde_json::to_string_pretty(v).map_err(|e| CliError::json("cannot write JSON", e))?;
+    println!("{text}");
+    Ok(())
+}
 
 /// `b` bytes in the largest binary unit that keeps the figure at least 1 (one decimal).
 pub fn human_bytes(b: u64) -> String {

@@ -5,6 +5,7 @@
 //! Owns [`StatsArgs`], the socket's client end and the table ([`format_stats`]); the
 //! document itself is [`crate::stats_doc::StatsDocument`]. Called by [`crate::cli`] only.
 
+use crate::error::CliError;
 use crate::output::human_bytes;
 use crate::runfiles;
 use crate::stats_doc::StatsDocument;
@@ -28,7 +29,7 @@ pub struct StatsArgs {
 }
 
 /// `ftlblk stats`.
-pub fn run(a: StatsArgs) -> Result<(), String> {
+pub fn run(a: StatsArgs) -> Result<(), CliError> {
     let id = a.id;
     let doc = fetch_stats(id)?;
     if a.json {
@@ -36,31 +37,34 @@ pub fn run(a: StatsArgs) -> Result<(), String> {
         return Ok(());
     }
     let doc = StatsDocument::from_json(&doc)
-        .map_err(|e| format!("the daemon's stats are not JSON ({e})"))?;
+        .map_err(|e| CliError::json("the daemon's stats are not a stats document", e))?;
     print!("{}", format_stats(&doc));
     Ok(())
 }
 
 /// The document device `id`'s daemon sends, as text.
-fn fetch_stats(id: u32) -> Result<String, String> {
+fn fetch_stats(id: u32) -> Result<String, CliError> {
     let sock = runfiles::socket_path(id);
     let s = match UnixStream::connect(&sock) {
         Ok(s) => s,
         Err(e) => {
             return Err(match runfiles::read_record(id).ok().flatten() {
-                Some(r) if !runfiles::pid_alive(r.pid) => format!(
+                Some(r) if !runfiles::pid_alive(r.pid) => CliError::Device(format!(
                     "the daemon of device {id} (pid {}) is not running; if /dev/ublkb{id} still \
                      exists, re-attach it with `ftlblk recover -n {id}`",
                     r.pid
+                )),
+                Some(_) => CliError::io(
+                    format!(
+                        "cannot reach the daemon of device {id} at {}",
+                        sock.display()
+                    ),
+                    e,
                 ),
-                Some(_) => format!(
-                    "cannot reach the daemon of device {id} at {}: {e}",
-                    sock.display()
-                ),
-                None => format!(
+                None => CliError::Device(format!(
                     "ublk device {id} not found (no {}; is it served by ftlblk?)",
                     runfiles::record_path(id).display()
-                ),
+                )),
             })
         }
     };
@@ -68,12 +72,13 @@ fn fetch_stats(id: u32) -> Result<String, String> {
 }
 
 /// Reads a connected socket to its end (the daemon closes it after one document).
-fn read_document(mut s: UnixStream, sock: &Path) -> Result<String, String> {
+fn read_document(mut s: UnixStream, sock: &Path) -> Result<String, CliError> {
+    let reading = || format!("reading {}", sock.display());
     s.set_read_timeout(Some(READ_TIMEOUT))
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| CliError::io(reading(), e))?;
     let mut doc = String::new();
     s.read_to_string(&mut doc)
-        .map_err(|e| format!("reading {}: {e}", sock.display()))?;
+        .map_err(|e| CliError::io(reading(), e))?;
     Ok(doc)
 }
 
