@@ -6,6 +6,8 @@
 //! `ftlblk bench`'s steady-state tests start the same, so the benchmark measures what a
 //! user runs. Callers write through [`crate::ublk::write_classified`] with
 //! [`Background::classifier`] and [`Background::writers`].
+//!
+//! Called by [`crate::daemon`] and [`crate::bench`](mod@crate::bench); uses [`crate::control`].
 
 use crate::control::Control;
 use crate::error::CliError;

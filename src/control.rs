@@ -15,6 +15,9 @@
 //!   `/run/ftlblk/N.sock`: each connection receives one [`StatsDocument`] (the device
 //!   record, the FTL's, classifier's and cleaner's figures) and is closed. The socket is
 //!   removed on shutdown.
+//!
+//! Started by [`crate::background`]; the daemon ([`crate::daemon`]) sends it [`Event`]s and
+//! reads [`Shared`]. Uses [`crate::kctl`], [`crate::runfiles`] and [`crate::stats_doc`].
 
 use crate::runfiles::{self, DeviceRecord};
 use crate::stats_doc::StatsDocument;

@@ -6,7 +6,7 @@
 //!    device is never formatted implicitly. A backing another server holds fails with the
 //!    FTL's `Busy` error and nothing is created in the kernel.
 //! 2. Starts the write-time stream classifier, the cleaner thread (unless disabled; its
-//!    output split by age through the classifier) and the control plane ([`Control`]:
+//!    output split by age through the classifier) and the control plane ([`Control`](crate::control::Control):
 //!    signals, checkpoint timer, stats socket).
 //! 3. `add` creates a new ublk device; `recover` sends START_USER_RECOVERY for the
 //!    existing one and re-attaches (the kernel re-issues the requests in flight when the
@@ -18,6 +18,9 @@
 //! 5. When the device stops (SIGINT/SIGTERM, or `ftlblk del` through the kernel): stops
 //!    the control plane and the cleaner, closes the FTL (flush + checkpoint), removes the
 //!    run files and deletes the device. Returns `Ok` after a clean stop.
+//!
+//! Called by [`crate::device_cmd`] (`--foreground`, which is also how a background daemon
+//! runs once [`crate::launch`] has started it).
 
 use crate::background::Background;
 use crate::control::Event;

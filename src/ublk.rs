@@ -22,6 +22,9 @@
 //!   the device or not block aligned, -EOPNOTSUPP for unknown operations). A panic while
 //!   handling a request is caught and completes the request with -EIO.
 //!
+//! Called by [`crate::daemon`] (and, for the classified write path, by [`crate::bench`](mod@crate::bench));
+//! uses [`crate::offload`].
+//!
 //! [`Ftl::verify_block`]: ftl::Ftl::verify_block
 //! [`Ftl::write`]: ftl::Ftl::write
 //! [`Ftl::flush`]: ftl::Ftl::flush

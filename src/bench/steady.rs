@@ -12,6 +12,8 @@
 //!
 //! Tests: `steady` (100% fill, uniform), `steady80` (80% fill, uniform), `steadyzipf`
 //! (100%, zipf:0.99), `steadymix` (100%, uniform, 70% reads / 30% writes).
+//!
+//! Called by [`super::run`] only.
 
 use crate::background::Background;
 use crate::error::CliError;
