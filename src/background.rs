@@ -4,10 +4,13 @@
 //! default [`CleanerConfig`], and the control plane (background checkpoints, closing the
 //! streams a new plan no longer uses). The daemon starts it for every device, and
 //! `ftlblk bench`'s steady-state tests start the same, so the benchmark measures what a
-//! user runs. Callers write through [`crate::ublk::write_classified`] with
+//! user runs. Callers write through [`ftl::classify::write_classified`] with
 //! [`Background::classifier`] and [`Background::writers`].
+//!
+//! Called by [`crate::daemon`] and [`crate::bench`](mod@crate::bench); uses [`crate::control`].
 
 use crate::control::Control;
+use crate::error::CliError;
 use cleaner::{CleanerConfig, CleanerHandle};
 use ftl::backing::FileFtl;
 use ftl::classify::Classifier;
@@ -28,12 +31,12 @@ pub struct Background {
 impl Background {
     /// Starts the classifier, the cleaner (unless `cleaner` is false) and the control
     /// plane; `signals`: the control plane handles SIGINT and SIGTERM (the daemon).
-    pub fn start(ftl: &Arc<FileFtl>, cleaner: bool, signals: bool) -> Result<Self, String> {
+    pub fn start(ftl: &Arc<FileFtl>, cleaner: bool, signals: bool) -> Result<Self, CliError> {
         // Write-time stream classification (in memory, rebuilt from scratch at each start).
         let classifier = Arc::new(Classifier::new(ftl.capacity_blocks()));
         let writers = Arc::new(
             ChunkWriters::spawn(ftl, CHUNK_WRITERS, "ftl-chunk-writer")
-                .map_err(|e| format!("cannot start the chunk writers: {e}"))?,
+                .map_err(|e| CliError::io("cannot start the chunk writers", e))?,
         );
         let cleaner = if cleaner {
             let c = classifier.clone();
@@ -41,13 +44,13 @@ impl Background {
                 cleaner::spawn_with_gc_stream(ftl.clone(), CleanerConfig::default(), move |lba| {
                     c.on_relocate(lba)
                 })
-                .map_err(|e| format!("cannot start the cleaner: {e}"))?,
+                .map_err(|e| CliError::io("cannot start the cleaner", e))?,
             ))
         } else {
             None
         };
         let control = Control::spawn(ftl.clone(), cleaner.clone(), classifier.clone(), signals)
-            .map_err(|e| format!("cannot start the control plane: {e}"))?;
+            .map_err(|e| CliError::io("cannot start the control plane", e))?;
         Ok(Background {
             classifier,
             writers,

@@ -12,11 +12,15 @@
 //! - **Streams.** On the same tick, when the classifier has made a new stream plan, the
 //!   streams it no longer uses are closed ([`ftl::Ftl::close_stream`]) on the blocking pool.
 //! - **Stats.** Once told the device is live ([`Event::Live`]), the runtime serves
-//!   `/run/ftlblk/N.sock`: each connection receives one JSON document (`device`: the
-//!   [`DeviceRecord`], `stats`: [`ftl::Stats`], `cleaner`: the cleaner's figures)
-//!   and is closed. The socket is removed on shutdown.
+//!   `/run/ftlblk/N.sock`: each connection receives one [`StatsDocument`] (the device
+//!   record, the FTL's, classifier's and cleaner's figures) and is closed. The socket is
+//!   removed on shutdown.
+//!
+//! Started by [`crate::background`]; the daemon ([`crate::daemon`]) sends it [`Event`]s and
+//! reads [`Shared`]. Uses [`crate::kctl`], [`crate::runfiles`] and [`crate::stats_doc`].
 
 use crate::runfiles::{self, DeviceRecord};
+use crate::stats_doc::StatsDocument;
 use cleaner::CleanerHandle;
 use ftl::backing::FileFtl;
 use ftl::classify::Classifier;
@@ -236,7 +240,7 @@ async fn serve(
             }
             conn = accept(&listener) => match conn {
                 Ok(mut stream) => {
-                    let doc = stats_document(&ftl, cleaner.as_deref(), &classifier, record.as_ref());
+                    let doc = stats_text(&ftl, cleaner.as_deref(), &classifier, record.as_ref());
                     tokio::spawn(async move {
                         let _ = stream.write_all(doc.as_bytes()).await;
                         let _ = stream.shutdown().await;
@@ -263,7 +267,7 @@ async fn recv_signal(s: &mut Option<tokio::signal::unix::Signal>) -> Option<()> 
 }
 
 fn bind(path: &PathBuf) -> io::Result<UnixListener> {
-    runfiles::ensure_run_dir()?;
+    runfiles::ensure_run_dir().map_err(io::Error::other)?;
     // A socket left by a crashed daemon for this id is stale: its daemon is gone.
     let _ = std::fs::remove_file(path);
     UnixListener::bind(path)
@@ -276,38 +280,15 @@ async fn accept(l: &Option<(UnixListener, PathBuf)>) -> io::Result<tokio::net::U
     }
 }
 
-/// Bytes the backing occupies on its file system (`du`), when it is a regular file:
-/// shows dead segments going back to the file system as they are discarded.
-fn allocated_bytes(ftl: &FileFtl) -> Option<u64> {
-    let fd = ftl::BlockDevice::raw_fd(ftl.device())?;
-    // SAFETY: fstat writes into the zeroed struct it is given; `fd` is the open backing.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    if unsafe { libc::fstat(fd, &mut st) } != 0 || (st.st_mode & libc::S_IFMT) != libc::S_IFREG {
-        return None;
-    }
-    Some(st.st_blocks as u64 * 512)
-}
-
-/// The JSON a stats client receives.
-pub fn stats_document(
+/// The text a stats client receives ([`StatsDocument`]); a one-key `error` document when
+/// it cannot be built.
+fn stats_text(
     ftl: &FileFtl,
     cleaner: Option<&CleanerHandle>,
     classifier: &Classifier,
     record: Option<&DeviceRecord>,
 ) -> String {
-    let doc = serde_json::json!({
-        "device": record,
-        "stats": ftl.stats(),
-        "backing_allocated_bytes": allocated_bytes(ftl),
-        "classifier": serde_json::json!({
-            "bytes_per_block": Classifier::BYTES_PER_BLOCK,
-            "plans": classifier.plans(),
-            "idle_streams": classifier.idle_streams().iter().map(|s| s.0).collect::<Vec<_>>(),
-        }),
-        "cleaner": cleaner.map(|c| serde_json::json!({
-            "stats": c.stats(),
-            "last_error": c.last_error(),
-        })),
-    });
-    serde_json::to_string_pretty(&doc).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    StatsDocument::collect(ftl, cleaner, classifier, record)
+        .and_then(|d| d.to_json())
+        .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }).to_string())
 }

@@ -6,21 +6,27 @@
 //!    device is never formatted implicitly. A backing another server holds fails with the
 //!    FTL's `Busy` error and nothing is created in the kernel.
 //! 2. Starts the write-time stream classifier, the cleaner thread (unless disabled; its
-//!    output split by age through the classifier) and the control plane ([`Control`]:
+//!    output split by age through the classifier) and the control plane ([`Control`](crate::control::Control):
 //!    signals, checkpoint timer, stats socket).
 //! 3. `add` creates a new ublk device; `recover` sends START_USER_RECOVERY for the
 //!    existing one and re-attaches (the kernel re-issues the requests in flight when the
 //!    previous server died). Then libublk's `run_target` runs the queues ([`crate::ublk`]).
 //! 4. When `/dev/ublkbN` is live: writes `/run/ftlblk/N.json`, prints the record as JSON on
 //!    stdout, and reports it on the readiness pipe of the `add`/`recover` that started this
-//!    daemon in the background ([`Notifier`]); any failure before that is reported there.
+//!    daemon in the background ([`crate::launch`]); any failure before that is reported
+//!    there.
 //! 5. When the device stops (SIGINT/SIGTERM, or `ftlblk del` through the kernel): stops
 //!    the control plane and the cleaner, closes the FTL (flush + checkpoint), removes the
 //!    run files and deletes the device. Returns `Ok` after a clean stop.
+//!
+//! Called by [`crate::device_cmd`] (`--foreground`, which is also how a background daemon
+//! runs once [`crate::launch`] has started it).
 
 use crate::background::Background;
 use crate::control::Event;
+use crate::error::{describe_ublk, CliError};
 use crate::kctl;
+use crate::launch::{self, Notifier};
 use crate::offload::Offload;
 use crate::runfiles::{self, DeviceRecord};
 use crate::ublk;
@@ -30,17 +36,10 @@ use ftl::{BlockDevice, Config, Error as FtlError, FormatOptions};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::UblkDev;
 use libublk::UblkFlags;
-use std::fs::File;
 use std::io::Write;
-use std::os::fd::FromRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Environment variable naming the readiness pipe's write end (set by the CLI).
-pub const NOTIFY_FD_ENV: &str = "FTLBLK_NOTIFY_FD";
-/// Environment variable naming the log file the CLI opened for this daemon.
-pub const LOG_ENV: &str = "FTLBLK_LOG";
 
 /// Size of a backing file `add` creates when none is given.
 pub const DEFAULT_CREATE_SIZE: u64 = 8 << 30;
@@ -76,51 +75,8 @@ pub struct DaemonConfig {
     pub log: Option<PathBuf>,
 }
 
-/// The readiness pipe to the CLI process that started this daemon; a no-op without one.
-///
-/// Protocol: exactly one line, `OK <json record>` or `ERR <message>`, then the pipe is
-/// closed. End-of-file without a line means the daemon died.
-pub struct Notifier(Mutex<Option<File>>);
-
-impl Notifier {
-    /// Takes the pipe named by `$FTLBLK_NOTIFY_FD` (and clears the variable).
-    pub fn from_env() -> Notifier {
-        let fd = std::env::var(NOTIFY_FD_ENV)
-            .ok()
-            .and_then(|s| s.parse::<i32>().ok());
-        std::env::remove_var(NOTIFY_FD_ENV);
-        let file = fd.filter(|&fd| fd > 2).and_then(|fd| {
-            // SAFETY: the CLI passed this descriptor to us for exactly this purpose; check
-            // that it is open before taking ownership of it.
-            (unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } == 0)
-                .then(|| unsafe { File::from_raw_fd(fd) })
-        });
-        Notifier(Mutex::new(file))
-    }
-
-    fn send(&self, line: &str) {
-        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(mut f) = g.take() {
-            let one_line = line.replace('\n', " ");
-            let _ = writeln!(f, "{one_line}");
-        }
-    }
-
-    /// Reports the live device.
-    pub fn ok(&self, rec: &DeviceRecord) {
-        if let Ok(s) = serde_json::to_string(rec) {
-            self.send(&format!("OK {s}"));
-        }
-    }
-
-    /// Reports a failure (ignored once the device was reported live).
-    pub fn err(&self, msg: &str) {
-        self.send(&format!("ERR {msg}"));
-    }
-}
-
 /// Opens the FTL for `cfg`, formatting a new or unformatted backing file for `add`.
-fn open_ftl(cfg: &DaemonConfig) -> Result<FileFtl, String> {
+fn open_ftl(cfg: &DaemonConfig) -> Result<FileFtl, CliError> {
     let open = || {
         let staging = StagingPlace::Dir(runfiles::run_dir());
         open_backing_staged(&cfg.backing, &cfg.index, Config::default(), &staging).map(
@@ -143,7 +99,7 @@ fn open_ftl(cfg: &DaemonConfig) -> Result<FileFtl, String> {
         );
     };
     if matches!(cfg.mode, Mode::Recover { .. }) {
-        return open().map_err(|e| e.to_string());
+        return Ok(open()?);
     }
     if !cfg.backing.exists() {
         let size = cfg.size.unwrap_or(DEFAULT_CREATE_SIZE);
@@ -153,10 +109,9 @@ fn open_ftl(cfg: &DaemonConfig) -> Result<FileFtl, String> {
             Some(size),
             &FormatOptions::default(),
             false,
-        )
-        .map_err(|e| e.to_string())?;
+        )?;
         formatted(sb);
-        return open().map_err(|e| e.to_string());
+        return Ok(open()?);
     }
     match open() {
         Ok(f) => Ok(f),
@@ -165,17 +120,12 @@ fn open_ftl(cfg: &DaemonConfig) -> Result<FileFtl, String> {
                 size_bytes: cfg.size,
                 ..Default::default()
             };
-            let sb = format_backing(&cfg.backing, &cfg.index, None, &opts, false)
-                .map_err(|e| e.to_string())?;
+            let sb = format_backing(&cfg.backing, &cfg.index, None, &opts, false)?;
             formatted(sb);
-            open().map_err(|e| e.to_string())
+            Ok(open()?)
         }
-        Err(FtlError::NotFormatted(..)) => Err(format!(
-            "{} has no ftlblk format; add formats only files: run `ftlblk format --backing {}` first",
-            cfg.backing.display(),
-            cfg.backing.display()
-        )),
-        Err(e) => Err(e.to_string()),
+        Err(FtlError::NotFormatted(..)) => Err(CliError::Unformatted(cfg.backing.clone())),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -191,27 +141,39 @@ fn wait_for_path(p: &Path, limit: Duration) -> bool {
     true
 }
 
-/// Serves one device until it is stopped. See the module docs.
-pub fn run(cfg: DaemonConfig, notifier: Arc<Notifier>) -> Result<(), String> {
+/// Serves one device until it is stopped (see the module docs); a failure before the
+/// device is live is also reported to the launcher that started this daemon, if any.
+pub fn run(cfg: DaemonConfig) -> Result<(), CliError> {
+    let notifier = Arc::new(Notifier::from_env());
+    let r = serve_device(cfg, &notifier);
+    if let Err(e) = &r {
+        notifier.err(&e.to_string());
+    }
+    r
+}
+
+fn serve_device(cfg: DaemonConfig, notifier: &Arc<Notifier>) -> Result<(), CliError> {
     kctl::require_ublk()?;
-    runfiles::ensure_run_dir().map_err(|e| e.to_string())?;
+    runfiles::ensure_run_dir()?;
     if let Mode::Recover { id, .. } = cfg.mode {
         // Before opening the FTL: a live device has nothing to recover.
         let state = kctl::state(id)?;
         if state == "live" {
-            return Err(format!(
+            return Err(CliError::Device(format!(
                 "ublk device {id} is live: it has a server, nothing to recover"
-            ));
+            )));
         }
     }
     let ftl = Arc::new(open_ftl(&cfg)?);
     let bg = Background::start(&ftl, cfg.cleaner, true)?;
 
-    let result = serve(&cfg, &ftl, &bg, &notifier);
+    let result = serve(&cfg, &ftl, &bg, notifier);
 
     bg.stop();
     // Also removes the staging file; on failure it stays and the next open replays it.
-    let closed = ftl.close().map_err(|e| format!("closing the FTL: {e}"));
+    let closed = ftl
+        .close()
+        .map_err(|e| CliError::ftl_at("closing the FTL", e));
     match (&result, &closed) {
         (Ok(Some(id)), _) => {
             runfiles::remove_record(*id);
@@ -237,7 +199,7 @@ fn serve(
     ftl: &Arc<FileFtl>,
     bg: &Background,
     notifier: &Arc<Notifier>,
-) -> Result<Option<u32>, String> {
+) -> Result<Option<u32>, CliError> {
     let (classifier, control) = (&bg.classifier, &bg.control);
     let shared = control.shared();
     if shared.stop_requested() {
@@ -247,18 +209,13 @@ fn serve(
         Mode::Add { id } => (
             UblkFlags::UBLK_DEV_F_ADD_DEV,
             id.map_or(Ok(-1), i32::try_from)
-                .map_err(|_| "device id out of range".to_string())?,
+                .map_err(|_| CliError::BadArgs("device id out of range".into()))?,
             0,
         ),
         Mode::Recover { id, recoveries } => {
             let ctrl = kctl::open(id)?;
-            kctl::check(ctrl.start_user_recover()).map_err(|e| {
-                format!(
-                    "START_USER_RECOVERY of ublk device {id} failed: {} (is its old server \
-                     still exiting, or was it created without user recovery?)",
-                    kctl::describe(&e)
-                )
-            })?;
+            kctl::check(ctrl.start_user_recover())
+                .map_err(|source| CliError::RecoveryRefused { id, source })?;
             drop(ctrl);
             (UblkFlags::UBLK_DEV_F_RECOVER_DEV, id as i32, recoveries + 1)
         }
@@ -276,19 +233,12 @@ fn serve(
             (Mode::Add { id: Some(id) }, libublk::UblkError::UringIOError(n))
                 if *n == -libc::EEXIST =>
             {
-                format!("ublk device {id} already exists")
+                CliError::Device(format!("ublk device {id} already exists"))
             }
-            _ => format!("cannot create the ublk device: {}", kctl::describe(&e)),
+            _ => CliError::ublk("cannot create the ublk device", e),
         })?;
     let id = ctrl.dev_info().dev_id;
-    let log = cfg.log.as_ref().map(|p| {
-        let want = runfiles::log_path(id);
-        if *p != want && std::fs::rename(p, &want).is_ok() {
-            want
-        } else {
-            p.clone()
-        }
-    });
+    let log = launch::settle_log(cfg.log.as_ref(), id);
     let record = DeviceRecord {
         id,
         block_device: runfiles::bdev_path(id),
@@ -307,10 +257,7 @@ fn serve(
         uuid: ftl.superblock().uuid_string(),
         recoveries,
     };
-    let backing_fd = ftl
-        .device()
-        .raw_fd()
-        .ok_or_else(|| "the backing has no file descriptor".to_string())?;
+    let backing_fd = ftl.device().raw_fd().ok_or(CliError::NoBackingFd)?;
 
     let tgt_ftl = ftl.clone();
     let tgt_init = move |dev: &mut UblkDev| ublk::init_target(dev, &tgt_ftl, backing_fd);
@@ -318,7 +265,7 @@ fn serve(
     // Enough workers that every queue can have several writes and flushes in flight (the
     // FTL batches concurrent flushes into one device sync).
     let workers = (cfg.queues as usize * IO_WORKERS_PER_QUEUE).clamp(4, 64);
-    let offload = Offload::new(workers).map_err(|e| format!("cannot start I/O workers: {e}"))?;
+    let offload = Offload::new(workers).map_err(|e| CliError::io("cannot start I/O workers", e))?;
     let q_offload = offload.clone();
     let q_classifier = classifier.clone();
     let q_writers = bg.writers.clone();
@@ -341,7 +288,7 @@ fn serve(
             eprintln!("ftlblk: {why}");
             live_notifier.err(&why);
             if let Err(e) = kctl::check(d_ctrl.kill_dev()) {
-                eprintln!("ftlblk: stopping device {}: {}", rec.id, kctl::describe(&e));
+                eprintln!("ftlblk: stopping device {}: {}", rec.id, describe_ublk(&e));
             }
         };
         if !wait_for_path(&rec.block_device, BDEV_WAIT) {
@@ -351,7 +298,7 @@ fn serve(
             ));
         }
         if let Err(e) = runfiles::write_record(&rec) {
-            return stop(format!("cannot write the device record: {e}"));
+            return stop(e.to_string());
         }
         let _ = tx.send(Event::Live(Box::new(rec.clone())));
         if let Ok(s) = serde_json::to_string_pretty(&rec) {
@@ -362,7 +309,7 @@ fn serve(
         if shared.mark_live(rec.id) {
             eprintln!("ftlblk: a stop was requested during start-up; stopping");
             if let Err(e) = kctl::check(d_ctrl.kill_dev()) {
-                eprintln!("ftlblk: stopping device {}: {}", rec.id, kctl::describe(&e));
+                eprintln!("ftlblk: stopping device {}: {}", rec.id, describe_ublk(&e));
             }
         }
     };
@@ -378,7 +325,7 @@ fn serve(
         cfg.backing.display()
     );
     ctrl.run_target(tgt_init, q_fn, device_fn)
-        .map_err(|e| format!("ublk device {id} failed: {}", kctl::describe(&e)))?;
+        .map_err(|e| CliError::ublk(format!("ublk device {id} failed"), e))?;
     offload.shutdown();
     eprintln!("ftlblk: device {id} stopped; closing the FTL");
     // The queues are gone: delete the device (a recovered one is not deleted on drop).
@@ -386,7 +333,7 @@ fn serve(
         Ok(_) => {}
         Err(libublk::UblkError::UringIOError(n)) | Err(libublk::UblkError::OtherError(n))
             if n == -libc::ENODEV || n == -libc::ENOENT => {}
-        Err(e) => eprintln!("ftlblk: deleting device {id}: {}", kctl::describe(&e)),
+        Err(e) => eprintln!("ftlblk: deleting device {id}: {}", describe_ublk(&e)),
     }
     Ok(Some(id))
 }

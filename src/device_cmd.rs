@@ -1,36 +1,32 @@
-//! The device subcommands: `add`, `recover`, `del`, `list`, `stats`.
+//! The device subcommands: `add`, `recover`, `del`, `list` (`stats` is
+//! [`crate::stats_cmd`]).
 //!
-//! - `add` / `recover` without `--foreground` start the daemon ([`crate::daemon`]) as a
-//!   detached process (`setsid`, stdin from /dev/null, stdout/stderr appended to
-//!   `/run/ftlblk/N.log`) and wait on a readiness pipe until it reports the device live
-//!   (then print its record as JSON and exit 0) or fails (then exit 1 with the daemon's
-//!   message, or the tail of its log when it died without one).
+//! - `add` / `recover` check their options, then either serve the device in this process
+//!   (`--foreground`: [`crate::daemon::run`]) or start that same command as a background
+//!   daemon through [`crate::launch`], which waits until it reports the device live (then
+//!   its record is printed as JSON and the command exits 0) or fails (exit 1 with the
+//!   daemon's message, or the tail of its log when it died without one).
 //! - `del` stops a device through the kernel (STOP_DEV + DEL_DEV with a fresh control
 //!   handle), waits for its daemon to exit (it checkpoints the FTL and releases the
 //!   backing on the way), and removes the run files.
 //! - `list` shows the devices of `/run/ftlblk/*.json` whose daemon is alive or whose
-//!   kernel device still exists; `stats` reads the daemon's stats socket.
+//!   kernel device still exists.
+//!
+//! Owns the commands' arguments. Called by [`crate::cli`] only.
 
-use crate::cli::parse_size;
-use crate::daemon::{self, DaemonConfig, Mode, Notifier};
+use crate::args::parse_size;
+use crate::daemon::{self, DaemonConfig, Mode};
+use crate::error::CliError;
 use crate::kctl;
+use crate::launch;
+use crate::output::{human_bytes, print_json};
 use crate::runfiles::{self, DeviceRecord};
 use clap::Args;
 use ftl::backing::default_index_dir;
 use libublk::sys;
-use serde_json::Value;
 use std::ffi::OsString;
-use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// How long `add`/`recover` wait for the daemon to report (formatting and recovering a
-/// large backing under emulation can take a while).
-const START_TIMEOUT: Duration = Duration::from_secs(600);
 
 #[derive(Args, Debug, Clone)]
 pub struct AddArgs {
@@ -110,18 +106,8 @@ pub struct ListArgs {
     pub json: bool,
 }
 
-#[derive(Args, Debug, Clone)]
-pub struct StatsArgs {
-    /// Device number N of /dev/ublkbN.
-    #[arg(short = 'n', long = "number")]
-    pub id: u32,
-    /// Print the daemon's JSON document as is instead of a table.
-    #[arg(long)]
-    pub json: bool,
-}
-
-fn absolute(p: &Path) -> Result<PathBuf, String> {
-    std::path::absolute(p).map_err(|e| format!("{}: {e}", p.display()))
+fn absolute(p: &Path) -> Result<PathBuf, CliError> {
+    std::path::absolute(p).map_err(|e| CliError::io(p.display().to_string(), e))
 }
 
 fn default_queues() -> u16 {
@@ -131,27 +117,27 @@ fn default_queues() -> u16 {
 }
 
 /// `ftlblk add`.
-pub fn add(a: AddArgs) -> Result<(), String> {
+pub fn add(a: AddArgs) -> Result<(), CliError> {
     kctl::require_ublk()?;
     let queues = a.queues.unwrap_or_else(default_queues);
     if queues == 0 || queues as u32 > sys::UBLK_MAX_NR_QUEUES {
-        return Err(format!(
+        return Err(CliError::BadArgs(format!(
             "--queues {queues} must be 1..={}",
             sys::UBLK_MAX_NR_QUEUES
-        ));
+        )));
     }
     if a.depth == 0 || a.depth as u32 > sys::UBLK_MAX_QUEUE_DEPTH {
-        return Err(format!(
+        return Err(CliError::BadArgs(format!(
             "--depth {} must be 1..={}",
             a.depth,
             sys::UBLK_MAX_QUEUE_DEPTH
-        ));
+        )));
     }
     if a.io_buf_size < 4096 || !a.io_buf_size.is_multiple_of(4096) || a.io_buf_size > 32 << 20 {
-        return Err(format!(
+        return Err(CliError::BadArgs(format!(
             "--io-buf-size {} must be a multiple of 4K between 4K and 32M",
             a.io_buf_size
-        ));
+        )));
     }
     let backing = absolute(&a.backing)?;
     let index = match &a.index {
@@ -167,10 +153,10 @@ pub fn add(a: AddArgs) -> Result<(), String> {
         io_buf_bytes: a.io_buf_size as u32,
         cleaner: !a.no_cleaner,
         mode: Mode::Add { id: a.id },
-        log: std::env::var_os(daemon::LOG_ENV).map(PathBuf::from),
+        log: launch::log_from_env(),
     };
     if a.foreground {
-        return run_foreground(cfg);
+        return daemon::run(cfg);
     }
     let mut args: Vec<OsString> = vec![
         "add".into(),
@@ -195,55 +181,32 @@ pub fn add(a: AddArgs) -> Result<(), String> {
     if a.no_cleaner {
         args.push("--no-cleaner".into());
     }
-    let log = match a.id {
-        Some(id) => runfiles::log_path(id),
-        None => runfiles::run_dir().join(format!("add-{}.log", std::process::id())),
-    };
-    let rec = start_background(args, &log)?;
-    print_record(&rec)
-}
-
-fn run_foreground(cfg: DaemonConfig) -> Result<(), String> {
-    let notifier = Arc::new(Notifier::from_env());
-    let r = daemon::run(cfg, notifier.clone());
-    if let Err(e) = &r {
-        notifier.err(e);
-    }
-    r
-}
-
-fn print_record(rec: &DeviceRecord) -> Result<(), String> {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(rec).map_err(|e| e.to_string())?
-    );
-    Ok(())
+    let rec = launch::start_background(args, &launch::provisional_log(a.id))?;
+    print_json(&rec)
 }
 
 /// `ftlblk recover`.
-pub fn recover(a: RecoverArgs) -> Result<(), String> {
+pub fn recover(a: RecoverArgs) -> Result<(), CliError> {
     kctl::require_ublk()?;
     let id = a.id;
-    let rec = runfiles::read_record(id)
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| {
-            format!(
-                "no {}: ftlblk has no record of device {id}, so it does not know its backing",
-                runfiles::record_path(id).display()
-            )
-        })?;
+    let rec = runfiles::read_record(id)?.ok_or_else(|| {
+        CliError::Device(format!(
+            "no {}: ftlblk has no record of device {id}, so it does not know its backing",
+            runfiles::record_path(id).display()
+        ))
+    })?;
     if runfiles::pid_alive(rec.pid) {
-        return Err(format!(
+        return Err(CliError::Device(format!(
             "device {id} is still served by pid {}: nothing to recover",
             rec.pid
-        ));
+        )));
     }
     if !runfiles::kernel_has_device(id) {
-        return Err(format!(
+        return Err(CliError::Device(format!(
             "ublk device {id} no longer exists in the kernel: nothing to recover; start it \
              anew with `ftlblk add --backing {}`",
             rec.backing.display()
-        ));
+        )));
     }
     let cfg = DaemonConfig {
         backing: rec.backing.clone(),
@@ -257,10 +220,10 @@ pub fn recover(a: RecoverArgs) -> Result<(), String> {
             id,
             recoveries: rec.recoveries,
         },
-        log: std::env::var_os(daemon::LOG_ENV).map(PathBuf::from),
+        log: launch::log_from_env(),
     };
     if a.foreground {
-        return run_foreground(cfg);
+        return daemon::run(cfg);
     }
     let args: Vec<OsString> = vec![
         "recover".into(),
@@ -268,143 +231,12 @@ pub fn recover(a: RecoverArgs) -> Result<(), String> {
         id.to_string().into(),
         "--foreground".into(),
     ];
-    let rec = start_background(args, &runfiles::log_path(id))?;
-    print_record(&rec)
-}
-
-/// Starts `ftlblk <args>` as a detached daemon logging to `log` and waits for its report.
-fn start_background(args: Vec<OsString>, log: &Path) -> Result<DeviceRecord, String> {
-    runfiles::ensure_run_dir().map_err(|e| e.to_string())?;
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find my executable: {e}"))?;
-    let logf = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .map_err(|e| format!("cannot open the log {}: {e}", log.display()))?;
-    let logf2 = logf
-        .try_clone()
-        .map_err(|e| format!("log {}: {e}", log.display()))?;
-    let mut fds = [0i32; 2];
-    // SAFETY: pipe2 fills two descriptors we then own.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
-    }
-    // SAFETY: freshly created, owned by nothing else.
-    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    let wfd = wr.as_raw_fd();
-    let mut cmd = Command::new(&exe);
-    cmd.args(&args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(logf))
-        .stderr(Stdio::from(logf2))
-        .current_dir("/")
-        .env(daemon::NOTIFY_FD_ENV, wfd.to_string())
-        .env(daemon::LOG_ENV, log);
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // Let the daemon inherit the pipe's write end.
-            let flags = libc::fcntl(wfd, libc::F_GETFD);
-            if flags < 0 || libc::fcntl(wfd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start the daemon {}: {e}", exe.display()))?;
-    drop(wr);
-    let line = read_report(rd, START_TIMEOUT);
-    match line {
-        Ok(Some(l)) if l.starts_with("OK ") => serde_json::from_str(&l[3..])
-            .map_err(|e| format!("the daemon's report is garbled ({e}): {l}")),
-        Ok(Some(l)) if l.starts_with("ERR ") => {
-            let _ = child.wait();
-            Err(l[4..].to_string())
-        }
-        Ok(other) => {
-            let status = child
-                .wait()
-                .map(|s| s.to_string())
-                .unwrap_or_else(|e| e.to_string());
-            Err(format!(
-                "the daemon exited ({status}) before the device was live{}; last lines of {}:\n{}",
-                other
-                    .map(|l| format!(" (it said: {l})"))
-                    .unwrap_or_default(),
-                log.display(),
-                tail(log, 15)
-            ))
-        }
-        Err(e) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            Err(format!(
-                "{e}; the daemon was killed; last lines of {}:\n{}",
-                log.display(),
-                tail(log, 15)
-            ))
-        }
-    }
-}
-
-/// Reads the readiness pipe until end-of-file or the first line; `Ok(None)` on a silent EOF.
-fn read_report(rd: OwnedFd, limit: Duration) -> Result<Option<String>, String> {
-    let deadline = Instant::now() + limit;
-    let mut f = std::fs::File::from(rd);
-    let mut got = Vec::new();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(format!("the daemon did not report within {limit:?}"));
-        }
-        let mut pfd = libc::pollfd {
-            fd: f.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = left.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if r < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(format!("poll: {e}"));
-        }
-        if r == 0 {
-            continue;
-        }
-        let mut buf = [0u8; 4096];
-        match f.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                got.extend_from_slice(&buf[..n]);
-                if got.contains(&b'\n') {
-                    break;
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(format!("reading the daemon's report: {e}")),
-        }
-    }
-    let s = String::from_utf8_lossy(&got);
-    Ok(s.lines().next().map(|l| l.trim().to_string()))
-}
-
-fn tail(p: &Path, n: usize) -> String {
-    let s = std::fs::read_to_string(p).unwrap_or_default();
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
+    let rec = launch::start_background(args, &runfiles::log_path(id))?;
+    print_json(&rec)
 }
 
 /// `ftlblk del`.
-pub fn del(a: DelArgs) -> Result<(), String> {
+pub fn del(a: DelArgs) -> Result<(), CliError> {
     kctl::require_ublk()?;
     let ids: Vec<u32> = if a.all {
         runfiles::all_records()
@@ -428,11 +260,11 @@ pub fn del(a: DelArgs) -> Result<(), String> {
     if failed.is_empty() {
         Ok(())
     } else {
-        Err(format!("could not delete device(s) {failed:?}"))
+        Err(CliError::DeleteFailed(failed))
     }
 }
 
-fn del_one(id: u32, timeout: Duration) -> Result<String, String> {
+fn del_one(id: u32, timeout: Duration) -> Result<String, CliError> {
     let rec = runfiles::read_record(id).ok().flatten();
     let daemon = rec
         .as_ref()
@@ -446,11 +278,11 @@ fn del_one(id: u32, timeout: Duration) -> Result<String, String> {
                     "ublk device {id} was already gone; removed its stale record"
                 ))
             }
-            (Some(_), Some(pid)) => Err(format!(
+            (Some(_), Some(pid)) => Err(CliError::Device(format!(
                 "ublk device {id} does not exist in the kernel but its daemon (pid {pid}) runs: \
                  it is starting or stopping; try again"
-            )),
-            (None, _) => Err(format!("ublk device {id} not found")),
+            ))),
+            (None, _) => Err(CliError::NotFound(id)),
         };
     }
     kctl::kill_and_delete(id)?;
@@ -458,10 +290,10 @@ fn del_one(id: u32, timeout: Duration) -> Result<String, String> {
         let deadline = Instant::now() + timeout;
         while runfiles::pid_alive(pid) {
             if Instant::now() >= deadline {
-                return Err(format!(
+                return Err(CliError::Device(format!(
                     "ublk device {id} is deleted but its daemon (pid {pid}) did not exit within \
                      {timeout:?}"
-                ));
+                )));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -481,7 +313,7 @@ struct ListEntry {
 }
 
 /// `ftlblk list`.
-pub fn list(a: ListArgs) -> Result<(), String> {
+pub fn list(a: ListArgs) -> Result<(), CliError> {
     let have_ctl = kctl::require_ublk().is_ok();
     let entries: Vec<ListEntry> = runfiles::all_records()
         .into_iter()
@@ -506,11 +338,7 @@ pub fn list(a: ListArgs) -> Result<(), String> {
         })
         .collect();
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&entries).map_err(|e| e.to_string())?
-        );
-        return Ok(());
+        return print_json(&entries);
     }
     if entries.is_empty() {
         println!("no ftlblk devices");
@@ -538,270 +366,4 @@ pub fn list(a: ListArgs) -> Result<(), String> {
         );
     }
     Ok(())
-}
-
-/// `ftlblk stats`.
-pub fn stats(a: StatsArgs) -> Result<(), String> {
-    let id = a.id;
-    let doc = fetch_stats(id)?;
-    if a.json {
-        println!("{doc}");
-        return Ok(());
-    }
-    let v: Value =
-        serde_json::from_str(&doc).map_err(|e| format!("the daemon's stats are not JSON ({e})"))?;
-    print!("{}", format_stats(&v));
-    Ok(())
-}
-
-fn fetch_stats(id: u32) -> Result<String, String> {
-    let sock = runfiles::socket_path(id);
-    let mut s = match std::os::unix::net::UnixStream::connect(&sock) {
-        Ok(s) => s,
-        Err(e) => {
-            return Err(match runfiles::read_record(id).ok().flatten() {
-                Some(r) if !runfiles::pid_alive(r.pid) => format!(
-                    "the daemon of device {id} (pid {}) is not running; if /dev/ublkb{id} still \
-                     exists, re-attach it with `ftlblk recover -n {id}`",
-                    r.pid
-                ),
-                Some(_) => format!(
-                    "cannot reach the daemon of device {id} at {}: {e}",
-                    sock.display()
-                ),
-                None => format!(
-                    "ublk device {id} not found (no {}; is it served by ftlblk?)",
-                    runfiles::record_path(id).display()
-                ),
-            })
-        }
-    };
-    s.set_read_timeout(Some(Duration::from_secs(30)))
-        .map_err(|e| e.to_string())?;
-    let mut doc = String::new();
-    s.read_to_string(&mut doc)
-        .map_err(|e| format!("reading {}: {e}", sock.display()))?;
-    Ok(doc)
-}
-
-fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
-/// The human-readable `stats` table.
-pub fn format_stats(v: &Value) -> String {
-    let n = |path: &str| -> u64 { v.pointer(path).and_then(Value::as_u64).unwrap_or(0) };
-    let f = |path: &str| -> f64 { v.pointer(path).and_then(Value::as_f64).unwrap_or(0.0) };
-    let s = |path: &str| -> String {
-        v.pointer(path)
-            .and_then(Value::as_str)
-            .unwrap_or("?")
-            .to_string()
-    };
-    let bs = n("/stats/block_size").max(1);
-    let blocks = |k: &str| {
-        let b = n(k);
-        format!("{} ({b} blocks)", human_bytes(b * bs))
-    };
-    let exported = n("/stats/exported_blocks");
-    let mapped = n("/stats/mapped_blocks");
-    let mut out = String::new();
-    let mut row = |k: &str, val: String| out.push_str(&format!("{k:<22} {val}\n"));
-    row(
-        "device",
-        format!(
-            "{} (id {}, pid {})",
-            s("/device/block_device"),
-            n("/device/id"),
-            n("/device/pid")
-        ),
-    );
-    row("backing", s("/device/backing"));
-    row(
-        "capacity",
-        format!(
-            "{} ({exported} blocks of {bs} B)",
-            human_bytes(exported * bs)
-        ),
-    );
-    row(
-        "user written",
-        blocks("/stats/counters/user_blocks_written"),
-    );
-    row(
-        "backing written",
-        blocks("/stats/counters/backing_blocks_written"),
-    );
-    row("WAF", format!("{:.3}", f("/stats/waf")));
-    row(
-        "free segments",
-        format!(
-            "{} of {} ({} dead, waiting for a checkpoint)",
-            n("/stats/free_segments"),
-            n("/stats/segment_count"),
-            n("/stats/dead_segments")
-        ),
-    );
-    row(
-        "mapped blocks",
-        format!(
-            "{mapped} ({:.1}% of capacity)",
-            if exported == 0 {
-                0.0
-            } else {
-                mapped as f64 * 100.0 / exported as f64
-            }
-        ),
-    );
-    row("flushes", n("/stats/counters/flushes").to_string());
-    row(
-        "trimmed blocks",
-        n("/stats/counters/trimmed_blocks").to_string(),
-    );
-    row("padding", human_bytes(n("/stats/counters/padding_bytes")));
-    row(
-        "relocated blocks",
-        n("/stats/counters/relocated_blocks").to_string(),
-    );
-    row("checkpoints", n("/stats/checkpoints").to_string());
-    row("epoch (opens)", n("/stats/epoch").to_string());
-    row("map RAM", human_bytes(n("/stats/map_ram_bytes")));
-    row(
-        "index on disk",
-        human_bytes(n("/stats/index_bytes_on_disk")),
-    );
-    row(
-        "discarded (TRIM out)",
-        human_bytes(n("/stats/counters/discarded_bytes")),
-    );
-    if v.pointer("/backing_allocated_bytes")
-        .is_some_and(|x| x.is_u64())
-    {
-        row(
-            "backing allocated",
-            human_bytes(n("/backing_allocated_bytes")),
-        );
-    }
-    if v.pointer("/cleaner/stats").is_some() {
-        row(
-            "cleaner",
-            format!(
-                "{} segments freed, {} blocks copied, {} errors",
-                n("/cleaner/stats/cleaner/segments_cleaned"),
-                n("/cleaner/stats/cleaner/blocks_copied"),
-                n("/cleaner/stats/errors")
-            ),
-        );
-        row(
-            "cleaning slices",
-            format!(
-                "{} run ({} foreground, {} background), {} preempted",
-                n("/cleaner/stats/cleaner/slices"),
-                n("/cleaner/stats/foreground_slices"),
-                n("/cleaner/stats/background_slices"),
-                n("/cleaner/stats/cleaner/preemptions")
-            ),
-        );
-        let throttle = n("/cleaner/stats/throttle_ns_per_block");
-        row(
-            "write throttle",
-            if throttle == 0 {
-                "off".to_string()
-            } else {
-                format!(
-                    "writers paced at {:.0} blocks/s (cleaner's rate {:.0} blocks/s)",
-                    1e9 / throttle as f64,
-                    f("/cleaner/stats/clean_rate_blocks_per_s")
-                )
-            },
-        );
-    } else {
-        row("cleaner", "off".to_string());
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stats_table_has_the_figures() {
-        let v = serde_json::json!({
-            "device": {"id": 0, "block_device": "/dev/ublkb0", "pid": 42, "backing": "/tmp/t.img"},
-            "stats": {
-                "block_size": 4096, "exported_blocks": 1000, "mapped_blocks": 250,
-                "free_segments": 10, "segment_count": 64, "dead_segments": 1,
-                "waf": 1.25, "checkpoints": 3, "epoch": 2,
-                "counters": {"user_blocks_written": 800, "backing_blocks_written": 1000,
-                             "flushes": 7, "trimmed_blocks": 5, "padding_bytes": 0,
-                             "relocated_blocks": 0}
-            },
-            "cleaner": null
-        });
-        let mut with_cleaner = v.clone();
-        with_cleaner["cleaner"] = serde_json::json!({"stats": {
-            "cleaner": {"segments_cleaned": 4, "blocks_copied": 96, "slices": 9, "preemptions": 3},
-            "foreground_slices": 2, "background_slices": 7, "throttle_ns_per_block": 25000,
-            "clean_rate_blocks_per_s": 30000.0, "errors": 0}});
-        with_cleaner["backing_allocated_bytes"] = serde_json::json!(3u64 << 20);
-        let t2 = format_stats(&with_cleaner);
-        for want in [
-            "4 segments freed, 96 blocks copied",
-            "9 run (2 foreground, 7 background), 3 preempted",
-            "writers paced at 40000 blocks/s (cleaner's rate 30000 blocks/s)",
-            "backing allocated      3.0 MiB",
-        ] {
-            assert!(t2.contains(want), "missing {want:?} in\n{t2}");
-        }
-        let t = format_stats(&v);
-        for want in [
-            "/dev/ublkb0",
-            "WAF                    1.250",
-            "free segments          10 of 64",
-            "mapped blocks          250 (25.0% of capacity)",
-            "flushes                7",
-            "trimmed blocks         5",
-            "cleaner                off",
-        ] {
-            assert!(t.contains(want), "missing {want:?} in\n{t}");
-        }
-    }
-
-    #[test]
-    fn sizes_read_well() {
-        assert_eq!(human_bytes(512), "512 B");
-        assert_eq!(human_bytes(1 << 30), "1.0 GiB");
-        assert_eq!(human_bytes(3 << 19), "1.5 MiB");
-    }
-
-    #[test]
-    fn report_pipe_protocol() {
-        let mut fds = [0i32; 2];
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        let mut w = std::fs::File::from(wr);
-        std::io::Write::write_all(&mut w, b"ERR backing busy\n").unwrap();
-        drop(w);
-        assert_eq!(
-            read_report(rd, Duration::from_secs(5)).unwrap(),
-            Some("ERR backing busy".into())
-        );
-        let mut fds = [0i32; 2];
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        drop(wr);
-        assert_eq!(read_report(rd, Duration::from_secs(5)).unwrap(), None);
-    }
 }

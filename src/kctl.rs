@@ -4,7 +4,11 @@
 //! `UblkCtrl` for the device id in the calling thread and drops it before returning, so
 //! they may be called from any thread (a signal-handling thread, another process).
 //! Errors come back as messages a user can act on.
+//!
+//! Used by the device commands, the daemon and its control plane; uses only
+//! [`crate::error`].
 
+use crate::error::{describe_ublk, CliError};
 use libublk::ctrl::UblkCtrl;
 use libublk::{sys, UblkError};
 use std::path::Path;
@@ -13,26 +17,11 @@ use std::path::Path;
 pub const CONTROL_PATH: &str = "/dev/ublk-control";
 
 /// Fails with the standard explanation when the kernel has no ublk driver.
-pub fn require_ublk() -> Result<(), String> {
+pub fn require_ublk() -> Result<(), CliError> {
     if Path::new(CONTROL_PATH).exists() {
         Ok(())
     } else {
-        Err(
-            "/dev/ublk-control missing: the kernel lacks ublk_drv; try modprobe ublk_drv, \
-             or use scripts/vm-run.sh"
-                .into(),
-        )
-    }
-}
-
-/// A libublk error as text (`OtherError(-2)` becomes "No such file or directory").
-pub fn describe(e: &UblkError) -> String {
-    match e {
-        UblkError::OtherError(n) | UblkError::UringIOError(n) if *n < 0 => {
-            std::io::Error::from_raw_os_error(-n).to_string()
-        }
-        UblkError::IOError(e) => e.to_string(),
-        other => format!("{other:?}"),
+        Err(CliError::NoUblk)
     }
 }
 
@@ -45,20 +34,24 @@ pub fn check(r: Result<i32, UblkError>) -> Result<i32, UblkError> {
 }
 
 /// A control handle for an existing device `id`.
-pub fn open(id: u32) -> Result<UblkCtrl, String> {
+pub fn open(id: u32) -> Result<UblkCtrl, CliError> {
     require_ublk()?;
-    let id32 = i32::try_from(id).map_err(|_| format!("device id {id} is out of range"))?;
+    let id32 = i32::try_from(id)
+        .map_err(|_| CliError::BadArgs(format!("device id {id} is out of range")))?;
     UblkCtrl::new_simple(id32).map_err(|e| match e {
         UblkError::OtherError(n) | UblkError::UringIOError(n) if n == -libc::ENODEV => {
-            format!("ublk device {id} not found")
+            CliError::NotFound(id)
         }
-        e => format!("ublk device {id} not found ({})", describe(&e)),
+        e => CliError::Device(format!(
+            "ublk device {id} not found ({})",
+            describe_ublk(&e)
+        )),
     })
 }
 
 /// Kernel state of device `id`: "live", "quiesced" (no server: `recover` it), "dead"
 /// (stopped), "fail-io".
-pub fn state(id: u32) -> Result<&'static str, String> {
+pub fn state(id: u32) -> Result<&'static str, CliError> {
     let ctrl = open(id)?;
     Ok(match ctrl.dev_info().state as u32 {
         sys::UBLK_S_DEV_LIVE => "live",
@@ -70,20 +63,20 @@ pub fn state(id: u32) -> Result<&'static str, String> {
 }
 
 /// STOP_DEV: the queues abort, the daemon's `run_target` returns. Safe while it serves.
-pub fn kill(id: u32) -> Result<(), String> {
+pub fn kill(id: u32) -> Result<(), CliError> {
     let ctrl = open(id)?;
     check(ctrl.kill_dev())
         .map(|_| ())
-        .map_err(|e| format!("stopping ublk device {id}: {}", describe(&e)))
+        .map_err(|e| CliError::ublk(format!("stopping ublk device {id}"), e))
 }
 
 /// STOP_DEV then DEL_DEV: returns once the kernel has released the device (its server has
 /// closed `/dev/ublkcN`). A device already gone counts as deleted.
-pub fn kill_and_delete(id: u32) -> Result<(), String> {
+pub fn kill_and_delete(id: u32) -> Result<(), CliError> {
     let ctrl = open(id)?;
     if let Err(e) = check(ctrl.kill_dev()) {
         // A device that is not started (or already stopped) can still be deleted.
-        eprintln!("ftlblk: stopping ublk device {id}: {}", describe(&e));
+        eprintln!("ftlblk: stopping ublk device {id}: {}", describe_ublk(&e));
     }
     match check(ctrl.del_dev()) {
         Ok(_) => Ok(()),
@@ -92,7 +85,7 @@ pub fn kill_and_delete(id: u32) -> Result<(), String> {
         {
             Ok(())
         }
-        Err(e) => Err(format!("deleting ublk device {id}: {}", describe(&e))),
+        Err(e) => Err(CliError::ublk(format!("deleting ublk device {id}"), e)),
     }
 }
 
@@ -102,11 +95,11 @@ mod tests {
 
     #[test]
     fn errors_read_well() {
-        assert!(describe(&UblkError::OtherError(-libc::ENOENT)).contains("No such file"));
+        assert!(describe_ublk(&UblkError::OtherError(-libc::ENOENT)).contains("No such file"));
         assert!(check(Ok(-libc::EBUSY)).is_err());
         assert_eq!(check(Ok(3)).unwrap(), 3);
         if !Path::new(CONTROL_PATH).exists() {
-            let e = require_ublk().unwrap_err();
+            let e = require_ublk().unwrap_err().to_string();
             assert!(e.contains("modprobe ublk_drv"), "{e}");
             assert!(open(0).is_err());
         }

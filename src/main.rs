@@ -3,22 +3,38 @@
 //! This binary is the CLI over the `ftl` crate: `format`, `info`, `bench`, `replay`, `check`,
 //! and the ublk front end: `add`, `del`, `list`, `recover`, `stats`.
 //!
-//! Front-end modules: [`ublk`] (data path), [`daemon`] (device server), [`control`]
-//! (tokio control plane: signals, checkpoints, stats socket), [`offload`] (I/O workers),
-//! [`kctl`] (kernel control),
-//! [`runfiles`] (`/run/ftlblk`), [`device_cmd`] (the subcommands).
+//! Modules, from the command line down: a module imports only modules listed after it, so
+//! no two import each other, directly or around a loop.
+//! - [`cli`]: the parser and the dispatch to the commands.
+//! - Commands: [`backing_cmd`] (`format`, `info`, `check`), [`device_cmd`] (`add`, `del`,
+//!   `list`, `recover`), [`stats_cmd`] (`stats`), [`replay_cmd`], [`bench`](mod@bench).
+//! - Shared by commands: [`args`] (sizes, backing and geometry options), [`output`]
+//!   (printing sizes and JSON).
+//! - Device server: [`daemon`] (serves one device), [`launch`] (background start and the
+//!   readiness protocol), [`background`] (classifier, chunk writers, cleaner, control
+//!   plane), [`control`] (tokio control plane: signals, checkpoints, stats socket),
+//!   [`stats_doc`] (the stats socket's document), [`ublk`] (data path), [`offload`] (I/O
+//!   workers).
+//! - Bottom: [`kctl`] (kernel control), [`runfiles`] (`/run/ftlblk`), [`error`]
+//!   ([`error::CliError`], what every fallible function returns).
 
+mod args;
 mod background;
+mod backing_cmd;
 mod bench;
-mod check_cmd;
 mod cli;
 mod control;
 mod daemon;
 mod device_cmd;
+mod error;
 mod kctl;
+mod launch;
 mod offload;
+mod output;
 mod replay_cmd;
 mod runfiles;
+mod stats_cmd;
+mod stats_doc;
 mod ublk;
 
 use clap::Parser;

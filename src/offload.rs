@@ -11,6 +11,8 @@
 //!   them (one device sync per group).
 //! - The result is the ublk completion value (bytes or 0, or a negative errno). A job that
 //!   panics completes with -EIO; a pool that is gone completes with -EIO.
+//!
+//! Created by [`crate::daemon`], used by the queues of [`crate::ublk`]; a leaf.
 
 use libublk::io::UblkQueue;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

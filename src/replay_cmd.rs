@@ -1,6 +1,11 @@
 //! `ftlblk replay`: drives the real FTL and cleaner in metadata-only mode over a trace or
 //! a synthetic workload and reports write amplification.
+//!
+//! Owns [`ReplayArgs`] and the report's printing. Called by [`crate::cli`] only.
 
+use crate::args::parse_size;
+use crate::error::CliError;
+use crate::output::print_json;
 use clap::Args;
 use cleaner::Policy;
 use replay::sim::{simulate, ClassifierKind, SimConfig};
@@ -23,13 +28,13 @@ pub struct ReplayArgs {
     /// Logical capacity of the simulated device (e.g. 1G); the default is the size of the
     /// file `ftlblk add` creates by default. WAF depends on it: the default geometry cuts
     /// a small device into small segments, where the log's metadata weighs more.
-    #[arg(long, value_parser = crate::cli::parse_size, default_value = "8G")]
+    #[arg(long, value_parser = parse_size, default_value = "8G")]
     pub capacity: u64,
     /// Over-provisioning in percent of the physical size.
     #[arg(long, default_value_t = 20.0)]
     pub op: f64,
     /// Segment size (default: the FTL's default for the size).
-    #[arg(long, value_parser = crate::cli::parse_size)]
+    #[arg(long, value_parser = parse_size)]
     pub segment_size: Option<u64>,
     /// Lifetime classes (streams) at most, 1 ..= 7; 1 is one stream (classifier none).
     /// The classifier gives a class its own stream only while it is busy enough.
@@ -62,32 +67,32 @@ pub struct ReplayArgs {
     pub plot: Option<PathBuf>,
 }
 
-pub fn run(a: ReplayArgs) -> Result<(), String> {
+/// `ftlblk replay`.
+pub fn run(a: ReplayArgs) -> Result<(), CliError> {
     let capacity = a.capacity / 4096;
     if capacity == 0 {
-        return Err("--capacity must be at least 4K".into());
+        return Err(CliError::BadArgs("--capacity must be at least 4K".into()));
     }
     if !(1.0..90.0).contains(&a.op) {
-        return Err(format!("--op {} must be in 1..90 percent", a.op));
+        return Err(CliError::BadArgs(format!(
+            "--op {} must be in 1..90 percent",
+            a.op
+        )));
     }
-    let mut classifier: ClassifierKind = a.classifier.parse()?;
+    let mut classifier: ClassifierKind = a.classifier.parse().map_err(CliError::BadArgs)?;
     match a.streams {
         1 => classifier = ClassifierKind::None,
         2..=7 => {}
-        n => return Err(format!("--streams {n}: use 1 ..= 7")),
+        n => return Err(CliError::BadArgs(format!("--streams {n}: use 1 ..= 7"))),
     }
-    let policy: Policy = a
-        .policy
-        .parse()
-        .map_err(|e: cleaner::Error| e.to_string())?;
+    let policy: Policy = a.policy.parse()?;
     let mut probabilities = None;
     let (ops, label) = match (&a.trace, &a.workload) {
         (Some(path), _) => {
-            let format: Format = a.format.parse()?;
+            let format: Format = a.format.parse().map_err(CliError::BadArgs)?;
             let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            let mut once =
-                parse(&text, format, &path.display().to_string()).map_err(|e| e.to_string())?;
+                .map_err(|e| CliError::io(format!("cannot read {}", path.display()), e))?;
+            let mut once = parse(&text, format, &path.display().to_string())?;
             remap_dense(&mut once, capacity);
             let mut ops = Vec::with_capacity(once.len() * a.loops.max(1) as usize);
             for _ in 0..a.loops.max(1) {
@@ -96,12 +101,12 @@ pub fn run(a: ReplayArgs) -> Result<(), String> {
             (ops, path.display().to_string())
         }
         (None, Some(w)) => {
-            let workload: Workload = w.parse().map_err(|e: replay::Error| e.to_string())?;
+            let workload: Workload = w.parse()?;
             if !(1.0..=100.0).contains(&a.utilization) {
-                return Err(format!(
+                return Err(CliError::BadArgs(format!(
                     "--utilization {} must be in 1..=100",
                     a.utilization
-                ));
+                )));
             }
             let logical = ((capacity as f64) * a.utilization / 100.0) as u64;
             if classifier == ClassifierKind::Frequency {
@@ -112,7 +117,11 @@ pub fn run(a: ReplayArgs) -> Result<(), String> {
                 w.clone(),
             )
         }
-        (None, None) => return Err("give --trace FILE --format F, or --workload NAME".into()),
+        (None, None) => {
+            return Err(CliError::BadArgs(
+                "give --trace FILE --format F, or --workload NAME".into(),
+            ))
+        }
     };
     let cfg = SimConfig {
         capacity_blocks: capacity,
@@ -133,8 +142,7 @@ pub fn run(a: ReplayArgs) -> Result<(), String> {
             eprint!("\r[{bar:<50}] {pct:>3}% {done}/{total} blocks");
             let _ = std::io::stderr().flush();
         }
-    })
-    .map_err(|e| e.to_string())?;
+    })?;
     if tty {
         eprintln!();
     }
@@ -143,13 +151,11 @@ pub fn run(a: ReplayArgs) -> Result<(), String> {
             &report,
             &format!("{label}, {:?}, {}", classifier, a.policy),
             p,
-        )?;
+        )
+        .map_err(CliError::Plot)?;
     }
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?
-        );
+        print_json(&report)?;
     } else {
         println!("workload            {label}");
         println!("classifier/policy   {classifier:?} / {}", a.policy);

@@ -9,7 +9,11 @@
 //!
 //! A record is *current* when its daemon is alive ([`pid_alive`]) or the kernel still has
 //! the device (`/dev/ublkcN` or `/sys/class/ublk-char/ublkcN`).
+//!
+//! Used by the device commands, the launcher, the daemon and its control plane; uses only
+//! [`crate::error`].
 
+use crate::error::CliError;
 use serde::{Deserialize, Serialize};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -21,10 +25,10 @@ pub fn run_dir() -> PathBuf {
 }
 
 /// Creates the run directory.
-pub fn ensure_run_dir() -> io::Result<PathBuf> {
+pub fn ensure_run_dir() -> Result<PathBuf, CliError> {
     let d = run_dir();
     std::fs::create_dir_all(&d)
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot create {}: {e}", d.display())))?;
+        .map_err(|e| CliError::io(format!("cannot create {}", d.display()), e))?;
     Ok(d)
 }
 
@@ -78,32 +82,31 @@ pub struct DeviceRecord {
 }
 
 /// Writes `N.json` atomically.
-pub fn write_record(rec: &DeviceRecord) -> io::Result<()> {
+pub fn write_record(rec: &DeviceRecord) -> Result<(), CliError> {
     let dir = ensure_run_dir()?;
     let path = record_path(rec.id);
     let tmp = dir.join(format!(".{}.json.tmp", rec.id));
-    let text = serde_json::to_string_pretty(rec).map_err(io::Error::other)?;
-    {
+    let context = || format!("cannot write the device record {}", path.display());
+    let text = serde_json::to_string_pretty(rec).map_err(|e| CliError::json(context(), e))?;
+    let write = || -> io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(text.as_bytes())?;
         f.write_all(b"\n")?;
         f.sync_all()?;
-    }
-    std::fs::rename(&tmp, &path)
+        std::fs::rename(&tmp, &path)
+    };
+    write().map_err(|e| CliError::io(context(), e))
 }
 
 /// Reads `N.json`; `Ok(None)` when there is none.
-pub fn read_record(id: u32) -> io::Result<Option<DeviceRecord>> {
+pub fn read_record(id: u32) -> Result<Option<DeviceRecord>, CliError> {
     let path = record_path(id);
     match std::fs::read_to_string(&path) {
-        Ok(s) => serde_json::from_str(&s).map(Some).map_err(|e| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{}: {e}", path.display()),
-            )
-        }),
+        Ok(s) => serde_json::from_str(&s)
+            .map(Some)
+            .map_err(|e| CliError::json(path.display().to_string(), e)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+        Err(e) => Err(CliError::io(path.display().to_string(), e)),
     }
 }
 

@@ -22,6 +22,8 @@
 //!   the device or not block aligned, -EOPNOTSUPP for unknown operations). A panic while
 //!   handling a request is caught and completes the request with -EIO.
 //!
+//! Called by [`crate::daemon`]; uses [`crate::offload`].
+//!
 //! [`Ftl::verify_block`]: ftl::Ftl::verify_block
 //! [`Ftl::write`]: ftl::Ftl::write
 //! [`Ftl::flush`]: ftl::Ftl::flush
@@ -43,49 +45,8 @@ use std::panic::AssertUnwindSafe;
 use std::rc::Rc;
 use std::sync::Arc;
 
-/// Writes `data` at `lba`, each block into the stream the classifier picks for it (runs
-/// of blocks with the same stream go in one call); FUA rides on the last call, whose
-/// flush covers the earlier ones. With `writers`, chunks the write fills are written by
-/// that pool ([`ftl::Ftl::write_via`]) instead of before this returns.
-pub fn write_classified<D: ftl::BlockDevice, I: ftl::IndexStore>(
-    ftl: &ftl::Ftl<D, I>,
-    classifier: &Classifier,
-    writers: Option<&ftl::ChunkWriters>,
-    lba: u64,
-    data: &[u8],
-    fua: bool,
-) -> ftl::Result<()> {
-    let n = data.len() / BLOCK_SIZE;
-    if n == 0 {
-        return Ok(());
-    }
-    let write = |at: u64, d: &[u8], fua: bool, s: ftl::StreamId| match writers {
-        Some(w) => ftl.write_via(at, d, fua, s, w),
-        None => ftl.write(at, d, fua, s),
-    };
-    let mut start = 0;
-    let mut stream = classifier.on_write(lba);
-    for i in 1..n {
-        let s = classifier.on_write(lba + i as u64);
-        if s != stream {
-            write(
-                lba + start as u64,
-                &data[start * BLOCK_SIZE..i * BLOCK_SIZE],
-                false,
-                stream,
-            )?;
-            start = i;
-            stream = s;
-        }
-    }
-    write(lba + start as u64, &data[start * BLOCK_SIZE..], fua, stream)
-}
-
 /// Fixed-file index of the backing in every queue ring (0 is `/dev/ublkcN`).
 const BACKING_FIXED_FILE: u32 = 1;
-
-/// How often a block that keeps moving under a read is located again.
-const READ_RETRIES: usize = 16;
 
 /// How often a backing read answered with EAGAIN/EINTR or a short count is resubmitted.
 const IO_RETRIES: usize = 64;
@@ -267,7 +228,7 @@ async fn handle(
             let (f, c, w) = (ftl.clone(), ctx.classifier.clone(), ctx.writers.clone());
             offload
                 .run(q, wake, move || {
-                    match write_classified(&f, &c, Some(&w), lba, &data, fua) {
+                    match ftl::classify::write_classified(&f, &c, Some(&w), lba, &data, fua) {
                         Ok(()) => bytes as i32,
                         Err(e) => e.errno(),
                     }
@@ -382,7 +343,7 @@ async fn read_blocks(
         let l = lba + b.idx as u64;
         let blk = &mut buf[b.idx * BLOCK_SIZE..(b.idx + 1) * BLOCK_SIZE];
         if !verify(ftl, l, b.entry, blk)? {
-            reread_block(q, ftl, l, blk).await?;
+            reread_block(ftl, l, blk)?;
         }
     }
     Ok(())
@@ -391,36 +352,21 @@ async fn read_blocks(
 /// [`ftl::Ftl::verify_block`] at the ublk edge: `Ok(false)` when the block moved meanwhile
 /// (locate it again), a logged -EIO when its checksum is wrong.
 fn verify(ftl: &FileFtl, lba: u64, entry: MapEntry, blk: &[u8]) -> Result<bool, i32> {
-    ftl.verify_block(lba, entry, blk).map_err(|e| {
-        eprintln!("ftlblk: read of block {lba}: {e}");
-        e.errno()
-    })
+    ftl.verify_block(lba, entry, blk)
+        .map_err(|e| read_failed(lba, e))
 }
 
-/// Reads one block whose map entry moved during the read, locating it again each time.
-async fn reread_block(
-    q: &UblkQueue<'_>,
-    ftl: &FileFtl,
-    lba: u64,
-    blk: &mut [u8],
-) -> Result<(), i32> {
-    for _ in 0..READ_RETRIES {
-        match ftl.locate(lba, blk).map_err(|e| e.errno())? {
-            BlockLocation::Zero => {
-                blk.fill(0);
-                return Ok(());
-            }
-            BlockLocation::Copied => return Ok(()),
-            BlockLocation::Device { offset, entry } => {
-                read_exact(q, blk, offset).await?;
-                if verify(ftl, lba, entry, blk)? {
-                    return Ok(());
-                }
-            }
-        }
-    }
-    eprintln!("ftlblk: block {lba} kept moving during {READ_RETRIES} reads");
-    Err(-libc::EIO)
+/// Logs a failed read of block `lba` and gives its errno.
+fn read_failed(lba: u64, e: ftl::Error) -> i32 {
+    eprintln!("ftlblk: read of block {lba}: {e}");
+    e.errno()
+}
+
+/// Reads one block whose map entry moved during the read: the FTL's one retry path
+/// ([`ftl::Ftl::reread_block`], up to [`ftl::READ_RETRIES`] locates), a synchronous read
+/// on this queue's thread (rare: only a block relocated or overwritten mid-read).
+fn reread_block(ftl: &FileFtl, lba: u64, blk: &mut [u8]) -> Result<(), i32> {
+    ftl.reread_block(lba, blk).map_err(|e| read_failed(lba, e))
 }
 
 /// Reads exactly `buf.len()` bytes at `offset` through the queue ring.
@@ -481,33 +427,6 @@ mod tests {
             decode(sys::UBLK_IO_OP_ZONE_OPEN, 0, 8, CAP, BUF).map_err(|e| e.errno()),
             Err(-libc::EOPNOTSUPP)
         );
-    }
-
-    #[test]
-    fn classified_writes_split_into_runs_and_read_back() {
-        use ftl::device::mem::MemDevice;
-        use ftl::index::mem::MemIndex;
-        let (dev, idx) = (MemDevice::new(64 << 20), MemIndex::new());
-        ftl::format(&dev, &idx, &ftl::FormatOptions::default(), false).unwrap();
-        let (f, _) = ftl::Ftl::open(dev, idx, ftl::Config::default()).unwrap();
-        let c = Classifier::new(f.capacity_blocks());
-        let block = |lba: u64, round: u8| vec![lba as u8 ^ round; BLOCK_SIZE];
-        // Blocks 0..4 rewritten often (short lifetimes), 4..16 written once: one request
-        // over 0..16 then spans classes.
-        for round in 0..4u8 {
-            let data: Vec<u8> = (0..4).flat_map(|l| block(l, round)).collect();
-            write_classified(&f, &c, None, 0, &data, false).unwrap();
-        }
-        let data: Vec<u8> = (0..16).flat_map(|l| block(l, 9)).collect();
-        write_classified(&f, &c, None, 0, &data, true).unwrap();
-        let mut back = vec![0u8; 16 * BLOCK_SIZE];
-        f.read(0, &mut back).unwrap();
-        assert!(
-            back == data,
-            "a classified multi-stream write reads back wrong"
-        );
-        assert_eq!(f.stats().counters.user_blocks_written, 4 * 4 + 16);
-        write_classified(&f, &c, None, 3, &[], false).unwrap();
     }
 
     #[test]

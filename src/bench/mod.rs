@@ -13,8 +13,15 @@
 //! - `steady`, `steady80`, `steadyzipf`, `steadymix`: the full device under random
 //!   overwrites, with the cleaner and background checkpoints running ([`steady`]).
 
+//!
+//! Owns [`BenchArgs`] and the tests' JSON report. Called by [`crate::cli`] only; the steady
+//! tests start the daemon's background machinery ([`crate::background`]).
+
 mod steady;
 
+use crate::args::parse_size;
+use crate::error::CliError;
+use crate::output::print_json;
 use clap::Args;
 use ftl::backing::{format_backing, open_backing, FileFtl};
 use ftl::device::{AlignedBuf, BLOCK_SIZE};
@@ -37,7 +44,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub index: Option<PathBuf>,
     /// Size to create the backing with if it does not exist.
-    #[arg(long, value_parser = crate::cli::parse_size, default_value = "2G")]
+    #[arg(long, value_parser = parse_size, default_value = "2G")]
     pub size: u64,
     /// Tests to run, comma separated: randwrite, randread, writeflush (fresh device);
     /// steady, steady80, steadyzipf, steadymix (full device, see --passes).
@@ -73,16 +80,15 @@ pub struct BenchArgs {
     pub settle: u64,
 }
 
-fn fresh(a: &BenchArgs, index: &Path) -> Result<FileFtl, String> {
+fn fresh(a: &BenchArgs, index: &Path) -> Result<FileFtl, CliError> {
     format_backing(
         &a.backing,
         index,
         Some(a.size),
         &FormatOptions::default(),
         true,
-    )
-    .map_err(|e| e.to_string())?;
-    let (f, _) = open_backing(&a.backing, index, Config::default()).map_err(|e| e.to_string())?;
+    )?;
+    let (f, _) = open_backing(&a.backing, index, Config::default())?;
     Ok(f)
 }
 
@@ -97,13 +103,13 @@ fn parallel_writes(
     lbas: Arc<Vec<u64>>,
     jobs: usize,
     flush_each: bool,
-) -> Result<f64, String> {
+) -> Result<f64, CliError> {
     let next = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let handles: Vec<_> = (0..jobs)
         .map(|_| {
             let (f, lbas, next) = (f.clone(), lbas.clone(), next.clone());
-            std::thread::spawn(move || -> Result<(), String> {
+            std::thread::spawn(move || -> Result<(), CliError> {
                 let mut buf = vec![0x5au8; BLOCK_SIZE];
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
@@ -111,10 +117,9 @@ fn parallel_writes(
                         return Ok(());
                     };
                     stamp(&mut buf, lba, i);
-                    f.write(lba, &buf, false, StreamId(1))
-                        .map_err(|e| e.to_string())?;
+                    f.write(lba, &buf, false, StreamId(1))?;
                     if flush_each {
-                        f.flush().map_err(|e| e.to_string())?;
+                        f.flush()?;
                     }
                 }
             })
@@ -122,9 +127,9 @@ fn parallel_writes(
         .collect();
     for h in handles {
         h.join()
-            .map_err(|_| "writer thread panicked".to_string())??;
+            .map_err(|_| CliError::Panicked("writer thread"))??;
     }
-    f.flush().map_err(|e| e.to_string())?;
+    f.flush()?;
     Ok(start.elapsed().as_secs_f64())
 }
 
@@ -133,15 +138,21 @@ fn parallel_writes(
 /// is checked (`verify`) after the reads replacing it were submitted, so the device never
 /// waits for a crc32c. That takes a second set of `qd` buffers: at most `qd` reads are in
 /// flight and at most `qd` completed ones wait for their check.
-fn random_reads(f: &FileFtl, ops: u64, qd: usize, seed: u64, verify: bool) -> Result<f64, String> {
-    let fd = ftl::BlockDevice::raw_fd(f.device()).ok_or("backing has no file descriptor")?;
+fn random_reads(
+    f: &FileFtl,
+    ops: u64,
+    qd: usize,
+    seed: u64,
+    verify: bool,
+) -> Result<f64, CliError> {
+    let fd = ftl::BlockDevice::raw_fd(f.device()).ok_or(CliError::NoBackingFd)?;
     let entries = (qd * 2).next_power_of_two() as u32;
     let mut ring = IoUring::builder()
         .setup_coop_taskrun()
         .setup_single_issuer()
         .build(entries)
         .or_else(|_| IoUring::new(entries))
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| CliError::io("cannot set up an io_uring", e))?;
     let cap = f.capacity_blocks();
     let mut rng = SmallRng::seed_from_u64(seed);
     let nbufs = 2 * qd;
@@ -155,16 +166,16 @@ fn random_reads(f: &FileFtl, ops: u64, qd: usize, seed: u64, verify: bool) -> Re
             iov_len: BLOCK_SIZE,
         })
         .collect();
-    // SAFETY: the buffers outlive the ring (declared before it is dropped at the end of
-    // this function) and are only accessed by the kernel while a read is in flight.
+    // SAFETY: the buffers are only accessed by the kernel while a read is in flight, and
+    // no read is left in flight when they are dropped (see the drain after the loop).
     unsafe {
         ring.submitter()
             .register_buffers(&iovecs)
-            .map_err(|e| e.to_string())?
+            .map_err(|e| CliError::io("registering the read buffers", e))?
     };
     ring.submitter()
         .register_files(&[fd])
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| CliError::io("registering the backing with the ring", e))?;
     let mut meta = vec![(0u64, ftl::MapEntry::UNMAPPED); nbufs];
     let mut issued = 0u64;
     let mut done = 0u64;
@@ -173,76 +184,100 @@ fn random_reads(f: &FileFtl, ops: u64, qd: usize, seed: u64, verify: bool) -> Re
     let mut unchecked: Vec<usize> = Vec::with_capacity(nbufs);
     let check = |slot: usize, bufs: &[AlignedBuf], meta: &[(u64, ftl::MapEntry)]| {
         let (lba, entry) = meta[slot];
-        if verify
-            && !f
-                .verify_block(lba, entry, &bufs[slot])
-                .map_err(|e| e.to_string())?
-        {
-            return Err(format!("block {lba} changed under a read-only benchmark"));
+        if verify && !f.verify_block(lba, entry, &bufs[slot])? {
+            return Err(CliError::Bench(format!(
+                "block {lba} changed under a read-only benchmark"
+            )));
         }
         Ok(())
     };
     let start = Instant::now();
-    while done < ops {
-        while issued < ops && in_flight < qd {
-            let Some(slot) = free.pop() else { break };
-            let lba = rng.gen_range(0..cap);
-            issued += 1;
-            match f.locate(lba, &mut bufs[slot]).map_err(|e| e.to_string())? {
-                BlockLocation::Zero | BlockLocation::Copied => {
+    let result = (|| -> Result<(), CliError> {
+        while done < ops {
+            while issued < ops && in_flight < qd {
+                let Some(slot) = free.pop() else { break };
+                let lba = rng.gen_range(0..cap);
+                issued += 1;
+                match f.locate(lba, &mut bufs[slot])? {
+                    BlockLocation::Zero | BlockLocation::Copied => {
+                        done += 1;
+                        free.push(slot);
+                    }
+                    BlockLocation::Device { offset, entry } => {
+                        meta[slot] = (lba, entry);
+                        let sqe = opcode::ReadFixed::new(
+                            types::Fixed(0),
+                            bufs[slot].as_mut_ptr(),
+                            BLOCK_SIZE as u32,
+                            slot as u16,
+                        )
+                        .offset(offset)
+                        .build()
+                        .user_data(slot as u64);
+                        // SAFETY: the buffer lives in `bufs` until its completion is reaped below.
+                        unsafe {
+                            ring.submission()
+                                .push(&sqe)
+                                .map_err(|e| CliError::Bench(e.to_string()))?
+                        };
+                        // Submitted at once, as fio does by default: a read waiting in the
+                        // ring for the rest of its batch is a read the device is not serving.
+                        ring.submit()
+                            .map_err(|e| CliError::io("submitting a read", e))?;
+                        in_flight += 1;
+                    }
+                }
+            }
+            if unchecked.is_empty() {
+                if in_flight == 0 {
+                    continue;
+                }
+                ring.submit_and_wait(1)
+                    .map_err(|e| CliError::io("waiting for a read", e))?;
+            } else {
+                // The replacement reads are on their way while these are checked.
+                for slot in unchecked.drain(..) {
+                    check(slot, &bufs, &meta)?;
                     done += 1;
                     free.push(slot);
                 }
-                BlockLocation::Device { offset, entry } => {
-                    meta[slot] = (lba, entry);
-                    let sqe = opcode::ReadFixed::new(
-                        types::Fixed(0),
-                        bufs[slot].as_mut_ptr(),
-                        BLOCK_SIZE as u32,
-                        slot as u16,
-                    )
-                    .offset(offset)
-                    .build()
-                    .user_data(slot as u64);
-                    // SAFETY: the buffer lives in `bufs` until its completion is reaped below.
-                    unsafe { ring.submission().push(&sqe).map_err(|e| e.to_string())? };
-                    // Submitted at once, as fio does by default: a read waiting in the
-                    // ring for the rest of its batch is a read the device is not serving.
-                    ring.submit().map_err(|e| e.to_string())?;
-                    in_flight += 1;
+            }
+            for c in ring.completion() {
+                let slot = c.user_data() as usize;
+                in_flight -= 1;
+                if c.result() != BLOCK_SIZE as i32 {
+                    return Err(CliError::Bench(format!("read failed: {}", c.result())));
                 }
+                unchecked.push(slot);
             }
         }
-        if unchecked.is_empty() {
-            if in_flight == 0 {
-                continue;
+        Ok(())
+    })();
+    // Never leave a read in flight: the kernel would write its block into a buffer freed
+    // when this returns (an error above returns with reads in flight). A ring that cannot
+    // be waited on keeps the buffers for good.
+    while in_flight > 0 {
+        match ring.submit_and_wait(1) {
+            Ok(_) => in_flight -= ring.completion().count(),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                std::mem::forget(bufs);
+                return Err(match result {
+                    Err(first) => first,
+                    Ok(()) => CliError::io("waiting for the reads in flight", e),
+                });
             }
-            ring.submit_and_wait(1).map_err(|e| e.to_string())?;
-        } else {
-            // The replacement reads are on their way while these are checked.
-            for slot in unchecked.drain(..) {
-                check(slot, &bufs, &meta)?;
-                done += 1;
-                free.push(slot);
-            }
-        }
-        for c in ring.completion() {
-            let slot = c.user_data() as usize;
-            if c.result() != BLOCK_SIZE as i32 {
-                return Err(format!("read failed: {}", c.result()));
-            }
-            in_flight -= 1;
-            unchecked.push(slot);
         }
     }
+    result?;
     // Drop the registration now: a ring torn down at exit releases its files late, and
     // with them the backing's exclusive lock.
     ring.submitter()
         .unregister_files()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| CliError::io("unregistering the backing", e))?;
     ring.submitter()
         .unregister_buffers()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| CliError::io("unregistering the read buffers", e))?;
     Ok(start.elapsed().as_secs_f64())
 }
 
@@ -254,7 +289,7 @@ fn threaded_reads(
     threads: usize,
     seed: u64,
     verify: bool,
-) -> Result<f64, String> {
+) -> Result<f64, CliError> {
     let threads = threads.max(1);
     let start = Instant::now();
     let handles: Vec<_> = (0..threads)
@@ -267,12 +302,13 @@ fn threaded_reads(
         .collect();
     for h in handles {
         h.join()
-            .map_err(|_| "reader thread panicked".to_string())??;
+            .map_err(|_| CliError::Panicked("reader thread"))??;
     }
     Ok(start.elapsed().as_secs_f64())
 }
 
-pub fn run(a: BenchArgs) -> Result<(), String> {
+/// `ftlblk bench`.
+pub fn run(a: BenchArgs) -> Result<(), CliError> {
     let index = a
         .index
         .clone()
@@ -284,7 +320,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     for t in &tests {
         if let Some(spec) = steady::spec(t) {
             if let Some(f) = written.take() {
-                f.close().map_err(|e| e.to_string())?;
+                f.close()?;
             }
             std::thread::sleep(std::time::Duration::from_secs(a.settle));
             let f = Arc::new(fresh(&a, &index)?);
@@ -326,8 +362,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
                 let f = match written.take() {
                     Some(f) => f,
                     None => {
-                        let (f, _) = open_backing(&a.backing, &index, Config::default())
-                            .map_err(|e| e.to_string())?;
+                        let (f, _) = open_backing(&a.backing, &index, Config::default())?;
                         Arc::new(f)
                     }
                 };
@@ -344,7 +379,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             }
             "writeflush" => {
                 if let Some(f) = written.take() {
-                    f.close().map_err(|e| e.to_string())?;
+                    f.close()?;
                 }
                 // Like the raw side: let the host finish writing back the earlier tests,
                 // whose backlog would otherwise slow every sync of this one.
@@ -363,28 +398,25 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
                 written = Some(f);
             }
             other => {
-                return Err(format!(
+                return Err(CliError::BadArgs(format!(
                     "unknown test {other:?} (randwrite, randread, writeflush, steady, steady80, \
                      steadyzipf, steadymix)"
-                ))
+                )))
             }
         }
     }
     if let Some(f) = written {
-        f.close().map_err(|e| e.to_string())?;
+        f.close()?;
     }
     if let (Some(path), false) = (&a.plot, timelines.is_empty()) {
         replay::plot::plot_timeline(
             "steady state: operations per second and their latency over time",
             &timelines,
             path,
-        )?;
+        )
+        .map_err(CliError::Plot)?;
     }
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&results).map_err(|e| e.to_string())?
-    );
-    Ok(())
+    print_json(&results)
 }
 
 #[cfg(test)]
@@ -428,6 +460,9 @@ mod tests {
         threaded_reads(&f, cap * 20, 16, 2, 7, false).expect("unchecked reads");
         let err = threaded_reads(&f, cap * 20, 16, 2, 7, true)
             .expect_err("a corrupt block must fail the checked reads");
-        assert!(err.contains("checksum"), "unexpected error: {err}");
+        assert!(
+            err.to_string().contains("checksum"),
+            "unexpected error: {err}"
+        );
     }
 }

@@ -12,10 +12,13 @@
 //!
 //! Tests: `steady` (100% fill, uniform), `steady80` (80% fill, uniform), `steadyzipf`
 //! (100%, zipf:0.99), `steadymix` (100%, uniform, 70% reads / 30% writes).
+//!
+//! Called by [`super::run`] only.
 
 use crate::background::Background;
-use crate::ublk::write_classified;
+use crate::error::CliError;
 use ftl::backing::FileFtl;
+use ftl::classify::write_classified;
 use ftl::device::BLOCK_SIZE;
 use ftl::Counters;
 use hdrhistogram::Histogram;
@@ -172,14 +175,14 @@ fn sample(ftl: &FileFtl, start: Instant) -> Monitor {
 }
 
 /// Fills `blocks` blocks from LBA 0 with 1 MiB writes on `jobs` threads; returns seconds.
-fn fill(ftl: &Arc<FileFtl>, bg: &Background, blocks: u64, jobs: usize) -> Result<f64, String> {
+fn fill(ftl: &Arc<FileFtl>, bg: &Background, blocks: u64, jobs: usize) -> Result<f64, CliError> {
     const PIECE: u64 = 256;
     let next = AtomicU64::new(0);
     let start = Instant::now();
-    std::thread::scope(|s| -> Result<(), String> {
+    std::thread::scope(|s| -> Result<(), CliError> {
         let handles: Vec<_> = (0..jobs)
             .map(|_| {
-                s.spawn(|| -> Result<(), String> {
+                s.spawn(|| -> Result<(), CliError> {
                     let buf = vec![0x3cu8; PIECE as usize * BLOCK_SIZE];
                     loop {
                         let lba = next.fetch_add(PIECE, Ordering::Relaxed);
@@ -195,17 +198,17 @@ fn fill(ftl: &Arc<FileFtl>, bg: &Background, blocks: u64, jobs: usize) -> Result
                             &buf[..n * BLOCK_SIZE],
                             false,
                         )
-                        .map_err(|e| format!("fill write at {lba}: {e}"))?;
+                        .map_err(|e| CliError::ftl_at(format!("fill write at {lba}"), e))?;
                     }
                 })
             })
             .collect();
         for h in handles {
-            h.join().map_err(|_| "fill thread panicked".to_string())??;
+            h.join().map_err(|_| CliError::Panicked("fill thread"))??;
         }
         Ok(())
     })?;
-    ftl.flush().map_err(|e| e.to_string())?;
+    ftl.flush()?;
     Ok(start.elapsed().as_secs_f64())
 }
 
@@ -230,7 +233,7 @@ fn random_phase(
     ops: u64,
     read_pct: u32,
     seed: u64,
-) -> Result<Phase, String> {
+) -> Result<Phase, CliError> {
     let ftl = run.ftl;
     let passes = ops.div_ceil(region) as usize;
     let next = AtomicU64::new(0);
@@ -243,7 +246,7 @@ fn random_phase(
     let mut monitor = Vec::new();
     let start = Instant::now();
     *bounds[0].lock().unwrap_or_else(|p| p.into_inner()) = Some((start, ftl.stats().counters));
-    std::thread::scope(|s| -> Result<(), String> {
+    std::thread::scope(|s| -> Result<(), CliError> {
         let mon = s.spawn(|| {
             let mut out = Vec::new();
             while !done.load(Ordering::Relaxed) {
@@ -256,7 +259,7 @@ fn random_phase(
             .map(|t| {
                 let (next, bounds) = (&next, &bounds);
                 let (wb, rb, sl) = (&write_buckets, &read_buckets, &slots);
-                s.spawn(move || -> Result<(), String> {
+                s.spawn(move || -> Result<(), CliError> {
                     let mut rng = SmallRng::seed_from_u64(seed ^ (t as u64 + 1) << 32);
                     let mut buf = vec![0u8; BLOCK_SIZE];
                     let (mut w, mut r, mut slot) = (Local::new(wb), Local::new(rb), Local::new(sl));
@@ -275,7 +278,7 @@ fn random_phase(
                         let t0 = Instant::now();
                         if read {
                             ftl.read(lba, &mut buf)
-                                .map_err(|e| format!("read of block {lba}: {e}"))?;
+                                .map_err(|e| CliError::ftl_at(format!("read of block {lba}"), e))?;
                         } else {
                             buf[..8].copy_from_slice(&lba.to_le_bytes());
                             buf[8..16].copy_from_slice(&i.to_le_bytes());
@@ -287,7 +290,7 @@ fn random_phase(
                                 &buf,
                                 false,
                             )
-                            .map_err(|e| format!("write of block {lba}: {e}"))?;
+                            .map_err(|e| CliError::ftl_at(format!("write of block {lba}"), e))?;
                         }
                         let t1 = Instant::now();
                         let ns = (t1 - t0).as_nanos() as u64;
@@ -306,7 +309,7 @@ fn random_phase(
         for h in handles {
             let r = h
                 .join()
-                .map_err(|_| "writer thread panicked".to_string())
+                .map_err(|_| CliError::Panicked("writer thread"))
                 .and_then(|r| r);
             if result.is_ok() {
                 result = r;
@@ -315,7 +318,7 @@ fn random_phase(
         done.store(true, Ordering::Relaxed);
         monitor = mon
             .join()
-            .map_err(|_| "monitor thread panicked".to_string())?;
+            .map_err(|_| CliError::Panicked("monitor thread"))?;
         result
     })?;
     let seconds = start.elapsed().as_secs_f64();
@@ -325,7 +328,7 @@ fn random_phase(
         .into_iter()
         .map(|b| b.into_inner().unwrap_or_else(|p| p.into_inner()))
         .collect::<Option<Vec<_>>>()
-        .ok_or("a pass boundary was not recorded")?;
+        .ok_or_else(|| CliError::Bench("a pass boundary was not recorded".into()))?;
     let mut writes = write_buckets.take();
     writes.resize_with(passes, histogram);
     let reads = read_buckets.take().pop().unwrap_or_else(histogram);
@@ -371,14 +374,15 @@ fn median(v: &mut [f64]) -> f64 {
 /// Runs one steady-state test on a freshly formatted `run.ftl`; returns its JSON and the
 /// timeline of its measured phase. `iops` (and each pass's) counts every operation: for
 /// the mix, reads and writes together (`write_iops` and `read_iops` split them).
-pub fn run(spec: &Spec, run: &Run) -> Result<(serde_json::Value, Timeline), String> {
+pub fn run(spec: &Spec, run: &Run) -> Result<(serde_json::Value, Timeline), CliError> {
     let ftl = run.ftl;
-    let workload: Workload = spec.workload.parse().map_err(|e| format!("{e}"))?;
+    let workload: Workload = spec.workload.parse()?;
     let region = (ftl.capacity_blocks() * spec.fill_pct as u64 / 100).max(1);
-    let sampler = Sampler::new(&workload, region, run.seed)
-        .ok_or_else(|| format!("{}: not a single-block workload", spec.workload))?;
+    let sampler = Sampler::new(&workload, region, run.seed).ok_or_else(|| {
+        CliError::Bench(format!("{}: not a single-block workload", spec.workload))
+    })?;
     let bg = Background::start(ftl, true, false)?;
-    let result = (|| -> Result<(serde_json::Value, Vec<TimePoint>), String> {
+    let result = (|| -> Result<(serde_json::Value, Vec<TimePoint>), CliError> {
         let fill_seconds = fill(ftl, &bg, region, run.jobs)?;
         let mut warmup = serde_json::Value::Null;
         let (ops, passes_label) = if spec.read_pct > 0 {

@@ -1,0 +1,140 @@
+//! The backing-level commands: `format`, `info` and `check`, which work on a backing and
+//! its index directly (no device, no daemon).
+//!
+//! Owns their arguments ([`FormatArgs`], [`CheckArgs`]; `info` takes
+//! [`BackingArgs`] as is) and their output. Called by [`crate::cli`] only. A server's
+//! staging file in the run directory ([`crate::runfiles::run_dir`]) is part of what an open
+//! sees: `info` replays it like any open, `check` checks a private view of it.
+
+use crate::args::{BackingArgs, GeometryArgs};
+use crate::error::CliError;
+use crate::output::print_json;
+use crate::runfiles;
+use clap::Args;
+use ftl::backing::{format_backing, open_backing_staged, StagingPlace};
+use ftl::Config;
+
+#[derive(Args, Debug)]
+pub struct FormatArgs {
+    #[command(flatten)]
+    pub backing: BackingArgs,
+    #[command(flatten)]
+    pub geometry: GeometryArgs,
+    /// Overwrite an existing ftlblk format (its data is lost).
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// `ftlblk format`.
+pub fn format(a: FormatArgs) -> Result<(), CliError> {
+    let opts = a.geometry.options()?;
+    let sb = format_backing(
+        &a.backing.backing,
+        &a.backing.index_dir(),
+        a.geometry.size,
+        &opts,
+        a.force,
+    )?;
+    let g = sb.geometry;
+    let out = serde_json::json!({
+        "backing": a.backing.backing,
+        "index": a.backing.index_dir(),
+        "uuid": sb.uuid_string(),
+        "exported_bytes": g.exported_bytes(),
+        "segment_bytes": g.segment_bytes,
+        "segments": g.segment_count,
+        "flash_page_bytes": g.flash_page_bytes,
+        "op_percent": g.op_permille as f64 / 10.0,
+    });
+    print_json(&out)
+}
+
+/// `ftlblk info`: opens the backing (recovering after a crash), prints its superblock and
+/// figures as JSON, and closes it cleanly.
+pub fn info(a: BackingArgs) -> Result<(), CliError> {
+    // The server's staging directory: what a killed server staged is replayed
+    // here too rather than left behind by a newer checkpoint.
+    let staging = StagingPlace::Dir(runfiles::run_dir());
+    let (f, report) = open_backing_staged(&a.backing, &a.index_dir(), Config::default(), &staging)?;
+    let out = serde_json::json!({
+        "uuid": f.superblock().uuid_string(),
+        "geometry": f.geometry(),
+        "open": report,
+        "stats": f.stats(),
+    });
+    f.close()?;
+    print_json(&out)
+}
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub backing: BackingArgs,
+    /// Skip reading every mapped block to verify its checksum.
+    #[arg(long)]
+    pub no_data: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `ftlblk check`: runs the checker; fails with [`CliError::CheckFailed`] (exit status 1)
+/// when the backing is not clean.
+pub fn check(a: CheckArgs) -> Result<(), CliError> {
+    let dev = ftl::backing::open_device(&a.backing.backing, None)?;
+    let dir = a.backing.index_dir();
+    if !dir.exists() {
+        return Err(CliError::BadArgs(format!(
+            "index {} does not exist (give --index)",
+            dir.display()
+        )));
+    }
+    let index = ftl::index::sled_store::SledIndex::open(&dir)?;
+    // What a dead server of this backing staged is part of what the next open sees: check
+    // it too (a private view; the file is left as it is).
+    let (sb, _) = ftl::read_superblock_readonly(&dev)?;
+    let staged_file = ftl::backing::staging_file(&runfiles::run_dir(), &sb.uuid_string());
+    let staging = if staged_file.exists() {
+        Some(ftl::staging::StagingArea::open_file_snapshot(&staged_file)?)
+    } else {
+        None
+    };
+    let report = ftl::check::check_staged(&dev, &index, !a.no_data, staging)?;
+    if a.json {
+        print_json(&report)?;
+    } else {
+        println!(
+            "{}: {} segments ({} free), {} mapped blocks, {} verified, {} chunks replayed",
+            report.uuid,
+            report.segments,
+            report.free_segments,
+            report.mapped_blocks,
+            report.blocks_verified,
+            report.chunks_replayed
+        );
+        for p in &report.problems {
+            println!("PROBLEM [{}] {}", p.check, p.detail);
+        }
+        println!("{}", if report.clean() { "clean" } else { "NOT CLEAN" });
+    }
+    if report.staged.entries > 0 {
+        eprintln!(
+            "note: {} holds {} completed writes ({} chunks) a server of this backing staged \
+             when it stopped uncleanly; they are checked above and written to the log by the \
+             next `ftlblk recover` (or any open of the backing)",
+            staged_file.display(),
+            report.staged.entries,
+            report.staged.open_chunks + report.staged.sealed_chunks
+        );
+    } else if report.staged.ignored_stale {
+        eprintln!(
+            "note: {} belongs to an older session of this backing and is ignored",
+            staged_file.display()
+        );
+    }
+    if report.clean() {
+        Ok(())
+    } else {
+        Err(CliError::CheckFailed)
+    }
+}

@@ -1,0 +1,42 @@
+//! How the commands print: byte counts for people (`1.5 MiB`), documents as pretty JSON.
+//!
+//! Uses only [`crate::error`]; any command module may use it.
+
+use crate::error::CliError;
+use serde::Serialize;
+
+/// Prints `v` as pretty JSON on stdout.
+pub fn print_json<T: Serialize + ?Sized>(v: &T) -> Result<(), CliError> {
+    let text =
+        serde_json::to_string_pretty(v).map_err(|e| CliError::json("cannot write JSON", e))?;
+    println!("{text}");
+    Ok(())
+}
+
+/// `b` bytes in the largest binary unit that keeps the figure at least 1 (one decimal).
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_well() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(1 << 30), "1.0 GiB");
+        assert_eq!(human_bytes(3 << 19), "1.5 MiB");
+    }
+}

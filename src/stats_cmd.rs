@@ -1,0 +1,263 @@
+//! `ftlblk stats`: asks a device's daemon for its figures over the stats socket
+//! (`/run/ftlblk/N.sock`, served by [`crate::control`]) and prints them as a table, or as
+//! the daemon sent them (`--json`).
+//!
+//! Owns [`StatsArgs`], the socket's client end and the table ([`format_stats`]); the
+//! document itself is [`crate::stats_doc::StatsDocument`]. Called by [`crate::cli`] only.
+
+use crate::error::CliError;
+use crate::output::human_bytes;
+use crate::runfiles;
+use crate::stats_doc::StatsDocument;
+use clap::Args;
+use std::io::Read;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+/// How long `stats` waits for the daemon's document.
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Args, Debug, Clone)]
+pub struct StatsArgs {
+    /// Device number N of /dev/ublkbN.
+    #[arg(short = 'n', long = "number")]
+    pub id: u32,
+    /// Print the daemon's JSON document as is instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `ftlblk stats`.
+pub fn run(a: StatsArgs) -> Result<(), CliError> {
+    let id = a.id;
+    let doc = fetch_stats(id)?;
+    if a.json {
+        println!("{doc}");
+        return Ok(());
+    }
+    let doc = StatsDocument::from_json(&doc)
+        .map_err(|e| CliError::json("the daemon's stats are not a stats document", e))?;
+    print!("{}", format_stats(&doc));
+    Ok(())
+}
+
+/// The document device `id`'s daemon sends, as text.
+fn fetch_stats(id: u32) -> Result<String, CliError> {
+    let sock = runfiles::socket_path(id);
+    let s = match UnixStream::connect(&sock) {
+        Ok(s) => s,
+        Err(e) => {
+            return Err(match runfiles::read_record(id).ok().flatten() {
+                Some(r) if !runfiles::pid_alive(r.pid) => CliError::Device(format!(
+                    "the daemon of device {id} (pid {}) is not running; if /dev/ublkb{id} still \
+                     exists, re-attach it with `ftlblk recover -n {id}`",
+                    r.pid
+                )),
+                Some(_) => CliError::io(
+                    format!(
+                        "cannot reach the daemon of device {id} at {}",
+                        sock.display()
+                    ),
+                    e,
+                ),
+                None => CliError::Device(format!(
+                    "ublk device {id} not found (no {}; is it served by ftlblk?)",
+                    runfiles::record_path(id).display()
+                )),
+            })
+        }
+    };
+    read_document(s, &sock)
+}
+
+/// Reads a connected socket to its end (the daemon closes it after one document).
+fn read_document(mut s: UnixStream, sock: &Path) -> Result<String, CliError> {
+    let reading = || format!("reading {}", sock.display());
+    s.set_read_timeout(Some(READ_TIMEOUT))
+        .map_err(|e| CliError::io(reading(), e))?;
+    let mut doc = String::new();
+    s.read_to_string(&mut doc)
+        .map_err(|e| CliError::io(reading(), e))?;
+    Ok(doc)
+}
+
+/// The human-readable `stats` table.
+pub fn format_stats(d: &StatsDocument) -> String {
+    let (s, c) = (&d.stats, &d.stats.counters);
+    let bs = s.block_size.max(1);
+    let blocks = |b: u64| format!("{} ({b} blocks)", human_bytes(b * bs));
+    let exported = s.exported_blocks;
+    let mapped = s.mapped_blocks;
+    let mut out = String::new();
+    let mut row = |k: &str, val: String| out.push_str(&format!("{k:<22} {val}\n"));
+    let unknown = || "?".to_string();
+    let dev = d.device.as_ref();
+    row(
+        "device",
+        format!(
+            "{} (id {}, pid {})",
+            dev.map_or_else(unknown, |r| r.block_device.display().to_string()),
+            dev.map_or(0, |r| r.id),
+            dev.map_or(0, |r| r.pid)
+        ),
+    );
+    row(
+        "backing",
+        dev.map_or_else(unknown, |r| r.backing.display().to_string()),
+    );
+    row(
+        "capacity",
+        format!(
+            "{} ({exported} blocks of {bs} B)",
+            human_bytes(exported * bs)
+        ),
+    );
+    row("user written", blocks(c.user_blocks_written));
+    row("backing written", blocks(c.backing_blocks_written));
+    row("WAF", format!("{:.3}", s.waf));
+    row(
+        "free segments",
+        format!(
+            "{} of {} ({} dead, waiting for a checkpoint)",
+            s.free_segments, s.segment_count, s.dead_segments
+        ),
+    );
+    row(
+        "mapped blocks",
+        format!(
+            "{mapped} ({:.1}% of capacity)",
+            if exported == 0 {
+                0.0
+            } else {
+                mapped as f64 * 100.0 / exported as f64
+            }
+        ),
+    );
+    row("flushes", c.flushes.to_string());
+    row("trimmed blocks", c.trimmed_blocks.to_string());
+    row("padding", human_bytes(c.padding_bytes));
+    row("relocated blocks", c.relocated_blocks.to_string());
+    row("checkpoints", s.checkpoints.to_string());
+    row("epoch (opens)", s.epoch.to_string());
+    row("map RAM", human_bytes(s.map_ram_bytes));
+    row("index on disk", human_bytes(s.index_bytes_on_disk));
+    row("discarded (TRIM out)", human_bytes(c.discarded_bytes));
+    if let Some(a) = d.backing_allocated_bytes {
+        row("backing allocated", human_bytes(a));
+    }
+    if let Some(cl) = &d.cleaner {
+        let r = &cl.stats;
+        row(
+            "cleaner",
+            format!(
+                "{} segments freed, {} blocks copied, {} errors",
+                r.cleaner.segments_cleaned, r.cleaner.blocks_copied, r.errors
+            ),
+        );
+        row(
+            "cleaning slices",
+            format!(
+                "{} run ({} foreground, {} background), {} preempted",
+                r.cleaner.slices, r.foreground_slices, r.background_slices, r.cleaner.preemptions
+            ),
+        );
+        let throttle = r.throttle_ns_per_block;
+        row(
+            "write throttle",
+            if throttle == 0 {
+                "off".to_string()
+            } else {
+                format!(
+                    "writers paced at {:.0} blocks/s (cleaner's rate {:.0} blocks/s)",
+                    1e9 / throttle as f64,
+                    r.clean_rate_blocks_per_s
+                )
+            },
+        );
+    } else {
+        row("cleaner", "off".to_string());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(v: &serde_json::Value) -> StatsDocument {
+        StatsDocument::from_json(&v.to_string()).expect("a stats document")
+    }
+
+    #[test]
+    fn stats_table_has_the_figures() {
+        let v = serde_json::json!({
+            "device": {"id": 0, "block_device": "/dev/ublkb0", "pid": 42, "backing": "/tmp/t.img",
+                       "char_device": "/dev/ublkc0", "index": "/tmp/t.img.ftlidx",
+                       "size_bytes": 4096000, "block_size": 4096, "queues": 1, "depth": 128,
+                       "io_buf_bytes": 524288, "cleaner": false, "socket": "/run/ftlblk/0.sock",
+                       "log": null, "uuid": "u", "recoveries": 0},
+            "stats": {
+                "block_size": 4096, "exported_blocks": 1000, "mapped_blocks": 250,
+                "free_segments": 10, "segment_count": 64, "dead_segments": 1,
+                "waf": 1.25, "checkpoints": 3, "epoch": 2,
+                "counters": {"user_blocks_written": 800, "backing_blocks_written": 1000,
+                             "flushes": 7, "trimmed_blocks": 5, "padding_bytes": 0,
+                             "relocated_blocks": 0}
+            },
+            "cleaner": null
+        });
+        let mut with_cleaner = v.clone();
+        with_cleaner["cleaner"] = serde_json::json!({"stats": {
+            "cleaner": {"segments_cleaned": 4, "blocks_copied": 96, "slices": 9, "preemptions": 3},
+            "foreground_slices": 2, "background_slices": 7, "throttle_ns_per_block": 25000,
+            "clean_rate_blocks_per_s": 30000.0, "errors": 0}});
+        with_cleaner["backing_allocated_bytes"] = serde_json::json!(3u64 << 20);
+        let t2 = format_stats(&doc(&with_cleaner));
+        for want in [
+            "4 segments freed, 96 blocks copied",
+            "9 run (2 foreground, 7 background), 3 preempted",
+            "writers paced at 40000 blocks/s (cleaner's rate 30000 blocks/s)",
+            "backing allocated      3.0 MiB",
+        ] {
+            assert!(t2.contains(want), "missing {want:?} in\n{t2}");
+        }
+        let t = format_stats(&doc(&v));
+        for want in [
+            "/dev/ublkb0",
+            "WAF                    1.250",
+            "free segments          10 of 64",
+            "mapped blocks          250 (25.0% of capacity)",
+            "flushes                7",
+            "trimmed blocks         5",
+            "cleaner                off",
+        ] {
+            assert!(t.contains(want), "missing {want:?} in\n{t}");
+        }
+    }
+
+    #[test]
+    fn a_document_from_the_socket_prints() {
+        // The socket's two ends without a device: a listener sends a document the way the
+        // control plane does, the client reads it to its end and prints the table.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sock = dir.path().join("0.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
+        let mut sent = StatsDocument::default();
+        sent.stats.exported_blocks = 1000;
+        sent.stats.mapped_blocks = 500;
+        let text = sent.to_json().expect("json");
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().expect("accept");
+            std::io::Write::write_all(&mut s, text.as_bytes()).expect("send");
+        });
+        let got = read_document(UnixStream::connect(&sock).expect("connect"), &sock).unwrap();
+        server.join().expect("server");
+        let t = format_stats(&StatsDocument::from_json(&got).expect("parse"));
+        assert!(
+            t.contains("mapped blocks          500 (50.0% of capacity)"),
+            "{t}"
+        );
+        assert!(t.contains("device                 ? (id 0, pid 0)"), "{t}");
+    }
+}
