@@ -446,8 +446,8 @@ impl Appender {
         chunk.push_data(lba, seq, crc, data);
         let geo = &self.s.geo;
         let old_seg = old.pba().map(|o| geo.segment_of(o as u64));
-        t.segs.note_append(geo.segment_of(pba), old_seg);
         t.map.swap(lba, new);
+        t.segs.note_append(geo.segment_of(pba), old_seg);
         if old_seg.is_none() {
             LiveCounters::add(&t.mapped, 1);
         }

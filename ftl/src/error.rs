@@ -63,6 +63,10 @@ pub enum Error {
     /// Data read back does not match its recorded checksum.
     #[error("checksum mismatch reading block {lba} (physical block {pba})")]
     DataChecksum { lba: u64, pba: u64 },
+    /// A block's map entry kept changing while it was read (relocated or overwritten
+    /// each time): the read gave up rather than return data it could not verify.
+    #[error("block {lba} kept moving during {tries} reads")]
+    KeptMoving { lba: u64, tries: usize },
     /// The index store (sled) failed.
     #[error("index error: {0}")]
     Index(String),
@@ -86,9 +90,11 @@ impl Error {
     /// The negative-errno value a block request completing with this error reports.
     pub fn errno(&self) -> i32 {
         let e = match self {
-            Error::Io { .. } | Error::DataChecksum { .. } | Error::Corrupt(_) | Error::Index(_) => {
-                libc::EIO
-            }
+            Error::Io { .. }
+            | Error::DataChecksum { .. }
+            | Error::KeptMoving { .. }
+            | Error::Corrupt(_)
+            | Error::Index(_) => libc::EIO,
             Error::Open { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::Busy(_) => libc::EBUSY,
             Error::OutOfRange { .. }
@@ -129,5 +135,6 @@ mod tests {
         );
         assert_eq!(Error::NoSpace.errno(), -libc::ENOSPC);
         assert_eq!(Error::DataChecksum { lba: 0, pba: 0 }.errno(), -libc::EIO);
+        assert_eq!(Error::KeptMoving { lba: 0, tries: 16 }.errno(), -libc::EIO);
     }
 }

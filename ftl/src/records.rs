@@ -355,7 +355,7 @@ impl CheckpointRecord {
 
     pub fn decode(buf: &[u8]) -> Result<Self> {
         use ckpt_offsets as o;
-        if buf.len() < o::UUID || &buf[..8] != CKPT_MAGIC {
+        if buf.len() < o::STREAMS || &buf[..8] != CKPT_MAGIC {
             return Err(Error::Corrupt(
                 "checkpoint record: bad size or magic".into(),
             ));

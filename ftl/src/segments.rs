@@ -106,7 +106,9 @@ impl Segments {
     }
 
     /// A block was appended into segment `new`, replacing one in `old` (if mapped):
-    /// called under the block's stripe lock, with the map change.
+    /// called under the block's stripe lock, right after the map change, so no segment
+    /// ever counts fewer live blocks than the map points into it (a lock-free reader
+    /// never sees a segment dead while a map entry still names it).
     pub fn note_append(&self, new: u32, old: Option<u32>) {
         self.valid[new as usize].fetch_add(1, Ordering::SeqCst);
         if let Some(o) = old {

@@ -274,6 +274,12 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             None => self.write_chunks(out),
         };
         let sid = stream.0;
+        if sid as usize >= crate::stream::STREAMS {
+            return Err(Error::InvalidParameters(format!(
+                "stream {sid} >= {}",
+                crate::stream::STREAMS
+            )));
+        }
         let mut i = 0;
         let mut retried = false;
         while i < items {
@@ -465,6 +471,25 @@ mod tests {
     use crate::{Config, Error, FormatOptions, Ftl, StreamId};
     use std::sync::Arc;
     use std::time::Duration;
+
+    /// A stream out of range is an error whatever the write's length (an empty write
+    /// once slipped past the check, which sat inside the per-block loop).
+    #[test]
+    fn a_stream_out_of_range_is_refused_even_for_an_empty_write() {
+        let dev = Arc::new(MemDevice::new(32 * (64 << 10)));
+        let idx = Arc::new(MemIndex::new());
+        let opts = FormatOptions {
+            segment_bytes: Some(64 << 10),
+            ..Default::default()
+        };
+        crate::format(&dev, &idx, &opts, false).unwrap();
+        let (f, _) = Ftl::open(dev, idx, Config::default()).unwrap();
+        let bad = StreamId(crate::stream::STREAMS as u8);
+        for data in [vec![], block_for(1, 1)] {
+            let r = f.write(1, &data, true, bad);
+            assert!(matches!(r, Err(Error::InvalidParameters(_))), "{r:?}");
+        }
+    }
 
     /// Rule 5: a panic between taking a chunk number and putting the chunk in
     /// flight poisons the FTL and completes the number; every later FLUSH fails at once

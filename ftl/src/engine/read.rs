@@ -115,7 +115,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 }
             }
         }
-        Err(Error::DataChecksum { lba, pba: u64::MAX })
+        Err(Error::KeptMoving {
+            lba,
+            tries: READ_RETRIES,
+        })
     }
 
     /// Current map entry of `lba` (for the cleaner and checks).
