@@ -9,7 +9,8 @@ Usage: scripts/orderings-mutants.py [MUTANT_ID ...]      (default: all)
 Works in a scratch git worktree of HEAD (/tmp/ftlblk-mutants, its own target dir), so the
 checkout you work in is never touched. For each mutant it applies one textual change (it
 stops with an error if the text is no longer in the file: update the mutant with the
-code), runs each of the mutant's tests, and prints which of them failed ("caught"). It
+code), builds each of the mutant's tests (a mutant that does not build is an error, not a
+catch), runs them, and prints which of them failed ("caught"). It
 exits non-zero if any mutant is caught by none of its tests. docs/orderings.md lists the
 results. Takes about an hour for all of them (release builds plus the crash harnesses).
 """
@@ -221,13 +222,21 @@ def main():
                 mutated = mutated.replace(old, new, 1)
             open(f, "w").write(mutated)
             caught = []
+            # A mutant that does not build fails every test: that is no catch.
+            broken = [c for c in tests if sh(c.replace("cargo test", "cargo test --no-run", 1), WT)[0]]
+            if broken:
+                print(f"{mid}: does not build ({broken[0]}): update the mutant", flush=True)
+                open(f, "w").write(src)
+                missed.append(mid)
+                continue
             for cmd in tests:
                 rc, out, secs = sh(cmd, WT)
                 short = cmd.split("cargo test")[-1].strip()
                 if rc != 0:
                     caught.append(short)
-                print(f"  {mid}: {'CAUGHT' if rc else 'passed'} ({secs:.0f} s) by {short}",
-                      flush=True)
+                why = next((ln.strip() for ln in out.splitlines() if "panicked" in ln), "")
+                print(f"  {mid}: {'CAUGHT' if rc else 'passed'} ({secs:.0f} s) by {short}"
+                      + (f": {why[:160]}" if rc else ""), flush=True)
             open(f, "w").write(src)
             print(f"{mid}: {rule}: caught by {len(caught)} of {len(tests)}", flush=True)
             if not caught:
