@@ -234,6 +234,57 @@ fn relocations_over_several_streams_leave_the_reserve_to_the_gc_stream() {
     }
 }
 
+/// The reserve rule in one step: with free segments at the reserve and a class stream
+/// without an open segment, a relocation into that stream does not take a reserve
+/// segment; it is diverted to the GC stream, whose reserve it is. (The test above runs
+/// the same rule over many victims, where closing streams at the reserve, the other rule,
+/// hides it.)
+#[test]
+fn at_the_reserve_a_relocation_into_a_class_stream_is_diverted_to_the_gc_stream() {
+    let (_, _, f) = mem_ftl(ftl::model::tiny::DEVICE_BYTES, &tiny());
+    let reserve = f.gc_reserve_segments();
+    let cap = f.capacity_blocks();
+    let mut tag = 1u64;
+    for lba in 0..cap {
+        f.write(lba, &block_for(lba, tag), false, S0).unwrap();
+        tag += 1;
+    }
+    f.checkpoint().unwrap();
+    for s in 1..8 {
+        f.close_stream(StreamId(s)).unwrap();
+    }
+    // Overwrite in stream 0 until its next segment takes free space down to the reserve.
+    let mut x = 777u64;
+    while f.free_segments() > reserve {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let lba = (x >> 33) % cap;
+        f.write(lba, &block_for(lba, tag), false, S0).unwrap();
+        tag += 1;
+    }
+    assert_eq!(f.free_segments(), reserve);
+    let victim = f
+        .segment_snapshot()
+        .into_iter()
+        .filter(|s| s.segment != 0 && s.state == "closed" && s.valid > 0)
+        .min_by_key(|s| s.valid)
+        .expect("a victim");
+    let b = f.live_blocks(victim.segment).unwrap()[0];
+    let mut buf = ftl::device::AlignedBuf::new(4096);
+    assert!(f.read_live(&b, &mut buf).unwrap());
+    assert!(f.relocate(b.lba, b.entry, &buf, StreamId(4)).unwrap());
+    assert_eq!(
+        f.relocations_diverted(),
+        1,
+        "stream 4 took a reserve segment (free now {})",
+        f.free_segments()
+    );
+    let mut back = vec![0u8; 4096];
+    f.read(b.lba, &mut back).unwrap();
+    assert_eq!(observe(b.lba, &back), observe(b.lba, &buf));
+}
+
 /// A written, half-overwritten device whose fullest closed segment is a victim.
 /// Every third block up to the returned bound was overwritten (tag 2; the rest tag 1).
 fn device_with_a_victim() -> (MemFtl, u32, u64) {
