@@ -561,10 +561,12 @@ pub mod ops {
     /// One step of a run. Fields are raw values the interpreter maps into range as each
     /// variant says (the `ops` fuzz target decodes them from bytes as they are).
     ///
-    /// The first thirteen variants, in this order, are the `ops` fuzz target's input
-    /// format (its committed corpus and regression inputs depend on it: see
-    /// `fuzz/src/ops.rs`); a variant added later goes last and is not in that format.
+    /// With the `arbitrary` feature, `Arbitrary` is derived: the variants not skipped, in
+    /// this order and with these fields, are the `ops` fuzz target's input format (its
+    /// committed corpus and regression inputs depend on it: see `fuzz/src/ops.rs`). A
+    /// variant added later goes last and is skipped, or every variant's byte values move.
     #[derive(Debug, Clone, PartialEq, Eq)]
+    #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
     pub enum Op {
         /// Write 1..=8 blocks (`1 + blocks % 8`) at `lba` (mod [`SPAN`]) in stream
         /// `stream % 4`.
@@ -641,6 +643,7 @@ pub mod ops {
         },
         /// Close stream `stream % 4`'s open segment (its open chunk sealed and written).
         /// Not in the fuzz target's input format.
+        #[cfg_attr(feature = "arbitrary", arbitrary(skip))]
         CloseStream {
             stream: u8,
         },
