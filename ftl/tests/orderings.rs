@@ -182,21 +182,8 @@ fn relocations_over_several_streams_leave_the_reserve_to_the_gc_stream() {
     let reserve = f.gc_reserve_segments();
     // Write every block, then overwrite at random until one segment more than the
     // reserve is free: every closed segment holds live blocks, some of them few.
-    let cap = f.capacity_blocks();
-    let mut tag = 1u64;
-    for lba in 0..cap {
-        f.write(lba, &block_for(lba, tag), false, S0).unwrap();
-        tag += 1;
-    }
-    let mut x = 12345u64;
-    while f.free_segments() > reserve + 1 {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let lba = (x >> 33) % cap;
-        f.write(lba, &block_for(lba, tag), false, S0).unwrap();
-        tag += 1;
-    }
+    let mut tag = fill(&f);
+    overwrite_until_free(&f, 12345, &mut tag, reserve + 1);
     f.checkpoint().unwrap();
     for s in 0..8 {
         f.close_stream(StreamId(s)).unwrap();
@@ -243,26 +230,13 @@ fn relocations_over_several_streams_leave_the_reserve_to_the_gc_stream() {
 fn at_the_reserve_a_relocation_into_a_class_stream_is_diverted_to_the_gc_stream() {
     let (_, _, f) = mem_ftl(ftl::model::tiny::DEVICE_BYTES, &tiny());
     let reserve = f.gc_reserve_segments();
-    let cap = f.capacity_blocks();
-    let mut tag = 1u64;
-    for lba in 0..cap {
-        f.write(lba, &block_for(lba, tag), false, S0).unwrap();
-        tag += 1;
-    }
+    let mut tag = fill(&f);
     f.checkpoint().unwrap();
     for s in 1..8 {
         f.close_stream(StreamId(s)).unwrap();
     }
     // Overwrite in stream 0 until its next segment takes free space down to the reserve.
-    let mut x = 777u64;
-    while f.free_segments() > reserve {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let lba = (x >> 33) % cap;
-        f.write(lba, &block_for(lba, tag), false, S0).unwrap();
-        tag += 1;
-    }
+    overwrite_until_free(&f, 777, &mut tag, reserve);
     assert_eq!(f.free_segments(), reserve);
     let victim = f
         .segment_snapshot()
@@ -283,6 +257,29 @@ fn at_the_reserve_a_relocation_into_a_class_stream_is_diverted_to_the_gc_stream(
     let mut back = vec![0u8; 4096];
     f.read(b.lba, &mut back).unwrap();
     assert_eq!(observe(b.lba, &back), observe(b.lba, &buf));
+}
+
+/// Writes every block in stream 0, tagged from 1; returns the next tag.
+fn fill(f: &MemFtl) -> u64 {
+    let mut tag = 1u64;
+    for lba in 0..f.capacity_blocks() {
+        f.write(lba, &block_for(lba, tag), false, S0).unwrap();
+        tag += 1;
+    }
+    tag
+}
+
+/// Overwrites random blocks (seeded) in stream 0 until at most `free` segments are free.
+fn overwrite_until_free(f: &MemFtl, seed: u64, tag: &mut u64, free: usize) {
+    let mut x = seed;
+    while f.free_segments() > free {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let lba = (x >> 33) % f.capacity_blocks();
+        f.write(lba, &block_for(lba, *tag), false, S0).unwrap();
+        *tag += 1;
+    }
 }
 
 /// A written, half-overwritten device whose fullest closed segment is a victim.
