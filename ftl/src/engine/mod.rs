@@ -468,22 +468,24 @@ mod tests {
     use crate::device::mem::MemDevice;
     use crate::index::mem::MemIndex;
     use crate::model::block_for;
-    use crate::{Config, Error, FormatOptions, Ftl, StreamId};
+    use crate::{Error, FormatOptions, StreamId};
     use std::sync::Arc;
     use std::time::Duration;
+
+    /// 32 segments of 64 KiB in memory, default `Config`.
+    fn small_ftl() -> (Arc<MemDevice>, Arc<MemIndex>, crate::model::MemFtl) {
+        let opts = FormatOptions {
+            segment_bytes: Some(64 << 10),
+            ..Default::default()
+        };
+        crate::model::mem_ftl(32 * (64 << 10), &opts)
+    }
 
     /// A stream out of range is an error whatever the write's length (an empty write
     /// once slipped past the check, which sat inside the per-block loop).
     #[test]
     fn a_stream_out_of_range_is_refused_even_for_an_empty_write() {
-        let dev = Arc::new(MemDevice::new(32 * (64 << 10)));
-        let idx = Arc::new(MemIndex::new());
-        let opts = FormatOptions {
-            segment_bytes: Some(64 << 10),
-            ..Default::default()
-        };
-        crate::format(&dev, &idx, &opts, false).unwrap();
-        let (f, _) = Ftl::open(dev, idx, Config::default()).unwrap();
+        let (_, _, f) = small_ftl();
         let bad = StreamId(crate::stream::STREAMS as u8);
         for data in [vec![], block_for(1, 1)] {
             let r = f.write(1, &data, true, bad);
@@ -496,14 +498,7 @@ mod tests {
     /// instead of waiting forever (for the number, or for the dead FLUSH leader).
     #[test]
     fn a_panic_while_sealing_does_not_wedge_flush() {
-        let dev = Arc::new(MemDevice::new(32 * (64 << 10)));
-        let idx = Arc::new(MemIndex::new());
-        let opts = FormatOptions {
-            segment_bytes: Some(64 << 10),
-            ..Default::default()
-        };
-        crate::format(&dev, &idx, &opts, false).unwrap();
-        let (f, _) = Ftl::open(dev, idx, Config::default()).unwrap();
+        let (_, _, f) = small_ftl();
         let f = Arc::new(f);
         let f2 = f.clone();
         let dying = std::thread::spawn(move || {
