@@ -119,7 +119,7 @@ pub fn format_stats(d: &StatsDocument) -> String {
     row(
         "free segments",
         format!(
-            "{} of {} ({} dead, waiting for a checkpoint)",
+            "{} of {} ({} dead, waiting for a free record or checkpoint)",
             s.free_segments, s.segment_count, s.dead_segments
         ),
     );
@@ -139,6 +139,13 @@ pub fn format_stats(d: &StatsDocument) -> String {
     row("padding", human_bytes(c.padding_bytes));
     row("relocated blocks", c.relocated_blocks.to_string());
     row("checkpoints", s.checkpoints.to_string());
+    row(
+        "freed between checkpoints",
+        format!(
+            "{} segments by {} free records",
+            s.segments_freed_by_records, s.free_records
+        ),
+    );
     row("epoch (opens)", s.epoch.to_string());
     row("map RAM", human_bytes(s.map_ram_bytes));
     row("index on disk", human_bytes(s.index_bytes_on_disk));

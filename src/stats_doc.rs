@@ -63,6 +63,8 @@ pub struct FtlFigures {
     pub dead_segments: u64,
     pub waf: f64,
     pub checkpoints: u64,
+    pub free_records: u64,
+    pub segments_freed_by_records: u64,
     pub epoch: u64,
     pub map_ram_bytes: u64,
     pub index_bytes_on_disk: u64,

@@ -1,9 +1,10 @@
 //! The cleaning thread: ties policies, triggers and slices to a live FTL.
 //!
 //! Each turn it (1) sets the writers' throttle from free space (free segments plus the
-//! dead ones a checkpoint will free), (2) checkpoints when a batch of cleaned segments
-//! waits, free space is short, the device went idle with dead segments, or the FTL says
-//! one is due ([`checkpoint_needed`]), (3) cleans in the foreground (greedy, back to
+//! dead ones a free record or checkpoint will free), (2) on a thread of its own, frees
+//! dead segments with free records as soon as any is freeable, and checkpoints when the
+//! FTL says one is due or, for dead segments no free record may free, when a batch
+//! waits, free space is short or the device went idle ([`reclaim_now`]), (3) cleans in the foreground (greedy, back to
 //! back, yielding only between slices) while free space is at or below the low
 //! watermark, (4) otherwise cleans in the background (cost-benefit or cost-hotness) when
 //! the device is idle and the interval `Ci` has elapsed, yielding as soon as foreground
@@ -12,8 +13,8 @@
 use crate::policy::Policy;
 use crate::slice::{Budget, Cleaner, CleanerStats, SliceEnd};
 use crate::trigger::{
-    background_interval, checkpoint_needed, dead_batch, foreground_needed, write_pace,
-    CheckpointInputs,
+    background_interval, dead_batch, foreground_needed, reclaim_now, write_pace,
+    CheckpointInputs, Reclaim,
 };
 use ftl::{BlockDevice, Ftl, IndexStore};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -89,6 +90,9 @@ pub struct RunnerStats {
     pub checkpoints: u64,
     /// Nanoseconds spent in checkpoints.
     pub checkpoint_ns: u64,
+    /// Free-record commits (`Ftl::free_dead`) and the nanoseconds spent in them.
+    pub frees: u64,
+    pub free_ns: u64,
     pub errors: u64,
 }
 
@@ -242,10 +246,12 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
             last_activity = Instant::now();
         }
         let mut turn = || -> Result<bool, crate::Error> {
-            // Cleaned segments become free only through a durable checkpoint.
+            // Cleaned segments become free only through a durable free record or
+            // checkpoint.
             let now = CheckpointInputs {
                 free,
                 dead,
+                freeable: if dead > 0 { ftl.freeable_segments() } else { 0 },
                 urgent,
                 batch,
                 due: ftl.checkpoint_due(),
@@ -254,15 +260,25 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
             };
             // On its own thread: cleaning goes on during its device sync and index
             // commit (half of the cleaner's time when it checkpointed in line).
-            if checkpointer.is_none() && checkpoint_needed(now, cfg.idle_checkpoint) {
-                last_checkpoint = Instant::now();
+            let what = match checkpointer {
+                None => reclaim_now(now, cfg.idle_checkpoint),
+                Some(_) => None,
+            };
+            if let Some(what) = what {
+                if what == Reclaim::Checkpoint {
+                    last_checkpoint = Instant::now();
+                }
                 let f = ftl.clone();
                 checkpointer = Some(
                     std::thread::Builder::new()
                         .name("ftl-checkpoint".into())
                         .spawn(move || {
                             let t = Instant::now();
-                            (f.checkpoint().map(|_| ()), t.elapsed())
+                            let r = match what {
+                                Reclaim::Checkpoint => f.checkpoint().map(|_| ()),
+                                Reclaim::FreeDead => f.free_dead().map(|_| ()),
+                            };
+                            (what, r, t.elapsed())
                         })
                         .map_err(crate::Error::CheckpointThread)?,
                 );
@@ -388,8 +404,8 @@ impl CleanRate {
     }
 }
 
-/// What a checkpoint thread returns: its outcome and how long it took.
-type CheckpointRun = (ftl::Result<()>, Duration);
+/// What a checkpoint thread returns: what it ran, its outcome and how long it took.
+type CheckpointRun = (Reclaim, ftl::Result<()>, Duration);
 
 fn finish_checkpoint(
     h: JoinHandle<CheckpointRun>,
@@ -397,11 +413,20 @@ fn finish_checkpoint(
     last_error: &Mutex<Option<String>>,
 ) {
     let failed = match h.join() {
-        Ok((r, took)) => {
+        Ok((what, r, took)) => {
             let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
-            s.checkpoints += 1;
-            s.checkpoint_ns += took.as_nanos() as u64;
-            r.err().map(|e| format!("checkpoint: {e}"))
+            let ns = took.as_nanos() as u64;
+            match what {
+                Reclaim::Checkpoint => {
+                    s.checkpoints += 1;
+                    s.checkpoint_ns += ns;
+                }
+                Reclaim::FreeDead => {
+                    s.frees += 1;
+                    s.free_ns += ns;
+                }
+            }
+            r.err().map(|e| format!("{what:?}: {e}"))
         }
         Err(_) => Some("the checkpoint thread panicked".to_string()),
     };

@@ -65,6 +65,9 @@ pub struct CheckpointInputs {
     pub free: usize,
     /// Closed segments without live blocks (free once a checkpoint is durable).
     pub dead: usize,
+    /// Of `dead`, those a free record may free now (`Ftl::freeable_segments`: closed
+    /// before the last checkpoint).
+    pub freeable: usize,
     /// Free segments at or below which any dead segment is worth a checkpoint at once.
     pub urgent: usize,
     /// Dead segments worth a checkpoint whatever the free space.
@@ -91,6 +94,35 @@ pub fn checkpoint_needed(i: CheckpointInputs, idle: Duration) -> bool {
         || (i.dead > 0 && i.idle_for >= idle && i.since_last >= idle)
 }
 
+/// How the cleaning thread returns dead segments (or persists the map) now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reclaim {
+    /// A full checkpoint (map pages, segment table; frees every dead segment).
+    Checkpoint,
+    /// Free records for the freeable dead segments (`Ftl::free_dead`): one log sync and
+    /// a small index commit, no map pages.
+    FreeDead,
+}
+
+/// What to run now, if anything: a checkpoint when the FTL says one is due (the map's
+/// share of recovery time); free records as soon as any dead segment is freeable (they
+/// cost a log sync and a few bytes of index, about a third of a checkpoint under load,
+/// and seal only the chunks that killed the segments, so no batch is gathered first:
+/// a segment waiting for a batch is spare space writers do not have); otherwise a
+/// checkpoint by [`checkpoint_needed`]'s rules for dead segments closed since the last
+/// checkpoint, which no free record may free.
+pub fn reclaim_now(i: CheckpointInputs, idle: Duration) -> Option<Reclaim> {
+    if i.due {
+        Some(Reclaim::Checkpoint)
+    } else if i.freeable > 0 {
+        Some(Reclaim::FreeDead)
+    } else if checkpoint_needed(i, idle) {
+        Some(Reclaim::Checkpoint)
+    } else {
+        None
+    }
+}
+
 /// Dead segments freed together by one checkpoint on a device of `segments` segments:
 /// a sixty-fourth of them, at least one (the FTL's own `checkpoint_due` uses the same).
 pub fn dead_batch(segments: usize) -> usize {
@@ -107,6 +139,7 @@ mod tests {
         let busy = CheckpointInputs {
             free: 50,
             dead: 3,
+            freeable: 0,
             urgent: 10,
             batch: 8,
             due: false,
@@ -148,6 +181,37 @@ mod tests {
             ),
             "at most one idle checkpoint per interval"
         );
+    }
+
+    #[test]
+    fn freeable_segments_are_freed_at_once_and_the_rest_wait_for_a_checkpoint() {
+        let s = Duration::from_secs(1);
+        let busy = CheckpointInputs {
+            free: 50,
+            dead: 3,
+            freeable: 1,
+            urgent: 10,
+            batch: 8,
+            due: false,
+            idle_for: Duration::from_millis(10),
+            since_last: Duration::from_secs(30),
+        };
+        assert_eq!(reclaim_now(busy, s), Some(Reclaim::FreeDead));
+        // A due checkpoint wins (it frees them too).
+        let due = CheckpointInputs { due: true, ..busy };
+        assert_eq!(reclaim_now(due, s), Some(Reclaim::Checkpoint));
+        // None freeable: the checkpoint rules decide.
+        let none = CheckpointInputs { freeable: 0, ..busy };
+        assert_eq!(reclaim_now(none, s), None);
+        let short = CheckpointInputs { free: 10, ..none };
+        assert_eq!(reclaim_now(short, s), Some(Reclaim::Checkpoint));
+        let idle = CheckpointInputs {
+            idle_for: Duration::from_secs(2),
+            ..none
+        };
+        assert_eq!(reclaim_now(idle, s), Some(Reclaim::Checkpoint));
+        let nothing = CheckpointInputs { dead: 0, ..none };
+        assert_eq!(reclaim_now(nothing, s), None);
     }
 
     #[test]

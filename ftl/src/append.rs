@@ -281,6 +281,23 @@ impl Appender {
         Ok(Some(sealed))
     }
 
+    /// Seals every open chunk with an entry that unmapped a block of one of `segs`
+    /// (sorted), each under its stream's lock, one stream at a time (free rule 2:
+    /// afterwards every entry that killed a block of a dead segment in `segs` is in a
+    /// chunk numbered below the tracker's next number). The caller writes them.
+    pub fn seal_killers(&self, t: &Tables, segs: &[u32]) -> Result<Vec<Arc<SealedChunk>>> {
+        let mut out = Vec::new();
+        for (sid, m) in self.streams.iter().enumerate() {
+            let mut st = lock(m);
+            if st.chunk.as_ref().is_some_and(|c| c.killed_any(segs)) {
+                if let Some(c) = self.seal_open(t, sid as u8, &mut st)? {
+                    out.push(c);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Makes sure the stream has an open chunk with room for one entry (and a data block
     /// when `data`), sealing the full one into `out`. Only a `relocation` into
     /// [`GC_STREAM`] may open a segment out of the cleaner's reserve.
@@ -353,6 +370,7 @@ impl Appender {
                 capacity,
                 entries: Vec::new(),
                 data_blocks: 0,
+                killed: Vec::new(),
                 buf,
             });
         }
@@ -447,6 +465,9 @@ impl Appender {
         let geo = &self.s.geo;
         let old_seg = old.pba().map(|o| geo.segment_of(o as u64));
         t.map.swap(lba, new);
+        if let Some(o) = old_seg {
+            chunk.note_killed(o);
+        }
         t.segs.note_append(geo.segment_of(pba), old_seg);
         if old_seg.is_none() {
             LiveCounters::add(&t.mapped, 1);
@@ -469,7 +490,9 @@ impl Appender {
         for l in lba..lba + count as u64 {
             if let Some(o) = t.map.get(l).pba() {
                 t.map.swap(l, MapEntry::UNMAPPED);
-                t.segs.note_unmap(self.s.geo.segment_of(o as u64));
+                let seg = self.s.geo.segment_of(o as u64);
+                chunk.note_killed(seg);
+                t.segs.note_unmap(seg);
                 t.mapped.fetch_sub(1, Ordering::Relaxed);
             }
         }

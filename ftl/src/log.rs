@@ -32,6 +32,10 @@ pub struct OpenChunk {
     pub capacity: u16,
     pub entries: Vec<Entry>,
     pub data_blocks: u16,
+    /// Segments whose blocks this chunk's entries unmapped (overwritten, trimmed or
+    /// relocated away), each once per run: a dead segment is freed between checkpoints
+    /// only once no open chunk names it (`engine/free.rs`, free rule 2).
+    pub killed: Vec<u32>,
     /// Summary block + `capacity` data blocks (+ room for padding), in a staging slot
     /// that records every entry (so a dead process's completed writes are replayed).
     pub buf: ChunkBuf,
@@ -62,6 +66,16 @@ impl OpenChunk {
         self.buf[at..at + BLOCK_SIZE].copy_from_slice(data);
         self.data_blocks += 1;
         self.push_entry(Entry::Data { lba, seq, crc });
+    }
+    /// An entry of this chunk unmapped a block of segment `seg`.
+    pub fn note_killed(&mut self, seg: u32) {
+        if self.killed.last() != Some(&seg) {
+            self.killed.push(seg);
+        }
+    }
+    /// True when an entry of this chunk unmapped a block of one of `segs` (sorted).
+    pub fn killed_any(&self, segs: &[u32]) -> bool {
+        self.killed.iter().any(|s| segs.binary_search(s).is_ok())
     }
     /// Records a trim of `count` blocks from `lba`.
     pub fn push_trim(&mut self, lba: u64, seq: u64, count: u32) {
@@ -193,6 +207,7 @@ mod tests {
             capacity,
             entries: vec![],
             data_blocks: 0,
+            killed: vec![],
             buf: area.try_take().unwrap(),
         }
     }

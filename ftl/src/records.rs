@@ -1,6 +1,7 @@
 //! Records the checkpoint writes into the index (sled): the checkpoint header, one record
-//! per segment and one per map page. Each has a magic, a version and a crc32c; decoding
-//! never panics and never allocates more than its input.
+//! per segment and one per map page; and the free records written between checkpoints.
+//! Each has a magic, a version and a crc32c; decoding never panics and never allocates
+//! more than its input.
 //!
 //! Owns these encodings only. Called by the checkpoint (encode), recovery and the checker
 //! (decode), fuzz seeds (with the `internals` feature).
@@ -128,6 +129,89 @@ impl SegmentRecord {
             erase_count: r.seek(o::ERASE_COUNT)?.u32()?,
             opened_seq: r.seek(o::OPENED_SEQ)?.u64()?,
             valid: r.seek(o::VALID)?.u32()?,
+        })
+    }
+}
+
+/// A dead segment freed between checkpoints (`engine/free.rs`): "segment S is free; every
+/// chunk below chain number N is durable". Recovery frees S before it looks for chunk
+/// heads (S may hold chunks from N on) and fails if the log it replays stops short of N.
+/// The next checkpoint removes the record in the batch whose segment table supersedes it.
+///
+/// ```text
+/// offset size field
+///      0    2 magic        b"FR"
+///      2    1 version      1
+///      3    1 zero
+///      4    4 segment      the freed segment
+///      8    8 epoch        the session's epoch (the checkpoint it follows has it too)
+///     16    8 chain        next chunk number at the commit: every chunk below is durable
+///     24    4 erase_count  the segment's erase count after this free
+///     28    4 crc32c       of bytes 0..28
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FreeRecord {
+    pub segment: u32,
+    pub epoch: u64,
+    pub chain: u64,
+    pub erase_count: u32,
+}
+
+/// Byte offsets of a [`FreeRecord`]'s fields (the table above).
+pub mod free_offsets {
+    pub const MAGIC: usize = 0;
+    pub const VERSION: usize = 2;
+    pub const SEGMENT: usize = 4;
+    pub const EPOCH: usize = 8;
+    pub const CHAIN: usize = 16;
+    pub const ERASE_COUNT: usize = 24;
+    pub const CRC: usize = 28;
+}
+
+const FREE_MAGIC: &[u8; 2] = b"FR";
+const FREE_VERSION: u8 = 1;
+/// Encoded size of a [`FreeRecord`].
+pub const FREE_RECORD_BYTES: usize = 32;
+
+impl FreeRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        use free_offsets as o;
+        let mut w = Writer::with_capacity(FREE_RECORD_BYTES);
+        w.at(o::MAGIC)
+            .bytes(FREE_MAGIC)
+            .at(o::VERSION)
+            .u8(FREE_VERSION)
+            .at(o::SEGMENT)
+            .u32(self.segment)
+            .at(o::EPOCH)
+            .u64(self.epoch)
+            .at(o::CHAIN)
+            .u64(self.chain)
+            .at(o::ERASE_COUNT)
+            .u32(self.erase_count)
+            .at(o::CRC)
+            .crc();
+        w.buf
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Self> {
+        if buf.len() != FREE_RECORD_BYTES || &buf[..2] != FREE_MAGIC {
+            return Err(Error::Corrupt("free record: bad size or magic".into()));
+        }
+        check_trailing_crc(buf, "free record")?;
+        use free_offsets as o;
+        let mut r = Reader::new(buf, "free record");
+        let version = r.seek(o::VERSION)?.u8()?;
+        if version != FREE_VERSION {
+            return Err(Error::Corrupt(format!(
+                "free record version {version} unknown"
+            )));
+        }
+        Ok(FreeRecord {
+            segment: r.seek(o::SEGMENT)?.u32()?,
+            epoch: r.seek(o::EPOCH)?.u64()?,
+            chain: r.seek(o::CHAIN)?.u64()?,
+            erase_count: r.seek(o::ERASE_COUNT)?.u32()?,
         })
     }
 }
@@ -451,6 +535,49 @@ mod tests {
             c::crc(8),
         ];
         assert_eq!(named, [64, 72, 136, 144, 200]);
+        use free_offsets as f;
+        let named = [f::MAGIC, f::VERSION, f::SEGMENT, f::EPOCH, f::CHAIN];
+        assert_eq!(named, [0, 2, 4, 8, 16]);
+        let named = [f::ERASE_COUNT, f::CRC, FREE_RECORD_BYTES];
+        assert_eq!(named, [24, 28, 32]);
+    }
+
+    #[test]
+    fn free_record_round_trip() {
+        let f = FreeRecord {
+            segment: 7,
+            epoch: 3,
+            chain: 1234,
+            erase_count: 5,
+        };
+        let b = f.encode();
+        assert_eq!(b.len(), FREE_RECORD_BYTES);
+        assert_eq!(FreeRecord::decode(&b).unwrap(), f);
+        use free_offsets as o;
+        let at = |off: usize, v: &[u8]| assert_eq!(&b[off..off + v.len()], v, "offset {off}");
+        at(o::MAGIC, FREE_MAGIC);
+        at(o::VERSION, &[FREE_VERSION, 0]);
+        at(o::SEGMENT, &7u32.to_le_bytes());
+        at(o::EPOCH, &3u64.to_le_bytes());
+        at(o::CHAIN, &1234u64.to_le_bytes());
+        at(o::ERASE_COUNT, &5u32.to_le_bytes());
+        at(o::CRC, &crc32c::crc32c(&b[..o::CRC]).to_le_bytes());
+        for i in 0..b.len() {
+            let mut bad = b.clone();
+            bad[i] ^= 0x10;
+            assert!(FreeRecord::decode(&bad).is_err(), "a flip at byte {i} decoded");
+        }
+        assert!(FreeRecord::decode(&b[..31]).is_err());
+        // A segment record is not a free record (same size, other magic).
+        let seg = SegmentRecord {
+            segment: 7,
+            state: SegState::Free,
+            stream: 0,
+            erase_count: 5,
+            opened_seq: 0,
+            valid: 0,
+        };
+        assert!(FreeRecord::decode(&seg.encode()).is_err());
     }
 
     #[test]

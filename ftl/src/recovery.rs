@@ -11,6 +11,13 @@
 //! applied in entry-sequence order, a data entry only if its block's crc32c matches
 //! (an unsynced block may have been lost even though its summary survived).
 //!
+//! Free records (`engine/free.rs`): a segment named by one was freed after the
+//! checkpoint, once every chunk below the record's chain number was durable. It is freed
+//! here before the heads are read (it may hold chunks of the chain), and the roll-forward
+//! must reach that chain number: the entries that killed its blocks are below it, and the
+//! map loaded from the checkpoint may still point into the segment until they are
+//! replayed (free rule 6).
+//!
 //! Replayed chunks are synced before the open checkpoint names them: when only the
 //! process died they may sit unsynced in the backing's cache.
 //!
@@ -27,7 +34,7 @@ use crate::engine::Parts;
 use crate::error::{Error, Result};
 use crate::index::{IndexStore, Key};
 use crate::map::{L2p, MapEntry};
-use crate::records::{CheckpointRecord, MapPage, SegState, SegmentRecord};
+use crate::records::{CheckpointRecord, FreeRecord, MapPage, SegState, SegmentRecord};
 use crate::segments::Segments;
 use crate::stream::STREAMS;
 use crate::summary::{ChunkSummary, Entry};
@@ -52,6 +59,8 @@ pub(crate) struct LoadedIndex {
     pub checkpoint: CheckpointRecord,
     pub segments: Vec<SegmentRecord>,
     pub pages: Vec<MapPage>,
+    /// Free records written since the checkpoint.
+    pub frees: Vec<FreeRecord>,
 }
 
 /// Reads and validates every record of the index against the superblock.
@@ -68,6 +77,7 @@ pub(crate) fn load_index<I: IndexStore>(
     let mut checkpoint = None;
     let mut segments = vec![None; geo.segment_count as usize];
     let mut pages = Vec::new();
+    let mut frees = Vec::new();
     let page_count = geo
         .exported_blocks
         .div_ceil(crate::records::PAGE_ENTRIES as u64);
@@ -90,6 +100,16 @@ pub(crate) fn load_index<I: IndexStore>(
                         )))
                     }
                 }
+            }
+            Some(Key::FREE) if k.len() == 5 => {
+                let f = FreeRecord::decode(&v)?;
+                if k[1..] != f.segment.to_be_bytes() {
+                    return Err(Error::Corrupt(format!(
+                        "free record {} out of place",
+                        f.segment
+                    )));
+                }
+                frees.push(f);
             }
             Some(Key::MAP_PAGE) if k.len() == 9 => {
                 let p = MapPage::decode(&v)?;
@@ -124,10 +144,22 @@ pub(crate) fn load_index<I: IndexStore>(
             s.ok_or_else(|| Error::Corrupt(format!("segment record {i} missing from the index")))
         })
         .collect::<Result<Vec<_>>>()?;
+    for f in &frees {
+        let recorded = segments.get(f.segment as usize).map(|r| r.state);
+        if f.segment == 0 || recorded != Some(SegState::Closed) || f.epoch != checkpoint.epoch
+        {
+            return Err(Error::Corrupt(format!(
+                "free record of segment {} (epoch {}) does not follow the checkpoint \
+                 (epoch {}, segment recorded {recorded:?})",
+                f.segment, f.epoch, checkpoint.epoch
+            )));
+        }
+    }
     Ok(LoadedIndex {
         checkpoint,
         segments,
         pages,
+        frees,
     })
 }
 
@@ -168,7 +200,15 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         }
         map.load_page(p.page, &p.entries);
     }
-    let segs = Segments::from_records(&loaded.segments);
+    // Free rule 6: recorded segments are free before the heads are read.
+    let mut seg_records = loaded.segments.clone();
+    for f in &loaded.frees {
+        if let Some(r) = seg_records.get_mut(f.segment as usize) {
+            r.state = SegState::Free;
+            r.erase_count = f.erase_count;
+        }
+    }
+    let segs = Segments::from_records(&seg_records);
     let mut cursors: Vec<Option<(u32, u32)>> = ck.cursors.clone();
     cursors.resize(STREAMS, None);
     for c in cursors.iter().flatten() {
@@ -277,6 +317,16 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         report.chunks_replayed += 1;
     }
 
+    // Free rule 6: every death the free records relied on was replayed.
+    if let Some(f) = loaded.frees.iter().max_by_key(|f| f.chain) {
+        if expected < f.chain {
+            return Err(Error::Corrupt(format!(
+                "segment {} was freed once chunks below {} were durable, but the log \
+                 ends at chunk {expected}: chunks are missing",
+                f.segment, f.chain
+            )));
+        }
+    }
     // Recovery rule: the replayed chunks are made durable BEFORE the open checkpoint
     // names their blocks. After the death of a process (not a power cut) they can be
     // written but unsynced, readable from the backing's cache yet lost by a later cut.
@@ -332,6 +382,7 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
             counters: ck.counters,
             mapped,
             staging,
+            freed: loaded.frees.iter().map(|f| f.segment).collect(),
         },
         report,
     ))

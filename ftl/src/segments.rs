@@ -7,7 +7,8 @@
 //! - `unwritten[s] > 0` while some chunk of `s` is only in memory; readers then look in
 //!   the owning stream's buffers (`owner[s]`) before the device;
 //! - a `Closed` segment with `valid == 0` becomes `Free` only after a checkpoint that
-//!   records it dead is durable (see `checkpoint.rs`).
+//!   records it dead, or a free record naming it, is durable (see `engine/checkpoint.rs`
+//!   and `engine/free.rs`).
 //!
 //! Owns per-segment state and counters, changed only through its methods (the appender's
 //! `note_append` / `chunk_begin` / `chunk_end`, the checkpoint's `release`, recovery's
@@ -259,6 +260,11 @@ impl Segments {
         i.opened_seq = seq;
         self.owner[seg as usize].store(stream, Ordering::SeqCst);
         true
+    }
+
+    /// Times `seg` was freed for reuse.
+    pub fn erase_count(&self, seg: u32) -> u32 {
+        self.lock().info.get(seg as usize).map_or(0, |i| i.erase_count)
     }
 
     /// State of one segment.

@@ -209,7 +209,8 @@ fn writer<D: BlockDevice, I: IndexStore>(
     Ok(())
 }
 
-/// The background thread: checkpoints and closes streams at random moments.
+/// The background thread: checkpoints, frees dead segments by free records and closes
+/// streams at random moments.
 fn background<D: BlockDevice, I: IndexStore>(
     f: &Ftl<D, I>,
     seed: u64,
@@ -218,8 +219,11 @@ fn background<D: BlockDevice, I: IndexStore>(
     let mut r = SmallRng::seed_from_u64(seed ^ 0xbac6);
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_micros(r.gen_range(100..3000)));
-        if r.gen_bool(0.4) {
+        let x = r.gen_range(0..10);
+        if x < 3 {
             f.checkpoint().map_err(|e| format!("checkpoint: {e}"))?;
+        } else if x < 5 {
+            f.free_dead().map_err(|e| format!("free_dead: {e}"))?;
         } else {
             let s = StreamId(r.gen_range(0..8));
             f.close_stream(s)
@@ -485,8 +489,11 @@ fn power_cut_run(seed: u64) -> Result<String, String> {
     check_after(&dev, &idx, history, Crash::PowerCut, cap)
         .map_err(|e| format!("{e}\n  {plan:?}, {ops} ops, cleaner {stats:?}"))?;
     Ok(format!(
-        "{ops} ops, {} relocated, {} cleaned, {} checkpoints",
-        stats.cleaner.blocks_copied, stats.cleaner.segments_cleaned, stats.checkpoints
+        "{ops} ops, {} relocated, {} cleaned, {} checkpoints, {} free records",
+        stats.cleaner.blocks_copied,
+        stats.cleaner.segments_cleaned,
+        stats.checkpoints,
+        stats.frees
     ))
 }
 

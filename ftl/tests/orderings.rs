@@ -427,3 +427,216 @@ fn a_victims_live_blocks_read_as_one_window() {
     let mut small = ftl::device::AlignedBuf::new(4096);
     assert!(f.read_live_window(start, &live, &mut small).is_err() || live.len() <= 1);
 }
+
+// ----- free records (`engine/free.rs`) -----
+
+/// Writes lbas 0..64 on stream S0 (the first segments fill and close), checkpoints, and
+/// returns the segment holding lba 0 with the lbas mapped into it.
+fn closed_at_checkpoint(f: &GateFtl) -> (u32, Vec<u64>) {
+    for l in 0..64 {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+    }
+    f.checkpoint().unwrap();
+    in_segment_of(f, 0, 0..64)
+}
+
+/// The segment holding `lba` and the lbas of `range` mapped into it.
+fn in_segment_of(f: &GateFtl, lba: u64, range: std::ops::Range<u64>) -> (u32, Vec<u64>) {
+    let geo = *f.geometry();
+    let seg_of = |l: u64| geo.segment_of(f.map_entry(l).unwrap().pba().unwrap() as u64);
+    let seg = seg_of(lba);
+    (seg, range.filter(|&l| seg_of(l) == seg).collect())
+}
+
+/// Overwrites `lbas` with `tag` on stream 2 (no FLUSH), so their segment dies.
+fn kill(f: &GateFtl, lbas: &[u64], tag: u64) {
+    for &l in lbas {
+        f.write(l, &block_for(l, tag), false, StreamId(2)).unwrap();
+    }
+}
+
+/// The segments the index holds free records for.
+fn free_records(idx: &MemIndex) -> Vec<u32> {
+    use ftl::index::{IndexStore, Key};
+    idx.load()
+        .unwrap()
+        .into_iter()
+        .filter(|(k, _)| k.first() == Some(&Key::FREE))
+        .map(|(_, v)| ftl::records::FreeRecord::decode(&v).unwrap().segment)
+        .collect()
+}
+
+fn read_tag(f: &GateFtl, lba: u64) -> Observed {
+    let mut b = vec![0u8; 4096];
+    f.read(lba, &mut b).unwrap_or_else(|e| panic!("read {lba}: {e}"));
+    observe(lba, &b)
+}
+
+/// Free rule 1: only a segment the last checkpoint recorded closed is freed by a free
+/// record. One that was a stream's open segment at the checkpoint holds the chunks
+/// recovery follows from that checkpoint's cursor: it waits for the next checkpoint.
+#[test]
+fn a_segment_closed_after_the_checkpoint_waits_for_the_next() {
+    let (_dev, _idx, f) = gated(Config::default());
+    for l in 0..3 {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+    }
+    f.checkpoint().unwrap();
+    // Lba 0's segment is S0's open segment at the checkpoint; fill it (and more).
+    for l in 3..40 {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+    }
+    let (seg, lbas) = in_segment_of(&f, 0, 0..40);
+    kill(&f, &lbas, 2);
+    assert_eq!(f.segment_valid(seg), 0);
+    assert!(f.dead_segments() >= 1);
+    assert_eq!(f.freeable_segments(), 0, "segment {seg} was open at the checkpoint");
+    let r = f.free_dead().unwrap();
+    assert_eq!(r.segments_freed, 0, "{r:?}");
+    assert!(r.dead_left >= 1, "{r:?}");
+    // The next checkpoint frees it.
+    assert!(f.checkpoint().unwrap().segments_freed >= 1);
+    assert_eq!(f.dead_segments(), 0);
+    // And a segment that checkpoint recorded closed is freeable.
+    let (seg2, lbas2) = in_segment_of(&f, 20, 0..40);
+    kill(&f, &lbas2, 3);
+    assert_eq!(f.segment_valid(seg2), 0);
+    assert_eq!(f.free_dead().unwrap().segments_freed, 1);
+}
+
+/// Free rule 2: the entries that killed the segment's last blocks sit in stream 2's open
+/// chunk; the free seals it (and rule 3 syncs it) before the record is committed. A power
+/// cut right after the free then finds every death in the log: the checkpoint's map,
+/// which still points into the freed segment, is corrected by the replay.
+#[test]
+fn a_free_record_seals_the_open_chunk_that_killed_the_segment() {
+    let (dev, idx, f) = gated(Config::default());
+    let (seg, lbas) = closed_at_checkpoint(&f);
+    kill(&f, &lbas, 2);
+    let r = f.free_dead().unwrap();
+    assert_eq!(r.segments_freed, 1, "{r:?}");
+    assert!(r.chunks_sealed >= 1, "stream 2's open chunk killed it: {r:?}");
+    assert_eq!(free_records(&idx), vec![seg]);
+    drop(f);
+    dev.inner().crash(3).unwrap();
+    checker(dev.inner().clone(), idx.clone()).expect("the recovered map is consistent");
+    let (f, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
+    for &l in &lbas {
+        assert_eq!(read_tag(&f, l), Observed::Tag(2), "lba {l}");
+    }
+}
+
+/// Free rule 3: the record is committed only after the log sync that makes the deaths
+/// durable.
+#[test]
+fn a_free_record_is_committed_only_after_the_log_sync() {
+    let (dev, idx, f) = gated(Config::default());
+    let f = Arc::new(f);
+    let (seg, lbas) = closed_at_checkpoint(&f);
+    kill(&f, &lbas, 2);
+    dev.hold(GateOp::Sync);
+    let h = {
+        let f = f.clone();
+        std::thread::spawn(move || f.free_dead())
+    };
+    assert!(
+        dev.wait_held(GateOp::Sync, Duration::from_secs(10)),
+        "the free syncs the log"
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(free_records(&idx).is_empty(), "committed before the sync");
+    assert!(f.segment_valid(seg) == 0 && f.free_segments() < 31);
+    let free_before = f.free_segments();
+    dev.release(GateOp::Sync);
+    let r = h.join().unwrap().unwrap();
+    assert_eq!(r.segments_freed, 1);
+    assert_eq!(free_records(&idx), vec![seg]);
+    assert_eq!(f.free_segments(), free_before + 1);
+}
+
+/// Checkpoint rule 6 (and free rule 6): the records are removed with the segment table
+/// that supersedes them, by an ordinary checkpoint and by the one that starts a session
+/// after a crash; a crash between a free and the next checkpoint recovers through them.
+#[test]
+fn a_checkpoint_removes_the_free_records_it_supersedes() {
+    // No reserve: the writes below reach the freed segment at the back of the free list.
+    let cfg = Config {
+        gc_reserve_segments: 0,
+        ..Config::default()
+    };
+    let (dev, idx, f) = gated(cfg.clone());
+    let (seg, lbas) = closed_at_checkpoint(&f);
+    kill(&f, &lbas, 2);
+    assert_eq!(f.free_dead().unwrap().segments_freed, 1);
+    // The freed segment is reused before the cut: new chunks in it, found by recovery.
+    let mut tags: HashMap<u64, u64> = HashMap::new();
+    let mut i = 0u64;
+    loop {
+        let l = 100 + i % 100;
+        f.write(l, &block_for(l, 10 + i), false, StreamId(3)).unwrap();
+        tags.insert(l, 10 + i);
+        i += 1;
+        if f.segment_snapshot()[seg as usize].state == "open" {
+            break;
+        }
+        assert!(i < 2000, "segment {seg} was never reused");
+    }
+    f.flush().unwrap();
+    assert_eq!(free_records(&idx), vec![seg], "no checkpoint ran meanwhile");
+    drop(f);
+    dev.inner().crash(9).unwrap();
+    checker(dev.inner().clone(), idx.clone()).expect("recovery through a free record");
+    let (f, _) = Ftl::open(dev.clone(), idx.clone(), cfg).unwrap();
+    assert!(free_records(&idx).is_empty(), "the open checkpoint supersedes them");
+    for &k in &lbas {
+        assert_eq!(read_tag(&f, k), Observed::Tag(2), "lba {k}");
+    }
+    for (&k, &t) in &tags {
+        assert_eq!(read_tag(&f, k), Observed::Tag(t), "lba {k}");
+    }
+    // In a session: a free, then a checkpoint.
+    let (seg2, lbas2) = in_segment_of(&f, 1, 0..64);
+    kill(&f, &lbas2, 6);
+    assert_eq!(f.free_dead().unwrap().segments_freed, 1);
+    assert_eq!(free_records(&idx), vec![seg2]);
+    f.checkpoint().unwrap();
+    assert!(free_records(&idx).is_empty());
+}
+
+/// Free rule 6: a record whose chain number the log does not reach, or that does not
+/// follow the checkpoint, fails the open (the map would point into a freed segment).
+#[test]
+fn recovery_fails_loudly_when_a_free_record_outruns_the_log() {
+    use ftl::index::Key;
+    use ftl::records::FreeRecord;
+    let (dev, idx, f) = gated(Config::default());
+    let (seg, _) = closed_at_checkpoint(&f);
+    let epoch = f.epoch();
+    drop(f);
+    let poke = |r: FreeRecord| idx.poke(Key::free(r.segment), r.encode());
+    let good = FreeRecord {
+        segment: seg,
+        epoch,
+        chain: 1 << 40,
+        erase_count: 1,
+    };
+    poke(good);
+    let err = Ftl::open(dev.clone(), idx.clone(), Config::default())
+        .err()
+        .expect("the open fails");
+    assert!(
+        matches!(&err, Error::Corrupt(m) if m.contains("chunks are missing")),
+        "{err}"
+    );
+    poke(FreeRecord {
+        epoch: epoch - 1,
+        ..good
+    });
+    let err = Ftl::open(dev.clone(), idx.clone(), Config::default())
+        .err()
+        .expect("the open fails");
+    assert!(
+        matches!(&err, Error::Corrupt(m) if m.contains("does not follow")),
+        "{err}"
+    );
+}

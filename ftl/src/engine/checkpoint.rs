@@ -1,5 +1,8 @@
 //! Checkpoints: the map and segment table written to the index, so recovery replays only
-//! the log written since, and the only way a dead segment returns to the free list.
+//! the log written since. A dead segment returns to the free list through a checkpoint
+//! or, between them, through a free record (`free.rs`, which shares the lock and the
+//! state kept here: what the last checkpoint recorded closed, and which free records it
+//! does not supersede yet).
 //!
 //! Owns the index store and what checkpoints keep between runs ([`Checkpointer`]: the
 //! one-at-a-time lock, blocks appended since the last one, the count and the step
@@ -27,7 +30,12 @@
 //! 5. a dead segment's discard has completed (or failed) BEFORE the segment returns to
 //!    the free list and waiting writers are woken: a discard still in flight would zero
 //!    the chunks a writer puts there (acknowledged data, and the chain recovery follows).
-//!    Test: `tests/orderings.rs`, `a_freed_segment_is_not_allocatable_until_...`.
+//!    Test: `tests/orderings.rs`, `a_freed_segment_is_not_allocatable_until_...`;
+//! 6. the free records committed since the last checkpoint are removed in the SAME batch
+//!    as the segment table that supersedes them (never before: recovery from the older
+//!    checkpoint needs them; never after: a stale record would free a segment the newer
+//!    table says holds data). Test: `tests/orderings.rs`,
+//!    `a_checkpoint_removes_the_free_records_it_supersedes`.
 
 use super::Ftl;
 use crate::device::{BlockDevice, BLOCK_SIZE};
@@ -49,17 +57,37 @@ pub(crate) struct Checkpointer<I> {
     /// Checkpoints completed since open.
     count: AtomicU64,
     times: CheckpointTimes,
+    /// Per segment: recorded `Closed` by the last committed checkpoint and not freed since
+    /// (free rule 1: only these may be freed by a free record).
+    pub(super) closed: Mutex<Vec<bool>>,
+    /// Segments whose free records are in the index and not yet superseded (rule 6).
+    pub(super) freed: Mutex<Vec<u32>>,
+    /// Free records committed since open (each one commit, for any number of segments).
+    pub(super) frees: AtomicU64,
+    /// Segments freed by free records since open.
+    pub(super) freed_segments: AtomicU64,
 }
 
 impl<I> Checkpointer<I> {
-    pub(crate) fn new(index: I) -> Self {
+    /// A checkpointer over `index`, which holds free records for `freed` (recovery found
+    /// them; the session's first checkpoint removes them).
+    pub(crate) fn new(index: I, freed: Vec<u32>) -> Self {
         Checkpointer {
             index,
             lock: Mutex::new(()),
             appended: AtomicU64::new(0),
             count: AtomicU64::new(0),
             times: CheckpointTimes::default(),
+            closed: Mutex::new(Vec::new()),
+            freed: Mutex::new(freed),
+            frees: AtomicU64::new(0),
+            freed_segments: AtomicU64::new(0),
         }
+    }
+
+    /// One-at-a-time lock shared by checkpoints and free records.
+    pub(super) fn lock(&self) -> crate::sync::MutexGuard<'_, ()> {
+        lock(&self.lock)
     }
 
     /// `n` blocks were appended (writes and relocations).
@@ -128,7 +156,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Writes a checkpoint now.
     pub fn checkpoint(&self) -> Result<CheckpointReport> {
         let ck = &self.ckpt;
-        let _one = lock(&ck.lock);
+        let _one = ck.lock();
         self.check_poison()?;
         let times = &ck.times;
         let (tables, map, segs) = (&self.t, &self.t.map, &self.t.segs);
@@ -147,6 +175,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         let pages: Vec<(u64, Vec<u64>)> = dirty.iter().map(|&p| (p, map.page(p))).collect();
         let dead = segs.dead_closed();
         let seg_records = segs.records(&dead);
+        let closed: Vec<bool> = seg_records
+            .iter()
+            .map(|r| r.segment != 0 && r.state == crate::records::SegState::Closed)
+            .collect();
         let header = CheckpointRecord {
             uuid: self.sb.uuid,
             epoch: self.epoch,
@@ -187,6 +219,11 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         for r in &seg_records {
             ops.push(Op::Put(Key::segment(r.segment), r.encode()));
         }
+        // Rule 6: the free records go in the batch whose segment table supersedes them.
+        let superseded = lock(&ck.freed).clone();
+        for &s in &superseded {
+            ops.push(Op::Remove(Key::free(s)));
+        }
         ops.push(Op::Put(Key::checkpoint(), header.encode()));
         // Rule 3, then rule 4; on failure the pages stay dirty for the next checkpoint.
         let committed = self.flush_upto(next_chunk_seq).and_then(|()| {
@@ -200,20 +237,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             return Err(e);
         }
         times.add(&times.commit, &mut t);
-        // Rule 5: each dead segment is discarded BEFORE it goes back on the free list
-        // (the checkpoint lock keeps any other checkpoint from recording it meanwhile).
-        for &s in &dead {
-            if self.cfg.discard_freed {
-                let bytes = tables.geo.segment_bytes;
-                let off = tables.geo.segment_start(s) * BLOCK_SIZE as u64;
-                // Discard is advisory: a failure loses nothing, so it is counted, not fatal.
-                if self.dev.discard(off, bytes).is_ok() {
-                    LiveCounters::add(&tables.counters.discarded_bytes, bytes);
-                }
-            }
-            segs.release(&[s]);
-            self.space.notify();
-        }
+        // The lock is held: no free record was added since `superseded` was read.
+        lock(&ck.freed).clear();
+        *lock(&ck.closed) = closed;
+        self.discard_and_release(&dead);
         times.add(&times.release, &mut t);
         ck.count.fetch_add(1, Ordering::Relaxed);
         Ok(CheckpointReport {
@@ -221,6 +248,25 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             segments_freed: dead.len(),
             next_chunk_seq,
         })
+    }
+
+    /// Rule 5 (and free rule 5): each dead segment is discarded BEFORE it goes back on the
+    /// free list and writers are woken. Called with the checkpoint lock held (it keeps
+    /// any checkpoint or free record from recording the segment meanwhile).
+    pub(super) fn discard_and_release(&self, dead: &[u32]) {
+        let geo = &self.t.geo;
+        for &s in dead {
+            if self.cfg.discard_freed {
+                let bytes = geo.segment_bytes;
+                let off = geo.segment_start(s) * BLOCK_SIZE as u64;
+                // Discard is advisory: a failure loses nothing, so it is counted, not fatal.
+                if self.dev.discard(off, bytes).is_ok() {
+                    LiveCounters::add(&self.t.counters.discarded_bytes, bytes);
+                }
+            }
+            self.t.segs.release(&[s]);
+            self.space.notify();
+        }
     }
 
     /// True when enough has been appended since the last checkpoint, or free segments

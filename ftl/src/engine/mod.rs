@@ -3,12 +3,13 @@
 //! is the only module that combines them: the append loop (room, staging slots, free
 //! space, checkpoint when space runs out). Its children add the rest of the API, one
 //! concern each: `flush` (FLUSH and the device-sync group), `read` (locate, read, the
-//! retry path), [`reloc`] (what a cleaner calls), [`checkpoint`], [`stats`].
+//! retry path), [`reloc`] (what a cleaner calls), [`checkpoint`], `free` (dead segments
+//! freed between checkpoints), [`stats`].
 //! Called by users of the crate (the ublk server, the cleaner, tools, tests). See the
 //! crate docs for the durability contract.
 //!
 //! Lock order (never acquired in the other direction):
-//! checkpoint lock -> stream locks (ascending) -> LBA stripe locks (ascending) -> segment
+//! checkpoint lock (checkpoints and free records) -> stream locks (ascending) -> LBA stripe locks (ascending) -> segment
 //! table lock. Device I/O is never issued while a stripe or the segment-table lock is held.
 //!
 //! Ordering rules between threads (each a numbered comment where it is carried out:
@@ -54,6 +55,7 @@ use std::sync::Arc;
 
 pub(crate) mod checkpoint;
 mod flush;
+pub(crate) mod free;
 mod read;
 pub(crate) mod reloc;
 pub(crate) mod stats;
@@ -111,6 +113,8 @@ pub(crate) struct Parts<D, I> {
     pub counters: Counters,
     pub mapped: u64,
     pub staging: Arc<StagingArea>,
+    /// Segments the index holds free records for (the first checkpoint removes them).
+    pub freed: Vec<u32>,
 }
 
 impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
@@ -142,7 +146,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             },
             log,
             space: SpaceWaiters::default(),
-            ckpt: Checkpointer::new(p.index),
+            ckpt: Checkpointer::new(p.index, p.freed),
             sync: GroupCommit::new(p.next_chunk_seq),
             flush_group: GroupCommit::new(p.next_entry_seq),
             diverted: AtomicU64::new(0),
@@ -334,15 +338,18 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 continue;
             }
             if need_space {
-                // Dead segments come back only through a durable checkpoint. An attached
-                // cleaner runs those (off its thread, in batches); a writer waits for
-                // it rather than running one more behind it. Without a cleaner, or for
-                // the cleaner itself, the caller checkpoints.
+                // Dead segments come back only through a durable free record or
+                // checkpoint. An attached cleaner runs those (off its thread); a writer
+                // waits for it rather than running one more behind it. Without a cleaner,
+                // or for the cleaner itself, the caller frees them: with free records
+                // where it can, else with a checkpoint.
                 if !retried
                     && (relocation || !self.space.attached())
                     && !self.t.segs.dead_closed().is_empty()
                 {
-                    self.checkpoint()?;
+                    if self.free_dead()?.segments_freed == 0 {
+                        self.checkpoint()?;
+                    }
                     retried = true;
                     continue;
                 }

@@ -19,6 +19,10 @@ pub struct Stats {
     pub mapped_blocks: u64,
     pub epoch: u64,
     pub checkpoints: u64,
+    /// Free-record commits since open (dead segments freed between checkpoints).
+    pub free_records: u64,
+    /// Segments those freed.
+    pub segments_freed_by_records: u64,
     pub counters: Counters,
     /// Backing blocks written / user blocks written (lifetime).
     pub waf: f64,
@@ -60,6 +64,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             mapped_blocks: t.mapped.load(Ordering::Relaxed),
             epoch: self.epoch,
             checkpoints: self.ckpt.count(),
+            free_records: self.ckpt.frees.load(Ordering::Relaxed),
+            segments_freed_by_records: self.ckpt.freed_segments.load(Ordering::Relaxed),
             counters,
             waf,
             map_ram_bytes,

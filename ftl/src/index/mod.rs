@@ -68,12 +68,19 @@ impl Key {
     pub const CHECKPOINT: u8 = b'c';
     pub const SEGMENT: u8 = b's';
     pub const MAP_PAGE: u8 = b'm';
+    /// A segment freed since the checkpoint (`records::FreeRecord`).
+    pub const FREE: u8 = b'f';
 
     pub fn checkpoint() -> Vec<u8> {
         vec![Self::CHECKPOINT]
     }
     pub fn segment(seg: u32) -> Vec<u8> {
         let mut k = vec![Self::SEGMENT];
+        k.extend_from_slice(&seg.to_be_bytes());
+        k
+    }
+    pub fn free(seg: u32) -> Vec<u8> {
+        let mut k = vec![Self::FREE];
         k.extend_from_slice(&seg.to_be_bytes());
         k
     }

@@ -128,6 +128,7 @@ pub fn replay<D: BlockDevice>(
             capacity: capacity as u16,
             data_blocks: data_blocks as u16,
             entries: s.entries,
+            killed: Vec::new(),
             buf,
         };
         valid.push((chunk_seq, p.stream, open));
