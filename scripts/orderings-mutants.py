@@ -108,15 +108,54 @@ MUTANTS = [
        """        segs.release(&dead);
         self.space.notify();""")],
      [SHUTTLE, POWER]),
-    ("checkpoint-5", "checkpoint rule 5: a dead segment's discard completes BEFORE it is free",
+    ("checkpoint-5", "checkpoint rule 5 (free rule 5): a dead segment's discard completes BEFORE it is free",
      "ftl/src/engine/checkpoint.rs",
-     [("""        for &s in &dead {
+     [("""        for &s in dead {
             if self.cfg.discard_freed {""",
-       """        segs.release(&dead);
+       """        self.t.segs.release(dead);
         self.space.notify();
-        for &s in &dead {
+        for &s in dead {
             if self.cfg.discard_freed {""")],
      [ORDERINGS, SHUTTLE, POWER]),
+    ("checkpoint-6", "checkpoint rule 6: free records are removed in the batch that supersedes them",
+     "ftl/src/engine/checkpoint.rs",
+     [("""        for &s in &superseded {
+            ops.push(Op::Remove(Key::free(s)));
+        }""", "")],
+     [ORDERINGS]),
+    ("free-1", "free rule 1: only segments the last checkpoint recorded closed",
+     "ftl/src/engine/free.rs",
+     [(""".filter(|&s| closed.get(s as usize).copied().unwrap_or(false))
+                .collect()""", """.collect()""")],
+     [ORDERINGS, POWER, MODEL]),
+    ("free-2", "free rule 2: open chunks holding a death of a freed segment are sealed first",
+     "ftl/src/engine/free.rs",
+     [("""        let sealed = self.log.seal_killers(&self.t, &segs)?;""",
+       """        let sealed: Vec<std::sync::Arc<crate::log::SealedChunk>> = Vec::new();""")],
+     [ORDERINGS, POWER]),
+    ("free-3", "free rule 3: the log is synced BEFORE the free record is committed",
+     "ftl/src/engine/free.rs",
+     [("""        // Rule 3.
+        self.flush_upto(chain)?;""", "")],
+     [ORDERINGS, POWER]),
+    ("free-4", "free rule 4: the record is durable BEFORE the segment is released",
+     "ftl/src/engine/free.rs",
+     [("""        // Rule 4.
+        ck.index.commit(ops)?;""", """        self.discard_and_release(&segs);
+        ck.index.commit(ops)?;""")],
+     [POWER, MODEL, SHUTTLE]),
+    ("free-6", "free rule 6: recovery frees recorded segments BEFORE it looks for chunk heads",
+     "ftl/src/recovery.rs",
+     [("""    for f in &loaded.frees {
+        if let Some(r) = seg_records.get_mut(f.segment as usize) {""",
+       """    for f in loaded.frees.iter().take(0) {
+        if let Some(r) = seg_records.get_mut(f.segment as usize) {""")],
+     [ORDERINGS, POWER]),
+    ("free-6-open", "free rule 6: the session's first checkpoint removes the records recovery used",
+     "ftl/src/recovery.rs",
+     [("""            freed: loaded.frees.iter().map(|f| f.segment).collect(),""",
+       """            freed: Vec::new(),""")],
+     [ORDERINGS]),
     ("reserve-1", "the reserve is the GC stream's alone (other relocations keep it)",
      "ftl/src/append.rs",
      [("""                    let keep = if relocation && stream == GC_STREAM.0 {
