@@ -203,9 +203,7 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                 Some(p) => p,
                 None => {
                     let wb = self.window_blocks;
-                    let claimed = self.prefetch.as_ref().map(|p| p.claimed());
-                    let exclude = claimed.as_deref().unwrap_or(&[]);
-                    match prepare(&self.ftl, policy, exclude, wb, None)? {
+                    match prepare(&self.ftl, policy, &[], wb, None)? {
                         Some(p) => p,
                         None => return Ok(SliceEnd::NoVictim),
                     }
