@@ -1,12 +1,20 @@
 //! Tunables of an open FTL ([`Config`]), given to `Ftl::open` by its owner.
 
+/// The default checkpoint interval's cap: 1 GiB of appended blocks (a recovery replays
+/// at most about that much log).
+pub const MAX_DEFAULT_CHECKPOINT_BLOCKS: u64 = (1 << 30) / 4096;
+
 /// Tunables of an open FTL.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Discard (TRIM / punch hole) segments on the backing when they are freed.
     pub discard_freed: bool,
-    /// Blocks appended since the last checkpoint after which one is due (0: a sixteenth
-    /// of the exported capacity, at least 1024).
+    /// Blocks appended since the last checkpoint after which one is due (0: a quarter of
+    /// the exported capacity, at least 1024 and at most [`MAX_DEFAULT_CHECKPOINT_BLOCKS`]).
+    /// It bounds the log recovery replays; dead segments no longer wait for checkpoints
+    /// (free records), so they can be rarer: a quarter against a sixteenth gave 10-15%
+    /// more steady-state IOPS in 5 of 6 A/B pairs (fewer map pages written to the index,
+    /// fewer early seals).
     pub checkpoint_blocks: u64,
     /// Free segments that only relocations into [`crate::GC_STREAM`] (`Ftl::relocate`)
     /// may take; user writes, TRIM records and relocations into other streams never do:
@@ -33,11 +41,29 @@ impl Config {
     pub(crate) fn resolved(self, exported_blocks: u64) -> Config {
         Config {
             checkpoint_blocks: if self.checkpoint_blocks == 0 {
-                (exported_blocks / 16).max(1024)
+                (exported_blocks / 4).clamp(1024, MAX_DEFAULT_CHECKPOINT_BLOCKS)
             } else {
                 self.checkpoint_blocks
             },
             ..self
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_checkpoint_interval_is_a_quarter_of_the_capacity_within_bounds() {
+        let at = |blocks: u64| Config::default().resolved(blocks).checkpoint_blocks;
+        assert_eq!(at(400_000), 100_000);
+        assert_eq!(at(100), 1024, "tiny devices: at least 1024");
+        assert_eq!(at(1 << 32), MAX_DEFAULT_CHECKPOINT_BLOCKS, "16 TiB: capped");
+        let set = Config {
+            checkpoint_blocks: 7,
+            ..Config::default()
+        };
+        assert_eq!(set.resolved(1 << 32).checkpoint_blocks, 7, "a set value is kept");
     }
 }

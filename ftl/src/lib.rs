@@ -56,7 +56,7 @@ pub mod staging;
 pub mod superblock;
 
 pub use append::PendingChunks;
-pub use config::Config;
+pub use config::{Config, MAX_DEFAULT_CHECKPOINT_BLOCKS};
 pub use device::BlockDevice;
 pub use engine::checkpoint::{dead_batch_due, CheckpointReport, CheckpointTimesNs};
 pub use engine::free::FreeReport;
