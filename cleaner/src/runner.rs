@@ -13,8 +13,8 @@
 use crate::policy::Policy;
 use crate::slice::{Budget, Cleaner, CleanerStats, SliceEnd};
 use crate::trigger::{
-    background_interval, dead_batch, foreground_needed, reclaim_now, write_pace,
-    CheckpointInputs, Reclaim,
+    background_interval, dead_batch, foreground_needed, reclaim_now, write_pace, CheckpointInputs,
+    Reclaim,
 };
 use ftl::{BlockDevice, Ftl, IndexStore};
 use std::sync::atomic::{AtomicBool, Ordering};

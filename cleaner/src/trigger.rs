@@ -201,7 +201,10 @@ mod tests {
         let due = CheckpointInputs { due: true, ..busy };
         assert_eq!(reclaim_now(due, s), Some(Reclaim::Checkpoint));
         // None freeable: the checkpoint rules decide.
-        let none = CheckpointInputs { freeable: 0, ..busy };
+        let none = CheckpointInputs {
+            freeable: 0,
+            ..busy
+        };
         assert_eq!(reclaim_now(none, s), None);
         let short = CheckpointInputs { free: 10, ..none };
         assert_eq!(reclaim_now(short, s), Some(Reclaim::Checkpoint));

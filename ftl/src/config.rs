@@ -64,6 +64,10 @@ mod tests {
             checkpoint_blocks: 7,
             ..Config::default()
         };
-        assert_eq!(set.resolved(1 << 32).checkpoint_blocks, 7, "a set value is kept");
+        assert_eq!(
+            set.resolved(1 << 32).checkpoint_blocks,
+            7,
+            "a set value is kept"
+        );
     }
 }

@@ -490,10 +490,7 @@ fn power_cut_run(seed: u64) -> Result<String, String> {
         .map_err(|e| format!("{e}\n  {plan:?}, {ops} ops, cleaner {stats:?}"))?;
     Ok(format!(
         "{ops} ops, {} relocated, {} cleaned, {} checkpoints, {} free records",
-        stats.cleaner.blocks_copied,
-        stats.cleaner.segments_cleaned,
-        stats.checkpoints,
-        stats.frees
+        stats.cleaner.blocks_copied, stats.cleaner.segments_cleaned, stats.checkpoints, stats.frees
     ))
 }
 

@@ -468,7 +468,8 @@ fn free_records(idx: &MemIndex) -> Vec<u32> {
 
 fn read_tag(f: &GateFtl, lba: u64) -> Observed {
     let mut b = vec![0u8; 4096];
-    f.read(lba, &mut b).unwrap_or_else(|e| panic!("read {lba}: {e}"));
+    f.read(lba, &mut b)
+        .unwrap_or_else(|e| panic!("read {lba}: {e}"));
     observe(lba, &b)
 }
 
@@ -490,7 +491,11 @@ fn a_segment_closed_after_the_checkpoint_waits_for_the_next() {
     kill(&f, &lbas, 2);
     assert_eq!(f.segment_valid(seg), 0);
     assert!(f.dead_segments() >= 1);
-    assert_eq!(f.freeable_segments(), 0, "segment {seg} was open at the checkpoint");
+    assert_eq!(
+        f.freeable_segments(),
+        0,
+        "segment {seg} was open at the checkpoint"
+    );
     let r = f.free_dead().unwrap();
     assert_eq!(r.segments_freed, 0, "{r:?}");
     assert!(r.dead_left >= 1, "{r:?}");
@@ -515,7 +520,10 @@ fn a_free_record_seals_the_open_chunk_that_killed_the_segment() {
     kill(&f, &lbas, 2);
     let r = f.free_dead().unwrap();
     assert_eq!(r.segments_freed, 1, "{r:?}");
-    assert!(r.chunks_sealed >= 1, "stream 2's open chunk killed it: {r:?}");
+    assert!(
+        r.chunks_sealed >= 1,
+        "stream 2's open chunk killed it: {r:?}"
+    );
     assert_eq!(free_records(&idx), vec![seg]);
     drop(f);
     dev.inner().crash(3).unwrap();
@@ -573,7 +581,8 @@ fn a_checkpoint_removes_the_free_records_it_supersedes() {
     let mut i = 0u64;
     loop {
         let l = 100 + i % 100;
-        f.write(l, &block_for(l, 10 + i), false, StreamId(3)).unwrap();
+        f.write(l, &block_for(l, 10 + i), false, StreamId(3))
+            .unwrap();
         tags.insert(l, 10 + i);
         i += 1;
         if f.segment_snapshot()[seg as usize].state == "open" {
@@ -587,7 +596,10 @@ fn a_checkpoint_removes_the_free_records_it_supersedes() {
     dev.inner().crash(9).unwrap();
     checker(dev.inner().clone(), idx.clone()).expect("recovery through a free record");
     let (f, _) = Ftl::open(dev.clone(), idx.clone(), cfg).unwrap();
-    assert!(free_records(&idx).is_empty(), "the open checkpoint supersedes them");
+    assert!(
+        free_records(&idx).is_empty(),
+        "the open checkpoint supersedes them"
+    );
     for &k in &lbas {
         assert_eq!(read_tag(&f, k), Observed::Tag(2), "lba {k}");
     }
