@@ -1,10 +1,10 @@
 //! The `decode` target: arbitrary bytes through every on-disk decoder.
 //!
 //! Input: one selector byte, then the bytes to decode.
-//! - bits 0..=2 (mod 5) pick the decoder: 0 superblock, 1 chunk summary, 2 segment
-//!   record, 3 map page, 4 checkpoint record;
+//! - bits 0..=2 (mod 6) pick the decoder: 0 superblock, 1 chunk summary, 2 segment
+//!   record, 3 map page, 4 checkpoint record, 5 free record;
 //! - bit 4 ("fit"): first resize the bytes to the length the structure claims (a block
-//!   for the superblock and summary, 32 bytes for a segment record, `20 + 8 * count` for
+//!   for the superblock and summary, 32 bytes for a segment or free record, `20 + 8 * count` for
 //!   a map page, `140 + 8 * streams` for a checkpoint), zero-padding or truncating;
 //! - bit 3 ("fix crc"): then overwrite the last four bytes with the crc32c of the rest,
 //!   so the fuzzer gets past the checksum to the field checks behind it.
@@ -14,7 +14,10 @@
 //! that decodes and re-encodes decodes again to the same value.
 
 use ftl::device::BLOCK_SIZE;
-use ftl::records::{CheckpointRecord, MapPage, SegmentRecord, PAGE_ENTRIES, SEG_RECORD_BYTES};
+use ftl::records::{
+    CheckpointRecord, FreeRecord, MapPage, SegmentRecord, FREE_RECORD_BYTES, PAGE_ENTRIES,
+    SEG_RECORD_BYTES,
+};
 use ftl::summary::ChunkSummary;
 use ftl::superblock::Superblock;
 
@@ -24,12 +27,13 @@ pub const FIT: u8 = 0x10;
 pub const FIX_CRC: u8 = 0x08;
 
 /// The decoders, in selector order.
-pub const DECODERS: [&str; 5] = [
+pub const DECODERS: [&str; 6] = [
     "superblock",
     "chunk summary",
     "segment record",
     "map page",
     "checkpoint record",
+    "free record",
 ];
 
 fn le_u16(b: &[u8], at: usize) -> Option<u16> {
@@ -44,9 +48,10 @@ fn le_u32(b: &[u8], at: usize) -> Option<u32> {
 pub fn prepare(sel: u8, rest: &[u8]) -> Vec<u8> {
     let mut buf = rest.to_vec();
     if sel & FIT != 0 {
-        let len = match (sel & 7) % 5 {
+        let len = match (sel & 7) % 6 {
             0 | 1 => BLOCK_SIZE,
             2 => SEG_RECORD_BYTES,
+            5 => FREE_RECORD_BYTES,
             3 => 20 + 8 * (le_u16(&buf, 6).unwrap_or(0) as usize).min(PAGE_ENTRIES),
             _ => 140 + 8 * (le_u32(&buf, 12).unwrap_or(0) as usize).min(64),
         };
@@ -71,7 +76,7 @@ pub fn run(data: &[u8]) -> Result<Option<bool>, String> {
         return Ok(None);
     };
     let buf = prepare(sel, rest);
-    let which = (sel & 7) % 5;
+    let which = (sel & 7) % 6;
     let ok = match which {
         0 => match Superblock::decode(&buf) {
             Ok(sb) => {
@@ -124,6 +129,17 @@ pub fn run(data: &[u8]) -> Result<Option<bool>, String> {
                     .map_err(|e| format!("map page re-encoded does not decode: {e}"))?;
                 if again != p {
                     return Err(format!("map page round trip: {p:?} became {again:?}"));
+                }
+                true
+            }
+            Err(_) => false,
+        },
+        5 => match FreeRecord::decode(&buf) {
+            Ok(r) => {
+                let again = FreeRecord::decode(&r.encode())
+                    .map_err(|e| format!("free record re-encoded does not decode: {e}"))?;
+                if again != r {
+                    return Err(format!("free record round trip: {r:?} became {again:?}"));
                 }
                 true
             }

@@ -11,7 +11,9 @@ use crate::ops::Op::{self, *};
 use crate::tiny;
 use ftl::device::BLOCK_SIZE;
 use ftl::records::ckpt_offsets as ckpt;
-use ftl::records::{CheckpointRecord, Counters, MapPage, SegState, SegmentRecord, PAGE_ENTRIES};
+use ftl::records::{
+    CheckpointRecord, Counters, FreeRecord, MapPage, SegState, SegmentRecord, PAGE_ENTRIES,
+};
 use ftl::summary::{offsets as summary_at, ChunkSummary, Entry};
 use ftl::superblock::{offsets as sb_at, Superblock};
 use ftl::Geometry;
@@ -640,6 +642,13 @@ fn decode_seeds() -> Vec<(&'static str, Vec<u8>)> {
         entries: vec![17, u64::MAX, (0x1234 << 32) | 20],
     }
     .encode();
+    let free = FreeRecord {
+        segment: 4,
+        epoch: 2,
+        chain: 90,
+        erase_count: 3,
+    }
+    .encode();
     let full_page = MapPage {
         page: 1,
         entries: (0..PAGE_ENTRIES as u64).collect(),
@@ -662,6 +671,11 @@ fn decode_seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("map-page", sel(3, 0, page.clone())),
         ("map-page-fit", sel(3, FIT | FIX_CRC, page[..16].to_vec())),
         ("map-page-full", sel(3, 0, full_page)),
+        ("free-record", sel(5, 0, free.clone())),
+        (
+            "free-record-fit",
+            sel(5, FIT | FIX_CRC, free[..20].to_vec()),
+        ),
         ("checkpoint", sel(4, 0, checkpoint())),
         (
             "checkpoint-fit",
