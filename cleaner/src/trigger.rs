@@ -105,19 +105,24 @@ pub enum Reclaim {
 }
 
 /// What to run now, if anything: a checkpoint when the FTL says one is due (the map's
-/// share of recovery time); free records as soon as any dead segment is freeable (they
-/// cost a log sync and a few bytes of index, about a third of a checkpoint under load,
-/// and seal only the chunks that killed the segments, so no batch is gathered first:
-/// a segment waiting for a batch is spare space writers do not have); otherwise a
-/// checkpoint by [`checkpoint_needed`]'s rules for dead segments closed since the last
-/// checkpoint, which no free record may free.
+/// share of recovery time), or when [`checkpoint_needed`]'s rules call for one for the
+/// dead segments closed since the last checkpoint, which no free record may free (a
+/// batch of them, free space short, an idle device; it frees the freeable ones too);
+/// otherwise free records as soon as any dead segment is freeable (they cost a log sync
+/// and a few bytes of index, about a third of a checkpoint under load, and seal only the
+/// chunks that killed the segments, so no batch is gathered first: a segment waiting for
+/// a batch is spare space writers do not have). Freeable segments never hold the others
+/// back: on zipf:0.99, where hot segments die on their own soon after they close, free
+/// records first (checkpoints only when due) raised the WAF from 2.34 to 2.47.
 pub fn reclaim_now(i: CheckpointInputs, idle: Duration) -> Option<Reclaim> {
-    if i.due {
+    let waiting = CheckpointInputs {
+        dead: i.dead.saturating_sub(i.freeable),
+        ..i
+    };
+    if checkpoint_needed(waiting, idle) {
         Some(Reclaim::Checkpoint)
     } else if i.freeable > 0 {
         Some(Reclaim::FreeDead)
-    } else if checkpoint_needed(i, idle) {
-        Some(Reclaim::Checkpoint)
     } else {
         None
     }
@@ -197,6 +202,24 @@ mod tests {
             since_last: Duration::from_secs(30),
         };
         assert_eq!(reclaim_now(busy, s), Some(Reclaim::FreeDead));
+        // A batch of segments only a checkpoint frees: a checkpoint, freeable or not.
+        let batch = CheckpointInputs { dead: 10, ..busy };
+        assert_eq!(reclaim_now(batch, s), Some(Reclaim::Checkpoint));
+        let all_freeable = CheckpointInputs {
+            dead: 10,
+            freeable: 10,
+            ..busy
+        };
+        assert_eq!(reclaim_now(all_freeable, s), Some(Reclaim::FreeDead));
+        // Short of space with one segment only a checkpoint frees: a checkpoint.
+        let short = CheckpointInputs { free: 10, ..busy };
+        assert_eq!(reclaim_now(short, s), Some(Reclaim::Checkpoint));
+        let short_all_freeable = CheckpointInputs {
+            free: 10,
+            dead: 1,
+            ..busy
+        };
+        assert_eq!(reclaim_now(short_all_freeable, s), Some(Reclaim::FreeDead));
         // A due checkpoint wins (it frees them too).
         let due = CheckpointInputs { due: true, ..busy };
         assert_eq!(reclaim_now(due, s), Some(Reclaim::Checkpoint));
