@@ -130,8 +130,8 @@ MUTANTS = [
      [ORDERINGS, POWER, MODEL]),
     ("free-2", "free rule 2: open chunks holding a death of a freed segment are sealed first",
      "ftl/src/engine/free.rs",
-     [("""        let sealed = self.log.seal_killers(&self.t, &segs)?;""",
-       """        let sealed: Vec<std::sync::Arc<crate::log::SealedChunk>> = Vec::new();""")],
+     [("""        let r = self.log.seal_killers(&self.t, &segs, &mut sealed);""",
+       """        let r: crate::error::Result<()> = Ok(());""")],
      [ORDERINGS, POWER]),
     ("free-3", "free rule 3: the log is synced BEFORE the free record is committed",
      "ftl/src/engine/free.rs",
@@ -146,14 +146,30 @@ MUTANTS = [
      [POWER, MODEL, SHUTTLE]),
     ("free-6", "free rule 6: recovery frees recorded segments BEFORE it looks for chunk heads",
      "ftl/src/recovery.rs",
-     [("""    for f in &loaded.frees {
+     [("""    for f in frees {
         if let Some(r) = seg_records.get_mut(f.segment as usize) {""",
-       """    for f in loaded.frees.iter().take(0) {
+       """    for f in frees.iter().take(0) {
         if let Some(r) = seg_records.get_mut(f.segment as usize) {""")],
      [ORDERINGS, POWER]),
+    ("free-freed-first", "a free record's segments are listed for removal BEFORE its commit",
+     "ftl/src/engine/free.rs",
+     [("""        lock(&ck.freed).extend_from_slice(&segs);
+        {""", """        {"""),
+      ("""        ck.index.commit(ops)?;""", """        ck.index.commit(ops)?;
+        lock(&ck.freed).extend_from_slice(&segs);""")],
+     [ORDERINGS]),
+    ("checkpoint-failed", "a checkpoint commit that failed leaves nothing freeable by free records",
+     "ftl/src/engine/checkpoint.rs",
+     [("""            lock(&ck.closed).clear();
+            return Err(e);""", """            return Err(e);""")],
+     [ORDERINGS]),
     ("free-6-open", "free rule 6: the session's first checkpoint removes the records recovery used",
      "ftl/src/recovery.rs",
-     [("""            freed: loaded.frees.iter().map(|f| f.segment).collect(),""",
+     [("""            freed: frees
+                .iter()
+                .map(|f| f.segment)
+                .chain(loaded.stale_frees.iter().copied())
+                .collect(),""",
        """            freed: Vec::new(),""")],
      [ORDERINGS]),
     ("reserve-1", "the reserve is the GC stream's alone (other relocations keep it)",

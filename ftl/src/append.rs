@@ -284,9 +284,14 @@ impl Appender {
     /// Seals every open chunk with an entry that unmapped a block of one of `segs`
     /// (sorted), each under its stream's lock, one stream at a time (free rule 2:
     /// afterwards every entry that killed a block of a dead segment in `segs` is in a
-    /// chunk numbered below the tracker's next number). The caller writes them.
-    pub fn seal_killers(&self, t: &Tables, segs: &[u32]) -> Result<Vec<Arc<SealedChunk>>> {
-        let mut out = Vec::new();
+    /// chunk numbered below the tracker's next number). Sealed chunks go to `out`, which
+    /// the caller writes, also when this fails part way (engine rule 5).
+    pub fn seal_killers(
+        &self,
+        t: &Tables,
+        segs: &[u32],
+        out: &mut Vec<Arc<SealedChunk>>,
+    ) -> Result<()> {
         for (sid, m) in self.streams.iter().enumerate() {
             let mut st = lock(m);
             if st.chunk.as_ref().is_some_and(|c| c.killed_any(segs)) {
@@ -295,7 +300,7 @@ impl Appender {
                 }
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Makes sure the stream has an open chunk with room for one entry (and a data block

@@ -136,7 +136,9 @@ impl SegmentRecord {
 /// A dead segment freed between checkpoints (`engine/free.rs`): "segment S is free; every
 /// chunk below chain number N is durable". Recovery frees S before it looks for chunk
 /// heads (S may hold chunks from N on) and fails if the log it replays stops short of N.
-/// The next checkpoint removes the record in the batch whose segment table supersedes it.
+/// The next checkpoint removes the record in the batch whose segment table supersedes it;
+/// a record that outlived that (its commit reported a failure but was applied) names
+/// another checkpoint (`base`) and is ignored.
 ///
 /// ```text
 /// offset size field
@@ -145,14 +147,16 @@ impl SegmentRecord {
 ///      3    1 zero
 ///      4    4 segment      the freed segment
 ///      8    8 epoch        the session's epoch (the checkpoint it follows has it too)
-///     16    8 chain        next chunk number at the commit: every chunk below is durable
-///     24    4 erase_count  the segment's erase count after this free
-///     28    4 crc32c       of bytes 0..28
+///     16    8 base         next_chunk_seq of the checkpoint it follows
+///     24    8 chain        next chunk number at the commit: every chunk below is durable
+///     32    4 erase_count  the segment's erase count after this free
+///     36    4 crc32c       of bytes 0..36
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FreeRecord {
     pub segment: u32,
     pub epoch: u64,
+    pub base: u64,
     pub chain: u64,
     pub erase_count: u32,
 }
@@ -163,15 +167,16 @@ pub mod free_offsets {
     pub const VERSION: usize = 2;
     pub const SEGMENT: usize = 4;
     pub const EPOCH: usize = 8;
-    pub const CHAIN: usize = 16;
-    pub const ERASE_COUNT: usize = 24;
-    pub const CRC: usize = 28;
+    pub const BASE: usize = 16;
+    pub const CHAIN: usize = 24;
+    pub const ERASE_COUNT: usize = 32;
+    pub const CRC: usize = 36;
 }
 
 const FREE_MAGIC: &[u8; 2] = b"FR";
 const FREE_VERSION: u8 = 1;
 /// Encoded size of a [`FreeRecord`].
-pub const FREE_RECORD_BYTES: usize = 32;
+pub const FREE_RECORD_BYTES: usize = 40;
 
 impl FreeRecord {
     pub fn encode(&self) -> Vec<u8> {
@@ -185,6 +190,8 @@ impl FreeRecord {
             .u32(self.segment)
             .at(o::EPOCH)
             .u64(self.epoch)
+            .at(o::BASE)
+            .u64(self.base)
             .at(o::CHAIN)
             .u64(self.chain)
             .at(o::ERASE_COUNT)
@@ -210,6 +217,7 @@ impl FreeRecord {
         Ok(FreeRecord {
             segment: r.seek(o::SEGMENT)?.u32()?,
             epoch: r.seek(o::EPOCH)?.u64()?,
+            base: r.seek(o::BASE)?.u64()?,
             chain: r.seek(o::CHAIN)?.u64()?,
             erase_count: r.seek(o::ERASE_COUNT)?.u32()?,
         })
@@ -536,10 +544,10 @@ mod tests {
         ];
         assert_eq!(named, [64, 72, 136, 144, 200]);
         use free_offsets as f;
-        let named = [f::MAGIC, f::VERSION, f::SEGMENT, f::EPOCH, f::CHAIN];
+        let named = [f::MAGIC, f::VERSION, f::SEGMENT, f::EPOCH, f::BASE];
         assert_eq!(named, [0, 2, 4, 8, 16]);
-        let named = [f::ERASE_COUNT, f::CRC, FREE_RECORD_BYTES];
-        assert_eq!(named, [24, 28, 32]);
+        let named = [f::CHAIN, f::ERASE_COUNT, f::CRC, FREE_RECORD_BYTES];
+        assert_eq!(named, [24, 32, 36, 40]);
     }
 
     #[test]
@@ -547,6 +555,7 @@ mod tests {
         let f = FreeRecord {
             segment: 7,
             epoch: 3,
+            base: 1000,
             chain: 1234,
             erase_count: 5,
         };
@@ -559,6 +568,7 @@ mod tests {
         at(o::VERSION, &[FREE_VERSION, 0]);
         at(o::SEGMENT, &7u32.to_le_bytes());
         at(o::EPOCH, &3u64.to_le_bytes());
+        at(o::BASE, &1000u64.to_le_bytes());
         at(o::CHAIN, &1234u64.to_le_bytes());
         at(o::ERASE_COUNT, &5u32.to_le_bytes());
         at(o::CRC, &crc32c::crc32c(&b[..o::CRC]).to_le_bytes());
@@ -567,8 +577,8 @@ mod tests {
             bad[i] ^= 0x10;
             assert!(FreeRecord::decode(&bad).is_err(), "a flip at byte {i} decoded");
         }
-        assert!(FreeRecord::decode(&b[..31]).is_err());
-        // A segment record is not a free record (same size, other magic).
+        assert!(FreeRecord::decode(&b[..39]).is_err());
+        // A segment record is not a free record.
         let seg = SegmentRecord {
             segment: 7,
             state: SegState::Free,

@@ -61,6 +61,10 @@ pub(crate) struct LoadedIndex {
     pub pages: Vec<MapPage>,
     /// Free records written since the checkpoint.
     pub frees: Vec<FreeRecord>,
+    /// Segments of free records that follow another checkpoint: they outlived the one
+    /// that superseded them (a commit that reported a failure but was applied), whose
+    /// table already says what they freed. Ignored, and removed by the next checkpoint.
+    pub stale_frees: Vec<u32>,
 }
 
 /// Reads and validates every record of the index against the superblock.
@@ -144,6 +148,9 @@ pub(crate) fn load_index<I: IndexStore>(
             s.ok_or_else(|| Error::Corrupt(format!("segment record {i} missing from the index")))
         })
         .collect::<Result<Vec<_>>>()?;
+    let (frees, stale): (Vec<FreeRecord>, Vec<FreeRecord>) = frees
+        .into_iter()
+        .partition(|f| f.base == checkpoint.next_chunk_seq);
     for f in &frees {
         let recorded = segments.get(f.segment as usize).map(|r| r.state);
         if f.segment == 0 || recorded != Some(SegState::Closed) || f.epoch != checkpoint.epoch
@@ -160,6 +167,7 @@ pub(crate) fn load_index<I: IndexStore>(
         segments,
         pages,
         frees,
+        stale_frees: stale.iter().map(|f| f.segment).collect(),
     })
 }
 
@@ -201,8 +209,9 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         map.load_page(p.page, &p.entries);
     }
     // Free rule 6: recorded segments are free before the heads are read.
+    let frees = &loaded.frees;
     let mut seg_records = loaded.segments.clone();
-    for f in &loaded.frees {
+    for f in frees {
         if let Some(r) = seg_records.get_mut(f.segment as usize) {
             r.state = SegState::Free;
             r.erase_count = f.erase_count;
@@ -318,7 +327,7 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
     }
 
     // Free rule 6: every death the free records relied on was replayed.
-    if let Some(f) = loaded.frees.iter().max_by_key(|f| f.chain) {
+    if let Some(f) = frees.iter().max_by_key(|f| f.chain) {
         if expected < f.chain {
             return Err(Error::Corrupt(format!(
                 "segment {} was freed once chunks below {} were durable, but the log \
@@ -382,7 +391,11 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
             counters: ck.counters,
             mapped,
             staging,
-            freed: loaded.frees.iter().map(|f| f.segment).collect(),
+            freed: frees
+                .iter()
+                .map(|f| f.segment)
+                .chain(loaded.stale_frees.iter().copied())
+                .collect(),
         },
         report,
     ))

@@ -615,8 +615,23 @@ fn a_checkpoint_removes_the_free_records_it_supersedes() {
     assert!(free_records(&idx).is_empty());
 }
 
+/// The `next_chunk_seq` of the checkpoint the index holds.
+fn checkpoint_base(idx: &MemIndex) -> u64 {
+    use ftl::index::{IndexStore, Key};
+    let (_, v) = idx
+        .load()
+        .unwrap()
+        .into_iter()
+        .find(|(k, _)| *k == Key::checkpoint())
+        .expect("a checkpoint");
+    ftl::records::CheckpointRecord::decode(&v)
+        .unwrap()
+        .next_chunk_seq
+}
+
 /// Free rule 6: a record whose chain number the log does not reach, or that does not
-/// follow the checkpoint, fails the open (the map would point into a freed segment).
+/// follow the checkpoint, fails the open (the map would point into a freed segment); one
+/// that names another checkpoint is stale and ignored.
 #[test]
 fn recovery_fails_loudly_when_a_free_record_outruns_the_log() {
     use ftl::index::Key;
@@ -629,6 +644,7 @@ fn recovery_fails_loudly_when_a_free_record_outruns_the_log() {
     let good = FreeRecord {
         segment: seg,
         epoch,
+        base: checkpoint_base(&idx),
         chain: 1 << 40,
         erase_count: 1,
     };
@@ -651,4 +667,68 @@ fn recovery_fails_loudly_when_a_free_record_outruns_the_log() {
         matches!(&err, Error::Corrupt(m) if m.contains("does not follow")),
         "{err}"
     );
+    // Stale: it follows another checkpoint. Ignored (segment `seg` keeps its data) and
+    // removed by the open checkpoint.
+    poke(FreeRecord {
+        base: good.base - 1,
+        ..good
+    });
+    let (f, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
+    assert_eq!(read_tag(&f, 0), Observed::Tag(1));
+    assert!(free_records(&idx).is_empty());
+    drop(f);
+    checker(dev.inner().clone(), idx.clone()).unwrap();
+}
+
+/// A free record's commit that reports a failure but was applied (sled can: the batch
+/// applied, its flush failed) is superseded by the next checkpoint like any other: the
+/// segment is in `freed` before the commit. Before this, such a record stayed in the
+/// index and freed the segment again at a later recovery.
+#[test]
+fn a_free_record_whose_commit_failed_after_applying_is_superseded() {
+    let (dev, idx, f) = gated(Config::default());
+    let (seg, lbas) = closed_at_checkpoint(&f);
+    kill(&f, &lbas, 2);
+    idx.fail_after_apply.store(true, Ordering::SeqCst);
+    assert!(f.free_dead().is_err());
+    idx.fail_after_apply.store(false, Ordering::SeqCst);
+    assert_eq!(free_records(&idx), vec![seg], "applied all the same");
+    assert_eq!(f.freeable_segments(), 0, "not freed twice");
+    f.checkpoint().unwrap();
+    assert!(free_records(&idx).is_empty(), "the checkpoint removed it");
+    for &l in &lbas {
+        assert_eq!(read_tag(&f, l), Observed::Tag(2), "lba {l}");
+    }
+    drop(f);
+    dev.inner().crash(4).unwrap();
+    checker(dev.inner().clone(), idx.clone()).unwrap();
+    let (f, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
+    for &l in &lbas {
+        assert_eq!(read_tag(&f, l), Observed::Tag(2), "lba {l}");
+    }
+}
+
+/// A checkpoint whose commit reports a failure but was applied may have recorded dead
+/// segments free; until a checkpoint succeeds, no free record frees anything (the old
+/// bitmap of closed segments would free them a second time, naming a segment the index
+/// records free).
+#[test]
+fn after_a_failed_checkpoint_commit_nothing_is_freed_by_free_records() {
+    let (dev, idx, f) = gated(Config::default());
+    let (_seg, lbas) = closed_at_checkpoint(&f);
+    kill(&f, &lbas, 2);
+    idx.fail_after_apply.store(true, Ordering::SeqCst);
+    assert!(f.checkpoint().is_err());
+    idx.fail_after_apply.store(false, Ordering::SeqCst);
+    assert_eq!(f.freeable_segments(), 0);
+    assert_eq!(f.free_dead().unwrap().segments_freed, 0);
+    assert!(free_records(&idx).is_empty());
+    assert!(f.checkpoint().unwrap().segments_freed >= 1);
+    drop(f);
+    dev.inner().crash(5).unwrap();
+    checker(dev.inner().clone(), idx.clone()).unwrap();
+    let (f, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
+    for &l in &lbas {
+        assert_eq!(read_tag(&f, l), Observed::Tag(2), "lba {l}");
+    }
 }

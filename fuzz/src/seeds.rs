@@ -645,6 +645,7 @@ fn decode_seeds() -> Vec<(&'static str, Vec<u8>)> {
     let free = FreeRecord {
         segment: 4,
         epoch: 2,
+        base: 60,
         chain: 90,
         erase_count: 3,
     }

@@ -60,8 +60,12 @@ pub(crate) struct Checkpointer<I> {
     /// Per segment: recorded `Closed` by the last committed checkpoint and not freed since
     /// (free rule 1: only these may be freed by a free record).
     pub(super) closed: Mutex<Vec<bool>>,
-    /// Segments whose free records are in the index and not yet superseded (rule 6).
+    /// Segments whose free records may be in the index and are not yet superseded (rule
+    /// 6): added before a free record's commit, so a commit that reports a failure but
+    /// was applied is removed too.
     pub(super) freed: Mutex<Vec<u32>>,
+    /// `next_chunk_seq` of the last committed checkpoint (free records carry it).
+    pub(super) base: AtomicU64,
     /// Free records committed since open (each one commit, for any number of segments).
     pub(super) frees: AtomicU64,
     /// Segments freed by free records since open.
@@ -80,6 +84,7 @@ impl<I> Checkpointer<I> {
             times: CheckpointTimes::default(),
             closed: Mutex::new(Vec::new()),
             freed: Mutex::new(freed),
+            base: AtomicU64::new(0),
             frees: AtomicU64::new(0),
             freed_segments: AtomicU64::new(0),
         }
@@ -165,8 +170,16 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         // Rule 1: sealed under the locks; written once they are released (below).
         let mut sealed = Vec::new();
         for (sid, guard) in guards.iter_mut().enumerate() {
-            if let Some(c) = self.log.seal_open(tables, sid as u8, guard)? {
-                sealed.push(c);
+            match self.log.seal_open(tables, sid as u8, guard) {
+                Ok(Some(c)) => sealed.push(c),
+                Ok(None) => {}
+                Err(e) => {
+                    // Engine rule 5: the chunks sealed so far are written (their
+                    // numbers completed) before the error returns.
+                    drop(guards);
+                    let _ = self.write_chunks(sealed);
+                    return Err(e);
+                }
             }
         }
         let next_chunk_seq = self.log.tracker().next_seq();
@@ -234,12 +247,17 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             for p in dirty {
                 map.mark_dirty(p);
             }
+            // The commit may have been applied all the same (an index that fails after
+            // writing): its table may record as free segments the old bitmap says are
+            // closed. Nothing is freeable by free records until a checkpoint succeeds.
+            lock(&ck.closed).clear();
             return Err(e);
         }
         times.add(&times.commit, &mut t);
         // The lock is held: no free record was added since `superseded` was read.
         lock(&ck.freed).clear();
         *lock(&ck.closed) = closed;
+        ck.base.store(next_chunk_seq, Ordering::Relaxed);
         self.discard_and_release(&dead);
         times.add(&times.release, &mut t);
         ck.count.fetch_add(1, Ordering::Relaxed);

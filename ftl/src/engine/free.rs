@@ -81,9 +81,12 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
             return Ok(report);
         }
         // Rule 2: seen dead above; now the open chunks, each under its lock.
-        let sealed = self.log.seal_killers(&self.t, &segs)?;
+        let mut sealed = Vec::new();
+        let r = self.log.seal_killers(&self.t, &segs, &mut sealed);
         report.chunks_sealed = sealed.len();
+        // Written even when a seal failed (engine rule 5: their numbers complete).
         self.write_chunks(sealed)?;
+        r?;
         let chain = self.log.tracker().next_seq();
         // Rule 3.
         self.flush_upto(chain)?;
@@ -93,14 +96,16 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
                 let r = FreeRecord {
                     segment: s,
                     epoch: self.epoch,
+                    base: ck.base.load(Ordering::Relaxed),
                     chain,
                     erase_count: self.t.segs.erase_count(s) + 1,
                 };
                 Op::Put(Key::free(s), r.encode())
             })
             .collect();
-        // Rule 4.
-        ck.index.commit(ops)?;
+        // Before the commit, so that one reporting a failure but applied all the same is
+        // superseded by the next checkpoint (checkpoint rule 6) and its segments are not
+        // freed by a second record.
         lock(&ck.freed).extend_from_slice(&segs);
         {
             let mut closed = lock(&ck.closed);
@@ -110,6 +115,8 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
                 }
             }
         }
+        // Rule 4.
+        ck.index.commit(ops)?;
         // Rule 5.
         self.discard_and_release(&segs);
         ck.frees.fetch_add(1, Ordering::Relaxed);

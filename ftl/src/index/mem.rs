@@ -13,6 +13,9 @@ pub struct MemIndex {
     map: Mutex<BTreeMap<Vec<u8>, Vec<u8>>>,
     /// When set, commits fail (to test error paths) and change nothing.
     pub fail_commits: AtomicBool,
+    /// When set, commits are applied and then report a failure (as sled can: the batch
+    /// applied, the flush failed; the contract allows all or none of it to persist).
+    pub fail_after_apply: AtomicBool,
 }
 
 impl MemIndex {
@@ -30,6 +33,7 @@ impl MemIndex {
             MemIndex {
                 map: Mutex::new(m.clone()),
                 fail_commits: AtomicBool::new(false),
+                fail_after_apply: AtomicBool::new(false),
             },
             r,
         ))
@@ -66,6 +70,11 @@ impl IndexStore for MemIndex {
                     m.remove(&k);
                 }
             }
+        }
+        if self.fail_after_apply.load(Ordering::SeqCst) {
+            return Err(Error::Index(
+                "injected index failure after the batch was applied".into(),
+            ));
         }
         Ok(())
     }
