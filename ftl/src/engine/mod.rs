@@ -341,13 +341,21 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 // Dead segments come back only through a durable free record or
                 // checkpoint. An attached cleaner runs those (off its thread); a writer
                 // waits for it rather than running one more behind it. Without a cleaner,
-                // or for the cleaner itself, the caller frees them: with free records
-                // where it can, else with a checkpoint.
+                // or for the cleaner itself, the caller frees them. The cleaner, out of
+                // free segments, checkpoints at once (that frees every dead segment:
+                // free records first there raised the zipf:0.99 steady WAF from 2.42 to
+                // 2.46 in 2 A/B pairs, 2.44-2.45 when followed by a checkpoint for the
+                // rest); a writer without a cleaner frees with free records when they
+                // free every dead segment, else with a checkpoint.
                 if !retried
                     && (relocation || !self.space.attached())
                     && !self.t.segs.dead_closed().is_empty()
                 {
-                    if self.free_dead()?.segments_freed == 0 {
+                    let freed_all = !relocation && {
+                        let r = self.free_dead()?;
+                        r.segments_freed > 0 && r.dead_left == 0
+                    };
+                    if !freed_all {
                         self.checkpoint()?;
                     }
                     retried = true;
