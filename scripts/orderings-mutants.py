@@ -126,7 +126,7 @@ MUTANTS = [
     ("free-1", "free rule 1: only segments the last checkpoint recorded closed",
      "ftl/src/engine/free.rs",
      [(""".filter(|&s| closed.get(s as usize).copied().unwrap_or(false))
-                .collect()""", """.collect()""")],
+            .collect()""", """.collect()""")],
      [ORDERINGS, POWER, MODEL]),
     ("free-2", "free rule 2: open chunks holding a death of a freed segment are sealed first",
      "ftl/src/engine/free.rs",

@@ -466,6 +466,26 @@ fn free_records(idx: &MemIndex) -> Vec<u32> {
         .collect()
 }
 
+/// A power cut (a seeded subset of unsynced writes kept), the offline checker, then a
+/// reopen.
+fn cut_check_reopen(
+    dev: &Arc<GateDevice<Arc<CrashDevice>>>,
+    idx: &Arc<MemIndex>,
+    seed: u64,
+    cfg: Config,
+) -> GateFtl {
+    dev.inner().crash(seed).unwrap();
+    checker(dev.inner().clone(), idx.clone()).expect("the recovered map is consistent");
+    Ftl::open(dev.clone(), idx.clone(), cfg).unwrap().0
+}
+
+/// Every lba of `lbas` reads the block written with `tag`.
+fn assert_tags(f: &GateFtl, lbas: &[u64], tag: u64) {
+    for &l in lbas {
+        assert_eq!(read_tag(f, l), Observed::Tag(tag), "lba {l}");
+    }
+}
+
 fn read_tag(f: &GateFtl, lba: u64) -> Observed {
     let mut b = vec![0u8; 4096];
     f.read(lba, &mut b)
@@ -526,12 +546,8 @@ fn a_free_record_seals_the_open_chunk_that_killed_the_segment() {
     );
     assert_eq!(free_records(&idx), vec![seg]);
     drop(f);
-    dev.inner().crash(3).unwrap();
-    checker(dev.inner().clone(), idx.clone()).expect("the recovered map is consistent");
-    let (f, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
-    for &l in &lbas {
-        assert_eq!(read_tag(&f, l), Observed::Tag(2), "lba {l}");
-    }
+    let f = cut_check_reopen(&dev, &idx, 3, Config::default());
+    assert_tags(&f, &lbas, 2);
 }
 
 /// Free rule 3: the record is committed only after the log sync that makes the deaths
@@ -593,16 +609,12 @@ fn a_checkpoint_removes_the_free_records_it_supersedes() {
     f.flush().unwrap();
     assert_eq!(free_records(&idx), vec![seg], "no checkpoint ran meanwhile");
     drop(f);
-    dev.inner().crash(9).unwrap();
-    checker(dev.inner().clone(), idx.clone()).expect("recovery through a free record");
-    let (f, _) = Ftl::open(dev.clone(), idx.clone(), cfg).unwrap();
+    let f = cut_check_reopen(&dev, &idx, 9, cfg);
     assert!(
         free_records(&idx).is_empty(),
         "the open checkpoint supersedes them"
     );
-    for &k in &lbas {
-        assert_eq!(read_tag(&f, k), Observed::Tag(2), "lba {k}");
-    }
+    assert_tags(&f, &lbas, 2);
     for (&k, &t) in &tags {
         assert_eq!(read_tag(&f, k), Observed::Tag(t), "lba {k}");
     }
@@ -700,12 +712,8 @@ fn a_free_record_whose_commit_failed_after_applying_is_superseded() {
         assert_eq!(read_tag(&f, l), Observed::Tag(2), "lba {l}");
     }
     drop(f);
-    dev.inner().crash(4).unwrap();
-    checker(dev.inner().clone(), idx.clone()).unwrap();
-    let (f, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
-    for &l in &lbas {
-        assert_eq!(read_tag(&f, l), Observed::Tag(2), "lba {l}");
-    }
+    let f = cut_check_reopen(&dev, &idx, 4, Config::default());
+    assert_tags(&f, &lbas, 2);
 }
 
 /// A checkpoint whose commit reports a failure but was applied may have recorded dead
@@ -725,10 +733,6 @@ fn after_a_failed_checkpoint_commit_nothing_is_freed_by_free_records() {
     assert!(free_records(&idx).is_empty());
     assert!(f.checkpoint().unwrap().segments_freed >= 1);
     drop(f);
-    dev.inner().crash(5).unwrap();
-    checker(dev.inner().clone(), idx.clone()).unwrap();
-    let (f, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
-    for &l in &lbas {
-        assert_eq!(read_tag(&f, l), Observed::Tag(2), "lba {l}");
-    }
+    let f = cut_check_reopen(&dev, &idx, 5, Config::default());
+    assert_tags(&f, &lbas, 2);
 }

@@ -70,6 +70,25 @@ pub fn crc32c(data: &[u8]) -> u32 {
     crc32c::crc32c(data)
 }
 
+/// Whether `decode` accepted `buf`; if it did, its value re-encoded must decode again to
+/// the same value (`what` names the structure in the violation).
+fn round_trip<T: PartialEq + std::fmt::Debug, E: std::fmt::Debug>(
+    buf: &[u8],
+    what: &str,
+    decode: impl Fn(&[u8]) -> Result<T, E>,
+    encode: impl Fn(&T) -> Vec<u8>,
+) -> Result<bool, String> {
+    let Ok(v) = decode(buf) else {
+        return Ok(false);
+    };
+    let again =
+        decode(&encode(&v)).map_err(|e| format!("{what} re-encoded does not decode: {e:?}"))?;
+    if again != v {
+        return Err(format!("{what} round trip: {v:?} became {again:?}"));
+    }
+    Ok(true)
+}
+
 /// What a decode gave: whether it was accepted, or the violated property.
 pub fn run(data: &[u8]) -> Result<Option<bool>, String> {
     let Some((&sel, rest)) = data.split_first() else {
@@ -78,17 +97,7 @@ pub fn run(data: &[u8]) -> Result<Option<bool>, String> {
     let buf = prepare(sel, rest);
     let which = (sel & 7) % 6;
     let ok = match which {
-        0 => match Superblock::decode(&buf) {
-            Ok(sb) => {
-                let again = Superblock::decode(&sb.encode())
-                    .map_err(|e| format!("superblock re-encoded does not decode: {e:?}"))?;
-                if again != sb {
-                    return Err(format!("superblock round trip: {sb:?} became {again:?}"));
-                }
-                true
-            }
-            Err(_) => false,
-        },
+        0 => round_trip(&buf, "superblock", Superblock::decode, Superblock::encode)?,
         1 => match ChunkSummary::decode(&buf) {
             Ok(Some(s)) => {
                 let mut out = vec![0u8; BLOCK_SIZE];
@@ -106,17 +115,12 @@ pub fn run(data: &[u8]) -> Result<Option<bool>, String> {
             Ok(None) => false,
             Err(_) => false,
         },
-        2 => match SegmentRecord::decode(&buf) {
-            Ok(r) => {
-                let again = SegmentRecord::decode(&r.encode())
-                    .map_err(|e| format!("segment record re-encoded does not decode: {e}"))?;
-                if again != r {
-                    return Err(format!("segment record round trip: {r:?} became {again:?}"));
-                }
-                true
-            }
-            Err(_) => false,
-        },
+        2 => round_trip(
+            &buf,
+            "segment record",
+            SegmentRecord::decode,
+            SegmentRecord::encode,
+        )?,
         3 => match MapPage::decode(&buf) {
             Ok(p) => {
                 if p.entries.len() > PAGE_ENTRIES {
@@ -134,28 +138,13 @@ pub fn run(data: &[u8]) -> Result<Option<bool>, String> {
             }
             Err(_) => false,
         },
-        5 => match FreeRecord::decode(&buf) {
-            Ok(r) => {
-                let again = FreeRecord::decode(&r.encode())
-                    .map_err(|e| format!("free record re-encoded does not decode: {e}"))?;
-                if again != r {
-                    return Err(format!("free record round trip: {r:?} became {again:?}"));
-                }
-                true
-            }
-            Err(_) => false,
-        },
-        _ => match CheckpointRecord::decode(&buf) {
-            Ok(c) => {
-                let again = CheckpointRecord::decode(&c.encode())
-                    .map_err(|e| format!("checkpoint re-encoded does not decode: {e}"))?;
-                if again != c {
-                    return Err(format!("checkpoint round trip: {c:?} became {again:?}"));
-                }
-                true
-            }
-            Err(_) => false,
-        },
+        5 => round_trip(&buf, "free record", FreeRecord::decode, FreeRecord::encode)?,
+        _ => round_trip(
+            &buf,
+            "checkpoint",
+            CheckpointRecord::decode,
+            CheckpointRecord::encode,
+        )?,
     };
     Ok(Some(ok))
 }

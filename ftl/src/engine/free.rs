@@ -66,13 +66,7 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
         self.check_poison()?;
         let dead = self.t.segs.dead_closed();
         // Rule 1 (`dead_closed` is in ascending order, as `killed_any` wants).
-        let segs: Vec<u32> = {
-            let closed = lock(&ck.closed);
-            dead.iter()
-                .copied()
-                .filter(|&s| closed.get(s as usize).copied().unwrap_or(false))
-                .collect()
-        };
+        let segs = self.freeable_of(&dead);
         let mut report = FreeReport {
             dead_left: dead.len() - segs.len(),
             ..Default::default()
@@ -129,12 +123,16 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Dead segments a free record may free now (rule 1); the others wait for a
     /// checkpoint.
     pub fn freeable_segments(&self) -> usize {
+        self.freeable_of(&self.t.segs.dead_closed()).len()
+    }
+
+    /// Of the dead segments `dead`, those rule 1 lets a free record free: recorded closed
+    /// by the last committed checkpoint and not freed since (order kept).
+    fn freeable_of(&self, dead: &[u32]) -> Vec<u32> {
         let closed = lock(&self.ckpt.closed);
-        self.t
-            .segs
-            .dead_closed()
-            .into_iter()
+        dead.iter()
+            .copied()
             .filter(|&s| closed.get(s as usize).copied().unwrap_or(false))
-            .count()
+            .collect()
     }
 }
