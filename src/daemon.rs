@@ -70,6 +70,8 @@ pub struct DaemonConfig {
     pub depth: u16,
     pub io_buf_bytes: u32,
     pub cleaner: bool,
+    /// Bytes of RAM the map's page cache may hold.
+    pub map_cache_bytes: u64,
     pub mode: Mode,
     /// The log file stdout/stderr go to (background daemons).
     pub log: Option<PathBuf>,
@@ -79,16 +81,18 @@ pub struct DaemonConfig {
 fn open_ftl(cfg: &DaemonConfig) -> Result<FileFtl, CliError> {
     let open = || {
         let staging = StagingPlace::Dir(runfiles::run_dir());
-        open_backing_staged(&cfg.backing, &cfg.index, Config::default(), &staging).map(
-            |(f, report)| {
-                eprintln!(
-                    "ftlblk: opened {}: {}",
-                    cfg.backing.display(),
-                    serde_json::to_string(&report).unwrap_or_default()
-                );
-                f
-            },
-        )
+        let ftl_cfg = Config {
+            map_cache_bytes: cfg.map_cache_bytes,
+            ..Config::default()
+        };
+        open_backing_staged(&cfg.backing, &cfg.index, ftl_cfg, &staging).map(|(f, report)| {
+            eprintln!(
+                "ftlblk: opened {}: {}",
+                cfg.backing.display(),
+                serde_json::to_string(&report).unwrap_or_default()
+            );
+            f
+        })
     };
     let formatted = |sb: ftl::superblock::Superblock| {
         eprintln!(
@@ -256,6 +260,7 @@ fn serve(
         log,
         uuid: ftl.superblock().uuid_string(),
         recoveries,
+        map_cache_bytes: cfg.map_cache_bytes,
     };
     let backing_fd = ftl.device().raw_fd().ok_or(CliError::NoBackingFd)?;
 

@@ -63,6 +63,11 @@ pub struct AddArgs {
     /// device fails writes with ENOSPC once the free segments are used up.
     #[arg(long)]
     pub no_cleaner: bool,
+    /// RAM for the LBA map's page cache (e.g. 256M, 2G). The map takes 8 bytes per 4 KiB
+    /// block (2 GiB per TiB); pages beyond the cache stay in the index and are read on
+    /// a miss. Default 512M: the whole map of a device of up to about 256 GiB.
+    #[arg(long, value_parser = parse_size, default_value = "512M")]
+    pub map_cache: u64,
     /// Serve the device in this process until SIGINT/SIGTERM or `ftlblk del`, logging to
     /// stderr, instead of starting a background daemon and returning once the device is
     /// live.
@@ -152,6 +157,7 @@ pub fn add(a: AddArgs) -> Result<(), CliError> {
         depth: a.depth,
         io_buf_bytes: a.io_buf_size as u32,
         cleaner: !a.no_cleaner,
+        map_cache_bytes: a.map_cache,
         mode: Mode::Add { id: a.id },
         log: launch::log_from_env(),
     };
@@ -171,6 +177,8 @@ pub fn add(a: AddArgs) -> Result<(), CliError> {
         a.depth.to_string().into(),
         "--io-buf-size".into(),
         a.io_buf_size.to_string().into(),
+        "--map-cache".into(),
+        a.map_cache.to_string().into(),
     ];
     if let Some(s) = a.size {
         args.extend(["--size".into(), s.to_string().into()]);
@@ -216,6 +224,11 @@ pub fn recover(a: RecoverArgs) -> Result<(), CliError> {
         depth: rec.depth,
         io_buf_bytes: rec.io_buf_bytes,
         cleaner: rec.cleaner,
+        map_cache_bytes: if rec.map_cache_bytes == 0 {
+            ftl::DEFAULT_MAP_CACHE_BYTES
+        } else {
+            rec.map_cache_bytes
+        },
         mode: Mode::Recover {
             id,
             recoveries: rec.recoveries,

@@ -79,6 +79,10 @@ pub struct DeviceRecord {
     pub uuid: String,
     /// How many times this device was re-attached by `recover`.
     pub recoveries: u32,
+    /// Bytes of RAM the map's page cache may hold (`add --map-cache`; 0 in records of
+    /// older daemons: the default).
+    #[serde(default)]
+    pub map_cache_bytes: u64,
 }
 
 /// Writes `N.json` atomically.
@@ -177,6 +181,7 @@ mod tests {
             log: None,
             uuid: "u".into(),
             recoveries: 0,
+            map_cache_bytes: 64 << 20,
         };
         write_record(&rec).unwrap();
         assert_eq!(read_record(7).unwrap(), Some(rec.clone()));

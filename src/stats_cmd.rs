@@ -147,7 +147,29 @@ pub fn format_stats(d: &StatsDocument) -> String {
         ),
     );
     row("epoch (opens)", s.epoch.to_string());
-    row("map RAM", human_bytes(s.map_ram_bytes));
+    let m = &s.map_cache;
+    let lookups = (m.hits + m.misses).max(1);
+    row(
+        "map cache",
+        format!(
+            "{} of {} cached (bound {}), {} dirty, {:.1}% hits, {} evictions",
+            human_bytes(s.map_ram_bytes),
+            human_bytes(m.map_bytes),
+            human_bytes(m.capacity_bytes),
+            m.dirty_pages,
+            m.hits as f64 * 100.0 / lookups as f64,
+            m.evictions
+        ),
+    );
+    let k = &d.classifier;
+    row(
+        "classifier RAM",
+        format!(
+            "{} ({} blocks tracked)",
+            human_bytes(k.ram_bytes),
+            k.tracked_blocks
+        ),
+    );
     row("index on disk", human_bytes(s.index_bytes_on_disk));
     row("discarded (TRIM out)", human_bytes(c.discarded_bytes));
     if let Some(a) = d.backing_allocated_bytes {

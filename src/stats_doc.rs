@@ -67,6 +67,7 @@ pub struct FtlFigures {
     pub segments_freed_by_records: u64,
     pub epoch: u64,
     pub map_ram_bytes: u64,
+    pub map_cache: ftl::MapCacheStats,
     pub index_bytes_on_disk: u64,
     pub counters: CounterFigures,
     /// The fields `ftlblk stats` does not print, as the FTL wrote them.
@@ -94,8 +95,12 @@ pub struct CounterFigures {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ClassifierFigures {
-    /// Memory per exported block ([`Classifier::BYTES_PER_BLOCK`]).
+    /// Memory per tracked block ([`Classifier::BYTES_PER_BLOCK`]).
     pub bytes_per_block: u64,
+    /// Blocks whose history is kept (a larger device shares the slots).
+    pub tracked_blocks: u64,
+    /// RAM of the per-block state.
+    pub ram_bytes: u64,
     /// Stream plans made since the start.
     pub plans: u64,
     /// Streams the current plan does not use.
@@ -149,6 +154,8 @@ impl ClassifierFigures {
     pub fn of(classifier: &Classifier) -> Self {
         ClassifierFigures {
             bytes_per_block: Classifier::BYTES_PER_BLOCK as u64,
+            tracked_blocks: classifier.tracked_blocks(),
+            ram_bytes: classifier.ram_bytes(),
             plans: classifier.plans(),
             idle_streams: classifier.idle_streams().iter().map(|s| s.0).collect(),
         }
@@ -255,6 +262,7 @@ mod tests {
             log: None,
             uuid: "u".into(),
             recoveries: 1,
+            map_cache_bytes: 0,
         }
     }
 
@@ -273,6 +281,8 @@ mod tests {
             "backing_allocated_bytes": allocated,
             "classifier": serde_json::json!({
                 "bytes_per_block": Classifier::BYTES_PER_BLOCK,
+                "tracked_blocks": classifier.tracked_blocks(),
+                "ram_bytes": classifier.ram_bytes(),
                 "plans": classifier.plans(),
                 "idle_streams": classifier.idle_streams().iter().map(|s| s.0).collect::<Vec<_>>(),
             }),

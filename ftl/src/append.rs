@@ -459,17 +459,26 @@ impl Appender {
         let pba = chunk.next_data_pba();
         let new = MapEntry::new(pba as u32, crc);
         let _stripe = lock(&self.stripes[lba as usize % STRIPES]);
-        let old = t.map.get(lba);
-        // Rule 6: a relocation only if the map still holds what the cleaner read.
-        if expect.is_some_and(|e| e != old) {
+        let mut appended = false;
+        // One step under the map page's lock: a miss can fail, and does so before
+        // anything changed.
+        let old = t.map.update(lba, |old| {
+            // Rule 6: a relocation only if the map still holds what the cleaner read.
+            if expect.is_some_and(|e| e != old) {
+                return None;
+            }
+            // Rule 1: numbered, recorded and mapped under the stream and stripe locks
+            // (recorded in the chunk before the map points at it: a reader finds it).
+            let seq = self.entry_seq.fetch_add(1, Ordering::SeqCst);
+            chunk.push_data(lba, seq, crc, data);
+            appended = true;
+            Some(new)
+        })?;
+        if !appended {
             return Ok(false);
         }
-        // Rule 1: numbered, recorded and mapped under the stream and stripe locks.
-        let seq = self.entry_seq.fetch_add(1, Ordering::SeqCst);
-        chunk.push_data(lba, seq, crc, data);
         let geo = &self.s.geo;
         let old_seg = old.pba().map(|o| geo.segment_of(o as u64));
-        t.map.swap(lba, new);
         if let Some(o) = old_seg {
             chunk.note_killed(o);
         }
@@ -490,11 +499,24 @@ impl Appender {
             .collect();
         idx.sort_unstable();
         let _guards: Vec<_> = idx.iter().map(|&i| lock(&self.stripes[i])).collect();
+        // The pages are read in before anything changes (a miss can fail).
+        t.map.prefetch(lba, count as u64)?;
         // Rule 1, as for data.
         let seq = self.entry_seq.fetch_add(1, Ordering::SeqCst);
         for l in lba..lba + count as u64 {
-            if let Some(o) = t.map.get(l).pba() {
-                t.map.swap(l, MapEntry::UNMAPPED);
+            let old = match t
+                .map
+                .update(l, |old| old.is_mapped().then_some(MapEntry::UNMAPPED))
+            {
+                Ok(old) => old,
+                Err(e) => {
+                    // A page evicted since the prefetch failed to read back: the map and
+                    // the log disagree now, so nothing more is accepted.
+                    self.set_poison(format!("trim of lba {l} could not read its map page: {e}"));
+                    return Err(e);
+                }
+            };
+            if let Some(o) = old.pba() {
                 let seg = self.s.geo.segment_of(o as u64);
                 chunk.note_killed(seg);
                 t.segs.note_unmap(seg);

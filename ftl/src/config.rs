@@ -23,6 +23,9 @@ pub struct Config {
     /// With a cleaner attached, how long a write waits for a free segment before it
     /// fails with ENOSPC.
     pub space_wait: std::time::Duration,
+    /// Bytes of RAM the map's page cache may hold (`map.rs`; dirty pages may exceed it
+    /// until the checkpoint it calls for).
+    pub map_cache_bytes: u64,
 }
 
 impl Default for Config {
@@ -32,6 +35,7 @@ impl Default for Config {
             checkpoint_blocks: 0,
             gc_reserve_segments: 2,
             space_wait: std::time::Duration::from_secs(30),
+            map_cache_bytes: crate::map::DEFAULT_CACHE_BYTES,
         }
     }
 }

@@ -67,7 +67,7 @@ pub use error::{Error, Result};
 pub use geometry::{FormatOptions, Geometry};
 pub use index::IndexStore;
 pub use lifecycle::{format, read_superblock, read_superblock_readonly, OpenReport};
-pub use map::MapEntry;
+pub use map::{MapCacheStats, MapEntry, DEFAULT_CACHE_BYTES as DEFAULT_MAP_CACHE_BYTES};
 pub use records::Counters;
 pub use recovery::RecoveryReport;
 pub use segments::SegmentSnapshot;

@@ -1,17 +1,36 @@
-//! The in-memory LBA -> physical map (L2P).
+//! The LBA -> physical map (L2P), paged: a bounded cache of map pages over the index.
 //!
-//! One `AtomicU64` per exported block: physical block number in the low 32 bits and the
-//! crc32c of the block's data in the high 32 bits, so a read can verify what it got and a
-//! relocation can compare-and-swap the whole entry. `u64::MAX` means unmapped (reads zero).
-//! Cost: 8 bytes per block, plus one dirty bit per 512-entry page for checkpoints.
+//! An entry is 8 bytes: physical block number in the low 32 bits and the crc32c of the
+//! block's data in the high 32 bits, so a read can verify what it got and a relocation
+//! can compare-and-swap the whole entry. `u64::MAX` means unmapped (reads zero).
 //!
-//! Owns the entries and the dirty-page bitmap. Changed only by the appender (under the
-//! stripe locks) and recovery; read by everyone through `tables.rs`; the checkpoint takes
-//! its dirty pages.
+//! Entries live in pages of [`PAGE_ENTRIES`] (4 KiB). The truth is the last checkpoint's
+//! pages in the index plus the log replayed since (recovery) and the changes made since
+//! open; RAM holds a bounded cache of pages. A miss reads the page from the index
+//! ([`PageReader`]); a page absent there is all unmapped.
+//!
+//! Cache rules (each keeps "the index plus the log" the truth):
+//! 1. a changed page is dirty and is never evicted: the index holds an older copy;
+//! 2. the checkpoint takes the dirty pages ([`L2p::take_dirty`]): they turn "writing" and
+//!    stay unevictable until the commit that holds them returned ([`L2p::committed`]; a
+//!    failed commit makes them dirty again, [`L2p::uncommitted`]), because a miss in
+//!    between would read the copy the commit replaces;
+//! 3. only clean pages are evicted (CLOCK: a page used since the hand last passed gets a
+//!    second chance). When every cached page of a shard is dirty or writing the cache
+//!    grows past its bound, and `dirty_pages` tells the engine a checkpoint is due;
+//! 4. a miss reads the index under its shard's lock, so two misses of one page cannot
+//!    both insert it (the later one would overwrite the earlier one's changes).
+//!
+//! Owns the cached pages and their dirty/writing state. Changed only by the appender
+//! (under the stripe locks), relocation (through the appender) and recovery; read by
+//! everyone through `tables.rs`; the checkpoint takes its dirty pages.
 
+use crate::error::Result;
 use crate::records::PAGE_ENTRIES;
-use crate::sync::AtomicU64;
+use crate::sync::{lock, AtomicU64, Mutex};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// A map entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -39,107 +58,360 @@ impl MapEntry {
     }
 }
 
-/// The L2P table with dirty-page tracking.
+/// Where a missed page is read from: the index as the last committed checkpoint left it.
+pub trait PageReader: Send + Sync {
+    /// Entries of `page` (`None`: the index holds no such page, every entry unmapped).
+    fn read_page(&self, page: u64) -> Result<Option<Vec<u64>>>;
+}
+
+/// A reader with no pages (tests).
+#[cfg(test)]
+pub struct NoPages;
+
+#[cfg(test)]
+impl PageReader for NoPages {
+    fn read_page(&self, _page: u64) -> Result<Option<Vec<u64>>> {
+        Ok(None)
+    }
+}
+
+/// Bytes of RAM one cached page costs: its entries plus the slot and hash entry.
+pub const PAGE_RAM_BYTES: u64 = (PAGE_ENTRIES * 8 + 64) as u64;
+
+/// The least cache the map accepts, in pages (tests use it to make every few accesses
+/// miss).
+pub const MIN_CACHE_PAGES: u64 = 2;
+
+/// The default map cache: 512 MiB, the whole map of a device of about 256 GiB.
+pub const DEFAULT_CACHE_BYTES: u64 = 512 << 20;
+
+const MAX_SHARDS: u64 = 64;
+
+struct Slot {
+    page: u64,
+    entries: Box<[u64]>,
+    /// Changed since the index copy (rule 1).
+    dirty: bool,
+    /// Taken by a checkpoint whose commit has not returned (rule 2).
+    writing: bool,
+    /// Used since the clock hand last passed (rule 3).
+    referenced: bool,
+}
+
+#[derive(Default)]
+struct Shard {
+    slots: Vec<Slot>,
+    at: HashMap<u64, usize>,
+    hand: usize,
+}
+
+/// Cache figures, for `stats`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct MapCacheStats {
+    /// The bound, in bytes of cached pages.
+    pub capacity_bytes: u64,
+    /// Bytes of the whole map (8 per exported block), cached or not.
+    pub map_bytes: u64,
+    pub cached_pages: u64,
+    pub dirty_pages: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+}
+
+/// The paged L2P table.
 pub struct L2p {
-    entries: Box<[AtomicU64]>,
-    dirty: Box<[AtomicU64]>,
+    blocks: u64,
+    pages: u64,
+    reader: Arc<dyn PageReader>,
+    shards: Box<[Mutex<Shard>]>,
+    /// Pages a shard holds before it evicts.
+    shard_cap: usize,
+    capacity_pages: u64,
+    cached: AtomicU64,
+    dirty: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    evictions: AtomicU64,
 }
 
 impl L2p {
-    /// All `blocks` entries unmapped, nothing dirty.
-    pub fn new(blocks: u64) -> Self {
-        let entries = (0..blocks).map(|_| AtomicU64::new(u64::MAX)).collect();
+    /// A map of `blocks` entries over the pages `reader` holds, caching at most about
+    /// `cache_bytes` of pages (at least [`MIN_CACHE_PAGES`]; never more than the map).
+    pub fn new(blocks: u64, cache_bytes: u64, reader: Arc<dyn PageReader>) -> Self {
         let pages = blocks.div_ceil(PAGE_ENTRIES as u64);
-        let dirty = (0..pages.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
-        L2p { entries, dirty }
+        let capacity_pages = (cache_bytes / PAGE_RAM_BYTES)
+            .max(MIN_CACHE_PAGES)
+            .min(pages.max(1));
+        let shards = (capacity_pages / 8).clamp(1, MAX_SHARDS);
+        L2p {
+            blocks,
+            pages,
+            reader,
+            shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+            shard_cap: capacity_pages.div_ceil(shards) as usize,
+            capacity_pages,
+            cached: AtomicU64::new(0),
+            dirty: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    /// A map of `blocks` unmapped entries, all of it cached (tests).
+    #[cfg(test)]
+    pub fn unbounded(blocks: u64) -> Self {
+        Self::new(blocks, u64::MAX, Arc::new(NoPages))
     }
 
     /// Number of pages.
+    #[cfg(test)]
     pub fn pages(&self) -> u64 {
-        (self.entries.len() as u64).div_ceil(PAGE_ENTRIES as u64)
+        self.pages
     }
 
-    /// Bytes of RAM the entries use (8 per exported block).
+    /// Cache figures.
+    pub fn cache_stats(&self) -> MapCacheStats {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        MapCacheStats {
+            capacity_bytes: self.capacity_pages * PAGE_RAM_BYTES,
+            map_bytes: self.blocks * 8,
+            cached_pages: get(&self.cached),
+            dirty_pages: get(&self.dirty),
+            hits: get(&self.hits),
+            misses: get(&self.misses),
+            evictions: get(&self.evictions),
+        }
+    }
+
+    /// Bytes of RAM the cached pages use.
     pub fn ram_bytes(&self) -> u64 {
-        (self.entries.len() * 8) as u64
+        self.cached.load(Ordering::Relaxed) * PAGE_RAM_BYTES
     }
 
-    /// Bytes of RAM the dirty-page bitmap uses (1 bit per 512 entries).
-    pub fn dirty_ram_bytes(&self) -> u64 {
-        (self.dirty.len() * 8) as u64
+    /// Dirty pages (changed since the index copy, not yet taken by a checkpoint).
+    pub fn dirty_pages(&self) -> u64 {
+        self.dirty.load(Ordering::Relaxed)
+    }
+
+    /// The cache's bound, in pages.
+    pub fn capacity_pages(&self) -> u64 {
+        self.capacity_pages
+    }
+
+    fn shard(&self, page: u64) -> &Mutex<Shard> {
+        &self.shards[(page % self.shards.len() as u64) as usize]
+    }
+
+    /// Runs `f` on the cached page `page` (loading it on a miss, rule 4) with the shard
+    /// locked.
+    fn with_page<R>(&self, page: u64, f: impl FnOnce(&mut Slot) -> R) -> Result<R> {
+        let mut sh = lock(self.shard(page));
+        if let Some(&i) = sh.at.get(&page) {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            let slot = &mut sh.slots[i];
+            slot.referenced = true;
+            return Ok(f(slot));
+        }
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        let len = self.page_len(page);
+        let mut entries = vec![u64::MAX; len].into_boxed_slice();
+        if let Some(stored) = self.reader.read_page(page)? {
+            for (d, s) in entries.iter_mut().zip(stored) {
+                *d = s;
+            }
+        }
+        let slot = Slot {
+            page,
+            entries,
+            dirty: false,
+            writing: false,
+            referenced: true,
+        };
+        let i = self.place(&mut sh, slot);
+        Ok(f(&mut sh.slots[i]))
+    }
+
+    /// Puts a new slot in the shard, first evicting clean pages the clock picks while the
+    /// shard is at its bound (rule 3; a shard that grew past it while its pages were
+    /// dirty shrinks back here).
+    fn place(&self, sh: &mut Shard, slot: Slot) -> usize {
+        while sh.slots.len() >= self.shard_cap {
+            let Some(h) = Self::clock_victim(sh) else { break };
+            let gone = sh.slots.swap_remove(h);
+            sh.at.remove(&gone.page);
+            if let Some(moved) = sh.slots.get(h) {
+                sh.at.insert(moved.page, h);
+            }
+            self.cached.fetch_sub(1, Ordering::Relaxed);
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        let n = sh.slots.len();
+        sh.at.insert(slot.page, n);
+        sh.slots.push(slot);
+        self.cached.fetch_add(1, Ordering::Relaxed);
+        n
+    }
+
+    /// A clean page not used since the hand last passed, if any (two sweeps at most).
+    fn clock_victim(sh: &mut Shard) -> Option<usize> {
+        let n = sh.slots.len();
+        for _ in 0..2 * n {
+            let h = sh.hand % n;
+            sh.hand = h + 1;
+            let s = &mut sh.slots[h];
+            if s.dirty || s.writing {
+                continue;
+            }
+            if !s.referenced {
+                return Some(h);
+            }
+            s.referenced = false;
+        }
+        None
+    }
+
+    fn page_len(&self, page: u64) -> usize {
+        let start = page * PAGE_ENTRIES as u64;
+        (self.blocks.saturating_sub(start)).min(PAGE_ENTRIES as u64) as usize
+    }
+
+    fn split(lba: u64) -> (u64, usize) {
+        (lba / PAGE_ENTRIES as u64, (lba % PAGE_ENTRIES as u64) as usize)
     }
 
     /// Current entry of `lba` (caller checked range).
-    pub fn get(&self, lba: u64) -> MapEntry {
-        MapEntry(self.entries[lba as usize].load(Ordering::SeqCst))
+    pub fn get(&self, lba: u64) -> Result<MapEntry> {
+        let (page, i) = Self::split(lba);
+        self.with_page(page, |s| MapEntry(s.entries[i]))
+    }
+
+    /// Reads the entry of `lba` and, when `f` returns a new one, stores it (marking the
+    /// page dirty), in one step under the page's lock. Returns the entry `f` saw.
+    pub fn update(&self, lba: u64, f: impl FnOnce(MapEntry) -> Option<MapEntry>) -> Result<MapEntry> {
+        let (page, i) = Self::split(lba);
+        self.with_page(page, |s| {
+            let old = MapEntry(s.entries[i]);
+            if let Some(new) = f(old) {
+                s.entries[i] = new.0;
+                if !s.dirty {
+                    s.dirty = true;
+                    self.dirty.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            old
+        })
     }
 
     /// Replaces the entry, returning the old one, and marks its page dirty.
-    pub fn swap(&self, lba: u64, e: MapEntry) -> MapEntry {
-        let old = MapEntry(self.entries[lba as usize].swap(e.0, Ordering::SeqCst));
-        self.mark_dirty(lba / PAGE_ENTRIES as u64);
-        old
+    pub fn swap(&self, lba: u64, e: MapEntry) -> Result<MapEntry> {
+        self.update(lba, |_| Some(e))
     }
 
-
-    /// Loads a page's entries (used by recovery; marks nothing dirty).
-    pub fn load_page(&self, page: u64, entries: &[u64]) {
-        let start = page as usize * PAGE_ENTRIES;
-        for (i, &e) in entries.iter().enumerate() {
-            if let Some(slot) = self.entries.get(start + i) {
-                slot.store(e, Ordering::Relaxed);
-            }
+    /// Loads the pages of `lba..lba + count` into the cache, so the changes that follow
+    /// are unlikely to miss (a miss can fail; a trim changes several entries).
+    pub fn prefetch(&self, lba: u64, count: u64) -> Result<()> {
+        if count == 0 {
+            return Ok(());
         }
-    }
-
-    /// Copies a page's entries.
-    pub fn page(&self, page: u64) -> Vec<u64> {
-        let start = (page as usize * PAGE_ENTRIES).min(self.entries.len());
-        let end = (start + PAGE_ENTRIES).min(self.entries.len());
-        self.entries[start..end]
-            .iter()
-            .map(|e| e.load(Ordering::SeqCst))
-            .collect()
-    }
-
-    /// Marks a page dirty.
-    pub fn mark_dirty(&self, page: u64) {
-        self.dirty[(page / 64) as usize].fetch_or(1 << (page % 64), Ordering::SeqCst);
-    }
-
-    /// Marks every page dirty (after recovery, so the next checkpoint writes everything).
-    pub fn mark_all_dirty(&self) {
-        for p in 0..self.pages() {
-            self.mark_dirty(p);
+        let first = lba / PAGE_ENTRIES as u64;
+        let last = (lba + count - 1) / PAGE_ENTRIES as u64;
+        for p in first..=last {
+            self.with_page(p, |_| ())?;
         }
+        Ok(())
     }
 
-    /// Clears and returns the dirty page numbers.
-    pub fn take_dirty(&self) -> Vec<u64> {
+    /// Takes every dirty page for a checkpoint (rule 2): returns copies of their entries
+    /// and marks them writing until [`committed`](Self::committed) or
+    /// [`uncommitted`](Self::uncommitted).
+    pub fn take_dirty(&self) -> Vec<(u64, Vec<u64>)> {
         let mut out = Vec::new();
-        for (w, word) in self.dirty.iter().enumerate() {
-            let mut bits = word.swap(0, Ordering::SeqCst);
-            while bits != 0 {
-                let b = bits.trailing_zeros() as u64;
-                out.push(w as u64 * 64 + b);
-                bits &= bits - 1;
+        for sh in self.shards.iter() {
+            let mut sh = lock(sh);
+            for s in sh.slots.iter_mut().filter(|s| s.dirty) {
+                s.dirty = false;
+                s.writing = true;
+                out.push((s.page, s.entries.to_vec()));
             }
         }
+        self.dirty.fetch_sub(out.len() as u64, Ordering::Relaxed);
+        out.sort_unstable_by_key(|p| p.0);
         out
     }
 
-    /// Iterates over (lba, entry) of mapped blocks.
-    pub fn iter_mapped(&self) -> impl Iterator<Item = (u64, MapEntry)> + '_ {
-        self.entries.iter().enumerate().filter_map(|(i, e)| {
-            let e = MapEntry(e.load(Ordering::Relaxed));
-            e.is_mapped().then_some((i as u64, e))
-        })
+    /// The commit holding `pages` returned Ok: they may be evicted once clean.
+    pub fn committed(&self, pages: &[u64]) {
+        self.set_writing_done(pages, false);
+    }
+
+    /// The commit holding `pages` failed: they are dirty again (the next checkpoint
+    /// writes them).
+    pub fn uncommitted(&self, pages: &[u64]) {
+        self.set_writing_done(pages, true);
+    }
+
+    fn set_writing_done(&self, pages: &[u64], redirty: bool) {
+        for &p in pages {
+            let mut sh = lock(self.shard(p));
+            if let Some(&i) = sh.at.get(&p) {
+                let s = &mut sh.slots[i];
+                s.writing = false;
+                if redirty && !s.dirty {
+                    s.dirty = true;
+                    self.dirty.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Calls `f(page, entries)` for every page in order: the cached copy, or the index's
+    /// (read without caching it). For the checker and tools; O(map).
+    pub fn for_each_page(&self, mut f: impl FnMut(u64, &[u64])) -> Result<()> {
+        let mut buf = vec![u64::MAX; PAGE_ENTRIES];
+        for p in 0..self.pages {
+            let len = self.page_len(p);
+            let cached = {
+                let sh = lock(self.shard(p));
+                sh.at.get(&p).map(|&i| sh.slots[i].entries.to_vec())
+            };
+            match cached {
+                Some(e) => f(p, &e),
+                None => {
+                    buf[..len].fill(u64::MAX);
+                    if let Some(stored) = self.reader.read_page(p)? {
+                        for (d, s) in buf[..len].iter_mut().zip(stored) {
+                            *d = s;
+                        }
+                    }
+                    f(p, &buf[..len]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every mapped (lba, entry), in LBA order. O(map) in time and in the result.
+    pub fn mapped(&self) -> Result<Vec<(u64, MapEntry)>> {
+        let mut out = Vec::new();
+        self.for_each_page(|p, entries| {
+            let base = p * PAGE_ENTRIES as u64;
+            for (i, &e) in entries.iter().enumerate() {
+                if e != u64::MAX {
+                    out.push((base + i as u64, MapEntry(e)));
+                }
+            }
+        })?;
+        Ok(out)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     #[test]
     fn entry_packing() {
@@ -151,14 +423,218 @@ mod tests {
 
     #[test]
     fn swap_and_dirty() {
-        let m = L2p::new(2000);
-        assert_eq!(m.swap(600, MapEntry::new(1, 2)), MapEntry::UNMAPPED);
-        assert_eq!(m.swap(600, MapEntry::new(3, 4)), MapEntry::new(1, 2));
-        assert_eq!(m.get(600), MapEntry::new(3, 4));
-        assert_eq!(m.take_dirty(), vec![1]);
+        let m = L2p::unbounded(2000);
+        assert_eq!(m.swap(600, MapEntry::new(1, 2)).unwrap(), MapEntry::UNMAPPED);
+        assert_eq!(m.swap(600, MapEntry::new(3, 4)).unwrap(), MapEntry::new(1, 2));
+        assert_eq!(m.get(600).unwrap(), MapEntry::new(3, 4));
+        let taken = m.take_dirty();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(taken[0].0, 1);
         assert!(m.take_dirty().is_empty());
         assert_eq!(m.pages(), 4);
-        assert_eq!(m.page(3).len(), 2000 - 3 * 512);
-        assert_eq!(m.iter_mapped().count(), 1);
+        assert_eq!(m.mapped().unwrap(), vec![(600, MapEntry::new(3, 4))]);
+        let mut lens = Vec::new();
+        m.for_each_page(|_, e| lens.push(e.len())).unwrap();
+        assert_eq!(lens, vec![512, 512, 512, 2000 - 3 * 512]);
+    }
+
+    /// An index stand-in: pages a "checkpoint" committed.
+    #[derive(Default)]
+    struct Pages(std::sync::Mutex<BTreeMap<u64, Vec<u64>>>, AtomicU64);
+
+    impl PageReader for Pages {
+        fn read_page(&self, page: u64) -> Result<Option<Vec<u64>>> {
+            self.1.fetch_add(1, Ordering::Relaxed);
+            Ok(self.0.lock().unwrap().get(&page).cloned())
+        }
+    }
+
+    fn checkpoint(m: &L2p, pages: &Pages) {
+        let taken = m.take_dirty();
+        let mut stored = pages.0.lock().unwrap();
+        for (p, e) in &taken {
+            stored.insert(*p, e.clone());
+        }
+        drop(stored);
+        m.committed(&taken.iter().map(|t| t.0).collect::<Vec<_>>());
+    }
+
+    /// Rules 1 and 3: a bounded cache keeps dirty pages and evicts clean ones, and a page
+    /// read back after eviction holds what was written.
+    #[test]
+    fn dirty_pages_stay_and_clean_ones_come_back_from_the_index() {
+        let store = Arc::new(Pages::default());
+        let blocks = 128 * PAGE_ENTRIES as u64;
+        let m = L2p::new(blocks, MIN_CACHE_PAGES * PAGE_RAM_BYTES, store.clone());
+        assert_eq!(m.capacity_pages(), MIN_CACHE_PAGES);
+        let at = |p: u64| p * PAGE_ENTRIES as u64 + 3;
+        // Dirty 64 pages: none may be evicted, the cache grows past its bound.
+        for p in 0..64 {
+            m.swap(at(p), MapEntry::new(p as u32 + 10, 1)).unwrap();
+        }
+        assert_eq!(m.cache_stats().cached_pages, 64);
+        assert_eq!(m.cache_stats().evictions, 0);
+        assert_eq!(m.dirty_pages(), 64);
+        checkpoint(&m, &store);
+        assert_eq!(m.dirty_pages(), 0);
+        // Other pages pass through: the clean ones are evicted, down to the bound.
+        for p in 64..128 {
+            assert_eq!(m.get(at(p)).unwrap(), MapEntry::UNMAPPED);
+        }
+        let s = m.cache_stats();
+        assert!(s.evictions >= 64, "{s:?}");
+        assert!(s.cached_pages <= MIN_CACHE_PAGES, "{s:?}");
+        // Read back from the index.
+        for p in 0..64 {
+            assert_eq!(
+                m.get(at(p)).unwrap(),
+                MapEntry::new(p as u32 + 10, 1),
+                "page {p} read back from the index"
+            );
+        }
+        assert!(m.cache_stats().cached_pages <= MIN_CACHE_PAGES);
+        assert!(store.1.load(Ordering::Relaxed) >= 64 + 64);
+    }
+
+    /// Rule 2: pages a checkpoint took are not evicted before its commit returned, and a
+    /// failed commit makes them dirty again.
+    #[test]
+    fn pages_being_written_are_not_evicted() {
+        let store = Arc::new(Pages::default());
+        let blocks = 64 * PAGE_ENTRIES as u64;
+        let m = L2p::new(blocks, 0, store.clone());
+        assert_eq!(m.capacity_pages(), MIN_CACHE_PAGES);
+        m.swap(5, MapEntry::new(9, 9)).unwrap();
+        let taken = m.take_dirty();
+        assert_eq!(taken.len(), 1);
+        // Many other pages pass through the cache while the commit is in flight.
+        for round in 0..3 {
+            for p in 1..64 {
+                m.get(p * PAGE_ENTRIES as u64 + round).unwrap();
+            }
+        }
+        assert_eq!(m.get(5).unwrap(), MapEntry::new(9, 9), "kept while writing");
+        // The commit failed: dirty again, and still kept.
+        m.uncommitted(&[0]);
+        assert_eq!(m.dirty_pages(), 1);
+        for p in 1..64 {
+            m.get(p * PAGE_ENTRIES as u64).unwrap();
+        }
+        assert_eq!(m.get(5).unwrap(), MapEntry::new(9, 9));
+        assert!(store.0.lock().unwrap().is_empty());
+        checkpoint(&m, &store);
+        assert_eq!(store.0.lock().unwrap()[&0][5], MapEntry::new(9, 9).0);
+    }
+
+    /// Many threads changing entries through a tiny cache lose no change.
+    #[test]
+    fn concurrent_updates_through_a_tiny_cache_lose_nothing() {
+        let store = Arc::new(Pages::default());
+        let blocks = 32 * PAGE_ENTRIES as u64;
+        let m = Arc::new(L2p::new(blocks, 0, store.clone()));
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let m = m.clone();
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    for i in 0..4000u64 {
+                        let lba = (i * 7919 + t) % blocks;
+                        m.update(lba, |old| Some(MapEntry(old.0.wrapping_add(1)))).unwrap();
+                        if i % 500 == 0 && t == 0 {
+                            checkpoint(&m, &store);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let mut expect = vec![u64::MAX; blocks as usize];
+        for t in 0..4u64 {
+            for i in 0..4000u64 {
+                let lba = ((i * 7919 + t) % blocks) as usize;
+                expect[lba] = expect[lba].wrapping_add(1);
+            }
+        }
+        for (lba, &e) in expect.iter().enumerate() {
+            assert_eq!(m.get(lba as u64).unwrap().0, e, "lba {lba}");
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Set(u64, u32),
+        Get(u64),
+        /// A checkpoint takes the dirty pages; the commit comes `after` ops later (or
+        /// at once), failing when `fail`.
+        Take { fail: bool },
+        Commit,
+    }
+
+    fn op(blocks: u64) -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            6 => (0..blocks, any::<u32>()).prop_map(|(l, v)| Op::Set(l, v)),
+            6 => (0..blocks).prop_map(Op::Get),
+            1 => any::<bool>().prop_map(|fail| Op::Take { fail }),
+            1 => Just(Op::Commit),
+        ]
+    }
+
+    proptest::proptest! {
+        /// The cache rules against a plain model: with a cache of two pages of twelve,
+        /// checkpoints in flight and failing, every read returns the last value set, and
+        /// after a checkpoint that commits with nothing changed since, the index holds
+        /// every value (what a reopen would read).
+        #[test]
+        fn the_cache_never_serves_a_stale_page(ops in proptest::collection::vec(op(12 * 512), 1..400)) {
+            let blocks = 12 * PAGE_ENTRIES as u64;
+            let store = Arc::new(Pages::default());
+            let m = L2p::new(blocks, 0, store.clone());
+            let mut truth = vec![u64::MAX; blocks as usize];
+            let mut in_flight: Option<(Vec<(u64, Vec<u64>)>, bool)> = None;
+            let commit = |taken: Vec<(u64, Vec<u64>)>, fail: bool| {
+                let pages: Vec<u64> = taken.iter().map(|t| t.0).collect();
+                if fail {
+                    m.uncommitted(&pages);
+                } else {
+                    let mut st = store.0.lock().unwrap();
+                    for (p, e) in taken {
+                        st.insert(p, e);
+                    }
+                    drop(st);
+                    m.committed(&pages);
+                }
+            };
+            for o in ops {
+                match o {
+                    Op::Set(l, v) => {
+                        m.swap(l, MapEntry::new(v, v)).unwrap();
+                        truth[l as usize] = MapEntry::new(v, v).0;
+                    }
+                    Op::Get(l) => proptest::prop_assert_eq!(m.get(l).unwrap().0, truth[l as usize]),
+                    Op::Take { fail } => {
+                        if let Some((t, f)) = in_flight.take() {
+                            commit(t, f);
+                        }
+                        in_flight = Some((m.take_dirty(), fail));
+                    }
+                    Op::Commit => {
+                        if let Some((t, f)) = in_flight.take() {
+                            commit(t, f);
+                        }
+                    }
+                }
+            }
+            if let Some((t, f)) = in_flight.take() {
+                commit(t, f);
+            }
+            commit(m.take_dirty(), false);
+            let reopened = L2p::new(blocks, 0, store.clone());
+            for l in 0..blocks {
+                proptest::prop_assert_eq!(reopened.get(l).unwrap().0, truth[l as usize], "lba {}", l);
+            }
+        }
     }
 }

@@ -33,13 +33,17 @@ use crate::device::{BlockDevice, BLOCK_SIZE};
 use crate::engine::Parts;
 use crate::error::{Error, Result};
 use crate::index::{IndexStore, Key};
+use crate::index::pages::IndexPages;
 use crate::map::{L2p, MapEntry};
-use crate::records::{CheckpointRecord, FreeRecord, MapPage, SegState, SegmentRecord};
+use crate::records::{
+    CheckpointRecord, FreeRecord, MapPage, SegState, SegmentRecord, PAGE_ENTRIES,
+};
 use crate::segments::Segments;
 use crate::stream::STREAMS;
 use crate::summary::{ChunkSummary, Entry};
 use crate::superblock::Superblock;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// What recovery found.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -54,11 +58,11 @@ pub struct RecoveryReport {
     pub staged: crate::staging::StagedReport,
 }
 
-/// Loaded index contents, validated.
+/// Loaded index contents, validated (map pages stay in the index: the map reads them
+/// on demand).
 pub(crate) struct LoadedIndex {
     pub checkpoint: CheckpointRecord,
     pub segments: Vec<SegmentRecord>,
-    pub pages: Vec<MapPage>,
     /// Free records written since the checkpoint.
     pub frees: Vec<FreeRecord>,
     /// Segments of free records that follow another checkpoint: they outlived the one
@@ -67,7 +71,38 @@ pub(crate) struct LoadedIndex {
     pub stale_frees: Vec<u32>,
 }
 
-/// Reads and validates every record of the index against the superblock.
+/// The reader of map pages over `index` for the geometry of `sb`.
+pub(crate) fn page_reader<I: IndexStore>(index: &I, sb: &Superblock) -> IndexPages {
+    let geo = &sb.geometry;
+    IndexPages::new(
+        index.reader(),
+        geo.exported_blocks.div_ceil(PAGE_ENTRIES as u64),
+        geo.segment_start(1),
+        geo.physical_blocks(),
+    )
+}
+
+/// Every map page of the index, validated (O(map): for the checker).
+pub(crate) fn load_map_pages<I: IndexStore>(index: &I, sb: &Superblock) -> Result<Vec<MapPage>> {
+    let reader = page_reader(index, sb);
+    index
+        .load_kind(Key::MAP_PAGE)?
+        .into_iter()
+        .map(|(k, v)| {
+            let p = MapPage::decode(&v)?;
+            let page = k
+                .get(1..)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map(u64::from_be_bytes)
+                .ok_or_else(|| Error::Corrupt(format!("map page key {k:02x?} malformed")))?;
+            reader.validate(page, &p)?;
+            Ok(p)
+        })
+        .collect()
+}
+
+/// Reads and validates the checkpoint, segment and free records of the index against
+/// the superblock.
 pub(crate) fn load_index<I: IndexStore>(
     index: &I,
     sb: &Superblock,
@@ -80,12 +115,12 @@ pub(crate) fn load_index<I: IndexStore>(
     };
     let mut checkpoint = None;
     let mut segments = vec![None; geo.segment_count as usize];
-    let mut pages = Vec::new();
     let mut frees = Vec::new();
-    let page_count = geo
-        .exported_blocks
-        .div_ceil(crate::records::PAGE_ENTRIES as u64);
-    for (k, v) in index.load()? {
+    let records = [Key::CHECKPOINT, Key::SEGMENT, Key::FREE]
+        .into_iter()
+        .map(|kind| index.load_kind(kind))
+        .collect::<Result<Vec<_>>>()?;
+    for (k, v) in records.into_iter().flatten() {
         match k.first().copied() {
             Some(Key::CHECKPOINT) if k.len() == 1 => {
                 checkpoint = Some(CheckpointRecord::decode(&v)?)
@@ -114,13 +149,6 @@ pub(crate) fn load_index<I: IndexStore>(
                     )));
                 }
                 frees.push(f);
-            }
-            Some(Key::MAP_PAGE) if k.len() == 9 => {
-                let p = MapPage::decode(&v)?;
-                if k[1..] != p.page.to_be_bytes() || p.page >= page_count {
-                    return Err(Error::Corrupt(format!("map page {} out of place", p.page)));
-                }
-                pages.push(p);
             }
             _ => return Err(Error::Corrupt(format!("unknown index key {k:02x?}"))),
         }
@@ -165,7 +193,6 @@ pub(crate) fn load_index<I: IndexStore>(
     Ok(LoadedIndex {
         checkpoint,
         segments,
-        pages,
         frees,
         stale_frees: stale.iter().map(|f| f.segment).collect(),
     })
@@ -192,22 +219,12 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
             ck.epoch, ck.next_chunk_seq, ck.next_entry_seq
         )));
     }
-    let map = L2p::new(geo.exported_blocks);
-    let phys = geo.physical_blocks();
-    let first_log = geo.segment_start(1);
-    for p in &loaded.pages {
-        if let Some(bad) = p.entries.iter().find(|&&e| {
-            let e = MapEntry(e);
-            e.pba()
-                .is_some_and(|b| (b as u64) < first_log || b as u64 >= phys)
-        }) {
-            return Err(Error::Corrupt(format!(
-                "map page {} points outside the log: {bad:#x}",
-                p.page
-            )));
-        }
-        map.load_page(p.page, &p.entries);
-    }
+    // The map starts empty in RAM: pages are read from the index when first used.
+    let map = L2p::new(
+        geo.exported_blocks,
+        cfg.map_cache_bytes,
+        Arc::new(page_reader(&index, &sb)),
+    );
     // Free rule 6: recorded segments are free before the heads are read.
     let frees = &loaded.frees;
     let mut seg_records = loaded.segments.clone();
@@ -343,6 +360,33 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         dev.sync().map_err(|e| Error::io("recovery sync", 0, e))?;
     }
     collected.sort_by_key(|(e, _)| e.seq());
+    // Live counts: the checkpoint's (taken in one snapshot with its map pages), moved by
+    // each replayed change as the appender moves them.
+    let mut mapped: u64 = seg_records.iter().map(|r| r.valid as u64).sum();
+    if let Some(r) = loaded
+        .segments
+        .iter()
+        .find(|r| r.valid > bps || (r.state == SegState::Free && r.valid > 0))
+    {
+        return Err(Error::Corrupt(format!(
+            "segment record {} ({:?}) counts {} live blocks in a segment of {bps}",
+            r.segment, r.state, r.valid
+        )));
+    }
+    let unmap = |old: MapEntry, mapped: &mut u64| -> Result<()> {
+        if let Some(o) = old.pba() {
+            let seg = geo.segment_of(o as u64);
+            if segs.valid(seg) == 0 {
+                return Err(Error::Corrupt(format!(
+                    "the log unmaps a block of segment {seg}, which the checkpoint \
+                     counts empty (run `ftlblk check`)"
+                )));
+            }
+            segs.note_unmap(seg);
+            *mapped -= 1;
+        }
+        Ok(())
+    };
     let mut max_seq = ck.next_entry_seq;
     for (e, pba) in &collected {
         if e.seq() >= SANE {
@@ -353,13 +397,17 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         max_seq = max_seq.max(e.seq() + 1);
         match *e {
             Entry::Data { lba, crc, .. } if lba < geo.exported_blocks => {
-                map.swap(lba, MapEntry::new(*pba as u32, crc));
+                let old = map.swap(lba, MapEntry::new(*pba as u32, crc))?;
+                unmap(old, &mut mapped)?;
+                segs.count_live(geo.segment_of(*pba));
+                mapped += 1;
                 report.entries_applied += 1;
             }
             Entry::Trim { lba, count, .. } => {
                 let end = lba.saturating_add(count as u64).min(geo.exported_blocks);
                 for l in lba..end {
-                    map.swap(l, MapEntry::UNMAPPED);
+                    let old = map.update(l, |old| old.is_mapped().then_some(MapEntry::UNMAPPED))?;
+                    unmap(old, &mut mapped)?;
                 }
                 report.entries_applied += 1;
             }
@@ -367,12 +415,16 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
             Entry::Data { .. } => report.entries_skipped += 1,
         }
     }
-    // Live counts are recounted from the map rather than trusted.
-    let mut mapped = 0;
-    for (_, e) in map.iter_mapped() {
-        if let Some(p) = e.pba() {
-            segs.count_live(geo.segment_of(p as u64));
-            mapped += 1;
+    // Free rule 6: a freed segment holds nothing once the log that killed it is replayed
+    // (unless the roll-forward reopened it for new chunks).
+    for f in frees {
+        let seg = f.segment;
+        if segs.state(seg) == Some(SegState::Free) && segs.valid(seg) != 0 {
+            return Err(Error::Corrupt(format!(
+                "segment {seg} was freed by a free record but {} of its blocks are still \
+                 mapped after the roll-forward",
+                segs.valid(seg)
+            )));
         }
     }
     report.mapped_blocks = mapped;

@@ -56,7 +56,8 @@ pub struct SegmentSnapshot {
 }
 
 impl Segments {
-    /// Builds the table from records (index 0 is the metadata segment, never used).
+    /// Builds the table from records (index 0 is the metadata segment, never used), live
+    /// counts included.
     pub fn from_records(records: &[SegmentRecord]) -> Self {
         let info: Vec<SegInfo> = records
             .iter()
@@ -76,7 +77,7 @@ impl Segments {
         let n = info.len();
         Segments {
             inner: Mutex::new(SegTableInner { info, free }),
-            valid: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            valid: records.iter().map(|r| AtomicU32::new(r.valid)).collect(),
             unwritten: (0..n).map(|_| AtomicU32::new(0)).collect(),
             owner: records.iter().map(|r| AtomicU8::new(r.stream)).collect(),
         }

@@ -8,7 +8,11 @@
 //! ## The estimate (pure functions here, per-block state in [`Classifier`])
 //! - Per block: the user-write clock of its last write (`u32`) and a [`Stat`] (`u16`): how
 //!   many rewrite intervals were seen (capped) and their running mean, log-coded. 6 bytes
-//!   per block ([`Classifier::BYTES_PER_BLOCK`]).
+//!   per block ([`Classifier::BYTES_PER_BLOCK`]) on a device of at most
+//!   [`Params::tracked_blocks`]; a larger one keeps that many slots, each tagged with the
+//!   LBA that holds it (10 bytes a slot): an LBA hashes to a slot, and a write whose LBA
+//!   does not hold its slot takes it and counts as a first write. Blocks rewritten often
+//!   keep their slots; the state is bounded whatever the capacity.
 //! - A user write that ends an interval `d` folds `d` into the mean; the block is expected
 //!   to live the new mean again (for a block rewritten at a steady rate, the mean of its
 //!   intervals is the maximum-likelihood estimate of its lifetime; SepBIT's "a block lives
@@ -51,7 +55,8 @@
 //! [`Classifier::place`]) use the same classes and plan, measured by share only.
 //!
 //! ## Invariants
-//! - Memory is fixed at construction: 6 bytes per block plus a few counters.
+//! - Memory is fixed at construction: 6 bytes per tracked block (10 when slots are
+//!   shared) plus a few counters.
 //! - Every function returns a class `< params.classes` and a stream `< CLASSES`; LBAs past
 //!   the capacity are classified without history and not recorded.
 //! - Concurrent calls are safe (atomics, relaxed): a race can only misplace a block, never
@@ -94,7 +99,14 @@ pub struct Params {
     pub min_separation_log2: f64,
     /// User writes a class needs in a period for its measured lifetime to count.
     pub min_samples: u64,
+    /// Blocks whose history is kept: a device with more shares the slots (an LBA
+    /// hashes to one, tagged; see [`Classifier`]), so the state stays bounded.
+    pub tracked_blocks: u64,
 }
+
+/// The default bound on tracked blocks: 8 Mi slots (80 MiB), every block of a device of
+/// up to 32 GiB.
+pub const DEFAULT_TRACKED_BLOCKS: u64 = 8 << 20;
 
 impl Params {
     /// Defaults for a device of `capacity` blocks (a plan every half capacity).
@@ -108,6 +120,7 @@ impl Params {
             period: (capacity / 2).max(256),
             min_separation_log2: 1.0,
             min_samples: 64,
+            tracked_blocks: DEFAULT_TRACKED_BLOCKS,
         }
     }
 

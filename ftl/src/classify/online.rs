@@ -7,11 +7,14 @@ use super::{
 use crate::stream::StreamId;
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 
-/// Per-block write clock and interval stat (6 bytes per block), the live-block count
-/// (the scale) and the stream plan.
+/// Per-block write clock and interval stat (6 bytes per tracked block), the live-block
+/// count (the scale) and the stream plan.
 pub struct Classifier {
     last: Box<[AtomicU32]>,
     stat: Box<[AtomicU16]>,
+    /// When there are fewer slots than blocks: the LBA (low 32 bits) holding each slot.
+    tags: Option<Box<[AtomicU32]>>,
+    capacity: u64,
     clock: AtomicU64,
     live: AtomicU64,
     placed: AtomicU64,
@@ -37,9 +40,12 @@ impl Classifier {
 
     pub fn with_params(capacity: u64, params: Params) -> Self {
         let mid = params.middle();
+        let slots = capacity.min(params.tracked_blocks.max(1));
         Classifier {
-            last: (0..capacity).map(|_| AtomicU32::new(0)).collect(),
-            stat: (0..capacity).map(|_| AtomicU16::new(0)).collect(),
+            last: (0..slots).map(|_| AtomicU32::new(0)).collect(),
+            stat: (0..slots).map(|_| AtomicU16::new(0)).collect(),
+            tags: (slots < capacity).then(|| (0..slots).map(|_| AtomicU32::new(0)).collect()),
+            capacity,
             clock: AtomicU64::new(1),
             live: AtomicU64::new(0),
             placed: AtomicU64::new(0),
@@ -57,9 +63,39 @@ impl Classifier {
         &self.params
     }
 
-    /// The scale: blocks written and not trimmed since the classifier started.
+    /// The scale: blocks written and not trimmed since the classifier started (with
+    /// shared slots: the slots in use, scaled to the capacity).
     pub fn scale(&self) -> u64 {
-        self.live.load(Relaxed).max(1)
+        let live = self.live.load(Relaxed);
+        match self.tags {
+            None => live.max(1),
+            Some(_) => {
+                ((live as u128 * self.capacity as u128 / self.last.len() as u128) as u64).max(1)
+            }
+        }
+    }
+
+    /// Slots of history kept (the capacity, or [`Params::tracked_blocks`] when smaller).
+    pub fn tracked_blocks(&self) -> u64 {
+        self.last.len() as u64
+    }
+
+    /// Bytes of RAM the per-block state uses.
+    pub fn ram_bytes(&self) -> u64 {
+        let per = Self::BYTES_PER_BLOCK + if self.tags.is_some() { 4 } else { 0 };
+        self.last.len() as u64 * per as u64
+    }
+
+    /// The slot of `lba` and whether `lba` holds it (`None`: past the capacity).
+    fn slot(&self, lba: u64) -> Option<(usize, bool)> {
+        if lba >= self.capacity {
+            return None;
+        }
+        let Some(tags) = &self.tags else {
+            return Some((lba as usize, true));
+        };
+        let i = ((lba.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % tags.len() as u64) as usize;
+        Some((i, tags[i].load(Relaxed) == lba as u32))
     }
 
     /// Classes with a stream of their own (bit `c` = class `c`).
@@ -86,13 +122,24 @@ impl Classifier {
     /// (`None`: first write), its stat with that interval folded in, and before.
     fn record_write(&self, lba: u64) -> (Option<u64>, Stat, Stat) {
         let now = self.clock.fetch_add(1, Relaxed);
-        let (Some(last), Some(stat)) = (self.last.get(lba as usize), self.stat.get(lba as usize))
-        else {
+        let Some((i, held)) = self.slot(lba) else {
             return (None, Stat::default(), Stat::default());
         };
+        let (last, stat) = (&self.last[i], &self.stat[i]);
         // The clock is kept modulo 2^32 (0 = never written); intervals wrap accordingly.
         let stamp = (now as u32).max(1);
         let prev = last.swap(stamp, Relaxed);
+        if !held {
+            // Another LBA's slot: this write takes it, as a first write.
+            if let Some(tags) = &self.tags {
+                tags[i].store(lba as u32, Relaxed);
+            }
+            if prev == 0 {
+                self.live.fetch_add(1, Relaxed);
+            }
+            stat.store(0, Relaxed);
+            return (None, Stat::default(), Stat::default());
+        }
         if prev == 0 {
             self.live.fetch_add(1, Relaxed);
             stat.store(0, Relaxed);
@@ -131,14 +178,16 @@ impl Classifier {
 
     /// Stream for relocating `lba` (does not change its state).
     pub fn on_relocate(&self, lba: u64) -> StreamId {
-        let i = lba as usize;
-        let last = self.last.get(i).map_or(0, |l| l.load(Relaxed));
+        let (last, i) = match self.slot(lba) {
+            Some((i, true)) => (self.last[i].load(Relaxed), i),
+            _ => (0, 0),
+        };
         if last == 0 {
             return self.place(Some(self.scale() as f64));
         }
         let now = self.clock.load(Relaxed) as u32;
         let age = now.wrapping_sub(last) as u64;
-        let stat = Stat(self.stat.get(i).map_or(0, |s| s.load(Relaxed)));
+        let stat = Stat(self.stat[i].load(Relaxed));
         self.place(Some(relocation_lifetime(stat, age)))
     }
 
@@ -179,17 +228,14 @@ impl Classifier {
 
     /// Forgets `blocks` blocks from `lba` (trimmed).
     pub fn on_trim(&self, lba: u64, blocks: u64) {
-        for l in lba..lba.saturating_add(blocks) {
-            let i = l as usize;
-            let Some(last) = self.last.get(i) else {
-                break;
+        for l in lba..lba.saturating_add(blocks).min(self.capacity) {
+            let Some((i, true)) = self.slot(l) else {
+                continue;
             };
-            if last.swap(0, Relaxed) != 0 {
+            if self.last[i].swap(0, Relaxed) != 0 {
                 self.live.fetch_sub(1, Relaxed);
             }
-            if let Some(s) = self.stat.get(i) {
-                s.store(0, Relaxed);
-            }
+            self.stat[i].store(0, Relaxed);
         }
     }
 }

@@ -198,8 +198,30 @@ fn uniform_overwrites_end_in_one_stream() {
 /// and relocating a cold block that has long survived keeps it with the cold ones.
 #[test]
 fn separates_hot_from_cold_blocks() {
+    separates_hot_from_cold(4096);
+}
+
+/// The same with an eighth of the blocks tracked (slots shared, as on a device larger
+/// than [`Params::tracked_blocks`]): the hot blocks keep their slots and the separation
+/// holds, with a bounded state.
+#[test]
+fn separates_hot_from_cold_blocks_with_shared_slots() {
+    let c = separates_hot_from_cold(512);
+    assert_eq!(c.tracked_blocks(), 512);
+    assert_eq!(c.ram_bytes(), 512 * 10);
+    // The scale counts slots in use, scaled to the capacity.
+    assert!(c.scale() > 3500 && c.scale() <= 4096, "{}", c.scale());
+}
+
+fn separates_hot_from_cold(tracked: u64) -> Classifier {
     let cap = 4096u64;
-    let c = Classifier::with_params(cap, params(2048));
+    let c = Classifier::with_params(
+        cap,
+        Params {
+            tracked_blocks: tracked,
+            ..params(2048)
+        },
+    );
     let mut x = 12345u64;
     let mut rnd = move || {
         x ^= x << 13;
@@ -249,4 +271,5 @@ fn separates_hot_from_cold_blocks() {
     assert!(cold_lba.is_some());
     c.on_write(5);
     assert_eq!(c.on_relocate(5).0 as usize, hot_stream);
+    c
 }

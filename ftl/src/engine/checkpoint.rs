@@ -184,8 +184,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         }
         let next_chunk_seq = self.log.tracker().next_seq();
         // Rule 2.
-        let dirty = map.take_dirty();
-        let pages: Vec<(u64, Vec<u64>)> = dirty.iter().map(|&p| (p, map.page(p))).collect();
+        // Map rule 2: the taken pages stay cached until the commit returned.
+        let pages = map.take_dirty();
+        let dirty: Vec<u64> = pages.iter().map(|p| p.0).collect();
         let dead = segs.dead_closed();
         let seg_records = segs.records(&dead);
         let closed: Vec<bool> = seg_records
@@ -208,9 +209,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         // Writing them under the locks held every writer for up to one chunk write per
         // stream. Rule 3 below waits for them (and any other chunk below the snapshot).
         if let Err(e) = self.write_chunks(sealed) {
-            for p in dirty {
-                map.mark_dirty(p);
-            }
+            map.uncommitted(&dirty);
             return Err(e);
         }
 
@@ -244,9 +243,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             ck.index.commit(ops)
         });
         if let Err(e) = committed {
-            for p in dirty {
-                map.mark_dirty(p);
-            }
+            map.uncommitted(&dirty);
             // The commit may have been applied all the same (an index that fails after
             // writing): its table may record as free segments the old bitmap says are
             // closed. Nothing is freeable by free records until a checkpoint succeeds.
@@ -254,6 +251,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             return Err(e);
         }
         times.add(&times.commit, &mut t);
+        map.committed(&dirty);
         // The lock is held: no free record was added since `superseded` was read.
         lock(&ck.freed).clear();
         *lock(&ck.closed) = closed;
@@ -287,12 +285,17 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         }
     }
 
-    /// True when enough has been appended since the last checkpoint, or free segments
-    /// run low while a batch of dead ones waits for a checkpoint to be reusable
+    /// True when enough has been appended since the last checkpoint, half the map cache
+    /// is dirty (map rule 3: only a checkpoint makes dirty pages evictable), or free
+    /// segments run low while a batch of dead ones waits for a checkpoint to be reusable
     /// ([`dead_batch_due`]).
     pub fn checkpoint_due(&self) -> bool {
         let appended = self.ckpt.appended.load(Ordering::Relaxed);
         if appended >= self.cfg.checkpoint_blocks {
+            return true;
+        }
+        let map = &self.t.map;
+        if map.dirty_pages() > map.capacity_pages() / 2 {
             return true;
         }
         let segs = &self.t.segs;

@@ -157,7 +157,6 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Starts the session recovery prepared: a checkpoint of the whole recovered map
     /// (with the new epoch), then the staging area is handed to this session.
     pub(crate) fn start_session(&self) -> Result<()> {
-        self.t.map.mark_all_dirty();
         self.checkpoint()?;
         // Staging rule 4: the area is handed to this session only after the checkpoint
         // that starts it is committed.

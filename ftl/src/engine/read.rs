@@ -14,7 +14,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     pub fn locate(&self, lba: u64, out: &mut [u8]) -> Result<BlockLocation> {
         self.check_range(lba, 1)?;
         self.space.note_foreground();
-        let e = self.t.map.get(lba);
+        let e = self.t.map.get(lba)?;
         let Some(pba) = e.pba() else {
             return Ok(BlockLocation::Zero);
         };
@@ -34,7 +34,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         if crc32c::crc32c(&data[..BLOCK_SIZE]) == entry.crc() {
             return Ok(true);
         }
-        if self.t.map.get(lba) != entry {
+        if self.t.map.get(lba)? != entry {
             return Ok(false);
         }
         Err(Error::DataChecksum {
@@ -60,7 +60,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                     // Extend the run while the following blocks are physically contiguous.
                     let mut run = vec![entry];
                     while i + (run.len() as u64) < n {
-                        let next = self.t.map.get(lba + i + run.len() as u64);
+                        let next = self.t.map.get(lba + i + run.len() as u64)?;
                         let contiguous = next.pba().is_some_and(|p| {
                             p as u64 * BLOCK_SIZE as u64
                                 == offset + run.len() as u64 * BLOCK_SIZE as u64
@@ -124,6 +124,6 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Current map entry of `lba` (for the cleaner and checks).
     pub fn map_entry(&self, lba: u64) -> Result<MapEntry> {
         self.check_range(lba, 1)?;
-        Ok(self.t.map.get(lba))
+        self.t.map.get(lba)
     }
 }

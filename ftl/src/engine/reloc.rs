@@ -224,7 +224,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                     let pba = start + off as u64 + 1 + k;
                     k += 1;
                     if lba < self.t.geo.exported_blocks {
-                        let cur = self.t.map.get(lba);
+                        let cur = self.t.map.get(lba)?;
                         if cur.pba() == Some(pba as u32) {
                             out.push(LiveBlock { lba, entry: cur });
                         }

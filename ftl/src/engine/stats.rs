@@ -26,12 +26,12 @@ pub struct Stats {
     pub counters: Counters,
     /// Backing blocks written / user blocks written (lifetime).
     pub waf: f64,
-    /// RAM of the L2P map entries (location + crc32c, 8 bytes per exported block).
+    /// RAM of the cached L2P map pages (entries of location + crc32c, 8 bytes each).
     pub map_ram_bytes: u64,
-    /// RAM of the checkpoint's dirty-page bitmap (1 bit per 512 blocks).
-    pub map_dirty_bitmap_bytes: u64,
     /// `map_ram_bytes` per exported block.
     pub map_ram_bytes_per_block: f64,
+    /// The map's page cache: bound, size, hits and misses.
+    pub map_cache: crate::map::MapCacheStats,
     pub index_bytes_on_disk: u64,
     /// Nanoseconds writers spent in the cleaner's throttle since open (summed over
     /// writers).
@@ -69,7 +69,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             counters,
             waf,
             map_ram_bytes,
-            map_dirty_bitmap_bytes: map.dirty_ram_bytes(),
+            map_cache: map.cache_stats(),
             map_ram_bytes_per_block: map_ram_bytes as f64 / t.geo.exported_blocks.max(1) as f64,
             index_bytes_on_disk: self.ckpt.index.size_on_disk(),
             throttled_ns,

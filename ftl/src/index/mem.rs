@@ -1,16 +1,18 @@
 //! In-memory index store: every commit is atomic and immediately "durable" (it survives a
 //! simulated crash of the device, as a real sled commit survives a power cut).
 
-use super::{IndexStore, Op};
+use super::{IndexReader, IndexStore, Op};
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+type Records = Arc<Mutex<BTreeMap<Vec<u8>, Vec<u8>>>>;
 
 /// In-memory [`IndexStore`].
 #[derive(Default)]
 pub struct MemIndex {
-    map: Mutex<BTreeMap<Vec<u8>, Vec<u8>>>,
+    map: Records,
     /// When set, commits fail (to test error paths) and change nothing.
     pub fail_commits: AtomicBool,
     /// When set, commits are applied and then report a failure (as sled can: the batch
@@ -31,7 +33,7 @@ impl MemIndex {
         let r = at_instant();
         Ok((
             MemIndex {
-                map: Mutex::new(m.clone()),
+                map: Arc::new(Mutex::new(m.clone())),
                 fail_commits: AtomicBool::new(false),
                 fail_after_apply: AtomicBool::new(false),
             },
@@ -51,7 +53,25 @@ fn poisoned() -> Error {
     Error::Index("in-memory index lock poisoned".into())
 }
 
+struct MemReader(Records);
+
+impl IndexReader for MemReader {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.0.lock().map_err(|_| poisoned())?.get(key).cloned())
+    }
+}
+
 impl IndexStore for MemIndex {
+    fn reader(&self) -> Arc<dyn IndexReader> {
+        Arc::new(MemReader(self.map.clone()))
+    }
+    fn load_kind(&self, kind: u8) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let m = self.map.lock().map_err(|_| poisoned())?;
+        Ok(m.range(vec![kind]..)
+            .take_while(|(k, _)| k.first() == Some(&kind))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
     fn load(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         let m = self.map.lock().map_err(|_| poisoned())?;
         Ok(m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())

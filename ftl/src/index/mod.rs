@@ -3,12 +3,15 @@
 //! Contract of every [`IndexStore`]: `commit` applies a batch atomically and durably (after
 //! it returns Ok, a crash keeps all of the batch; if it fails or the process dies during it,
 //! a crash keeps all or none of it). `load` returns every record. Keys are opaque bytes;
-//! the [`Key`] helpers build them.
+//! the [`Key`] helpers build them. `load_kind` and `reader().get` see what the last
+//! returned commit left (the map's cache reads its missed pages through a reader).
 
 pub mod mem;
+pub mod pages;
 pub mod sled_store;
 
 use crate::error::Result;
+use std::sync::Arc;
 
 /// One change in a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,10 +20,26 @@ pub enum Op {
     Remove(Vec<u8>),
 }
 
+/// Reads single records; owned, so the map can keep one for its misses.
+pub trait IndexReader: Send + Sync {
+    /// The value of `key`, if any.
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>>;
+}
+
 /// Durable key-value store holding checkpoints.
 pub trait IndexStore: Send + Sync {
     /// Every (key, value) pair, in key order.
     fn load(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;
+    /// Every (key, value) pair whose key starts with `kind`, in key order.
+    fn load_kind(&self, kind: u8) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        Ok(self
+            .load()?
+            .into_iter()
+            .filter(|(k, _)| k.first() == Some(&kind))
+            .collect())
+    }
+    /// A handle reading single records.
+    fn reader(&self) -> Arc<dyn IndexReader>;
     /// Applies `ops` atomically and durably.
     fn commit(&self, ops: Vec<Op>) -> Result<()>;
     /// Removes everything (format), durably.
@@ -34,6 +53,12 @@ pub trait IndexStore: Send + Sync {
 impl<T: IndexStore + ?Sized> IndexStore for &T {
     fn load(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         (**self).load()
+    }
+    fn load_kind(&self, kind: u8) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        (**self).load_kind(kind)
+    }
+    fn reader(&self) -> Arc<dyn IndexReader> {
+        (**self).reader()
     }
     fn commit(&self, ops: Vec<Op>) -> Result<()> {
         (**self).commit(ops)
@@ -49,6 +74,12 @@ impl<T: IndexStore + ?Sized> IndexStore for &T {
 impl<T: IndexStore + ?Sized> IndexStore for std::sync::Arc<T> {
     fn load(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         (**self).load()
+    }
+    fn load_kind(&self, kind: u8) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        (**self).load_kind(kind)
+    }
+    fn reader(&self) -> Arc<dyn IndexReader> {
+        (**self).reader()
     }
     fn commit(&self, ops: Vec<Op>) -> Result<()> {
         (**self).commit(ops)

@@ -2,7 +2,7 @@
 //! by `flush` (durable). sled holds an exclusive lock on its directory, so a second server
 //! cannot open the same index.
 
-use super::{IndexStore, Op};
+use super::{IndexReader, IndexStore, Op};
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
 
@@ -68,7 +68,36 @@ impl SledIndex {
     }
 }
 
+struct SledReader {
+    db: sled::Db,
+    path: PathBuf,
+}
+
+impl IndexReader for SledReader {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.db
+            .get(key)
+            .map(|v| v.map(|v| v.to_vec()))
+            .map_err(|e| err(&self.path, e))
+    }
+}
+
 impl IndexStore for SledIndex {
+    fn reader(&self) -> std::sync::Arc<dyn IndexReader> {
+        std::sync::Arc::new(SledReader {
+            db: self.db.clone(),
+            path: self.path.clone(),
+        })
+    }
+    fn load_kind(&self, kind: u8) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.db
+            .scan_prefix([kind])
+            .map(|r| {
+                r.map(|(k, v)| (k.to_vec(), v.to_vec()))
+                    .map_err(|e| err(&self.path, e))
+            })
+            .collect()
+    }
     fn load(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         self.db
             .iter()
