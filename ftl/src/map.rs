@@ -562,6 +562,9 @@ mod tests {
         }
     }
 
+    /// Pages a checkpoint took.
+    type Taken = Vec<(u64, Vec<u64>)>;
+
     #[derive(Debug, Clone)]
     enum Op {
         Set(u64, u32),
@@ -593,7 +596,7 @@ mod tests {
             let store = Arc::new(Pages::default());
             let m = L2p::new(blocks, 0, store.clone());
             let mut truth = vec![u64::MAX; blocks as usize];
-            let mut in_flight: Option<(Vec<(u64, Vec<u64>)>, bool)> = None;
+            let mut in_flight: Option<(Taken, bool)> = None;
             let commit = |taken: Vec<(u64, Vec<u64>)>, fail: bool| {
                 let pages: Vec<u64> = taken.iter().map(|t| t.0).collect();
                 if fail {
