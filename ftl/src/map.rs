@@ -167,7 +167,6 @@ impl L2p {
     }
 
     /// Number of pages.
-    #[cfg(test)]
     pub fn pages(&self) -> u64 {
         self.pages
     }
@@ -199,6 +198,13 @@ impl L2p {
     /// The cache's bound, in pages.
     pub fn capacity_pages(&self) -> u64 {
         self.capacity_pages
+    }
+
+    /// True when the cache is smaller than the map and half of it is dirty: only a
+    /// checkpoint makes dirty pages evictable (rule 3). A cache that holds the whole map
+    /// never needs one.
+    pub fn wants_checkpoint(&self) -> bool {
+        self.capacity_pages < self.pages && self.dirty_pages() > self.capacity_pages / 2
     }
 
     fn shard(&self, page: u64) -> &Mutex<Shard> {
@@ -436,6 +442,10 @@ mod tests {
         let mut lens = Vec::new();
         m.for_each_page(|_, e| lens.push(e.len())).unwrap();
         assert_eq!(lens, vec![512, 512, 512, 2000 - 3 * 512]);
+        for p in 0..4 {
+            m.swap(p * 512, MapEntry::new(1, 2)).unwrap();
+        }
+        assert!(!m.wants_checkpoint(), "the whole map is cached: never");
     }
 
     /// An index stand-in: pages a "checkpoint" committed.
@@ -475,8 +485,10 @@ mod tests {
         assert_eq!(m.cache_stats().cached_pages, 64);
         assert_eq!(m.cache_stats().evictions, 0);
         assert_eq!(m.dirty_pages(), 64);
+        assert!(m.wants_checkpoint());
         checkpoint(&m, &store);
         assert_eq!(m.dirty_pages(), 0);
+        assert!(!m.wants_checkpoint());
         // Other pages pass through: the clean ones are evicted, down to the bound.
         for p in 64..128 {
             assert_eq!(m.get(at(p)).unwrap(), MapEntry::UNMAPPED);

@@ -294,8 +294,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         if appended >= self.cfg.checkpoint_blocks {
             return true;
         }
-        let map = &self.t.map;
-        if map.dirty_pages() > map.capacity_pages() / 2 {
+        if self.t.map.wants_checkpoint() {
             return true;
         }
         let segs = &self.t.segs;
