@@ -31,6 +31,7 @@ PANIC = "cargo test --release -p ftl --lib a_panic_while_sealing"
 PREFIX = "cargo test --release -p ftl --lib a_death_between"
 PROCESS = "cargo test --release -p ftl --test process_crash"
 MODEL = "cargo test --release -p ftl --test crash_model"
+MAPLIB = "cargo test --release -p ftl --lib map::tests"
 
 # (id, rule, file, [(old text, new text), ...], tests)
 MUTANTS = [
@@ -94,17 +95,22 @@ MUTANTS = [
     ("checkpoint-3", "checkpoint rule 3: the log is synced BEFORE the index commit",
      "ftl/src/engine/checkpoint.rs",
      [("""        let committed = self.flush_upto(next_chunk_seq).and_then(|()| {
-            times.add(&times.sync, &mut t);
+            times.add(&times.sync, &mut t);""",
+       """        let committed = Ok::<(), crate::error::Error>(()).and_then(|()| {"""),
+      ("""                ck.index.commit(b)?;
+            }
             ck.index.commit(ops)
         });""",
-       """        let committed = ck
-            .index
-            .commit(ops)
-            .and_then(|()| self.flush_upto(next_chunk_seq));""")],
+       """                ck.index.commit(b)?;
+            }
+            ck.index.commit(ops)?;
+            self.flush_upto(next_chunk_seq)
+        });""")],
      [MODEL, POWER, SHUTTLE]),
     ("checkpoint-4", "checkpoint rule 4: the commit is durable BEFORE dead segments are freed",
      "ftl/src/engine/checkpoint.rs",
-     [("""        // Rule 3, then rule 4; on failure the pages stay dirty for the next checkpoint.""",
+     [("""        // Rule 3, then rules 7 and 4; on failure the pages stay dirty for the next
+        // checkpoint.""",
        """        segs.release(&dead);
         self.space.notify();""")],
      [SHUTTLE, POWER]),
@@ -123,6 +129,19 @@ MUTANTS = [
             ops.push(Op::Remove(Key::free(s)));
         }""", "")],
      [ORDERINGS]),
+    ("checkpoint-7", "checkpoint rule 7: after a cut between page batches the live counts are recounted",
+     "ftl/src/recovery.rs",
+     [("""    let recount = loaded.partial.is_some();""",
+       """    let recount = false && loaded.partial.is_some();""")],
+     [ORDERINGS]),
+    ("map-2", "map cache rule 2: pages a checkpoint took are not evicted before its commit",
+     "ftl/src/map.rs",
+     [("""            if s.dirty || s.writing {
+                continue;
+            }""", """            if s.dirty {
+                continue;
+            }""")],
+     [MAPLIB]),
     ("free-1", "free rule 1: only segments the last checkpoint recorded closed",
      "ftl/src/engine/free.rs",
      [(""".filter(|&s| closed.get(s as usize).copied().unwrap_or(false))
@@ -220,9 +239,9 @@ MUTANTS = [
      [PROCESS, MODEL]),
     ("open-3", "open rule 3: a checkpoint of the new epoch is durable BEFORE its chunks",
      "ftl/src/engine/mod.rs",
-     [("""        self.t.map.mark_all_dirty();
+     [("""    pub(crate) fn start_session(&self) -> Result<()> {
         self.checkpoint()?;""",
-       """        self.t.map.mark_all_dirty();""")],
+       """    pub(crate) fn start_session(&self) -> Result<()> {""")],
      [MODEL, POWER, PROCESS]),
 ]
 

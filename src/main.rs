@@ -18,6 +18,11 @@
 //! - Bottom: [`kctl`] (kernel control), [`runfiles`] (`/run/ftlblk`), [`error`]
 //!   ([`error::CliError`], what every fallible function returns).
 
+/// jemalloc returns freed memory to the system; glibc malloc kept what checkpoints of a
+/// large device freed resident in its per-thread arenas.
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 mod args;
 mod background;
 mod backing_cmd;

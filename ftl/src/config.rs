@@ -26,6 +26,9 @@ pub struct Config {
     /// Bytes of RAM the map's page cache may hold (`map.rs`; dirty pages may exceed it
     /// until the checkpoint it calls for).
     pub map_cache_bytes: u64,
+    /// Map pages a checkpoint commits to the index in one batch; more go in several
+    /// (checkpoint rule 7).
+    pub checkpoint_page_batch: usize,
 }
 
 impl Default for Config {
@@ -36,6 +39,7 @@ impl Default for Config {
             gc_reserve_segments: 2,
             space_wait: std::time::Duration::from_secs(30),
             map_cache_bytes: crate::map::DEFAULT_CACHE_BYTES,
+            checkpoint_page_batch: 4096,
         }
     }
 }

@@ -167,6 +167,7 @@ impl L2p {
     }
 
     /// Number of pages.
+    #[cfg(test)]
     pub fn pages(&self) -> u64 {
         self.pages
     }
@@ -196,14 +197,23 @@ impl L2p {
     }
 
     /// The cache's bound, in pages.
+    #[cfg(test)]
     pub fn capacity_pages(&self) -> u64 {
         self.capacity_pages
     }
 
-    /// True when the cache is smaller than the map and half of it is dirty: only a
+    /// True when the cache is smaller than the map and a quarter of it is dirty: only a
     /// checkpoint makes dirty pages evictable (rule 3). A cache that holds the whole map
     /// never needs one.
     pub fn wants_checkpoint(&self) -> bool {
+        self.capacity_pages < self.pages && self.dirty_pages() > self.capacity_pages / 4
+    }
+
+    /// True when half the cache is dirty: writers checkpoint themselves (the background
+    /// checkpoint [`wants_checkpoint`](Self::wants_checkpoint) asks for did not keep up,
+    /// or there is none). The checkpoint copies the dirty pages (rule 2), so this also
+    /// bounds that copy to half the cache.
+    pub fn over_bound(&self) -> bool {
         self.capacity_pages < self.pages && self.dirty_pages() > self.capacity_pages / 2
     }
 
@@ -223,7 +233,14 @@ impl L2p {
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
         let len = self.page_len(page);
-        let mut entries = vec![u64::MAX; len].into_boxed_slice();
+        // An evicted page's buffer is reused: allocating one per miss and freeing one per
+        // eviction from whichever thread missed spread the cache over every thread's
+        // malloc arena (the resident set grew by the cache's size per reading thread).
+        let mut entries = match self.evict_for_one(&mut sh) {
+            Some(b) if b.len() == len => b,
+            _ => vec![u64::MAX; len].into_boxed_slice(),
+        };
+        entries.fill(u64::MAX);
         if let Some(stored) = self.reader.read_page(page)? {
             for (d, s) in entries.iter_mut().zip(stored) {
                 *d = s;
@@ -236,14 +253,18 @@ impl L2p {
             writing: false,
             referenced: true,
         };
-        let i = self.place(&mut sh, slot);
-        Ok(f(&mut sh.slots[i]))
+        let n = sh.slots.len();
+        sh.at.insert(page, n);
+        sh.slots.push(slot);
+        self.cached.fetch_add(1, Ordering::Relaxed);
+        Ok(f(&mut sh.slots[n]))
     }
 
-    /// Puts a new slot in the shard, first evicting clean pages the clock picks while the
-    /// shard is at its bound (rule 3; a shard that grew past it while its pages were
-    /// dirty shrinks back here).
-    fn place(&self, sh: &mut Shard, slot: Slot) -> usize {
+    /// Makes room for one more page in the shard: evicts clean pages the clock picks
+    /// while the shard is at its bound (rule 3; a shard that grew past it while its pages
+    /// were dirty shrinks back here). Returns the last evicted page's buffer.
+    fn evict_for_one(&self, sh: &mut Shard) -> Option<Box<[u64]>> {
+        let mut buf = None;
         while sh.slots.len() >= self.shard_cap {
             let Some(h) = Self::clock_victim(sh) else { break };
             let gone = sh.slots.swap_remove(h);
@@ -253,12 +274,9 @@ impl L2p {
             }
             self.cached.fetch_sub(1, Ordering::Relaxed);
             self.evictions.fetch_add(1, Ordering::Relaxed);
+            buf = Some(gone.entries);
         }
-        let n = sh.slots.len();
-        sh.at.insert(slot.page, n);
-        sh.slots.push(slot);
-        self.cached.fetch_add(1, Ordering::Relaxed);
-        n
+        buf
     }
 
     /// A clean page not used since the hand last passed, if any (two sweeps at most).

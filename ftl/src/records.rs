@@ -224,6 +224,81 @@ impl FreeRecord {
     }
 }
 
+/// A checkpoint whose map pages did not fit one index batch is under way: its pages are
+/// committed in batches before the batch with its header, which removes this record.
+/// While it is present the index may hold map pages newer than the checkpoint header
+/// and its segment records (map pages are only ever newer by durable entries, which the
+/// roll-forward replays again), so recovery recounts the live counts from the map
+/// instead of trusting the segment records (`engine/checkpoint.rs`, rule 7).
+///
+/// ```text
+/// offset size field
+///      0    2 magic        b"PC"
+///      2    1 version      1
+///      3    5 zero
+///      8    8 epoch        the session writing the checkpoint
+///     16    8 next_chunk   next_chunk_seq of the checkpoint under way
+///     24    4 crc32c       of bytes 0..24
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartialCheckpoint {
+    pub epoch: u64,
+    pub next_chunk_seq: u64,
+}
+
+/// Byte offsets of a [`PartialCheckpoint`]'s fields (the table above).
+pub mod partial_offsets {
+    pub const MAGIC: usize = 0;
+    pub const VERSION: usize = 2;
+    pub const EPOCH: usize = 8;
+    pub const NEXT_CHUNK: usize = 16;
+    pub const CRC: usize = 24;
+}
+
+const PARTIAL_MAGIC: &[u8; 2] = b"PC";
+const PARTIAL_VERSION: u8 = 1;
+/// Encoded size of a [`PartialCheckpoint`].
+pub const PARTIAL_RECORD_BYTES: usize = 28;
+
+impl PartialCheckpoint {
+    pub fn encode(&self) -> Vec<u8> {
+        use partial_offsets as o;
+        let mut w = Writer::with_capacity(PARTIAL_RECORD_BYTES);
+        w.at(o::MAGIC)
+            .bytes(PARTIAL_MAGIC)
+            .at(o::VERSION)
+            .u8(PARTIAL_VERSION)
+            .at(o::EPOCH)
+            .u64(self.epoch)
+            .at(o::NEXT_CHUNK)
+            .u64(self.next_chunk_seq)
+            .at(o::CRC)
+            .crc();
+        w.buf
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Self> {
+        if buf.len() != PARTIAL_RECORD_BYTES || &buf[..2] != PARTIAL_MAGIC {
+            return Err(Error::Corrupt(
+                "partial checkpoint record: bad size or magic".into(),
+            ));
+        }
+        check_trailing_crc(buf, "partial checkpoint record")?;
+        use partial_offsets as o;
+        let mut r = Reader::new(buf, "partial checkpoint record");
+        let version = r.seek(o::VERSION)?.u8()?;
+        if version != PARTIAL_VERSION {
+            return Err(Error::Corrupt(format!(
+                "partial checkpoint record version {version} unknown"
+            )));
+        }
+        Ok(PartialCheckpoint {
+            epoch: r.seek(o::EPOCH)?.u64()?,
+            next_chunk_seq: r.seek(o::NEXT_CHUNK)?.u64()?,
+        })
+    }
+}
+
 /// One page of the LBA -> physical map.
 ///
 /// ```text
@@ -588,6 +663,34 @@ mod tests {
             valid: 0,
         };
         assert!(FreeRecord::decode(&seg.encode()).is_err());
+    }
+
+    #[test]
+    fn partial_checkpoint_round_trip_and_layout() {
+        let p = PartialCheckpoint {
+            epoch: 4,
+            next_chunk_seq: 777,
+        };
+        let b = p.encode();
+        assert_eq!(b.len(), PARTIAL_RECORD_BYTES);
+        assert_eq!(PartialCheckpoint::decode(&b).unwrap(), p);
+        use partial_offsets as o;
+        assert_eq!(
+            [o::MAGIC, o::VERSION, o::EPOCH, o::NEXT_CHUNK, o::CRC, PARTIAL_RECORD_BYTES],
+            [0, 2, 8, 16, 24, 28],
+            "the drawn table"
+        );
+        let at = |off: usize, v: &[u8]| assert_eq!(&b[off..off + v.len()], v, "offset {off}");
+        at(o::MAGIC, PARTIAL_MAGIC);
+        at(o::VERSION, &[PARTIAL_VERSION, 0, 0, 0, 0, 0]);
+        at(o::EPOCH, &4u64.to_le_bytes());
+        at(o::NEXT_CHUNK, &777u64.to_le_bytes());
+        at(o::CRC, &crc32c::crc32c(&b[..o::CRC]).to_le_bytes());
+        for i in 0..b.len() {
+            let mut bad = b.clone();
+            bad[i] ^= 0x10;
+            assert!(PartialCheckpoint::decode(&bad).is_err(), "a flip at byte {i} decoded");
+        }
     }
 
     #[test]

@@ -36,7 +36,8 @@ use crate::index::{IndexStore, Key};
 use crate::index::pages::IndexPages;
 use crate::map::{L2p, MapEntry};
 use crate::records::{
-    CheckpointRecord, FreeRecord, MapPage, SegState, SegmentRecord, PAGE_ENTRIES,
+    CheckpointRecord, FreeRecord, MapPage, PartialCheckpoint, SegState, SegmentRecord,
+    PAGE_ENTRIES,
 };
 use crate::segments::Segments;
 use crate::stream::STREAMS;
@@ -69,6 +70,9 @@ pub(crate) struct LoadedIndex {
     /// that superseded them (a commit that reported a failure but was applied), whose
     /// table already says what they freed. Ignored, and removed by the next checkpoint.
     pub stale_frees: Vec<u32>,
+    /// A checkpoint cut between its map page batches (checkpoint rule 7): map pages may
+    /// be newer than the segment records.
+    pub partial: Option<PartialCheckpoint>,
 }
 
 /// The reader of map pages over `index` for the geometry of `sb`.
@@ -116,7 +120,8 @@ pub(crate) fn load_index<I: IndexStore>(
     let mut checkpoint = None;
     let mut segments = vec![None; geo.segment_count as usize];
     let mut frees = Vec::new();
-    let records = [Key::CHECKPOINT, Key::SEGMENT, Key::FREE]
+    let mut partial = None;
+    let records = [Key::CHECKPOINT, Key::SEGMENT, Key::FREE, Key::PARTIAL]
         .into_iter()
         .map(|kind| index.load_kind(kind))
         .collect::<Result<Vec<_>>>()?;
@@ -140,6 +145,7 @@ pub(crate) fn load_index<I: IndexStore>(
                     }
                 }
             }
+            Some(Key::PARTIAL) if k.len() == 1 => partial = Some(PartialCheckpoint::decode(&v)?),
             Some(Key::FREE) if k.len() == 5 => {
                 let f = FreeRecord::decode(&v)?;
                 if k[1..] != f.segment.to_be_bytes() {
@@ -195,6 +201,7 @@ pub(crate) fn load_index<I: IndexStore>(
         segments,
         frees,
         stale_frees: stale.iter().map(|f| f.segment).collect(),
+        partial,
     })
 }
 
@@ -373,7 +380,13 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
             r.segment, r.state, r.valid
         )));
     }
+    // Checkpoint rule 7: after a cut between page batches the pages may be newer than
+    // the segment records; the counts are recounted from the map after the replay.
+    let recount = loaded.partial.is_some();
     let unmap = |old: MapEntry, mapped: &mut u64| -> Result<()> {
+        if recount {
+            return Ok(());
+        }
         if let Some(o) = old.pba() {
             let seg = geo.segment_of(o as u64);
             if segs.valid(seg) == 0 {
@@ -399,8 +412,10 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
             Entry::Data { lba, crc, .. } if lba < geo.exported_blocks => {
                 let old = map.swap(lba, MapEntry::new(*pba as u32, crc))?;
                 unmap(old, &mut mapped)?;
-                segs.count_live(geo.segment_of(*pba));
-                mapped += 1;
+                if !recount {
+                    segs.count_live(geo.segment_of(*pba));
+                    mapped += 1;
+                }
                 report.entries_applied += 1;
             }
             Entry::Trim { lba, count, .. } => {
@@ -413,6 +428,25 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
             }
             // A checksummed summary naming an LBA past the end: skip it, loudly countable.
             Entry::Data { .. } => report.entries_skipped += 1,
+        }
+    }
+    if recount {
+        segs.clear_counts();
+        mapped = 0;
+        let mut bad = None;
+        map.for_each_page(|_, entries| {
+            for e in entries.iter().filter_map(|&e| MapEntry(e).pba()) {
+                let seg = geo.segment_of(e as u64);
+                if segs.state(seg).is_none() {
+                    bad.get_or_insert(e);
+                    continue;
+                }
+                segs.count_live(seg);
+                mapped += 1;
+            }
+        })?;
+        if let Some(b) = bad {
+            return Err(Error::Corrupt(format!("the map points past the log: block {b}")));
         }
     }
     // Free rule 6: a freed segment holds nothing once the log that killed it is replayed

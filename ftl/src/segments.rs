@@ -189,6 +189,13 @@ impl Segments {
         }
     }
 
+    /// Sets every live count to zero (recovery recounts them from the map).
+    pub fn clear_counts(&self) {
+        for v in self.valid.iter() {
+            v.store(0, Ordering::SeqCst);
+        }
+    }
+
     /// Free segment count.
     pub fn free_count(&self) -> usize {
         self.lock().free.len()

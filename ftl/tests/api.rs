@@ -435,3 +435,58 @@ fn flash_pages_above_one_mebibyte_are_refused_at_format_and_open() {
         Ok(_) => panic!("opened a backing whose chunks do not fit the staging slots"),
     }
 }
+
+/// Map cache rule 3's back-pressure: with a cache of 2 pages of a 64 MiB device's 32
+/// and no background checkpoints, writers spread over the whole map checkpoint
+/// themselves, so the dirty pages (which cannot be evicted) stay near the bound; every
+/// block reads back through the misses, and after a reopen.
+#[test]
+fn a_small_map_cache_stays_bounded_under_writes_and_reads_back_everything() {
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    let idx = Arc::new(MemIndex::new());
+    ftl::format(&dev, &idx, &FormatOptions::default(), false).unwrap();
+    let cfg = Config {
+        map_cache_bytes: 0,
+        checkpoint_page_batch: 3,
+        ..Config::default()
+    };
+    let (f, _) = Ftl::open(dev.clone(), idx.clone(), cfg.clone()).unwrap();
+    let cap = f.capacity_blocks();
+    let mut m = Model::new();
+    let mut x = 99u64;
+    for _ in 0..4000 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let lba = (x >> 20) % cap;
+        f.write(lba, &m.write(lba, 1), false, S0).unwrap();
+        let s = f.stats().map_cache;
+        assert!(s.dirty_pages <= 3 + 1, "{s:?}");
+        if lba % 7 == 0 {
+            f.trim(lba, 1).unwrap();
+            m.trim(lba, 1);
+        }
+    }
+    let s = f.stats();
+    assert!(
+        s.checkpoints > 10,
+        "writers checkpointed: {}",
+        s.checkpoints
+    );
+    assert!(
+        s.map_cache.evictions > 100 && s.map_cache.cached_pages <= 4,
+        "{:?}",
+        s.map_cache
+    );
+    for l in 0..cap {
+        check_read(&f, &m, l, 1).unwrap();
+    }
+    f.close().unwrap();
+    drop(f);
+    let (f, _) = Ftl::open(dev.clone(), idx.clone(), cfg).unwrap();
+    for l in 0..cap {
+        check_read(&f, &m, l, 1).unwrap();
+    }
+    let r = ftl::check::check(&*dev, &*idx, true).unwrap();
+    assert!(r.clean(), "{:#?}", r.problems);
+}

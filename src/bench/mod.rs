@@ -30,6 +30,7 @@ use io_uring::{opcode, types, IoUring};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
+use replay::workload::Sampler;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -47,9 +48,18 @@ pub struct BenchArgs {
     #[arg(long, value_parser = parse_size, default_value = "2G")]
     pub size: u64,
     /// Tests to run, comma separated: randwrite, randread, writeflush (fresh device);
-    /// steady, steady80, steadyzipf, steadymix (full device, see --passes).
+    /// zipfread (zipf:0.9 random reads of what is written); steady, steady80, steadyzipf,
+    /// steadymix (full device, see --passes); scale (open time, RSS and random I/O over the
+    /// whole of a large sparse backing, formatted beforehand with `ftlblk format`, or here
+    /// with --size).
     #[arg(long, default_value = "randwrite,randread,writeflush")]
     pub tests: String,
+    /// RAM for the map's page cache (as `ftlblk add --map-cache`).
+    #[arg(long, value_parser = parse_size, default_value = "512M")]
+    pub map_cache: u64,
+    /// Writes and then reads of the scale test, spread over the whole capacity.
+    #[arg(long, default_value_t = 200_000)]
+    pub scale_ops: u64,
     /// Passes over the filled region of the write-only steady tests.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub passes: u32,
@@ -88,8 +98,17 @@ fn fresh(a: &BenchArgs, index: &Path) -> Result<FileFtl, CliError> {
         &FormatOptions::default(),
         true,
     )?;
-    let (f, _) = open_backing(&a.backing, index, Config::default())?;
+    let (f, _) = open_backing(&a.backing, index, a.config())?;
     Ok(f)
+}
+
+impl BenchArgs {
+    fn config(&self) -> Config {
+        Config {
+            map_cache_bytes: self.map_cache,
+            ..Config::default()
+        }
+    }
 }
 
 fn stamp(buf: &mut [u8], lba: u64, n: u64) {
@@ -144,6 +163,7 @@ fn random_reads(
     qd: usize,
     seed: u64,
     verify: bool,
+    sampler: Option<&Sampler>,
 ) -> Result<f64, CliError> {
     let fd = ftl::BlockDevice::raw_fd(f.device()).ok_or(CliError::NoBackingFd)?;
     let entries = (qd * 2).next_power_of_two() as u32;
@@ -196,7 +216,10 @@ fn random_reads(
         while done < ops {
             while issued < ops && in_flight < qd {
                 let Some(slot) = free.pop() else { break };
-                let lba = rng.gen_range(0..cap);
+                let lba = match sampler {
+                    Some(s) => s.sample(&mut rng),
+                    None => rng.gen_range(0..cap),
+                };
                 issued += 1;
                 match f.locate(lba, &mut bufs[slot])? {
                     BlockLocation::Zero | BlockLocation::Copied => {
@@ -289,6 +312,7 @@ fn threaded_reads(
     threads: usize,
     seed: u64,
     verify: bool,
+    sampler: Option<Arc<Sampler>>,
 ) -> Result<f64, CliError> {
     let threads = threads.max(1);
     let start = Instant::now();
@@ -297,7 +321,10 @@ fn threaded_reads(
             let f = f.clone();
             let per = ops / threads as u64 + u64::from((t as u64) < ops % threads as u64);
             let q = (qd / threads).max(1);
-            std::thread::spawn(move || random_reads(&f, per, q, seed + t as u64, verify))
+            let sampler = sampler.clone();
+            std::thread::spawn(move || {
+                random_reads(&f, per, q, seed + t as u64, verify, sampler.as_deref())
+            })
         })
         .collect();
     for h in handles {
@@ -305,6 +332,89 @@ fn threaded_reads(
             .map_err(|_| CliError::Panicked("reader thread"))??;
     }
     Ok(start.elapsed().as_secs_f64())
+}
+
+/// This process's resident set now and at its peak (`VmRSS`, `VmHWM`), in bytes.
+fn rss() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb << 10)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// The scale test: a clean open of the backing (formatted here with --size unless it
+/// already is), random writes then random reads spread over all of it, a clean close and
+/// reopen; open times and the resident set at each step.
+fn scale(a: &BenchArgs, index: &Path) -> Result<serde_json::Value, CliError> {
+    let formatted = ftl::backing::open_device(&a.backing, None)
+        .ok()
+        .is_some_and(|d| ftl::read_superblock(&d).is_ok());
+    if !formatted {
+        format_backing(
+            &a.backing,
+            index,
+            Some(a.size),
+            &FormatOptions::default(),
+            true,
+        )?;
+    }
+    let t = Instant::now();
+    let (f, _) = open_backing(&a.backing, index, a.config())?;
+    let open_s = t.elapsed().as_secs_f64();
+    let rss_open = rss().0;
+    let f = Arc::new(f);
+    let cap = f.capacity_blocks();
+    let mut rng = SmallRng::seed_from_u64(a.seed + 5);
+    let lbas: Vec<u64> = (0..a.scale_ops).map(|_| rng.gen_range(0..cap)).collect();
+    let write_s = parallel_writes(&f, Arc::new(lbas), a.jobs, false)?;
+    let rss_written = rss().0;
+    let read_s = threaded_reads(
+        &f,
+        a.scale_ops,
+        a.qd,
+        a.read_threads,
+        a.seed + 6,
+        true,
+        None,
+    )?;
+    let (rss_read, _) = rss();
+    let s = f.stats();
+    let f = Arc::try_unwrap(f).map_err(|_| CliError::Bench("the FTL is still shared".into()))?;
+    let t = Instant::now();
+    f.close()?;
+    drop(f);
+    let close_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let (f, _) = open_backing(&a.backing, index, a.config())?;
+    let reopen_s = t.elapsed().as_secs_f64();
+    f.close()?;
+    let (_, peak) = rss();
+    eprintln!(
+        "scale: {} GiB, open {open_s:.2} s, reopen {reopen_s:.2} s, peak RSS {} MiB",
+        cap * BLOCK_SIZE as u64 >> 30,
+        peak >> 20
+    );
+    Ok(serde_json::json!({
+        "exported_bytes": cap * BLOCK_SIZE as u64,
+        "open_seconds": open_s,
+        "rss_after_open_bytes": rss_open,
+        "write_ops": a.scale_ops,
+        "write_iops": a.scale_ops as f64 / write_s,
+        "rss_after_writes_bytes": rss_written,
+        "read_iops": a.scale_ops as f64 / read_s,
+        "rss_after_reads_bytes": rss_read,
+        "close_seconds": close_s,
+        "reopen_seconds": reopen_s,
+        "peak_rss_bytes": peak,
+        "map_cache": s.map_cache,
+        "checkpoints": s.checkpoints,
+        "index_bytes_on_disk": s.index_bytes_on_disk,
+    }))
 }
 
 /// `ftlblk bench`.
@@ -358,24 +468,57 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 written = Some(f);
                 std::thread::sleep(std::time::Duration::from_secs(a.settle));
             }
-            "randread" => {
+            "randread" | "zipfread" => {
                 let f = match written.take() {
                     Some(f) => f,
                     None => {
-                        let (f, _) = open_backing(&a.backing, &index, Config::default())?;
+                        let (f, _) = open_backing(&a.backing, &index, a.config())?;
                         Arc::new(f)
                     }
                 };
                 let ops = a.read_ops.unwrap_or(f.capacity_blocks());
-                let secs = threaded_reads(&f, ops, a.qd, a.read_threads, a.seed + 1, true)?;
+                let sampler = match *t {
+                    "zipfread" => {
+                        let w: replay::workload::Workload = "zipf:0.9".parse()?;
+                        Some(Arc::new(
+                            Sampler::new(&w, f.capacity_blocks(), a.seed + 3).ok_or_else(|| {
+                                CliError::Bench("zipf:0.9 gives no sampler".into())
+                            })?,
+                        ))
+                    }
+                    _ => None,
+                };
+                let before = f.stats().map_cache;
+                let read = |verify| {
+                    threaded_reads(
+                        &f,
+                        ops,
+                        a.qd,
+                        a.read_threads,
+                        a.seed + 1,
+                        verify,
+                        sampler.clone(),
+                    )
+                };
+                let secs = read(true)?;
+                let after = f.stats().map_cache;
                 // The same reads without the crc32c check, to show what verification costs.
-                let raw_secs = threaded_reads(&f, ops, a.qd, a.read_threads, a.seed + 1, false)?;
+                let raw_secs = read(false)?;
+                let lookups = (after.hits + after.misses - before.hits - before.misses).max(1);
                 results.insert(
-                    "randread".into(),
+                    t.to_string(),
                     serde_json::json!({"ops": ops, "seconds": secs, "iops": ops as f64 / secs, "threads": a.read_threads,
-                        "iops_without_crc_check": ops as f64 / raw_secs}),
+                        "iops_without_crc_check": ops as f64 / raw_secs,
+                        "map_cache_bytes": after.capacity_bytes, "map_bytes": after.map_bytes,
+                        "map_hit_ratio": (after.hits - before.hits) as f64 / lookups as f64}),
                 );
                 written = Some(f);
+            }
+            "scale" => {
+                if let Some(f) = written.take() {
+                    f.close()?;
+                }
+                results.insert("scale".into(), scale(&a, &index)?);
             }
             "writeflush" => {
                 if let Some(f) = written.take() {
@@ -399,8 +542,8 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             }
             other => {
                 return Err(CliError::BadArgs(format!(
-                    "unknown test {other:?} (randwrite, randread, writeflush, steady, steady80, \
-                     steadyzipf, steadymix)"
+                    "unknown test {other:?} (randwrite, randread, zipfread, writeflush, steady, \
+                     steady80, steadyzipf, steadymix, scale)"
                 )))
             }
         }

@@ -35,13 +35,22 @@
 //!    as the segment table that supersedes them (never before: recovery from the older
 //!    checkpoint needs them; never after: a stale record would free a segment the newer
 //!    table says holds data). Test: `tests/orderings.rs`,
-//!    `a_checkpoint_removes_the_free_records_it_supersedes`.
+//!    `a_checkpoint_removes_the_free_records_it_supersedes`;
+//! 7. map pages beyond one batch (`Config::checkpoint_page_batch`: one sled batch of all
+//!    of them held several times their size in RAM) are committed in batches AFTER
+//!    rule 3's sync (they name only durable blocks) and BEFORE the batch with the header;
+//!    the first of them puts a [`PartialCheckpoint`] record, the header's batch removes
+//!    it. A crash in between leaves pages newer than the header and its segment records:
+//!    the roll-forward from the old header replays every entry they hold, so the map
+//!    comes out right, and recovery recounts the live counts from the map because the
+//!    record is there. Test: `tests/orderings.rs`,
+//!    `a_checkpoint_cut_between_its_page_batches_recovers`.
 
 use super::Ftl;
 use crate::device::{BlockDevice, BLOCK_SIZE};
 use crate::error::Result;
 use crate::index::{IndexStore, Key, Op};
-use crate::records::{CheckpointRecord, MapPage};
+use crate::records::{CheckpointRecord, MapPage, PartialCheckpoint};
 use crate::sync::{lock, AtomicU64, Mutex};
 use crate::tables::LiveCounters;
 use std::sync::atomic::Ordering;
@@ -93,6 +102,11 @@ impl<I> Checkpointer<I> {
     /// One-at-a-time lock shared by checkpoints and free records.
     pub(super) fn lock(&self) -> crate::sync::MutexGuard<'_, ()> {
         lock(&self.lock)
+    }
+
+    /// True while a checkpoint or free record holds the lock.
+    pub(crate) fn busy(&self) -> bool {
+        self.lock.try_lock().is_err()
     }
 
     /// `n` blocks were appended (writes and relocations).
@@ -213,21 +227,18 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             return Err(e);
         }
 
-        let mut ops = Vec::with_capacity(pages.len() + seg_records.len() + 1);
-        for (p, entries) in &pages {
-            if entries.iter().all(|&e| e == u64::MAX) {
-                ops.push(Op::Remove(Key::map_page(*p)));
-            } else {
-                ops.push(Op::Put(
-                    Key::map_page(*p),
-                    MapPage {
-                        page: *p,
-                        entries: entries.clone(),
-                    }
-                    .encode(),
-                ));
-            }
-        }
+        let pages_written = pages.len();
+        let batch = self.cfg.checkpoint_page_batch.max(1);
+        // Rule 7: pages past one batch go in batches of their own, the last ones with
+        // the header.
+        let split = pages_written.saturating_sub(batch);
+        let mut pages = pages;
+        let last_pages = pages.split_off(split);
+        let mut ops = Vec::with_capacity(last_pages.len() + seg_records.len() + 2);
+        ops.extend(last_pages.into_iter().map(page_op));
+        // Rule 7: also the record an earlier checkpoint that failed between its batches
+        // left.
+        ops.push(Op::Remove(Key::partial()));
         for r in &seg_records {
             ops.push(Op::Put(Key::segment(r.segment), r.encode()));
         }
@@ -237,9 +248,22 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             ops.push(Op::Remove(Key::free(s)));
         }
         ops.push(Op::Put(Key::checkpoint(), header.encode()));
-        // Rule 3, then rule 4; on failure the pages stay dirty for the next checkpoint.
+        // Rule 3, then rules 7 and 4; on failure the pages stay dirty for the next
+        // checkpoint.
         let committed = self.flush_upto(next_chunk_seq).and_then(|()| {
             times.add(&times.sync, &mut t);
+            let mut marker = Some(PartialCheckpoint {
+                epoch: self.epoch,
+                next_chunk_seq,
+            });
+            let mut early = pages.into_iter().peekable();
+            while early.peek().is_some() {
+                let mut b: Vec<Op> = early.by_ref().take(batch).map(page_op).collect();
+                if let Some(m) = marker.take() {
+                    b.push(Op::Put(Key::partial(), m.encode()));
+                }
+                ck.index.commit(b)?;
+            }
             ck.index.commit(ops)
         });
         if let Err(e) = committed {
@@ -260,7 +284,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         times.add(&times.release, &mut t);
         ck.count.fetch_add(1, Ordering::Relaxed);
         Ok(CheckpointReport {
-            pages_written: pages.len(),
+            pages_written,
             segments_freed: dead.len(),
             next_chunk_seq,
         })
@@ -304,6 +328,15 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 segs.dead_closed().len(),
                 self.t.geo.segment_count as usize,
             )
+    }
+}
+
+/// The index operation that stores a map page (or removes an all-unmapped one).
+fn page_op((page, entries): (u64, Vec<u64>)) -> Op {
+    if entries.iter().all(|&e| e == u64::MAX) {
+        Op::Remove(Key::map_page(page))
+    } else {
+        Op::Put(Key::map_page(page), MapPage { page, entries }.encode())
     }
 }
 

@@ -428,8 +428,19 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         appended?;
         LiveCounters::add(&self.t.counters.user_blocks_written, n);
         self.ckpt.note_appended(n);
+        self.relieve_map()?;
         if fua {
             self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Map rule 3's back-pressure: a writer that finds more dirty map pages than the
+    /// cache holds takes a checkpoint itself (unless one is under way), so the cache stays
+    /// bounded whether or not a background thread checkpoints.
+    fn relieve_map(&self) -> Result<()> {
+        if self.t.map.over_bound() && !self.ckpt.busy() {
+            self.checkpoint()?;
         }
         Ok(())
     }
@@ -452,7 +463,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             self.log.trim_piece(&self.t, st, start, count as u32)
         })?;
         LiveCounters::add(&self.t.counters.trimmed_blocks, blocks);
-        Ok(())
+        self.relieve_map()
     }
 
     /// Flushes and checkpoints, then removes the staging file (if the area has one):

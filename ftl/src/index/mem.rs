@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex};
 type Records = Arc<Mutex<BTreeMap<Vec<u8>, Vec<u8>>>>;
 
 /// In-memory [`IndexStore`].
-#[derive(Default)]
 pub struct MemIndex {
     map: Records,
     /// When set, commits fail (to test error paths) and change nothing.
@@ -18,11 +17,30 @@ pub struct MemIndex {
     /// When set, commits are applied and then report a failure (as sled can: the batch
     /// applied, the flush failed; the contract allows all or none of it to persist).
     pub fail_after_apply: AtomicBool,
+    /// Commits still allowed before every later one fails ([`MemIndex::fail_after`]).
+    commits_left: std::sync::atomic::AtomicI64,
+}
+
+impl Default for MemIndex {
+    fn default() -> Self {
+        MemIndex {
+            map: Records::default(),
+            fail_commits: AtomicBool::new(false),
+            fail_after_apply: AtomicBool::new(false),
+            commits_left: std::sync::atomic::AtomicI64::new(-1),
+        }
+    }
 }
 
 impl MemIndex {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Lets `n` more commits through, then fails every later one (changing nothing): a
+    /// crash between two commits of one checkpoint.
+    pub fn fail_after(&self, n: u64) {
+        self.commits_left.store(n as i64, Ordering::SeqCst);
     }
 
     /// A copy of the index as it is at one instant: `at_instant` runs while no commit
@@ -36,6 +54,7 @@ impl MemIndex {
                 map: Arc::new(Mutex::new(m.clone())),
                 fail_commits: AtomicBool::new(false),
                 fail_after_apply: AtomicBool::new(false),
+                commits_left: std::sync::atomic::AtomicI64::new(-1),
             },
             r,
         ))
@@ -77,7 +96,12 @@ impl IndexStore for MemIndex {
         Ok(m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
     }
     fn commit(&self, ops: Vec<Op>) -> Result<()> {
-        if self.fail_commits.load(Ordering::SeqCst) {
+        let left = self
+            .commits_left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n > 0).then(|| n - 1)
+            });
+        if self.fail_commits.load(Ordering::SeqCst) || left == Err(0) {
             return Err(Error::Index("injected index commit failure".into()));
         }
         let mut m = self.map.lock().map_err(|_| poisoned())?;

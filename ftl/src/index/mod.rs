@@ -101,7 +101,13 @@ impl Key {
     pub const MAP_PAGE: u8 = b'm';
     /// A segment freed since the checkpoint (`records::FreeRecord`).
     pub const FREE: u8 = b'f';
+    /// A checkpoint committing its map pages in several batches is under way
+    /// (`records::PartialCheckpoint`).
+    pub const PARTIAL: u8 = b'p';
 
+    pub fn partial() -> Vec<u8> {
+        vec![Self::PARTIAL]
+    }
     pub fn checkpoint() -> Vec<u8> {
         vec![Self::CHECKPOINT]
     }
