@@ -1,8 +1,8 @@
 //! The `decode` target: arbitrary bytes through every on-disk decoder.
 //!
 //! Input: one selector byte, then the bytes to decode.
-//! - bits 0..=2 (mod 6) pick the decoder: 0 superblock, 1 chunk summary, 2 segment
-//!   record, 3 map page, 4 checkpoint record, 5 free record;
+//! - bits 0..=2 (mod 7) pick the decoder: 0 superblock, 1 chunk summary, 2 segment
+//!   record, 3 map page, 4 checkpoint record, 5 free record, 6 partial-checkpoint record;
 //! - bit 4 ("fit"): first resize the bytes to the length the structure claims (a block
 //!   for the superblock and summary, 32 bytes for a segment or free record, `20 + 8 * count` for
 //!   a map page, `140 + 8 * streams` for a checkpoint), zero-padding or truncating;
@@ -15,8 +15,8 @@
 
 use ftl::device::BLOCK_SIZE;
 use ftl::records::{
-    CheckpointRecord, FreeRecord, MapPage, SegmentRecord, FREE_RECORD_BYTES, PAGE_ENTRIES,
-    SEG_RECORD_BYTES,
+    CheckpointRecord, FreeRecord, MapPage, PartialCheckpoint, SegmentRecord, FREE_RECORD_BYTES,
+    PAGE_ENTRIES, PARTIAL_RECORD_BYTES, SEG_RECORD_BYTES,
 };
 use ftl::summary::ChunkSummary;
 use ftl::superblock::Superblock;
@@ -27,13 +27,14 @@ pub const FIT: u8 = 0x10;
 pub const FIX_CRC: u8 = 0x08;
 
 /// The decoders, in selector order.
-pub const DECODERS: [&str; 6] = [
+pub const DECODERS: [&str; 7] = [
     "superblock",
     "chunk summary",
     "segment record",
     "map page",
     "checkpoint record",
     "free record",
+    "partial checkpoint",
 ];
 
 fn le_u16(b: &[u8], at: usize) -> Option<u16> {
@@ -48,10 +49,11 @@ fn le_u32(b: &[u8], at: usize) -> Option<u32> {
 pub fn prepare(sel: u8, rest: &[u8]) -> Vec<u8> {
     let mut buf = rest.to_vec();
     if sel & FIT != 0 {
-        let len = match (sel & 7) % 6 {
+        let len = match (sel & 7) % 7 {
             0 | 1 => BLOCK_SIZE,
             2 => SEG_RECORD_BYTES,
             5 => FREE_RECORD_BYTES,
+            6 => PARTIAL_RECORD_BYTES,
             3 => 20 + 8 * (le_u16(&buf, 6).unwrap_or(0) as usize).min(PAGE_ENTRIES),
             _ => 140 + 8 * (le_u32(&buf, 12).unwrap_or(0) as usize).min(64),
         };
@@ -95,7 +97,7 @@ pub fn run(data: &[u8]) -> Result<Option<bool>, String> {
         return Ok(None);
     };
     let buf = prepare(sel, rest);
-    let which = (sel & 7) % 6;
+    let which = (sel & 7) % 7;
     let ok = match which {
         0 => round_trip(&buf, "superblock", Superblock::decode, Superblock::encode)?,
         1 => match ChunkSummary::decode(&buf) {
@@ -139,6 +141,12 @@ pub fn run(data: &[u8]) -> Result<Option<bool>, String> {
             Err(_) => false,
         },
         5 => round_trip(&buf, "free record", FreeRecord::decode, FreeRecord::encode)?,
+        6 => round_trip(
+            &buf,
+            "partial checkpoint",
+            PartialCheckpoint::decode,
+            PartialCheckpoint::encode,
+        )?,
         _ => round_trip(
             &buf,
             "checkpoint",

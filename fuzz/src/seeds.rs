@@ -650,6 +650,11 @@ fn decode_seeds() -> Vec<(&'static str, Vec<u8>)> {
         erase_count: 3,
     }
     .encode();
+    let partial = ftl::records::PartialCheckpoint {
+        epoch: 3,
+        next_chunk_seq: 70,
+    }
+    .encode();
     let full_page = MapPage {
         page: 1,
         entries: (0..PAGE_ENTRIES as u64).collect(),
@@ -676,6 +681,11 @@ fn decode_seeds() -> Vec<(&'static str, Vec<u8>)> {
         (
             "free-record-fit",
             sel(5, FIT | FIX_CRC, free[..20].to_vec()),
+        ),
+        ("partial-checkpoint", sel(6, 0, partial.clone())),
+        (
+            "partial-checkpoint-fit",
+            sel(6, FIT | FIX_CRC, partial[..12].to_vec()),
         ),
         ("checkpoint", sel(4, 0, checkpoint())),
         (
