@@ -4,9 +4,10 @@
 # Usage: scripts/bench.sh [--size 2G] [--dir /var/tmp/ftlblk-bench] [--out bench.json]
 #                         [--rounds 3] [--read-pairs 7] [--pair-ops 200000]
 #                         [--read-threads 2] [--settle 10]
-#                         [--only fresh|steady|all] [--passes 3] [--plot bench-steady.png]
+#                         [--only fresh|steady|scale|all] [--passes 3] [--plot bench-steady.png]
+#                         [--scale-sizes "256G 1T 15T"] [--scale-ops 200000]
 #
-# Two parts, both by default (--only picks one; the other part of --out is kept):
+# Three parts, all by default (--only picks one; the other parts of --out are kept):
 #
 # FRESH (a freshly formatted device, no cleaning):
 # Tests (4 KiB blocks; raw fio uses io_uring, O_DIRECT, QD32):
@@ -40,6 +41,17 @@
 # Targets: uniform 100% >= 0.7x the disk bound; p99.9 write <= 5 ms, max <= 20 ms; read
 # p99.9 <= 5 ms in the mix.
 #
+# SCALE (the map's page cache, issue 17): for each of --scale-sizes, a sparse backing is
+# formatted (`ftlblk format`, its own process) and `ftlblk bench --tests scale` opens it
+# clean, writes --scale-ops random 4 KiB blocks spread over all of it (32 writers), reads
+# as many (QD32), closes and reopens it: open and reopen seconds, the resident set at
+# each step and at its peak (VmHWM: open, I/O, close, reopen; not the format). Then, on a
+# --size device written full: random reads (uniform and zipf:0.9) with the map all
+# cached and with a cache of 1/16 of the map, beside raw fio random reads, alternated in
+# --read-pairs pairs. Goes to the "scale" section of --out.
+# Targets: RSS <= 1 GiB on 15 TiB; clean open of 1 TiB <= 1 s; uniform reads all cached:
+# the fresh ratio to raw; zipf:0.9 reads with 1/16 cached >= 0.7x zipf:0.9 all cached.
+#
 # Exit status is 0 whether or not targets are met (they are reported, not asserted);
 # non-zero if anything fails to run.
 set -euo pipefail
@@ -56,6 +68,8 @@ READ_THREADS=2
 SETTLE=10
 ONLY=all
 PASSES=3
+SCALE_SIZES="256G 1T 15T"
+SCALE_OPS=200000
 PLOT=bench-steady.png
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -70,6 +84,8 @@ while [ $# -gt 0 ]; do
         --only) ONLY=$2; shift 2 ;;
         --passes) PASSES=$2; shift 2 ;;
         --plot) PLOT=$2; shift 2 ;;
+        --scale-sizes) SCALE_SIZES=$2; shift 2 ;;
+        --scale-ops) SCALE_OPS=$2; shift 2 ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -94,8 +110,8 @@ fio_json() { # name, extra fio args...
         --iodepth=32 --numjobs=1 --group_reporting --output-format=json "$@" > "$DIR/fio-$name.json"
 }
 case "$ONLY" in
-    all|fresh|steady) ;;
-    *) echo "bench.sh: --only takes fresh, steady or all" >&2; exit 2 ;;
+    all|fresh|steady|scale) ;;
+    *) echo "bench.sh: --only takes fresh, steady, scale or all" >&2; exit 2 ;;
 esac
 
 steady_part() {
@@ -177,8 +193,81 @@ print(f"wrote the steady section of {out} and {plot}")
 PY
 }
 
+scale_part() {
+    echo "== scale: open, RSS and random I/O on sparse backings of $SCALE_SIZES" >&2
+    local big="$DIR/scale.img" bigidx="$DIR/scale.ftlidx"
+    for sz in $SCALE_SIZES; do
+        rm -rf "$big" "$bigidx"
+        "$BIN" format --backing "$big" --index "$bigidx" --size "$sz" > /dev/null
+        "$BIN" bench --backing "$big" --index "$bigidx" --tests scale --scale-ops "$SCALE_OPS" \
+            > "$DIR/scale-$sz.json"
+        rm -rf "$big" "$bigidx"
+    done
+    echo "== scale: reads with the map all cached and with 1/16 of it, beside raw fio" >&2
+    rm -rf "$IMG" "$IDX"
+    fio --name=layout --filename="$IMG" --size="$SIZE" --bs=1M --rw=write --ioengine=io_uring \
+        --direct=1 --iodepth=8 --output-format=terse >/dev/null
+    "$BIN" bench --backing "$IMG" --index "$IDX" --size "$SIZE" --jobs 32 --tests randwrite \
+        --settle "$SETTLE" > /dev/null
+    # The map: 8 bytes per exported block; 1/16 of it (the cache rounds to whole pages).
+    local small=$(( OPS * 8 / 16 ))
+    for p in $(seq 1 "$READ_PAIRS"); do
+        fio_json "scaleread-$p" --rw=randread --io_size=$((PAIR_OPS * 4096))
+        for cache in full small; do
+            local bytes=512M
+            [ "$cache" = small ] && bytes=$small
+            "$BIN" bench --backing "$IMG" --index "$IDX" --tests randread,zipfread --qd 32 \
+                --read-ops "$PAIR_OPS" --read-threads "$READ_THREADS" --seed "$p" \
+                --map-cache "$bytes" > "$DIR/scaleread-$cache-$p.json"
+        done
+    done
+    python3 - "$DIR" "$OUT" "$SCALE_SIZES" "$READ_PAIRS" <<'PY'
+import json, os, statistics, sys
+d, out, sizes, pairs = sys.argv[1], sys.argv[2], sys.argv[3].split(), int(sys.argv[4])
+res = {"sizes": {}, "reads": {}}
+print(f"{'backing':>8}{'exported':>10}{'open s':>8}{'reopen s':>9}{'write IOPS':>11}{'read IOPS':>10}"
+      f"{'RSS open':>10}{'RSS I/O':>9}{'peak RSS':>10}")
+for sz in sizes:
+    t = json.load(open(f"{d}/scale-{sz}.json"))["scale"]
+    res["sizes"][sz] = t
+    gib = lambda b: f"{b / 2**30:.2f}G"
+    print(f"{sz:>8}{t['exported_bytes'] / 2**40:>9.2f}T{t['open_seconds']:>8.2f}{t['reopen_seconds']:>9.2f}"
+          f"{t['write_iops']:>11.0f}{t['read_iops']:>10.0f}{gib(t['rss_after_open_bytes']):>10}"
+          f"{gib(max(t['rss_after_writes_bytes'], t['rss_after_reads_bytes'])):>9}{gib(t['peak_rss_bytes']):>10}")
+raw = [json.load(open(f"{d}/fio-scaleread-{p}.json"))["jobs"][0]["read"]["iops"] for p in range(1, pairs + 1)]
+for cache in ("full", "small"):
+    runs = [json.load(open(f"{d}/scaleread-{cache}-{p}.json")) for p in range(1, pairs + 1)]
+    for t in ("randread", "zipfread"):
+        iops = [r[t]["iops"] for r in runs]
+        res["reads"][f"{t}-{cache}"] = {"iops": statistics.median(iops), "all_iops": iops,
+            "ratio_to_raw": statistics.median(i / r for i, r in zip(iops, raw)),
+            "map_hit_ratio": statistics.median(r[t]["map_hit_ratio"] for r in runs),
+            "map_cache_bytes": runs[0][t]["map_cache_bytes"], "map_bytes": runs[0][t]["map_bytes"]}
+res["reads"]["raw_randread"] = {"iops": statistics.median(raw), "all_iops": raw}
+r = res["reads"]
+print(f"raw randread {statistics.median(raw):.0f} IOPS; per cache: IOPS (ratio to raw, map hits)")
+for k in ("randread-full", "zipfread-full", "randread-small", "zipfread-small"):
+    print(f"  {k:<15}{r[k]['iops']:>9.0f} ({r[k]['ratio_to_raw']:.2f}, {r[k]['map_hit_ratio'] * 100:.1f}% hits, "
+          f"cache {r[k]['map_cache_bytes'] >> 10} KiB of {r[k]['map_bytes'] >> 10} KiB)")
+z = r["zipfread-small"]["iops"] / r["zipfread-full"]["iops"]
+res["zipf_small_over_full"] = z
+big = res["sizes"].get(sizes[-1], {})
+print(f"targets: zipf:0.9 with 1/16 cached >= 0.7x all cached: {z:.2f} {'yes' if z >= 0.7 else 'NO'}; "
+      f"peak RSS on {sizes[-1]} <= 1 GiB: {big.get('peak_rss_bytes', 0) / 2**30:.2f} GiB "
+      f"{'yes' if big.get('peak_rss_bytes', 2**40) <= 2**30 else 'NO'}")
+doc = json.load(open(out)) if os.path.exists(out) else {}
+doc["scale"] = res
+json.dump(doc, open(out, "w"), indent=2)
+print(f"wrote the scale section of {out}")
+PY
+}
+
 if [ "$ONLY" = steady ]; then
     steady_part
+    exit 0
+fi
+if [ "$ONLY" = scale ]; then
+    scale_part
     exit 0
 fi
 
@@ -253,8 +342,9 @@ targets = {"randwrite": 1.5, "randread": 0.8, "writeflush": 0.7}
 ram = ftl["randwrite"]["map_ram_bytes_per_block"]
 res = {"ftl": ftl, "raw": raw, "ratio": ratio, "targets": targets, "map_ram_bytes_per_block": ram}
 import os
-if os.path.exists(out) and "steady" in json.load(open(out)):
-    res["steady"] = json.load(open(out))["steady"]
+for part in ("steady", "scale"):
+    if os.path.exists(out) and part in json.load(open(out)):
+        res[part] = json.load(open(out))[part]
 json.dump(res, open(out, "w"), indent=2)
 print(f"{'test':<12}{'raw IOPS':>12}{'ftl IOPS':>12}{'ratio':>8}{'target':>8}  met")
 for t in ("randwrite", "randread", "writeflush"):
@@ -268,4 +358,5 @@ PY
 
 if [ "$ONLY" = all ]; then
     steady_part
+    scale_part
 fi

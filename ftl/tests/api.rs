@@ -462,7 +462,7 @@ fn a_small_map_cache_stays_bounded_under_writes_and_reads_back_everything() {
         f.write(lba, &m.write(lba, 1), false, S0).unwrap();
         let s = f.stats().map_cache;
         assert!(s.dirty_pages <= 3 + 1, "{s:?}");
-        if lba % 7 == 0 {
+        if lba.is_multiple_of(7) {
             f.trim(lba, 1).unwrap();
             m.trim(lba, 1);
         }

@@ -396,7 +396,7 @@ fn scale(a: &BenchArgs, index: &Path) -> Result<serde_json::Value, CliError> {
     let (_, peak) = rss();
     eprintln!(
         "scale: {} GiB, open {open_s:.2} s, reopen {reopen_s:.2} s, peak RSS {} MiB",
-        cap * BLOCK_SIZE as u64 >> 30,
+        (cap * BLOCK_SIZE as u64) >> 30,
         peak >> 20
     );
     Ok(serde_json::json!({
@@ -585,7 +585,11 @@ mod tests {
         let (img, f) = written_device(dir.path());
         let cap = f.capacity_blocks();
         // Every block is read about 20 times over, on 2 rings, QD 8 each.
-        threaded_reads(&f, cap * 20, 16, 2, 7, true).expect("clean device reads");
+        threaded_reads(&f, cap * 20, 16, 2, 7, true, None).expect("clean device reads");
+        // zipf:0.9 reads (the zipfread test) go through the same checks.
+        let w: replay::workload::Workload = "zipf:0.9".parse().expect("workload");
+        let zipf = Arc::new(Sampler::new(&w, cap, 3).expect("sampler"));
+        threaded_reads(&f, cap * 5, 16, 2, 7, true, Some(zipf)).expect("zipf reads");
         // Damage one block behind the FTL's back: the checked reads must notice it, the
         // unchecked ones (which only measure) must not.
         let lba = cap / 2;
@@ -600,8 +604,8 @@ mod tests {
             .expect("open backing");
         file.write_at(&[0xa5; 512], offset).expect("corrupt");
         file.sync_all().expect("sync");
-        threaded_reads(&f, cap * 20, 16, 2, 7, false).expect("unchecked reads");
-        let err = threaded_reads(&f, cap * 20, 16, 2, 7, true)
+        threaded_reads(&f, cap * 20, 16, 2, 7, false, None).expect("unchecked reads");
+        let err = threaded_reads(&f, cap * 20, 16, 2, 7, true, None)
             .expect_err("a corrupt block must fail the checked reads");
         assert!(
             err.to_string().contains("checksum"),
