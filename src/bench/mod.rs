@@ -91,6 +91,13 @@ pub struct BenchArgs {
 }
 
 fn fresh(a: &BenchArgs, index: &Path) -> Result<FileFtl, CliError> {
+    format_fresh(a, index)?;
+    let (f, _) = open_backing(&a.backing, index, a.config())?;
+    Ok(f)
+}
+
+/// Formats the backing anew at --size.
+fn format_fresh(a: &BenchArgs, index: &Path) -> Result<(), CliError> {
     format_backing(
         &a.backing,
         index,
@@ -98,8 +105,7 @@ fn fresh(a: &BenchArgs, index: &Path) -> Result<FileFtl, CliError> {
         &FormatOptions::default(),
         true,
     )?;
-    let (f, _) = open_backing(&a.backing, index, a.config())?;
-    Ok(f)
+    Ok(())
 }
 
 impl BenchArgs {
@@ -355,13 +361,7 @@ fn scale(a: &BenchArgs, index: &Path) -> Result<serde_json::Value, CliError> {
         .ok()
         .is_some_and(|d| ftl::read_superblock(&d).is_ok());
     if !formatted {
-        format_backing(
-            &a.backing,
-            index,
-            Some(a.size),
-            &FormatOptions::default(),
-            true,
-        )?;
+        format_fresh(a, index)?;
     }
     let t = Instant::now();
     let (f, _) = open_backing(&a.backing, index, a.config())?;
