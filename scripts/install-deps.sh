@@ -81,7 +81,8 @@ apt_install() {
 # --- Debian packages -------------------------------------------------------
 pkgs=()
 if [ "$want_host" = 1 ]; then
-    pkgs+=(fio clang libclang-dev pkg-config fonts-dejavu-core)
+    # make + a C compiler: tikv-jemalloc-sys builds jemalloc from source.
+    pkgs+=(fio clang libclang-dev pkg-config fonts-dejavu-core make gcc)
 fi
 if [ "$want_vm" = 1 ]; then
     pkgs+=(qemu-system-x86 busybox-static e2fsprogs xfsprogs btrfs-progs f2fs-tools util-linux kmod)
