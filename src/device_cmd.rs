@@ -65,8 +65,8 @@ pub struct AddArgs {
     pub no_cleaner: bool,
     /// RAM for the LBA map's page cache (e.g. 256M, 2G). The map takes 8 bytes per 4 KiB
     /// block (2 GiB per TiB); pages beyond the cache stay in the index and are read on
-    /// a miss. Default 512M: the whole map of a device of up to about 256 GiB.
-    #[arg(long, value_parser = parse_size, default_value = "512M")]
+    /// a miss. Default 256M: the whole map of a device of up to about 128 GiB.
+    #[arg(long, value_parser = parse_size, default_value = "256M")]
     pub map_cache: u64,
     /// Serve the device in this process until SIGINT/SIGTERM or `ftlblk del`, logging to
     /// stderr, instead of starting a background daemon and returning once the device is

@@ -23,6 +23,13 @@
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// jemalloc's options: freed pages go back to the system at once (its default keeps them
+/// 10 s; the pages a checkpoint of a large device frees then raised the peak RSS of a
+/// 15 TiB device from 1.07 to 1.6-1.9 GiB; no throughput change measured on 2 GiB).
+#[allow(non_upper_case_globals)]
+#[export_name = "_rjem_malloc_conf"]
+pub static malloc_conf: &[u8; 34] = b"dirty_decay_ms:0,muzzy_decay_ms:0\0";
+
 mod args;
 mod background;
 mod backing_cmd;

@@ -82,8 +82,10 @@ pub const PAGE_RAM_BYTES: u64 = (PAGE_ENTRIES * 8 + 64) as u64;
 /// miss).
 pub const MIN_CACHE_PAGES: u64 = 2;
 
-/// The default map cache: 512 MiB, the whole map of a device of about 256 GiB.
-pub const DEFAULT_CACHE_BYTES: u64 = 512 << 20;
+/// The default map cache: 256 MiB, the whole map of a device of about 128 GiB (with
+/// what a checkpoint copies, sled and the rest, a 15 TiB device then peaks at about
+/// 1 GiB of RSS; 512 MiB peaked at 1.3 GiB).
+pub const DEFAULT_CACHE_BYTES: u64 = 256 << 20;
 
 const MAX_SHARDS: u64 = 64;
 
@@ -202,19 +204,19 @@ impl L2p {
         self.capacity_pages
     }
 
-    /// True when the cache is smaller than the map and a quarter of it is dirty: only a
+    /// True when the cache is smaller than the map and an eighth of it is dirty: only a
     /// checkpoint makes dirty pages evictable (rule 3). A cache that holds the whole map
     /// never needs one.
     pub fn wants_checkpoint(&self) -> bool {
-        self.capacity_pages < self.pages && self.dirty_pages() > self.capacity_pages / 4
+        self.capacity_pages < self.pages && self.dirty_pages() > (self.capacity_pages / 8).max(1)
     }
 
-    /// True when half the cache is dirty: writers checkpoint themselves (the background
-    /// checkpoint [`wants_checkpoint`](Self::wants_checkpoint) asks for did not keep up,
-    /// or there is none). The checkpoint copies the dirty pages (rule 2), so this also
-    /// bounds that copy to half the cache.
+    /// True when a quarter of the cache is dirty: writers checkpoint themselves (the
+    /// background checkpoint [`wants_checkpoint`](Self::wants_checkpoint) asks for did
+    /// not keep up, or there is none). The checkpoint copies the dirty pages (rule 2), so
+    /// this also bounds that copy to a quarter of the cache.
     pub fn over_bound(&self) -> bool {
-        self.capacity_pages < self.pages && self.dirty_pages() > self.capacity_pages / 2
+        self.capacity_pages < self.pages && self.dirty_pages() > (self.capacity_pages / 4).max(1)
     }
 
     fn shard(&self, page: u64) -> &Mutex<Shard> {

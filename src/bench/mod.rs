@@ -55,7 +55,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "randwrite,randread,writeflush")]
     pub tests: String,
     /// RAM for the map's page cache (as `ftlblk add --map-cache`).
-    #[arg(long, value_parser = parse_size, default_value = "512M")]
+    #[arg(long, value_parser = parse_size, default_value = "256M")]
     pub map_cache: u64,
     /// Writes and then reads of the scale test, spread over the whole capacity.
     #[arg(long, default_value_t = 200_000)]
