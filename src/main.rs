@@ -25,10 +25,12 @@ static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's options: freed pages go back to the system at once (its default keeps them
 /// 10 s; the pages a checkpoint of a large device frees then raised the peak RSS of a
-/// 15 TiB device from 1.07 to 1.6-1.9 GiB; no throughput change measured on 2 GiB).
+/// 15 TiB device from 1.07 to 1.6-1.9 GiB), and one arena (its default, one per CPU x 4,
+/// held 0.99-1.08 GiB where one arena held 0.93). No throughput change measured on the
+/// 2 GiB bench (randwrite, randread, steady; within the noise of single pairs).
 #[allow(non_upper_case_globals)]
 #[export_name = "_rjem_malloc_conf"]
-pub static malloc_conf: &[u8; 34] = b"dirty_decay_ms:0,muzzy_decay_ms:0\0";
+pub static malloc_conf: &[u8; 44] = b"dirty_decay_ms:0,muzzy_decay_ms:0,narenas:1\0";
 
 mod args;
 mod background;
