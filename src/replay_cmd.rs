@@ -40,6 +40,10 @@ pub struct ReplayArgs {
     /// The classifier gives a class its own stream only while it is busy enough.
     #[arg(long, default_value_t = 7)]
     pub streams: u8,
+    /// Blocks whose history the online classifier keeps (default 8Mi; a device with more
+    /// blocks shares the slots, as a large device does): to measure what sharing costs.
+    #[arg(long)]
+    pub tracked_blocks: Option<u64>,
     /// Placement: none (one stream, GC output in another), online (write-time classifier,
     /// by each block's history), oracle (knows each write's next overwrite from the trace:
     /// the practical lower bound), frequency (knows each block's true write rate over the
@@ -129,6 +133,7 @@ pub fn run(a: ReplayArgs) -> Result<(), CliError> {
         segment_bytes: a.segment_size,
         classifier,
         classes: a.streams,
+        tracked_blocks: a.tracked_blocks,
         write_probabilities: probabilities,
         policy,
         series_points: 100,

@@ -71,10 +71,13 @@ impl Placer {
         capacity: u64,
         classes: u8,
         probabilities: Option<&[f64]>,
+        tracked_blocks: Option<u64>,
     ) -> Self {
+        let defaults = Params::for_capacity(capacity);
         let params = Params {
             classes,
-            ..Params::for_capacity(capacity)
+            tracked_blocks: tracked_blocks.unwrap_or(defaults.tracked_blocks),
+            ..defaults
         };
         let (mut next, mut interval) = (Vec::new(), Vec::new());
         match (kind, probabilities) {
@@ -260,7 +263,7 @@ mod tests {
         for i in 0..4000 {
             ops.push(w(if i % 2 == 0 { 0 } else { 2 + i }));
         }
-        let p = Placer::new(ClassifierKind::Oracle, &ops, 5_000, 7, None);
+        let p = Placer::new(ClassifierKind::Oracle, &ops, 5_000, 7, None, None);
         for op in &ops {
             p.user(op.range().0);
         }
@@ -269,7 +272,7 @@ mod tests {
             StreamId(6),
             "never rewritten: longest-lived class"
         );
-        let none = Placer::new(ClassifierKind::None, &ops, 10_000, 7, None);
+        let none = Placer::new(ClassifierKind::None, &ops, 10_000, 7, None, None);
         assert_eq!(none.user(0), StreamId(1));
         assert_eq!(none.relocate(0), GC_STREAM);
         assert_eq!(none.bytes_per_block(), 0);

@@ -28,6 +28,10 @@ pub struct SimConfig {
     pub classifier: ClassifierKind,
     /// Classes (streams) the classifying kinds may use, 1 ..= `ftl::classify::CLASSES`.
     pub classes: u8,
+    /// Blocks whose history the online classifier keeps (`None`: its default,
+    /// `ftl::classify::DEFAULT_TRACKED_BLOCKS`); fewer than the capacity shares slots.
+    #[serde(default)]
+    pub tracked_blocks: Option<u64>,
     /// The workload's write probability per LBA, for the `frequency` classifier
     /// (`workload::write_probabilities`); without it the trace's counts stand in.
     #[serde(skip)]
@@ -145,6 +149,7 @@ pub fn simulate(
         capacity,
         cfg.classes,
         cfg.write_probabilities.as_deref(),
+        cfg.tracked_blocks,
     ));
     let gc_counts: Arc<[AtomicU64; 8]> = Arc::new(Default::default());
     let mut cleaner = {

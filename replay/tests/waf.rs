@@ -16,6 +16,7 @@ fn run_with(workload: &str, classifier: ClassifierKind, policy: Policy, seed: u6
         segment_bytes: Some(1 << 20),
         classifier,
         classes: 7,
+        tracked_blocks: None,
         write_probabilities: Some(write_probabilities(&w, logical, seed).into()),
         policy,
         series_points: 20,

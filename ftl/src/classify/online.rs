@@ -7,6 +7,9 @@ use super::{
 use crate::stream::StreamId;
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 
+/// Ways of a set of shared slots.
+const WAYS: usize = 4;
+
 /// Per-block write clock and interval stat (6 bytes per tracked block), the live-block
 /// count (the scale) and the stream plan.
 pub struct Classifier {
@@ -86,7 +89,10 @@ impl Classifier {
         self.last.len() as u64 * per as u64
     }
 
-    /// The slot of `lba` and whether `lba` holds it (`None`: past the capacity).
+    /// The slot of `lba` and whether `lba` holds it (`None`: past the capacity). Shared
+    /// slots are 4-way set associative: an LBA hashes to a set of [`WAYS`] slots and holds
+    /// one of them, or is offered the set's empty or least recently written one (direct
+    /// mapping left a quarter of a hot set without a slot: two hot blocks in one slot).
     fn slot(&self, lba: u64) -> Option<(usize, bool)> {
         if lba >= self.capacity {
             return None;
@@ -94,8 +100,26 @@ impl Classifier {
         let Some(tags) = &self.tags else {
             return Some((lba as usize, true));
         };
-        let i = ((lba.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % tags.len() as u64) as usize;
-        Some((i, tags[i].load(Relaxed) == lba as u32))
+        let sets = (tags.len() / WAYS).max(1) as u64;
+        let set = ((lba.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % sets) as usize;
+        let ways = set * WAYS..(set * WAYS + WAYS).min(tags.len());
+        let now = (self.clock.load(Relaxed) as u32).max(1);
+        let mut victim = (ways.start, 0u32);
+        for i in ways {
+            let last = self.last[i].load(Relaxed);
+            if last != 0 && tags[i].load(Relaxed) == lba as u32 {
+                return Some((i, true));
+            }
+            let age = if last == 0 {
+                u32::MAX
+            } else {
+                now.wrapping_sub(last)
+            };
+            if age > victim.1 || i == victim.0 {
+                victim = (i, victim.1.max(age));
+            }
+        }
+        Some((victim.0, false))
     }
 
     /// Classes with a stream of their own (bit `c` = class `c`).
@@ -128,18 +152,25 @@ impl Classifier {
         let (last, stat) = (&self.last[i], &self.stat[i]);
         // The clock is kept modulo 2^32 (0 = never written); intervals wrap accordingly.
         let stamp = (now as u32).max(1);
-        let prev = last.swap(stamp, Relaxed);
         if !held {
-            // Another LBA's slot: this write takes it, as a first write.
-            if let Some(tags) = &self.tags {
-                tags[i].store(lba as u32, Relaxed);
+            // Another LBA's slot. Its holder keeps it while it is rewritten within the
+            // scale (a hot block: taking its slot at every cold write cost hotcold:90/10
+            // 19% more WAF with an eighth of the blocks tracked); otherwise this write
+            // takes it. Either way this write counts as a first write.
+            let held_by = last.load(Relaxed);
+            let age = stamp.wrapping_sub(held_by) as u64;
+            if held_by == 0 || age >= self.scale() {
+                if let Some(tags) = &self.tags {
+                    tags[i].store(lba as u32, Relaxed);
+                }
+                if last.swap(stamp, Relaxed) == 0 {
+                    self.live.fetch_add(1, Relaxed);
+                }
+                stat.store(0, Relaxed);
             }
-            if prev == 0 {
-                self.live.fetch_add(1, Relaxed);
-            }
-            stat.store(0, Relaxed);
             return (None, Stat::default(), Stat::default());
         }
+        let prev = last.swap(stamp, Relaxed);
         if prev == 0 {
             self.live.fetch_add(1, Relaxed);
             stat.store(0, Relaxed);
