@@ -9,8 +9,22 @@ use serde::Serialize;
 pub fn print_json<T: Serialize + ?Sized>(v: &T) -> Result<(), CliError> {
     let text =
         serde_json::to_string_pretty(v).map_err(|e| CliError::json("cannot write JSON", e))?;
-    println!("{text}");
-    Ok(())
+    print_line(&text)
+}
+
+/// Prints `text` and a newline on stdout. A reader that went away (`| grep -q`, `| head`)
+/// is not an error: `println!` panicked on the broken pipe.
+pub fn print_line(text: &str) -> Result<(), CliError> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let wrote = out
+        .write_all(text.as_bytes())
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    match wrote {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.map_err(|e| CliError::io("writing to stdout", e)),
+    }
 }
 
 /// `b` bytes in the largest binary unit that keeps the figure at least 1 (one decimal).

@@ -33,8 +33,7 @@ pub fn run(a: StatsArgs) -> Result<(), CliError> {
     let id = a.id;
     let doc = fetch_stats(id)?;
     if a.json {
-        println!("{doc}");
-        return Ok(());
+        return crate::output::print_line(&doc);
     }
     let doc = StatsDocument::from_json(&doc)
         .map_err(|e| CliError::json("the daemon's stats are not a stats document", e))?;
