@@ -113,15 +113,10 @@ pub fn check_staged<D: BlockDevice, I: IndexStore>(
     // 2 + 3. Index records and the checkpoint snapshot.
     let loaded = load_index(&index, &sb, "index")?;
     for (k, _) in index.load()? {
-        use crate::index::Key;
-        let known = [
-            Key::CHECKPOINT,
-            Key::SEGMENT,
-            Key::FREE,
-            Key::MAP_PAGE,
-            Key::PARTIAL,
-        ];
-        if !k.first().is_some_and(|c| known.contains(c)) {
+        if !k
+            .first()
+            .is_some_and(|c| crate::index::Key::KINDS.contains(c))
+        {
             problems.push(Problem::new(
                 "index records",
                 format!("unknown index key {k:02x?}"),

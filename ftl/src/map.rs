@@ -242,12 +242,7 @@ impl L2p {
             Some(b) if b.len() == len => b,
             _ => vec![u64::MAX; len].into_boxed_slice(),
         };
-        entries.fill(u64::MAX);
-        if let Some(stored) = self.reader.read_page(page)? {
-            for (d, s) in entries.iter_mut().zip(stored) {
-                *d = s;
-            }
-        }
+        self.read_into(page, &mut entries)?;
         let slot = Slot {
             page,
             entries,
@@ -297,6 +292,17 @@ impl L2p {
             s.referenced = false;
         }
         None
+    }
+
+    /// Fills `entries` with `page` as the index holds it (unmapped where it holds none).
+    fn read_into(&self, page: u64, entries: &mut [u64]) -> Result<()> {
+        entries.fill(u64::MAX);
+        if let Some(stored) = self.reader.read_page(page)? {
+            for (d, s) in entries.iter_mut().zip(stored) {
+                *d = s;
+            }
+        }
+        Ok(())
     }
 
     fn page_len(&self, page: u64) -> usize {
@@ -406,12 +412,7 @@ impl L2p {
             match cached {
                 Some(e) => f(p, &e),
                 None => {
-                    buf[..len].fill(u64::MAX);
-                    if let Some(stored) = self.reader.read_page(p)? {
-                        for (d, s) in buf[..len].iter_mut().zip(stored) {
-                            *d = s;
-                        }
-                    }
+                    self.read_into(p, &mut buf[..len])?;
                     f(p, &buf[..len]);
                 }
             }

@@ -93,14 +93,12 @@ pub(crate) fn load_map_pages<I: IndexStore>(index: &I, sb: &Superblock) -> Resul
         .load_kind(Key::MAP_PAGE)?
         .into_iter()
         .map(|(k, v)| {
-            let p = MapPage::decode(&v)?;
             let page = k
                 .get(1..)
                 .and_then(|b| <[u8; 8]>::try_from(b).ok())
                 .map(u64::from_be_bytes)
                 .ok_or_else(|| Error::Corrupt(format!("map page key {k:02x?} malformed")))?;
-            reader.validate(page, &p)?;
-            Ok(p)
+            reader.decode(page, &v)
         })
         .collect()
 }

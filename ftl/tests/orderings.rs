@@ -18,7 +18,15 @@ use std::time::{Duration, Instant};
 type GateFtl = Ftl<Arc<GateDevice<Arc<CrashDevice>>>, Arc<MemIndex>>;
 
 fn gated(cfg: Config) -> (Arc<GateDevice<Arc<CrashDevice>>>, Arc<MemIndex>, GateFtl) {
-    let crash = Arc::new(CrashDevice::new(ftl::model::tiny::DEVICE_BYTES));
+    gated_sized(cfg, ftl::model::tiny::DEVICE_BYTES)
+}
+
+/// [`gated`] on a device of `bytes` (the tiny geometry, more segments).
+fn gated_sized(
+    cfg: Config,
+    bytes: u64,
+) -> (Arc<GateDevice<Arc<CrashDevice>>>, Arc<MemIndex>, GateFtl) {
+    let crash = Arc::new(CrashDevice::new(bytes));
     let dev = Arc::new(GateDevice::new(crash));
     let idx = Arc::new(MemIndex::new());
     ftl::format(&dev, &idx, &tiny(), false).unwrap();
@@ -749,11 +757,7 @@ fn a_checkpoint_cut_between_its_page_batches_recovers() {
         ..Config::default()
     };
     // 8 MiB: four map pages.
-    let crash = Arc::new(CrashDevice::new(8 << 20));
-    let dev = Arc::new(GateDevice::new(crash));
-    let idx = Arc::new(MemIndex::new());
-    ftl::format(&dev, &idx, &tiny(), false).unwrap();
-    let (f, _) = Ftl::open(dev.clone(), idx.clone(), cfg.clone()).unwrap();
+    let (dev, idx, f) = gated_sized(cfg.clone(), 8 << 20);
     let cap = f.capacity_blocks();
     assert!(cap > 3 * 512, "{cap} blocks: at least four map pages");
     let lbas: Vec<u64> = (0..cap).step_by(97).collect();

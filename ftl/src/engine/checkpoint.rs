@@ -309,10 +309,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         }
     }
 
-    /// True when enough has been appended since the last checkpoint, half the map cache
-    /// is dirty (map rule 3: only a checkpoint makes dirty pages evictable), or free
-    /// segments run low while a batch of dead ones waits for a checkpoint to be reusable
-    /// ([`dead_batch_due`]).
+    /// True when enough has been appended since the last checkpoint, the map cache wants
+    /// one (`L2p::wants_checkpoint`; map rule 3: only a checkpoint makes dirty pages
+    /// evictable), or free segments run low while a batch of dead ones waits for a
+    /// checkpoint to be reusable ([`dead_batch_due`]).
     pub fn checkpoint_due(&self) -> bool {
         let appended = self.ckpt.appended.load(Ordering::Relaxed);
         if appended >= self.cfg.checkpoint_blocks {

@@ -105,6 +105,15 @@ impl Key {
     /// (`records::PartialCheckpoint`).
     pub const PARTIAL: u8 = b'p';
 
+    /// Every kind of record the index holds.
+    pub const KINDS: [u8; 5] = [
+        Self::CHECKPOINT,
+        Self::SEGMENT,
+        Self::MAP_PAGE,
+        Self::FREE,
+        Self::PARTIAL,
+    ];
+
     pub fn partial() -> Vec<u8> {
         vec![Self::PARTIAL]
     }

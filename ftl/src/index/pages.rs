@@ -30,8 +30,9 @@ impl IndexPages {
         }
     }
 
-    /// Checks a decoded page stored under `page`'s key.
-    pub fn validate(&self, page: u64, p: &MapPage) -> Result<()> {
+    /// Decodes the value stored under `page`'s key and checks it.
+    pub fn decode(&self, page: u64, value: &[u8]) -> Result<MapPage> {
+        let p = MapPage::decode(value)?;
         if p.page != page || p.page >= self.pages {
             return Err(Error::Corrupt(format!("map page {} out of place", p.page)));
         }
@@ -45,7 +46,7 @@ impl IndexPages {
                 p.page
             )));
         }
-        Ok(())
+        Ok(p)
     }
 }
 
@@ -54,8 +55,6 @@ impl PageReader for IndexPages {
         let Some(v) = self.reader.get(&Key::map_page(page))? else {
             return Ok(None);
         };
-        let p = MapPage::decode(&v)?;
-        self.validate(page, &p)?;
-        Ok(Some(p.entries))
+        Ok(Some(self.decode(page, &v)?.entries))
     }
 }
