@@ -32,6 +32,7 @@ PREFIX = "cargo test --release -p ftl --lib a_death_between"
 PROCESS = "cargo test --release -p ftl --test process_crash"
 MODEL = "cargo test --release -p ftl --test crash_model"
 MAPLIB = "cargo test --release -p ftl --lib map::tests"
+REBUILD = "cargo test --release -p ftl --test rebuild"
 
 # (id, rule, file, [(old text, new text), ...], tests)
 MUTANTS = [
@@ -232,7 +233,7 @@ MUTANTS = [
      [PROCESS, KILL]),
     ("recovery-1", "recovery: rolled-forward chunks are synced BEFORE the open checkpoint",
      "ftl/src/recovery.rs",
-     [("""    if report.chunks_replayed > 0 {
+     [("""    if report.chunks_replayed > 0 || !stale.is_empty() {
         dev.sync().map_err(|e| Error::io("recovery sync", 0, e))?;
     }""",
        "")],
@@ -243,6 +244,34 @@ MUTANTS = [
         self.checkpoint()?;""",
        """    pub(crate) fn start_session(&self) -> Result<()> {""")],
      [MODEL, POWER, PROCESS]),
+    ("tombstone-1", "tombstone rule 1: a TRIM segment is freeable only once its records are carried",
+     "ftl/src/segments.rs",
+     [("""                    && (s.stream != TRIM_STREAM.0 || t.carried[*i])""", "")],
+     [REBUILD]),
+    ("tombstone-3", "tombstone rule 3: only records older than every other allocated segment are dropped",
+     "ftl/src/engine/tombstones.rs",
+     [("""                        if oldest.is_some_and(|o| seq > o) {""",
+       """                        if oldest.is_some_and(|o| seq > o + 1_000_000) {""")],
+     [REBUILD]),
+    ("checkpoint-5z", "checkpoint rule 5: a freed segment's first block is zeroed",
+     "ftl/src/engine/checkpoint.rs",
+     [("""            if let Err(e) = self.dev.write_at(head, &crate::device::AlignedBuf::new(BLOCK_SIZE)) {""",
+       """            if let Err(e) = Ok::<(), std::io::Error>(()) {""")],
+     [REBUILD]),
+    ("recovery-2", "recovery rule 2: chunks past the break are zeroed",
+     "ftl/src/recovery.rs",
+     [("""    for &(seg, off) in &stale {
+        let at""", """    for &(seg, off) in stale.iter().take(0) {
+        let at""")],
+     [REBUILD]),
+    ("rebuild-1", "rebuild rule 1: the checkpoint record is committed last",
+     "ftl/src/rebuild.rs",
+     [("""    index.clear()?;
+    let mut ops: Vec<Op> = Vec::with_capacity(batch);""",
+       """    index.clear()?;
+    index.commit(vec![Op::Put(Key::checkpoint(), header.encode())])?;
+    let mut ops: Vec<Op> = Vec::with_capacity(batch);""")],
+     [REBUILD]),
 ]
 
 

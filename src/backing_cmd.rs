@@ -76,16 +76,87 @@ pub struct CheckArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Rebuild a lost, damaged or foreign index from the log on the backing (every chunk
+    /// summary names its blocks' LBAs, sequence numbers and checksums), then check the
+    /// result. The old index, if any, is kept as INDEX.old-SECONDS. Counters and erase
+    /// counts start again from zero. Example:
+    /// `ftlblk check --backing /var/lib/ftl.img --rebuild-index`
+    #[arg(long)]
+    pub rebuild_index: bool,
+    /// With --rebuild-index: replace an index that still matches the backing.
+    #[arg(long, requires = "rebuild_index")]
+    pub force: bool,
+}
+
+/// `ftlblk check --rebuild-index`: rebuilds the index from the log with a progress bar
+/// (the check that follows verifies it).
+fn rebuild_index(a: &CheckArgs) -> Result<(), CliError> {
+    let dir = a.backing.index_dir();
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "rebuilding the index from the log: {bar:40} {pos}/{len} segments ({eta} left)",
+        )
+        .map_err(|e| CliError::BadArgs(format!("progress bar template: {e}")))?,
+    );
+    let mut progress = |done: u32, total: u32| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    };
+    let started = std::time::Instant::now();
+    let rebuilt =
+        ftl::backing::rebuild_backing_index(&a.backing.backing, &dir, a.force, &mut progress)?;
+    bar.finish_and_clear();
+    let r = &rebuilt.report;
+    // On stderr: stdout carries the check's report that follows (text or JSON).
+    {
+        eprintln!(
+            "rebuilt {} in {:.1} s: {} chunks in {} of {} segments, {} data and {} trim \
+             records ({} skipped: checksum or range), {} mapped blocks, epoch {}",
+            dir.display(),
+            started.elapsed().as_secs_f64(),
+            r.chunks,
+            r.segments_with_chunks,
+            r.segments - 1,
+            r.data_entries,
+            r.trim_entries,
+            r.entries_skipped,
+            r.mapped_blocks,
+            r.epoch
+        );
+        if let Some(old) = &rebuilt.old_index_moved_to {
+            eprintln!("the old index is kept as {}", old.display());
+        }
+    }
+    for w in &r.warnings {
+        eprintln!("warning: {w}");
+    }
+    let dev = ftl::backing::open_device(&a.backing.backing, None)?;
+    let (sb, _) = ftl::read_superblock_readonly(&dev)?;
+    let staged_file = ftl::backing::staging_file(&runfiles::run_dir(), &sb.uuid_string());
+    if staged_file.exists() {
+        eprintln!(
+            "note: {} holds what a server of this backing staged when it stopped uncleanly; \
+             it belongs to the session of the lost index and is not replayed (writes it \
+             holds that no FLUSH covered are lost)",
+            staged_file.display()
+        );
+    }
+    Ok(())
 }
 
 /// `ftlblk check`: runs the checker; fails with [`CliError::CheckFailed`] (exit status 1)
 /// when the backing is not clean.
 pub fn check(a: CheckArgs) -> Result<(), CliError> {
+    if a.rebuild_index {
+        rebuild_index(&a)?;
+    }
     let dev = ftl::backing::open_device(&a.backing.backing, None)?;
     let dir = a.backing.index_dir();
     if !dir.exists() {
         return Err(CliError::BadArgs(format!(
-            "index {} does not exist (give --index)",
+            "index {} does not exist (give --index; if the index of this backing is lost, \
+             rebuild it from the log with --rebuild-index)",
             dir.display()
         )));
     }

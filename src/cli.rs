@@ -30,7 +30,8 @@ pub enum Cmd {
     /// (metadata-only, in memory) and report write amplification.
     Replay(replay_cmd::ReplayArgs),
     /// Verify every invariant of a backing and its index offline (read-only); exits 1
-    /// when a problem is found.
+    /// when a problem is found. With --rebuild-index, first rebuild a lost or damaged
+    /// index from the log.
     Check(backing_cmd::CheckArgs),
     /// Serve a backing as /dev/ublkbN (formatting a new backing file first) and print the
     /// device as JSON; returns once the device is live while a daemon keeps serving it.

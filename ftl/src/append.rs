@@ -527,6 +527,48 @@ impl Appender {
         Ok(())
     }
 
+    /// Logs one TRIM record for the first run of still unmapped blocks in `count`
+    /// blocks from `lba` (at most [`STRIPES`]), under their stripe locks, changing no map
+    /// entry; the chunk notes `from` as a segment it killed (tombstone rule 2). Returns
+    /// the later runs, which a write since split from the first (each needs an entry of
+    /// its own).
+    pub fn relog_trim(
+        &self,
+        t: &Tables,
+        st: &mut StreamLog,
+        lba: u64,
+        count: u32,
+        from: u32,
+    ) -> Result<Vec<(u64, u64)>> {
+        let Some(chunk) = st.chunk.as_mut() else {
+            return Err(Error::Corrupt("trim without an open chunk".into()));
+        };
+        let mut idx: Vec<usize> = (lba..lba + count as u64)
+            .map(|l| l as usize % STRIPES)
+            .collect();
+        idx.sort_unstable();
+        let _guards: Vec<_> = idx.iter().map(|&i| lock(&self.stripes[i])).collect();
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for l in lba..lba + count as u64 {
+            if t.map.get(l)?.is_mapped() {
+                continue;
+            }
+            match runs.last_mut() {
+                Some((start, n)) if *start + *n == l => *n += 1,
+                _ => runs.push((l, 1)),
+            }
+        }
+        if runs.is_empty() {
+            return Ok(runs);
+        }
+        let (start, n) = runs.remove(0);
+        // Rule 1, as for any TRIM: numbered and recorded under the stripe locks.
+        let seq = self.entry_seq.fetch_add(1, Ordering::SeqCst);
+        chunk.push_trim(start, seq, n as u32);
+        chunk.note_killed(from);
+        Ok(runs)
+    }
+
     /// Copies `pba` into `out` when a stream still buffers it (its chunk is not yet on
     /// the device); false when the device has it.
     pub fn copy_buffered(&self, t: &Tables, pba: u64, out: &mut [u8]) -> bool {

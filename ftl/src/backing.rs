@@ -189,3 +189,84 @@ pub fn open_backing_staged(
     };
     Ftl::open_staged(dev, index, cfg, staging)
 }
+
+/// What [`rebuild_backing_index`] did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RebuiltIndex {
+    pub report: crate::rebuild::RebuildReport,
+    /// Where the index that was replaced now is (`None`: there was none).
+    pub old_index_moved_to: Option<PathBuf>,
+}
+
+/// Rebuilds the index of the backing at `path` from its log (`rebuild.rs`) into
+/// `index_dir`. An index there that matches the backing is replaced only with `force`.
+/// The new index is built beside it (`<index_dir>.rebuild`), then the old one is moved
+/// to `<index_dir>.old-<unix seconds>` and the new one into place, and the parent
+/// directory is synced: an interrupted rebuild never leaves a half-built index where
+/// the old one was.
+pub fn rebuild_backing_index(
+    path: &Path,
+    index_dir: &Path,
+    force: bool,
+    progress: &mut dyn crate::rebuild::RebuildProgress,
+) -> Result<RebuiltIndex> {
+    let dev = open_device(path, None)?;
+    let (sb, _) = crate::lifecycle::read_superblock_readonly(&dev)?;
+    let exists = index_dir.exists();
+    if exists && !force {
+        let usable = SledIndex::open(index_dir)
+            .and_then(|idx| crate::recovery::load_index(&idx, &sb, "index").map(|_| ()));
+        if usable.is_ok() {
+            return Err(Error::InvalidParameters(format!(
+                "index {} matches the backing and loads: give --force to replace it with one \
+                 rebuilt from the log (counters and erase counts start again from zero)",
+                index_dir.display()
+            )));
+        }
+    }
+    let name = index_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "index".into());
+    let sibling = |suffix: String| index_dir.with_file_name(format!("{name}{suffix}"));
+    let tmp = sibling(".rebuild".into());
+    let io_err = |p: &Path| {
+        let p = p.to_path_buf();
+        move |e: io::Error| Error::Open { path: p, source: e }
+    };
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(io_err(&tmp))?;
+    }
+    let report = {
+        let idx = open_index(&tmp)?;
+        crate::rebuild::rebuild(
+            &dev,
+            &idx,
+            Config::default().checkpoint_page_batch,
+            progress,
+        )?
+    };
+    let mut moved = None;
+    if exists {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let old = sibling(format!(".old-{secs}"));
+        std::fs::rename(index_dir, &old).map_err(io_err(index_dir))?;
+        moved = Some(old);
+    }
+    std::fs::rename(&tmp, index_dir).map_err(io_err(&tmp))?;
+    // The renames are durable before the rebuild reports success.
+    let parent = match index_dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::File::open(&parent)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(&parent))?;
+    Ok(RebuiltIndex {
+        report,
+        old_index_moved_to: moved,
+    })
+}

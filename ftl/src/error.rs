@@ -71,7 +71,11 @@ pub enum Error {
     #[error("index error: {0}")]
     Index(String),
     /// The index does not belong to this backing.
-    #[error("index {path} does not match the backing: {why}")]
+    #[error(
+        "index {path} does not match the backing: {why}. If the index of this backing is \
+         lost or damaged, rebuild it from the log: `ftlblk check --backing BACKING \
+         --index {path} --rebuild-index`"
+    )]
     IndexMismatch { path: String, why: String },
     /// No free segment to write into.
     #[error("device full: no free segment left to write into")]

@@ -455,6 +455,40 @@ pub fn checker<D: BlockDevice, I: IndexStore>(dev: D, idx: I) -> Result<(), Stri
     }
 }
 
+/// Rebuilds the index of a copy of `dev` as it is now from its log alone
+/// (`rebuild.rs`), checks the copy with it and opens it: every LBA must read what it
+/// reads through `f`, the FTL open on `dev` (idle).
+pub fn rebuild_agrees<I: IndexStore>(
+    dev: &Arc<crate::device::crash::CrashDevice>,
+    f: &Ftl<Arc<crate::device::crash::CrashDevice>, I>,
+) -> Result<(), String> {
+    let image = dev
+        .current_image()
+        .map_err(|e| format!("rebuild: image: {e}"))?;
+    let copy = Arc::new(crate::device::crash::CrashDevice::from_image(image));
+    let idx = Arc::new(MemIndex::new());
+    let report =
+        crate::rebuild(&copy, &idx, 64, &mut |_, _| {}).map_err(|e| format!("rebuild: {e}"))?;
+    checker(&copy, &idx).map_err(|e| format!("after rebuild ({report:?}): {e}"))?;
+    let (g, _) = Ftl::open(copy.clone(), idx.clone(), Config::default())
+        .map_err(|e| format!("open after rebuild: {e}"))?;
+    let (mut a, mut b) = (vec![0u8; BLOCK_SIZE], vec![0u8; BLOCK_SIZE]);
+    for lba in 0..f.capacity_blocks() {
+        f.read(lba, &mut a)
+            .map_err(|e| format!("read {lba}: {e}"))?;
+        g.read(lba, &mut b)
+            .map_err(|e| format!("read {lba} after rebuild: {e}"))?;
+        if a != b {
+            return Err(format!(
+                "lba {lba} reads {:?} but {:?} after the index rebuild ({report:?})",
+                observe(lba, &a),
+                observe(lba, &b)
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub mod tiny {
     //! The tiny geometry of the property tests and fuzz targets: 32 segments of 64 KiB, 16
     //! KiB flash pages, on the crash-simulating device with the in-memory index. Chunks,
@@ -876,6 +910,8 @@ pub mod ops {
             checker(&self.dev, &self.idx).map_err(|e| format!("final: {e}"))?;
             let nf = tiny::open(&self.dev, &self.idx).map_err(|e| format!("final reopen: {e}"))?;
             check_after_crash(&nf, &mut self.model).map_err(|e| format!("final: {e}"))?;
+            // The log alone gives the same device back.
+            super::rebuild_agrees(&self.dev, &nf)?;
             Ok(self.outcome)
         }
     }

@@ -54,6 +54,8 @@ pub struct RecoveryReport {
     pub entries_applied: u64,
     /// Data entries whose block did not match its checksum (unsynced, lost in a crash).
     pub entries_skipped: u64,
+    /// Chunks past the break, or stale in free segments, whose first block was zeroed.
+    pub stale_chunks_zeroed: u64,
     pub mapped_blocks: u64,
     /// What the staging area of a dead process gave back before the roll-forward.
     pub staged: crate::staging::StagedReport,
@@ -265,11 +267,17 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
     let bps = geo.blocks_per_segment();
     // Heads of segments free at the checkpoint, by chain number.
     let mut heads: HashMap<u64, (u32, ChunkSummary)> = HashMap::new();
+    // Free segments whose first block is a chunk of this format: any of them the
+    // roll-forward does not take is stale (rule below).
+    let mut stale_heads = Vec::new();
     for seg in 1..geo.segment_count {
         if segs.state(seg) == Some(SegState::Free) {
             if let Some(s) = read_summary(seg, 0)? {
-                if s.epoch == ck.epoch && s.in_place(seg, 0, format_id, bps) {
-                    heads.insert(s.chunk_seq, (seg, s));
+                if s.in_place(seg, 0, format_id, bps) {
+                    stale_heads.push(seg);
+                    if s.epoch == ck.epoch {
+                        heads.insert(s.chunk_seq, (seg, s));
+                    }
                 }
             }
         }
@@ -302,7 +310,7 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         if found.is_none() {
             if let Some((seg, s)) = heads.remove(&expected) {
                 let sid = s.stream as usize;
-                if sid < STREAMS && segs.take_for_recovery(seg, s.stream, 0) {
+                if sid < STREAMS && segs.take_for_recovery(seg, s.stream, ck.next_entry_seq) {
                     if let Some((old, _)) = cursors[sid] {
                         segs.close(old);
                     }
@@ -358,10 +366,36 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
             )));
         }
     }
-    // Recovery rule: the replayed chunks are made durable BEFORE the open checkpoint
+    // Recovery rule 2: chunks past the break (at a stream's cursor, or at the head of a
+    // segment still free) are not part of the log, and neither are chunks of an earlier
+    // use of a free segment whose zeroing a crash lost (checkpoint rule 5): their first
+    // blocks are zeroed, so no later walk of the log (relocation, the checker, an index
+    // rebuild) takes them for part of it. The next session's chunks may carry the same
+    // chain and entry numbers. Test: `tests/rebuild.rs`,
+    // `chunks_past_a_crash_break_are_zeroed_by_recovery`.
+    let zero = crate::device::AlignedBuf::new(BLOCK_SIZE);
+    let mut stale: Vec<(u32, u32)> = stale_heads
+        .into_iter()
+        .filter(|&seg| segs.state(seg) == Some(SegState::Free))
+        .map(|seg| (seg, 0))
+        .collect();
+    for &(seg, off) in cursors.iter().flatten() {
+        if geo.chunk_fits_at(off)
+            && read_summary(seg, off)?.is_some_and(|s| s.in_place(seg, off, format_id, bps))
+        {
+            stale.push((seg, off));
+        }
+    }
+    for &(seg, off) in &stale {
+        let at = (geo.segment_start(seg) + off as u64) * BLOCK_SIZE as u64;
+        dev.write_at(at, &zero)
+            .map_err(|e| Error::io("recovery write", at, e))?;
+    }
+    report.stale_chunks_zeroed = stale.len() as u64;
+    // Recovery rule 1: the replayed chunks are made durable BEFORE the open checkpoint
     // names their blocks. After the death of a process (not a power cut) they can be
     // written but unsynced, readable from the backing's cache yet lost by a later cut.
-    if report.chunks_replayed > 0 {
+    if report.chunks_replayed > 0 || !stale.is_empty() {
         dev.sync().map_err(|e| Error::io("recovery sync", 0, e))?;
     }
     collected.sort_by_key(|(e, _)| e.seq());

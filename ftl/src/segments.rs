@@ -16,6 +16,7 @@
 //! checker.
 
 use crate::records::{SegState, SegmentRecord};
+use crate::stream::TRIM_STREAM;
 use crate::sync::{AtomicU32, AtomicU8, Mutex, MutexGuard};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -33,6 +34,9 @@ pub struct SegInfo {
 pub struct SegTableInner {
     pub info: Vec<SegInfo>,
     pub free: VecDeque<u32>,
+    /// Segments of the TRIM stream whose records were carried forward
+    /// (`engine/tombstones.rs`); cleared when the segment is freed.
+    pub carried: Vec<bool>,
 }
 
 /// The segment table. Its counters change only through the methods below, each named
@@ -76,7 +80,11 @@ impl Segments {
             .collect();
         let n = info.len();
         Segments {
-            inner: Mutex::new(SegTableInner { info, free }),
+            inner: Mutex::new(SegTableInner {
+                carried: vec![false; info.len()],
+                info,
+                free,
+            }),
             valid: records.iter().map(|r| AtomicU32::new(r.valid)).collect(),
             unwritten: (0..n).map(|_| AtomicU32::new(0)).collect(),
             owner: records.iter().map(|r| AtomicU8::new(r.stream)).collect(),
@@ -185,6 +193,7 @@ impl Segments {
                 i.state = SegState::Free;
                 i.erase_count += 1;
                 t.free.push_back(s);
+                t.carried[s as usize] = false;
             }
         }
     }
@@ -208,10 +217,50 @@ impl Segments {
             .iter()
             .enumerate()
             .filter(|(i, s)| {
-                *i != 0 && s.state == SegState::Closed && self.valid[*i].load(Ordering::SeqCst) == 0
+                *i != 0
+                    && s.state == SegState::Closed
+                    && self.valid[*i].load(Ordering::SeqCst) == 0
+                    // Tombstone rule 1: a TRIM segment once its records are carried.
+                    && (s.stream != TRIM_STREAM.0 || t.carried[*i])
             })
             .map(|(i, _)| i as u32)
             .collect()
+    }
+
+    /// Closed segments of the TRIM stream whose records are not carried yet.
+    pub fn uncarried_trim_segments(&self) -> Vec<u32> {
+        let t = self.lock();
+        (1..t.info.len())
+            .filter(|&i| {
+                let s = &t.info[i];
+                s.state == SegState::Closed && s.stream == TRIM_STREAM.0 && !t.carried[i]
+            })
+            .map(|i| i as u32)
+            .collect()
+    }
+
+    /// Marks a TRIM segment carried (tombstone rule 1).
+    pub fn set_carried(&self, seg: u32) {
+        let mut t = self.lock();
+        if let Some(c) = t.carried.get_mut(seg as usize) {
+            *c = true;
+        }
+    }
+
+    /// The smallest `opened_seq` of the allocated segments other than `except` (sorted):
+    /// no block numbered below it is in the log outside free segments and `except`
+    /// (`None`: no such segment).
+    pub fn oldest_opened(&self, except: &[u32]) -> Option<u64> {
+        let t = self.lock();
+        t.info
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter(|(i, s)| {
+                s.state != SegState::Free && except.binary_search(&(*i as u32)).is_err()
+            })
+            .map(|(_, s)| s.opened_seq)
+            .min()
     }
 
     /// Records for a checkpoint; `dead` segments are recorded as free.

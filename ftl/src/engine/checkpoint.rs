@@ -30,7 +30,13 @@
 //! 5. a dead segment's discard has completed (or failed) BEFORE the segment returns to
 //!    the free list and waiting writers are woken: a discard still in flight would zero
 //!    the chunks a writer puts there (acknowledged data, and the chain recovery follows).
-//!    Test: `tests/orderings.rs`, `a_freed_segment_is_not_allocatable_until_...`;
+//!    Test: `tests/orderings.rs`, `a_freed_segment_is_not_allocatable_until_...`.
+//!    Its first block is zeroed too, after the discard (which may not zero, or fail):
+//!    the log walker then sees nothing of the segment's old use, which an index
+//!    rebuild (`rebuild.rs`) relies on once the TRIM records that hid its blocks are
+//!    gone (`engine/tombstones.rs`, rule 3). A failed zeroing leaves the segment dead
+//!    and poisons the FTL (the backing fails writes). Test: `tests/rebuild.rs`,
+//!    `a_freed_segment_shows_nothing_to_the_walker`;
 //! 6. the free records committed since the last checkpoint are removed in the SAME batch
 //!    as the segment table that supersedes them (never before: recovery from the older
 //!    checkpoint needs them; never after: a stale record would free a segment the newer
@@ -174,6 +180,8 @@ pub struct CheckpointReport {
 impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Writes a checkpoint now.
     pub fn checkpoint(&self) -> Result<CheckpointReport> {
+        // Tombstone rule 1: carried segments of the TRIM stream are freeable.
+        self.carry_tombstones()?;
         let ck = &self.ckpt;
         let _one = ck.lock();
         self.check_poison()?;
@@ -304,6 +312,13 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                     LiveCounters::add(&self.t.counters.discarded_bytes, bytes);
                 }
             }
+            let head = geo.segment_start(s) * BLOCK_SIZE as u64;
+            if let Err(e) = self.dev.write_at(head, &crate::device::AlignedBuf::new(BLOCK_SIZE)) {
+                self.set_poison(format!(
+                    "zeroing the first block of freed segment {s} failed: {e}"
+                ));
+                continue;
+            }
             self.t.segs.release(&[s]);
             self.space.notify();
         }
@@ -332,7 +347,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
 }
 
 /// The index operation that stores a map page (or removes an all-unmapped one).
-fn page_op((page, entries): (u64, Vec<u64>)) -> Op {
+pub(crate) fn page_op((page, entries): (u64, Vec<u64>)) -> Op {
     if entries.iter().all(|&e| e == u64::MAX) {
         Op::Remove(Key::map_page(page))
     } else {

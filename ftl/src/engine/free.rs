@@ -61,6 +61,8 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
     /// checkpoint: seals the open chunks that killed their blocks, syncs the log, commits
     /// a free record per segment, discards and releases them (rules 1 to 5).
     pub fn free_dead(&self) -> Result<FreeReport> {
+        // Tombstone rule 1, as for a checkpoint.
+        self.carry_tombstones()?;
         let ck = &self.ckpt;
         let _one = ck.lock();
         self.check_poison()?;

@@ -58,6 +58,7 @@ mod flush;
 pub(crate) mod free;
 mod read;
 pub(crate) mod reloc;
+mod tombstones;
 pub(crate) mod stats;
 
 /// How often a block that keeps moving under a read is located again before the read
@@ -85,6 +86,8 @@ pub struct Ftl<D: BlockDevice, I: IndexStore> {
     flush_group: GroupCommit,
     /// Relocations sent to GC_STREAM because their stream needed the last free segment.
     diverted: AtomicU64,
+    /// A carry of TRIM records runs (`engine/tombstones.rs`).
+    carrying: crate::sync::AtomicBool,
 }
 
 /// Where a block a caller wants to read lives.
@@ -150,6 +153,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             sync: GroupCommit::new(p.next_chunk_seq),
             flush_group: GroupCommit::new(p.next_entry_seq),
             diverted: AtomicU64::new(0),
+            carrying: crate::sync::AtomicBool::new(false),
             cfg,
         }
     }

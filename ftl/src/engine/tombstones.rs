@@ -1,0 +1,132 @@
+//! Tombstones: the TRIM records a segment of the TRIM stream holds are carried into a
+//! newer chunk before that segment is freed, as long as they may still hide an older
+//! block somewhere in the log.
+//!
+//! The map and the checkpoint do not need a TRIM record once it is checkpointed, but
+//! the log alone must still describe the device for `ftlblk check --rebuild-index`
+//! (`rebuild.rs`): a TRIM (and a WRITE_ZEROES, which unmaps) reads zeroes afterwards,
+//! and a rebuild that had lost the record would hand back the older block it hid. A
+//! record of entry number `t` can hide a block only in a segment opened before `t`
+//! (every entry of a segment is numbered at or after its `opened_seq`), and freed
+//! segments are invisible to the walker (their first block is zeroed when freed), so a
+//! record is carried while some other allocated segment was opened before it; the rest
+//! go with their segment. (The TRIM stream is a stream like any other: a caller may
+//! write data into it too, and its segments are counted like the others.)
+//!
+//! Carrying re-logs, for each such record, the blocks of its range that are still
+//! unmapped, as new TRIM records numbered now (under the blocks' stripe locks, like any
+//! TRIM, so a write racing with it is numbered either before the record, and then was
+//! not unmapped, or after it, and wins). A block written since is left out.
+//!
+//! Rules (each tested in `tests/rebuild.rs`):
+//! 1. a segment of the TRIM stream is freeable only once it is carried
+//!    (`Segments::dead_closed` leaves the others out): its records are in the log until
+//!    their successors are;
+//! 2. the open chunk that holds carried records notes the carried segment as one it
+//!    "killed", so a free record seals it (free rule 2) and a checkpoint seals every
+//!    chunk (checkpoint rule 1): the carried records are durable BEFORE the segment they
+//!    came from is freed;
+//! 3. freed segments are invisible: checkpoint rule 5 zeroes a freed segment's first
+//!    block, so records older than every allocated segment may be dropped.
+//!
+//! After a restart no segment counts as carried: the closed TRIM segments are carried
+//! again (records of blocks still unmapped are logged twice; nothing else changes).
+//!
+//! Owns nothing (the carried flag lives in the segment table). Called by
+//! [`Ftl::checkpoint`] and [`Ftl::free_dead`] before they look for dead segments.
+
+use super::Ftl;
+use crate::chunks::SegmentChunks;
+use crate::device::BlockDevice;
+use crate::error::{Error, Result};
+use crate::index::IndexStore;
+use crate::stream::TRIM_STREAM;
+use crate::summary::Entry;
+use std::sync::atomic::Ordering;
+
+impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
+    /// Carries the records of every closed, not yet carried segment of the TRIM stream
+    /// (see the module docs). Returns the segments carried. A carry already running on
+    /// another thread (or below this one: a carry out of space runs a checkpoint) is left
+    /// to finish; a device with no segment left for the TRIM stream carries later.
+    pub fn carry_tombstones(&self) -> Result<usize> {
+        // Not before the session's first checkpoint (open rule 3: no chunk of the
+        // session before it).
+        if self.ckpt.count() == 0 {
+            return Ok(0);
+        }
+        let todo = self.t.segs.uncarried_trim_segments();
+        if todo.is_empty()
+            || self
+                .carrying
+                .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+        {
+            return Ok(0);
+        }
+        let r = self.carry(&todo);
+        self.carrying.store(false, Ordering::SeqCst);
+        match r {
+            Ok(n) => Ok(n),
+            // Carried later, when a segment is free again.
+            Err(Error::NoSpace) => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn carry(&self, todo: &[u32]) -> Result<usize> {
+        // Every chunk of a closed segment was sealed; wait until they are on the device
+        // (the walker reads the device).
+        let below = (self.epoch, self.log.tracker().next_seq());
+        self.log.tracker().wait_below(below.1);
+        self.check_poison()?;
+        let oldest = self.t.segs.oldest_opened(todo);
+        for &seg in todo {
+            let mut ranges = Vec::new();
+            let walk = SegmentChunks::new(&self.dev, self.t.geo, seg, self.format_id(), below);
+            for chunk in walk {
+                let (_, s) = chunk?;
+                for e in &s.entries {
+                    if let Entry::Trim { lba, seq, count } = *e {
+                        // Rule 3: no allocated segment can hold a block older than it.
+                        if oldest.is_some_and(|o| seq > o) {
+                            ranges.push((lba, count as u64));
+                        }
+                    }
+                }
+            }
+            self.relog_unmapped(seg, ranges)?;
+            self.t.segs.set_carried(seg);
+        }
+        Ok(todo.len())
+    }
+
+    /// Logs a TRIM record for each run of still unmapped blocks of `ranges` (rule 2:
+    /// the chunk notes `from`).
+    fn relog_unmapped(&self, from: u32, ranges: Vec<(u64, u64)>) -> Result<()> {
+        let stripes = crate::append::STRIPES as u64;
+        let end_of = |lba: u64, n: u64| lba.saturating_add(n).min(self.t.geo.exported_blocks);
+        let mut pieces: Vec<(u64, u64)> = Vec::new();
+        for (lba, count) in ranges {
+            let end = end_of(lba, count);
+            let mut l = lba;
+            while l < end {
+                let n = (end - l).min(stripes);
+                pieces.push((l, n));
+                l += n;
+            }
+        }
+        while !pieces.is_empty() {
+            let mut rest = Vec::new();
+            let todo = std::mem::take(&mut pieces);
+            self.append_loop(TRIM_STREAM, todo.len() as u64, false, true, None, |st, i| {
+                let (lba, n) = todo[i as usize];
+                let left = self.log.relog_trim(&self.t, st, lba, n as u32, from)?;
+                rest.extend(left);
+                Ok(())
+            })?;
+            pieces = rest;
+        }
+        Ok(())
+    }
+}

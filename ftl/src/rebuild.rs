@@ -1,0 +1,327 @@
+//! Index rebuild from the log: the map and segment table recovered from the chunk
+//! summaries alone, for a backing whose index is lost, corrupt or of another format
+//! (`ftlblk check --rebuild-index`).
+//!
+//! Every chunk summary names its blocks' LBAs, entry sequence numbers and checksums, and
+//! carries the TRIM records, so the log describes the whole device: the rebuild walks
+//! every segment with the walker recovery and relocation use (`chunks.rs`: this format,
+//! in place, each chunk newer than the one before it), keeps the data entries whose
+//! block matches its crc32c (a block whose write never completed does not), and applies
+//! all entries in (epoch, entry sequence) order, data and TRIM alike: the newest record
+//! of each LBA wins, and a relocated copy is just a newer record of the same data.
+//!
+//! What makes that the state the device had (docs/scale.md, "Index rebuild"):
+//! - **freed segments are invisible**: a segment's first block is zeroed when it is
+//!   freed (checkpoint rule 5), so the walker finds nothing of its old use;
+//! - **tombstones outlive the data they hide**: a TRIM segment is freed only after the
+//!   records of it that may still hide an older block are carried into a newer chunk
+//!   (`engine/tombstones.rs`);
+//! - **no chunk of a crashed session's tail**: recovery zeroes the chunks it found past
+//!   the break (recovery rule), and the rebuild also drops, per epoch, the chunks
+//!   numbered at or past the first chain number of any later epoch (the next session
+//!   continued the chain from the break).
+//!
+//! The rebuilt index is a checkpoint of a new epoch (above every epoch on the backing)
+//! with every segment that holds a chunk closed and every stream cursor empty: the next
+//! open replays nothing and writes into fresh segments. Counters (user bytes, WAF) and
+//! erase counts start again from zero.
+//!
+//! Crash-ordering rule of a rebuild:
+//! 1. the map pages and segment records are committed BEFORE the checkpoint record, in
+//!    batches, into an index cleared first: a rebuild cut short leaves an index without
+//!    a checkpoint, which every open refuses (pointing at the rebuild again). Test:
+//!    `tests/rebuild.rs`, `a_rebuild_cut_short_leaves_no_checkpoint`.
+//!
+//! RAM: the map (8 bytes per exported block) and one record per log entry (32 bytes)
+//! while it runs. Owns nothing after it returns. Called by `ftlblk check` and tests.
+
+use crate::chunks::SegmentChunks;
+use crate::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
+use crate::error::{Error, Result};
+use crate::index::{IndexStore, Key, Op};
+use crate::map::MapEntry;
+use crate::records::{CheckpointRecord, Counters, MapPage, SegState, SegmentRecord, PAGE_ENTRIES};
+use crate::stream::STREAMS;
+use crate::summary::Entry;
+use crate::superblock::Superblock;
+use std::collections::BTreeMap;
+
+/// What a rebuild found and wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RebuildReport {
+    pub segments: u32,
+    /// Segments that hold at least one chunk of the log.
+    pub segments_with_chunks: u32,
+    pub chunks: u64,
+    pub data_entries: u64,
+    pub trim_entries: u64,
+    /// Data entries whose block does not match its checksum (a write that never
+    /// completed), or that name an LBA past the end.
+    pub entries_skipped: u64,
+    /// Chunks of a crashed session numbered past its break (never part of the log).
+    pub chunks_past_break: u64,
+    pub mapped_blocks: u64,
+    /// The rebuilt checkpoint's epoch, next chain number and next entry number.
+    pub epoch: u64,
+    pub next_chunk_seq: u64,
+    pub next_entry_seq: u64,
+    /// Problems found on the way that did not stop it (a damaged superblock copy).
+    pub warnings: Vec<String>,
+}
+
+/// Progress of a rebuild, for a progress bar: segments scanned of the total.
+pub trait RebuildProgress {
+    fn scanned(&mut self, done: u32, total: u32);
+}
+
+impl<F: FnMut(u32, u32)> RebuildProgress for F {
+    fn scanned(&mut self, done: u32, total: u32) {
+        self(done, total)
+    }
+}
+
+/// One log record, as the rebuild orders it.
+#[derive(Debug, Clone, Copy)]
+struct Rec {
+    epoch: u64,
+    seq: u64,
+    lba: u64,
+    /// Data: the physical block and its crc; trim: `u32::MAX` and the block count.
+    pba: u32,
+    crc_or_count: u32,
+}
+
+const TRIM_PBA: u32 = u32::MAX;
+
+/// A chunk found by the scan: its position and where its records start in the list.
+struct Found {
+    epoch: u64,
+    chain: u64,
+    seg: u32,
+    stream: u8,
+    records: std::ops::Range<usize>,
+}
+
+/// Rebuilds `index` from the log on `dev` (see the module docs). `index` is cleared
+/// first. The superblock must be valid (the rebuild never reformats).
+pub fn rebuild<D: BlockDevice, I: IndexStore>(
+    dev: &D,
+    index: &I,
+    batch: usize,
+    progress: &mut dyn RebuildProgress,
+) -> Result<RebuildReport> {
+    let (sb, warnings) = crate::lifecycle::read_superblock_readonly(dev)?;
+    let geo = sb.geometry;
+    let format_id = sb.format_id();
+    let mut report = RebuildReport {
+        segments: geo.segment_count,
+        warnings,
+        ..Default::default()
+    };
+    let bps = geo.blocks_per_segment() as usize;
+    let mut window = AlignedBuf::new(bps * BLOCK_SIZE);
+    let mut found: Vec<Found> = Vec::new();
+    let mut recs: Vec<Rec> = Vec::new();
+    for seg in 1..geo.segment_count {
+        progress.scanned(seg - 1, geo.segment_count - 1);
+        let at = geo.segment_start(seg) * BLOCK_SIZE as u64;
+        dev.read_at(at, &mut window)
+            .map_err(|e| Error::io("rebuild read", at, e))?;
+        // Every chunk the walker accepts, whatever its epoch.
+        let walk =
+            SegmentChunks::new(dev, geo, seg, format_id, (u64::MAX, u64::MAX)).preloaded(&window);
+        let mut any = false;
+        for c in walk {
+            let (off, s) = c?;
+            any = true;
+            let first = recs.len();
+            let mut k = 0usize;
+            for e in &s.entries {
+                match *e {
+                    Entry::Data { lba, seq, crc } => {
+                        let blk = off as usize + 1 + k;
+                        k += 1;
+                        let data = &window[blk * BLOCK_SIZE..(blk + 1) * BLOCK_SIZE];
+                        if lba >= geo.exported_blocks || crc32c::crc32c(data) != crc {
+                            report.entries_skipped += 1;
+                            continue;
+                        }
+                        report.data_entries += 1;
+                        recs.push(Rec {
+                            epoch: s.epoch,
+                            seq,
+                            lba,
+                            pba: (geo.segment_start(seg) + blk as u64) as u32,
+                            crc_or_count: crc,
+                        });
+                    }
+                    Entry::Trim { lba, seq, count } => {
+                        report.trim_entries += 1;
+                        recs.push(Rec {
+                            epoch: s.epoch,
+                            seq,
+                            lba,
+                            pba: TRIM_PBA,
+                            crc_or_count: count,
+                        });
+                    }
+                }
+            }
+            report.chunks += 1;
+            found.push(Found {
+                epoch: s.epoch,
+                chain: s.chunk_seq,
+                seg,
+                stream: s.stream,
+                records: first..recs.len(),
+            });
+        }
+        report.segments_with_chunks += any as u32;
+    }
+    progress.scanned(geo.segment_count - 1, geo.segment_count - 1);
+
+    // Breaks: the session after a crash continued the chain from the break, so every
+    // chunk of epoch E numbered at or past the first number of a later epoch lies past
+    // E's break.
+    let mut first_of: BTreeMap<u64, u64> = BTreeMap::new();
+    for f in &found {
+        let e = first_of.entry(f.epoch).or_insert(f.chain);
+        *e = (*e).min(f.chain);
+    }
+    let mut later_min: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut running = u64::MAX;
+    for (&epoch, &first) in first_of.iter().rev() {
+        later_min.insert(epoch, running);
+        running = running.min(first);
+    }
+    let mut keep = vec![true; recs.len()];
+    let mut seg_state: Vec<Option<u8>> = vec![None; geo.segment_count as usize];
+    let mut opened: Vec<u64> = vec![u64::MAX; geo.segment_count as usize];
+    let (mut max_epoch, mut max_chain, mut max_seq) = (0u64, 0u64, 0u64);
+    for f in &found {
+        max_epoch = max_epoch.max(f.epoch);
+        max_chain = max_chain.max(f.chain);
+        if later_min.get(&f.epoch).is_some_and(|&m| f.chain >= m) {
+            report.chunks_past_break += 1;
+            keep[f.records.clone()].iter_mut().for_each(|k| *k = false);
+        }
+        seg_state[f.seg as usize] = Some(f.stream);
+        for r in &recs[f.records.clone()] {
+            max_seq = max_seq.max(r.seq);
+            opened[f.seg as usize] = opened[f.seg as usize].min(r.seq);
+        }
+    }
+    let mut recs: Vec<Rec> = recs
+        .into_iter()
+        .zip(keep)
+        .filter_map(|(r, k)| k.then_some(r))
+        .collect();
+    recs.sort_by_key(|r| (r.epoch, r.seq));
+
+    // The map: every record in order; the newest of each LBA wins.
+    let mut map = vec![MapEntry::UNMAPPED; geo.exported_blocks as usize];
+    for r in &recs {
+        if r.pba == TRIM_PBA {
+            let end = r
+                .lba
+                .saturating_add(r.crc_or_count as u64)
+                .min(geo.exported_blocks);
+            for e in map.iter_mut().take(end as usize).skip(r.lba as usize) {
+                *e = MapEntry::UNMAPPED;
+            }
+        } else {
+            map[r.lba as usize] = MapEntry::new(r.pba, r.crc_or_count);
+        }
+    }
+    drop(recs);
+    let mut valid = vec![0u32; geo.segment_count as usize];
+    for pba in map.iter().filter_map(|e| e.pba()) {
+        let seg = geo.segment_of(pba as u64) as usize;
+        if let Some(v) = valid.get_mut(seg) {
+            *v += 1;
+        }
+    }
+    report.mapped_blocks = valid.iter().map(|&v| v as u64).sum();
+    report.epoch = max_epoch + 1;
+    report.next_chunk_seq = max_chain + 1;
+    report.next_entry_seq = max_seq + 1;
+
+    let records: Vec<SegmentRecord> = (0..geo.segment_count)
+        .map(|s| {
+            let i = s as usize;
+            let (state, stream) = match (s, seg_state[i]) {
+                (0, _) => (SegState::Closed, 0),
+                (_, Some(stream)) if (stream as usize) < STREAMS => (SegState::Closed, stream),
+                _ => (SegState::Free, 0),
+            };
+            SegmentRecord {
+                segment: s,
+                state,
+                stream,
+                erase_count: 0,
+                opened_seq: if opened[i] == u64::MAX { 0 } else { opened[i] },
+                valid: if state == SegState::Closed {
+                    valid[i]
+                } else {
+                    0
+                },
+            }
+        })
+        .collect();
+    if let Some(s) = (1..geo.segment_count as usize)
+        .find(|&s| records[s].state == SegState::Free && valid[s] > 0)
+    {
+        return Err(Error::Corrupt(format!(
+            "segment {s} holds live blocks but no chunk of the log"
+        )));
+    }
+    let header = CheckpointRecord {
+        uuid: sb.uuid,
+        epoch: report.epoch,
+        next_chunk_seq: report.next_chunk_seq,
+        next_entry_seq: report.next_entry_seq,
+        exported_blocks: geo.exported_blocks,
+        segment_count: geo.segment_count,
+        counters: Counters::default(),
+        cursors: vec![None; STREAMS],
+    };
+    write_index(index, &sb, &map, &records, &header, batch.max(1))?;
+    Ok(report)
+}
+
+/// Rule 1: cleared, then pages and segment records in batches, the checkpoint last.
+fn write_index<I: IndexStore>(
+    index: &I,
+    sb: &Superblock,
+    map: &[MapEntry],
+    records: &[SegmentRecord],
+    header: &CheckpointRecord,
+    batch: usize,
+) -> Result<()> {
+    let _ = sb;
+    index.clear()?;
+    let mut ops: Vec<Op> = Vec::with_capacity(batch);
+    for (page, entries) in map.chunks(PAGE_ENTRIES).enumerate() {
+        if entries.iter().all(|e| !e.is_mapped()) {
+            continue;
+        }
+        let mut entries: Vec<u64> = entries.iter().map(|e| e.0).collect();
+        entries.resize(PAGE_ENTRIES, MapEntry::UNMAPPED.0);
+        let page = page as u64;
+        ops.push(Op::Put(
+            Key::map_page(page),
+            MapPage { page, entries }.encode(),
+        ));
+        if ops.len() >= batch {
+            index.commit(std::mem::take(&mut ops))?;
+        }
+    }
+    ops.extend(
+        records
+            .iter()
+            .map(|r| Op::Put(Key::segment(r.segment), r.encode())),
+    );
+    index.commit(ops)?;
+    // Rule 1: the checkpoint record last.
+    index.commit(vec![Op::Put(Key::checkpoint(), header.encode())])
+}

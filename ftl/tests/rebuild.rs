@@ -1,0 +1,338 @@
+//! The index rebuild from the log (`rebuild.rs`) and the rules that keep the log a full
+//! description of the device: tombstones carried before their segment is freed
+//! (`engine/tombstones.rs`), freed segments zeroed (checkpoint rule 5), chunks past a
+//! crash's break zeroed by recovery (recovery rule 2), the rebuild's checkpoint last
+//! (rebuild rule 1). Every crash-model run also ends with a rebuild that must agree
+//! (`model::rebuild_agrees`).
+
+mod common;
+
+use common::*;
+use ftl::chunks::SegmentChunks;
+use ftl::device::crash::CrashDevice;
+use ftl::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
+use ftl::index::mem::MemIndex;
+use ftl::model::{block_for, observe, rebuild_agrees, tiny, Observed};
+use ftl::{Config, Error, Ftl, StreamId, GC_STREAM, TRIM_STREAM};
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+
+fn read_all(f: &CrashFtl) -> Vec<Vec<u8>> {
+    (0..f.capacity_blocks())
+        .map(|l| {
+            let mut b = vec![0u8; BLOCK_SIZE];
+            f.read(l, &mut b).unwrap();
+            b
+        })
+        .collect()
+}
+
+fn rebuild_into(dev: &Arc<CrashDevice>) -> (Arc<MemIndex>, ftl::RebuildReport) {
+    let idx = Arc::new(MemIndex::new());
+    let mut calls = 0u32;
+    let r = ftl::rebuild(dev, &idx, 16, &mut |_, _| calls += 1).unwrap();
+    assert!(calls >= r.segments - 1, "progress reported per segment");
+    (idx, r)
+}
+
+/// Cleans the closed segment with the fewest live blocks (all of them moved).
+fn clean_one(f: &CrashFtl) -> bool {
+    let victim = f
+        .segment_snapshot()
+        .into_iter()
+        .filter(|s| s.state == "closed" && s.segment != 0 && s.valid > 0)
+        .min_by_key(|s| s.valid);
+    let Some(v) = victim else { return false };
+    let mut b = vec![0u8; BLOCK_SIZE];
+    for lb in f.live_blocks(v.segment).unwrap() {
+        f.read(lb.lba, &mut b).unwrap();
+        f.relocate(lb.lba, lb.entry, &b, GC_STREAM).unwrap();
+    }
+    true
+}
+
+/// Issue 17, item 4: a device written with overwrites, TRIMs, FLUSHes and cleaning, its
+/// index deleted and rebuilt from the log, reads what it read before, and checks clean.
+#[test]
+fn a_rebuilt_index_reads_what_the_device_read() {
+    for seed in 0..6u64 {
+        let (dev, _idx, f) = tiny_crash();
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        let cap = f.capacity_blocks();
+        let mut tag = 1u64;
+        let (mut trims, mut cleans) = (0, 0);
+        for step in 0..3000u64 {
+            match rng.gen_range(0..100) {
+                0..=74 => {
+                    let lba = rng.gen_range(0..cap);
+                    let s = StreamId(rng.gen_range(1..4));
+                    match f.write(lba, &block_for(lba, tag), false, s) {
+                        Ok(()) => tag += 1,
+                        Err(Error::NoSpace) => {
+                            assert!(clean_one(&f), "step {step}: full and nothing to clean");
+                            f.checkpoint().unwrap();
+                        }
+                        Err(e) => panic!("write: {e}"),
+                    }
+                }
+                75..=84 => {
+                    let lba = rng.gen_range(0..cap);
+                    let n = rng.gen_range(1..=24).min(cap - lba);
+                    f.trim(lba, n).unwrap();
+                    trims += 1;
+                }
+                85..=89 => f.flush().unwrap(),
+                90..=94 => {
+                    cleans += clean_one(&f) as u32;
+                }
+                95..=97 => {
+                    f.checkpoint().unwrap();
+                }
+                _ => f.close_stream(TRIM_STREAM).unwrap(),
+            }
+        }
+        assert!(trims > 100 && cleans > 50, "the run trims and cleans");
+        let before = read_all(&f);
+        f.close().unwrap();
+        drop(f);
+        // The index is lost: rebuild a new one from the backing alone.
+        let (idx, report) = rebuild_into(&dev);
+        assert!(
+            report.trim_entries > 0 && report.data_entries > 0,
+            "{report:?}"
+        );
+        checker(&dev, &idx).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+        let (g, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
+        let after = read_all(&g);
+        for (l, (a, b)) in before.iter().zip(&after).enumerate() {
+            assert!(
+                a == b,
+                "seed {seed}: lba {l} read {:?}, after the rebuild {:?} ({report:?})",
+                observe(l as u64, a),
+                observe(l as u64, b)
+            );
+        }
+        // The rebuilt device goes on: writes, a checkpoint, a reopen.
+        g.write(0, &block_for(0, tag), true, StreamId(1)).unwrap();
+        g.close().unwrap();
+        drop(g);
+        let (h, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
+        let mut b = vec![0u8; BLOCK_SIZE];
+        h.read(0, &mut b).unwrap();
+        assert_eq!(observe(0, &b), Observed::Tag(tag));
+    }
+}
+
+/// Tombstone rules 1 and 2: a TRIM segment is freed only after the records that may still
+/// hide an older block are carried into a newer chunk; a rebuild after it was freed gives
+/// the trimmed range back as zeroes (and WRITE_ZEROES read zeroes).
+#[test]
+fn a_trimmed_range_stays_trimmed_after_its_trim_segment_is_freed() {
+    let (dev, _idx, f) = tiny_crash();
+    for l in 0..40 {
+        f.write(l, &block_for(l, l + 1), false, StreamId(1))
+            .unwrap();
+    }
+    f.flush().unwrap();
+    f.trim(0, 40).unwrap();
+    // Its records alone in a segment of the TRIM stream, closed and then dead.
+    f.close_stream(TRIM_STREAM).unwrap();
+    f.checkpoint().unwrap();
+    let trim_segs: Vec<u32> = f
+        .segment_snapshot()
+        .into_iter()
+        .filter(|s| s.stream == TRIM_STREAM.0 && s.state == "closed" && s.segment != 0)
+        .map(|s| s.segment)
+        .collect();
+    // Free them (another checkpoint: the first may have recorded them closed only).
+    f.checkpoint().unwrap();
+    let snap = f.segment_snapshot();
+    let freed: Vec<u32> = trim_segs
+        .iter()
+        .copied()
+        .filter(|&s| snap[s as usize].state == "free")
+        .collect();
+    assert!(
+        !freed.is_empty(),
+        "the TRIM segment is freed ({trim_segs:?})"
+    );
+    // The data segment still holds the trimmed blocks.
+    assert!(
+        snap.iter().any(|s| s.stream == 1 && s.state != "free"),
+        "the data segment is not freed"
+    );
+    rebuild_agrees(&dev, &f).unwrap();
+    let mut b = vec![0u8; BLOCK_SIZE];
+    f.read(5, &mut b).unwrap();
+    assert_eq!(observe(5, &b), Observed::Tag(0));
+}
+
+/// Checkpoint rule 5: a freed segment's first block is zero on the device, discard or
+/// not, so the walker finds nothing of its old use.
+#[test]
+fn a_freed_segment_shows_nothing_to_the_walker() {
+    let (dev, idx) = tiny::formatted().unwrap();
+    let cfg = Config {
+        discard_freed: false,
+        ..Config::default()
+    };
+    let (f, _) = Ftl::open(dev.clone(), idx.clone(), cfg).unwrap();
+    for round in 0..3u64 {
+        for l in 0..48 {
+            f.write(l, &block_for(l, round * 100 + l + 1), false, StreamId(1))
+                .unwrap();
+        }
+        f.flush().unwrap();
+    }
+    let used: Vec<u32> = f
+        .segment_snapshot()
+        .into_iter()
+        .filter(|s| s.state == "closed" && s.segment != 0 && s.valid == 0)
+        .map(|s| s.segment)
+        .collect();
+    assert!(!used.is_empty(), "overwrites killed whole segments");
+    f.checkpoint().unwrap();
+    f.checkpoint().unwrap();
+    let geo = *f.geometry();
+    let snap = f.segment_snapshot();
+    let mut b = AlignedBuf::new(BLOCK_SIZE);
+    let mut seen = 0;
+    for s in used {
+        if snap[s as usize].state != "free" {
+            continue;
+        }
+        seen += 1;
+        dev.read_at(geo.segment_start(s) * BLOCK_SIZE as u64, &mut b)
+            .unwrap();
+        assert!(
+            b.iter().all(|&x| x == 0),
+            "segment {s}'s first block is zero"
+        );
+        let walk = SegmentChunks::new(&dev, geo, s, f.format_id(), (u64::MAX, u64::MAX));
+        assert_eq!(walk.count(), 0, "segment {s} shows no chunk");
+    }
+    assert!(seen > 0, "some dead segment was freed");
+}
+
+/// Recovery rule 2: a chunk past the break (here: stream 2's chunk, sealed after stream
+/// 1's chunk whose summary the crash lost) is zeroed by the reopen, so no later walk of
+/// the log takes it for part of it.
+#[test]
+fn chunks_past_a_crash_break_are_zeroed_by_recovery() {
+    let (dev, idx, f) = tiny_crash();
+    let geo = *f.geometry();
+    let fid = f.format_id();
+    for l in 0..6 {
+        f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
+    }
+    f.flush().unwrap();
+    for l in 10..16 {
+        f.write(l, &block_for(l, 1), false, StreamId(2)).unwrap();
+    }
+    f.flush().unwrap();
+    // Every chunk, by stream.
+    let mut chunks = Vec::new();
+    for seg in 1..geo.segment_count {
+        for c in SegmentChunks::new(&dev, geo, seg, fid, (u64::MAX, u64::MAX)) {
+            let (off, s) = c.unwrap();
+            chunks.push((s.chunk_seq, s.stream, seg, off, s.epoch));
+        }
+    }
+    let last_of = |stream: u8| {
+        *chunks
+            .iter()
+            .filter(|c| c.1 == stream)
+            .max_by_key(|c| c.0)
+            .unwrap()
+    };
+    let (b_seq, _, b_seg, b_off, _) = last_of(1);
+    let (d_seq, _, d_seg, d_off, epoch) = last_of(2);
+    assert!(d_seq > b_seq);
+    drop(f);
+    // The crash lost stream 1's last summary: the chain breaks there.
+    let at = |seg: u32, off: u32| (geo.segment_start(seg) + off as u64) * BLOCK_SIZE as u64;
+    dev.write_at(at(b_seg, b_off), &AlignedBuf::new(BLOCK_SIZE))
+        .unwrap();
+    dev.sync().unwrap();
+    let (g, report) = tiny::open_report(&dev, &idx).unwrap();
+    assert!(report.recovery.stale_chunks_zeroed >= 1, "{report:?}");
+    let mut b = AlignedBuf::new(BLOCK_SIZE);
+    dev.read_at(at(d_seg, d_off), &mut b).unwrap();
+    assert!(
+        b.iter().all(|&x| x == 0),
+        "the chunk past the break is zeroed"
+    );
+    // Nothing of epoch `epoch` at or past the break is left for a walker.
+    for seg in 1..geo.segment_count {
+        for c in SegmentChunks::new(&dev, geo, seg, fid, (u64::MAX, u64::MAX)) {
+            let (_, s) = c.unwrap();
+            assert!(
+                !(s.epoch == epoch && s.chunk_seq >= b_seq),
+                "chunk {} of epoch {epoch} survives past the break {b_seq}",
+                s.chunk_seq
+            );
+        }
+    }
+    rebuild_agrees(&dev, &g).unwrap();
+}
+
+/// Rebuild rule 1: the checkpoint record is committed last, so a rebuild cut short
+/// leaves an index every open refuses, with a message pointing at the rebuild; a second
+/// rebuild succeeds.
+#[test]
+fn a_rebuild_cut_short_leaves_no_checkpoint() {
+    let (dev, _idx, f) = tiny_crash();
+    for l in 0..200u64 {
+        f.write(l % 100, &block_for(l % 100, l + 1), false, StreamId(1))
+            .unwrap();
+    }
+    let before = read_all(&f);
+    f.close().unwrap();
+    drop(f);
+    let idx = Arc::new(MemIndex::new());
+    // clear + the page batches + the segment records, then the checkpoint: fail the last.
+    let mut commits = 0;
+    {
+        let probe = Arc::new(MemIndex::new());
+        let counting = CountingIndex(probe, std::sync::atomic::AtomicU64::new(0));
+        ftl::rebuild(&dev, &counting, 1, &mut |_, _| {}).unwrap();
+        commits += counting.1.load(std::sync::atomic::Ordering::SeqCst);
+    }
+    assert!(commits >= 3, "pages, records and checkpoint in batches");
+    idx.fail_after(commits - 1);
+    assert!(ftl::rebuild(&dev, &idx, 1, &mut |_, _| {}).is_err());
+    idx.fail_after(u64::MAX);
+    let err = match Ftl::open(dev.clone(), idx.clone(), Config::default()) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("an index without a checkpoint opened"),
+    };
+    assert!(err.contains("--rebuild-index"), "{err}");
+    ftl::rebuild(&dev, &idx, 1, &mut |_, _| {}).unwrap();
+    let (g, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
+    assert!(
+        read_all(&g) == before,
+        "the second rebuild gives the device back"
+    );
+}
+
+/// An index that counts its commits.
+struct CountingIndex(Arc<MemIndex>, std::sync::atomic::AtomicU64);
+
+impl ftl::IndexStore for CountingIndex {
+    fn load(&self) -> ftl::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.0.load()
+    }
+    fn load_kind(&self, kind: u8) -> ftl::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.0.load_kind(kind)
+    }
+    fn commit(&self, ops: Vec<ftl::index::Op>) -> ftl::Result<()> {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.commit(ops)
+    }
+    fn clear(&self) -> ftl::Result<()> {
+        self.0.clear()
+    }
+    fn reader(&self) -> Arc<dyn ftl::index::IndexReader> {
+        self.0.reader()
+    }
+}
