@@ -51,7 +51,8 @@ pub struct BenchArgs {
     /// zipfread (zipf:0.9 random reads of what is written); steady, steady80, steadyzipf,
     /// steadymix (full device, see --passes); scale (open time, RSS and random I/O over the
     /// whole of a large sparse backing, formatted beforehand with `ftlblk format`, or here
-    /// with --size).
+    /// with --size); rebuild (fill the device, overwrite 5% at random, TRIM 1/64, then
+    /// time `check --rebuild-index` and compare a sample of reads).
     #[arg(long, default_value = "randwrite,randread,writeflush")]
     pub tests: String,
     /// RAM for the map's page cache (as `ftlblk add --map-cache`).
@@ -417,6 +418,84 @@ fn scale(a: &BenchArgs, index: &Path) -> Result<serde_json::Value, CliError> {
     }))
 }
 
+/// The rebuild test: a device of --size filled (every exported block once, 4 KiB
+/// writes on --jobs threads), 5% of it overwritten at random, 1/64 of it trimmed in
+/// 1 MiB pieces, closed; then its index rebuilt from the log (timed, as `ftlblk check
+/// --rebuild-index` does it) and 4096 random LBAs compared before and after.
+fn rebuild(a: &BenchArgs, index: &Path) -> Result<serde_json::Value, CliError> {
+    let f = Arc::new(fresh(a, index)?);
+    let cap = f.capacity_blocks();
+    let t = Instant::now();
+    let fill: Vec<u64> = (0..cap).collect();
+    parallel_writes(&f, Arc::new(fill), a.jobs, false)?;
+    let mut rng = SmallRng::seed_from_u64(a.seed + 7);
+    let over: Vec<u64> = (0..cap / 20).map(|_| rng.gen_range(0..cap)).collect();
+    parallel_writes(&f, Arc::new(over), a.jobs, false)?;
+    for _ in 0..cap / 64 / 256 {
+        let lba = rng.gen_range(0..cap - 256);
+        f.trim(lba, 256)?;
+    }
+    let fill_s = t.elapsed().as_secs_f64();
+    let sample: Vec<u64> = (0..4096).map(|_| rng.gen_range(0..cap)).collect();
+    let read_sample = |f: &FileFtl| -> Result<Vec<u32>, CliError> {
+        let mut b = vec![0u8; BLOCK_SIZE];
+        sample
+            .iter()
+            .map(|&l| {
+                f.read(l, &mut b)?;
+                Ok(fingerprint(&b))
+            })
+            .collect()
+    };
+    let before = read_sample(&f)?;
+    let f = Arc::try_unwrap(f).map_err(|_| CliError::Bench("the FTL is still shared".into()))?;
+    f.close()?;
+    drop(f);
+    let t = Instant::now();
+    let rebuilt =
+        ftl::backing::rebuild_backing_index(&a.backing, index, true, &mut |_: u32, _: u32| {})?;
+    let rebuild_s = t.elapsed().as_secs_f64();
+    let (_, peak) = rss();
+    if let Some(old) = &rebuilt.old_index_moved_to {
+        let _ = std::fs::remove_dir_all(old);
+    }
+    let (f, _) = open_backing(&a.backing, index, a.config())?;
+    let after = read_sample(&f)?;
+    f.close()?;
+    let differ = before.iter().zip(&after).filter(|(x, y)| x != y).count();
+    if differ > 0 {
+        return Err(CliError::Bench(format!(
+            "{differ} of {} sampled blocks read differently after the rebuild",
+            sample.len()
+        )));
+    }
+    let r = &rebuilt.report;
+    eprintln!(
+        "rebuild: {} GiB device written in {fill_s:.1} s, index rebuilt in {rebuild_s:.1} s \
+         ({} chunks, {} data + {} trim records), peak RSS {} MiB",
+        (cap * BLOCK_SIZE as u64) >> 30,
+        r.chunks,
+        r.data_entries,
+        r.trim_entries,
+        peak >> 20
+    );
+    Ok(serde_json::json!({
+        "exported_bytes": cap * BLOCK_SIZE as u64,
+        "fill_seconds": fill_s,
+        "rebuild_seconds": rebuild_s,
+        "peak_rss_bytes": peak,
+        "sampled_blocks_equal": sample.len(),
+        "report": r,
+    }))
+}
+
+fn fingerprint(b: &[u8]) -> u32 {
+    // A content fingerprint for the before/after comparison.
+    b.iter().fold(0x811c_9dc5u32, |h, &x| {
+        (h ^ x as u32).wrapping_mul(0x0100_0193)
+    })
+}
+
 /// `ftlblk bench`.
 pub fn run(a: BenchArgs) -> Result<(), CliError> {
     let index = a
@@ -519,6 +598,12 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                     f.close()?;
                 }
                 results.insert("scale".into(), scale(&a, &index)?);
+            }
+            "rebuild" => {
+                if let Some(f) = written.take() {
+                    f.close()?;
+                }
+                results.insert("rebuild".into(), rebuild(&a, &index)?);
             }
             "writeflush" => {
                 if let Some(f) = written.take() {
