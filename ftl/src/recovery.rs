@@ -18,8 +18,12 @@
 //! map loaded from the checkpoint may still point into the segment until they are
 //! replayed (free rule 6).
 //!
-//! Replayed chunks are synced before the open checkpoint names them: when only the
-//! process died they may sit unsynced in the backing's cache.
+//! Rule 1: replayed chunks are synced before the open checkpoint names them: when only
+//! the process died they may sit unsynced in the backing's cache. Rule 2: what lies past
+//! the break (the chunk at each stream cursor, chunks heading free segments that were not
+//! taken) is zeroed with them, so no later walk of the log (an index rebuild above all)
+//! takes a crashed session's tail for part of the log; a chunk of a session newer than
+//! the checkpoint refuses the open instead (the index is older than the log).
 //!
 //! Why the epoch: open writes a checkpoint with epoch+1 before any chunk of the new
 //! session, so chunks left beyond the break by a crashed session (epoch E) can never be
@@ -205,6 +209,25 @@ pub(crate) fn load_index<I: IndexStore>(
     })
 }
 
+/// Fails when `s` was written by a session after the one of the checkpoint (epoch
+/// `ck_epoch`): open writes its checkpoint before any chunk of its session (open rule 3),
+/// so the index is older than the log, restored from a backup or copied from another
+/// day. Opening it would roll back to its state and then overwrite what came after
+/// (and recovery rule 2 would zero it), so nothing is changed.
+fn newer_than_index(s: &ChunkSummary, ck_epoch: u64, index_name: &str) -> Result<()> {
+    if s.epoch > ck_epoch {
+        return Err(Error::IndexMismatch {
+            path: index_name.to_string(),
+            why: format!(
+                "it is older than the log on the backing (its checkpoint is of session {ck_epoch}, \
+                 the log holds chunks of session {}): an index restored from a backup?",
+                s.epoch
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Rebuilds the in-memory state from the index and the log.
 pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
     dev: D,
@@ -274,6 +297,7 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         if segs.state(seg) == Some(SegState::Free) {
             if let Some(s) = read_summary(seg, 0)? {
                 if s.in_place(seg, 0, format_id, bps) {
+                    newer_than_index(&s, ck.epoch, index_name)?;
                     stale_heads.push(seg);
                     if s.epoch == ck.epoch {
                         heads.insert(s.chunk_seq, (seg, s));
@@ -380,9 +404,11 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         .map(|seg| (seg, 0))
         .collect();
     for &(seg, off) in cursors.iter().flatten() {
-        if geo.chunk_fits_at(off)
-            && read_summary(seg, off)?.is_some_and(|s| s.in_place(seg, off, format_id, bps))
-        {
+        if !geo.chunk_fits_at(off) {
+            continue;
+        }
+        if let Some(s) = read_summary(seg, off)?.filter(|s| s.in_place(seg, off, format_id, bps)) {
+            newer_than_index(&s, ck.epoch, index_name)?;
             stale.push((seg, off));
         }
     }
