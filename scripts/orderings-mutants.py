@@ -192,16 +192,16 @@ MUTANTS = [
                 .collect(),""",
        """            freed: Vec::new(),""")],
      [ORDERINGS]),
-    ("reserve-1", "the reserve is the GC stream's alone (other relocations keep it)",
+    ("reserve-1", "the reserve is the GC stream's alone (other relocations keep it; a TRIM carry may take one)",
      "ftl/src/append.rs",
      [("""                    let keep = if relocation && stream == GC_STREAM.0 {
                         0
-                    } else {""",
+                    } else if relocation && stream == crate::stream::TRIM_STREAM.0 {""",
        """                    let keep = if relocation && stream == GC_STREAM.0 {
                         0
-                    } else if relocation {
+                    } else if relocation && stream != crate::stream::TRIM_STREAM.0 {
                         1
-                    } else {""")],
+                    } else if relocation && stream == crate::stream::TRIM_STREAM.0 {""")],
      [ORDERINGS]),
     ("reserve-2", "closing a stream gives nothing up while free space is at the reserve",
      "ftl/src/engine/reloc.rs",

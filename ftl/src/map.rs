@@ -80,7 +80,7 @@ pub const PAGE_RAM_BYTES: u64 = (PAGE_ENTRIES * 8 + 64) as u64;
 
 /// The least cache the map accepts, in pages (tests use it to make every few accesses
 /// miss).
-pub const MIN_CACHE_PAGES: u64 = 2;
+pub const MIN_CACHE_PAGES: u64 = 1;
 
 /// The default map cache: 256 MiB, the whole map of a device of about 128 GiB (with
 /// what a checkpoint copies, sled and the rest, a 15 TiB device then peaks at about

@@ -526,7 +526,12 @@ pub mod tiny {
 
     /// A freshly formatted tiny crash device and in-memory index (not opened).
     pub fn formatted() -> Result<(Arc<CrashDevice>, Arc<MemIndex>), String> {
-        let dev = Arc::new(CrashDevice::new(DEVICE_BYTES));
+        formatted_bytes(DEVICE_BYTES)
+    }
+
+    /// [`formatted`] with `bytes` of device (the tiny segments and pages, more of them).
+    pub fn formatted_bytes(bytes: u64) -> Result<(Arc<CrashDevice>, Arc<MemIndex>), String> {
+        let dev = Arc::new(CrashDevice::new(bytes));
         let idx = Arc::new(MemIndex::new());
         crate::format(&dev, &idx, &options(), false).map_err(|e| format!("format: {e}"))?;
         Ok((dev, idx))
@@ -571,7 +576,8 @@ pub mod ops {
     //!
     //! Every read is checked against the model, every crash is followed by the offline
     //! checker, a reopen and a check of every LBA against what the model allows. LBAs are
-    //! taken modulo [`SPAN`] so overwrites are frequent; ranges are clipped to the span.
+    //! taken modulo [`SPAN`] from [`BASE`] so overwrites are frequent (ranges are clipped
+    //! to the span), across two map pages with a cache of one, so the map pages.
     //!
     //! `Error::NoSpace` from an operation that appends (the log is full without a cleaner)
     //! ends a run early ([`Flow::NoSpace`], [`Outcome::no_space_at`]; the fuzz target
@@ -587,8 +593,34 @@ pub mod ops {
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
 
-    /// LBAs addressed (of the ~390 exported), so overwrites are frequent.
-    pub const SPAN: u64 = 96;
+    /// LBAs addressed, so overwrites are frequent: [`BASE`] .. `BASE + SPAN`.
+    pub const SPAN: u64 = 144;
+    /// First LBA addressed: the span straddles the boundary of map pages 0 and 1, and the
+    /// map cache holds one page ([`config`]), so the run pages: misses, evictions, dirty
+    /// pages pinned until a checkpoint.
+    pub const BASE: u64 = crate::records::PAGE_ENTRIES as u64 - SPAN / 2;
+    /// The run's device: the tiny segments, enough of them to export two map pages.
+    pub const DEVICE_BYTES: u64 = 48 * tiny::SEGMENT_BYTES;
+
+    /// The configuration of the run's opens: the default with a map cache of one page.
+    pub fn config() -> crate::Config {
+        crate::Config {
+            map_cache_bytes: crate::map::PAGE_RAM_BYTES,
+            ..crate::Config::default()
+        }
+    }
+
+    /// The device LBA of a raw LBA value.
+    pub fn lba_of(raw: u64) -> u64 {
+        BASE + raw % SPAN
+    }
+
+    fn open(
+        dev: &Arc<CrashDevice>,
+        idx: &Arc<MemIndex>,
+    ) -> crate::Result<(CrashFtl, crate::OpenReport)> {
+        crate::Ftl::open(dev.clone(), idx.clone(), config())
+    }
     /// User streams the writes use.
     pub const USER_STREAMS: u8 = 4;
 
@@ -718,6 +750,9 @@ pub mod ops {
         /// from it.
         pub kills: usize,
         pub staged_entries: u64,
+        /// Map pages read from the index on a miss, and evicted, over every session.
+        pub map_misses: u64,
+        pub map_evictions: u64,
     }
 
     /// How a run goes on after a step.
@@ -758,8 +793,8 @@ pub mod ops {
     impl Runner {
         /// Formats the tiny device and opens the FTL on it.
         pub fn new() -> Result<Self, String> {
-            let (dev, idx) = tiny::formatted()?;
-            let ftl = tiny::open(&dev, &idx).map_err(|e| format!("first open: {e}"))?;
+            let (dev, idx) = tiny::formatted_bytes(DEVICE_BYTES)?;
+            let (ftl, _) = open(&dev, &idx).map_err(|e| format!("first open: {e}"))?;
             Ok(Runner {
                 dev,
                 idx,
@@ -768,6 +803,15 @@ pub mod ops {
                 armed: None,
                 outcome: Outcome::default(),
             })
+        }
+
+        /// Drops the open FTL (a crash, unless it was closed), counting its map paging.
+        fn retire(&mut self) {
+            if let Some(f) = self.ftl.take() {
+                let c = f.stats().map_cache;
+                self.outcome.map_misses += c.misses;
+                self.outcome.map_evictions += c.evictions;
+            }
         }
 
         /// The FTL as it is open now.
@@ -838,10 +882,11 @@ pub mod ops {
         /// write and trim, flushed or not, must read back exactly.
         fn kill(&mut self) -> Result<(), String> {
             let staging = self.ftl().staging().clone();
-            drop(self.ftl.take());
+            self.retire();
             checker(&self.dev, &self.idx)?;
-            let (nf, report) = tiny::open_staged(&self.dev, &self.idx, staging)
-                .map_err(|e| format!("reopen after kill: {e}"))?;
+            let (nf, report) =
+                crate::Ftl::open_staged(self.dev.clone(), self.idx.clone(), config(), staging)
+                    .map_err(|e| format!("reopen after kill: {e}"))?;
             self.outcome.chunks_replayed += report.recovery.chunks_replayed;
             self.outcome.staged_entries += report.recovery.staged.entries;
             if report.recovery.staged.ignored_stale {
@@ -865,9 +910,8 @@ pub mod ops {
         fn close_reopen(&mut self) -> Result<(), String> {
             self.ftl().close().map_err(|e| format!("close: {e}"))?;
             self.model.flush();
-            drop(self.ftl.take());
-            let (nf, report) =
-                tiny::open_report(&self.dev, &self.idx).map_err(|e| format!("reopen: {e}"))?;
+            self.retire();
+            let (nf, report) = open(&self.dev, &self.idx).map_err(|e| format!("reopen: {e}"))?;
             if report.recovery.chunks_replayed != 0 {
                 return Err(format!(
                     "reopen after a clean close replayed {} chunks: {report:?}",
@@ -883,14 +927,13 @@ pub mod ops {
         /// Power cut with `seed` (`seed % 16 == 15`: every write issued reached the media
         /// first), the checker, a reopen, the checker again, every LBA checked.
         fn power_cut(&mut self, seed: u64) -> Result<(), String> {
-            drop(self.ftl.take());
+            self.retire();
             if seed % 16 == 15 {
                 crate::BlockDevice::sync(&*self.dev).map_err(|e| format!("sync: {e}"))?;
             }
             self.dev.crash(seed).map_err(|e| format!("crash: {e}"))?;
             checker(&self.dev, &self.idx)?;
-            let (nf, report) =
-                tiny::open_report(&self.dev, &self.idx).map_err(|e| format!("reopen: {e}"))?;
+            let (nf, report) = open(&self.dev, &self.idx).map_err(|e| format!("reopen: {e}"))?;
             self.outcome.chunks_replayed += report.recovery.chunks_replayed;
             self.outcome.entries_skipped += report.recovery.entries_skipped;
             // And on the image as the reopen left it (its checkpoint written).
@@ -903,12 +946,12 @@ pub mod ops {
 
         /// The final crash: everything flushed must be there, the rest may or may not be.
         pub fn finish(mut self) -> Result<Outcome, String> {
-            drop(self.ftl.take());
+            self.retire();
             self.dev
                 .crash(0xfeed)
                 .map_err(|e| format!("final crash: {e}"))?;
             checker(&self.dev, &self.idx).map_err(|e| format!("final: {e}"))?;
-            let nf = tiny::open(&self.dev, &self.idx).map_err(|e| format!("final reopen: {e}"))?;
+            let (nf, _) = open(&self.dev, &self.idx).map_err(|e| format!("final reopen: {e}"))?;
             check_after_crash(&nf, &mut self.model).map_err(|e| format!("final: {e}"))?;
             // The log alone gives the same device back.
             super::rebuild_agrees(&self.dev, &nf)?;
@@ -917,8 +960,8 @@ pub mod ops {
     }
 
     fn range(lba: u8, blocks: u8, max: u64) -> (u64, u64) {
-        let l = lba as u64 % SPAN;
-        let b = (1 + blocks as u64 % max).min(SPAN - l);
+        let l = lba_of(lba as u64);
+        let b = (1 + blocks as u64 % max).min(BASE + SPAN - l);
         (l, b)
     }
 
@@ -982,7 +1025,7 @@ pub mod ops {
                 Ok(Flow::Go)
             }
             Op::Relocate { lba } => {
-                let l = lba as u64 % SPAN;
+                let l = lba_of(lba as u64);
                 let e = ftl.map_entry(l).map_err(|e| format!("map_entry: {e}"))?;
                 if !e.is_mapped() {
                     return Ok(Flow::Go);
@@ -1061,7 +1104,7 @@ pub mod ops {
                 moved_all = false;
                 break;
             }
-            if b.lba >= SPAN {
+            if !(BASE..BASE + SPAN).contains(&b.lba) {
                 return Err(format!(
                     "live_blocks({seg}) names lba {}, which no write touched",
                     b.lba
@@ -1098,7 +1141,7 @@ pub mod ops {
                 ftl.segment_valid(seg)
             ));
         }
-        check_read(ftl, m, 0, SPAN)?;
+        check_read(ftl, m, BASE, SPAN)?;
         Ok(Flow::Go)
     }
 
@@ -1111,7 +1154,7 @@ pub mod ops {
             let back = raw % 4;
             (cap - 1 - back, back + 2 + blocks as u64 % 4)
         };
-        let in_lba = raw % SPAN;
+        let in_lba = lba_of(raw);
         let out_of_range = |what: &str, r: crate::Result<()>| match r {
             Err(Error::OutOfRange { .. }) => Ok(()),
             other => Err(format!(
@@ -1319,7 +1362,7 @@ pub mod ops {
                 };
             }
             Op::Relocate { lba } => {
-                let l = lba as u64 % SPAN;
+                let l = lba_of(lba as u64);
                 let e = ftl.map_entry(l).map_err(|e| format!("map_entry: {e}"))?;
                 let mut data = vec![0u8; BLOCK_SIZE];
                 match ftl.read(l, &mut data) {
@@ -1357,7 +1400,7 @@ pub mod ops {
         // Reads keep working, buffered unflushed data included (except what the failed
         // operation itself may or may not have changed).
         let skip = touched(op).unwrap_or((0, 0));
-        for l in (0..SPAN).filter(|&l| l < skip.0 || l >= skip.0 + skip.1) {
+        for l in (BASE..BASE + SPAN).filter(|&l| l < skip.0 || l >= skip.0 + skip.1) {
             check_read(ftl, m, l, 1).map_err(|e| format!("after {err}: {e}"))?;
         }
         if matches!(err, Error::Io { .. }) && kind <= 1 {

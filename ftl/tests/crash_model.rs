@@ -13,7 +13,7 @@ use ftl::model::Model;
 use ftl::StreamId;
 use proptest::prelude::*;
 
-/// Operations on the first [`SPAN`] LBAs (of the tiny geometry's ~390), so overwrites are
+/// Operations on [`SPAN`] LBAs (of the run device's ~614, across two map pages), so overwrites are
 /// frequent and the log does not run out of space without a cleaner. Raw fields as
 /// [`Op`] documents them: 1..=5 blocks per write (`1 + blocks % 8`), 1..=19 per trim
 /// (`1 + blocks % 20`), streams 0..=2, power cuts that lose a seeded subset of the
@@ -104,4 +104,33 @@ fn flushed_data_survives_a_crash_that_loses_every_unsynced_write() {
         // The FUA write must be exactly there.
         check_read(&f2, &m, 40, 1).unwrap();
     }
+}
+
+/// The runs page the map: their span straddles two map pages and the cache holds one
+/// (`ops::config`), so the fuzz target and this property test exercise misses, evictions
+/// and dirty pages pinned until a checkpoint.
+#[test]
+fn the_runs_page_the_map() {
+    let mut list = Vec::new();
+    for i in 0..SPAN as u8 {
+        list.push(Op::Write {
+            lba: i,
+            blocks: 0,
+            fua: false,
+            stream: 1,
+        });
+        if i % 16 == 15 {
+            list.push(Op::Checkpoint);
+        }
+        list.push(Op::Read {
+            lba: SPAN as u8 - 1 - i,
+            blocks: 0,
+        });
+    }
+    list.push(Op::power_cut(3));
+    for i in 0..SPAN as u8 {
+        list.push(Op::Read { lba: i, blocks: 0 });
+    }
+    let out = run(&list).unwrap();
+    assert!(out.map_misses > 0 && out.map_evictions > 0, "{out:?}");
 }

@@ -72,7 +72,7 @@ pub fn ops_seeds() -> Vec<(&'static str, Vec<Op>)> {
     // Scattered writes fragment every segment until the log is full (no cleaner).
     let scatter = |n: u8| -> Vec<Op> { (0..n).map(|i| w(i.wrapping_mul(59), 7, i % 4)).collect() };
     let mut pressure = scatter(80);
-    for seg in 0..31 {
+    for seg in 0..47 {
         pressure.push(Clean { seg, max: 255 });
     }
     pressure.push(Checkpoint);
@@ -81,7 +81,7 @@ pub fn ops_seeds() -> Vec<(&'static str, Vec<Op>)> {
     pressure.push(Close);
 
     vec![
-        ("no-space", scatter(120)),
+        ("no-space", scatter(180)),
         ("clean-under-pressure", pressure),
         (
             "close-reopen",
