@@ -44,6 +44,10 @@ pub struct ReplayArgs {
     /// blocks shares the slots, as a large device does): to measure what sharing costs.
     #[arg(long)]
     pub tracked_blocks: Option<u64>,
+    /// Turn off wear-aware allocation and static wear levelling (free segments reused in
+    /// the order they were freed): to measure what wear levelling costs and gives.
+    #[arg(long)]
+    pub no_wear_levelling: bool,
     /// Placement: none (one stream, GC output in another), online (write-time classifier,
     /// by each block's history), oracle (knows each write's next overwrite from the trace:
     /// the practical lower bound), frequency (knows each block's true write rate over the
@@ -134,6 +138,7 @@ pub fn run(a: ReplayArgs) -> Result<(), CliError> {
         classifier,
         classes: a.streams,
         tracked_blocks: a.tracked_blocks,
+        wear_levelling: !a.no_wear_levelling,
         write_probabilities: probabilities,
         policy,
         series_points: 100,
@@ -174,6 +179,11 @@ pub fn run(a: ReplayArgs) -> Result<(), CliError> {
         println!("WAF (whole run)     {:.3}", report.waf);
         println!("WAF (second half)   {:.3}", report.waf_steady);
         println!("segments cleaned    {}", report.segments_cleaned);
+        let w = &report.wear;
+        println!(
+            "segment reuse       min {} / mean {:.1} / max {} (max/mean {:.2}, spread {}; {} wear-levelling victims)",
+            w.min, w.mean, w.max, w.max_over_mean, w.spread, report.wear_victims
+        );
         println!("diverted to GC      {} blocks", report.relocated_diverted);
         println!(
             "victim utilisation  {:?} (10% bins)",

@@ -146,6 +146,14 @@ pub fn format_stats(d: &StatsDocument) -> String {
         ),
     );
     row("epoch (opens)", s.epoch.to_string());
+    let w = &s.wear;
+    row(
+        "segment reuse (wear)",
+        format!(
+            "min {} / mean {:.1} / max {} (max/mean {:.2}, spread {})",
+            w.min, w.mean, w.max, w.max_over_mean, w.spread
+        ),
+    );
     let m = &s.map_cache;
     let lookups = (m.hits + m.misses).max(1);
     row(

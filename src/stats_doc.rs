@@ -70,6 +70,8 @@ pub struct FtlFigures {
     pub map_cache: ftl::MapCacheStats,
     pub index_bytes_on_disk: u64,
     pub counters: CounterFigures,
+    /// Segment reuse counts.
+    pub wear: ftl::WearFigures,
     /// The fields `ftlblk stats` does not print, as the FTL wrote them.
     #[serde(flatten)]
     pub other: Map<String, Value>,

@@ -21,7 +21,7 @@
 //! Only [`crate::slice::Cleaner`] uses them (`Cleaner::start_helpers`); both threads end
 //! when it is dropped.
 
-use crate::policy::{pick_victim, Policy};
+use crate::policy::{pick_victim, wear_victim, Policy};
 use ftl::device::{AlignedBuf, BLOCK_SIZE};
 use ftl::{BlockDevice, Ftl, IndexStore, LiveBlock};
 use std::sync::{mpsc, Arc};
@@ -45,6 +45,8 @@ pub(crate) struct Prepared {
     pub(crate) at: Instant,
     pub(crate) pick_ns: u64,
     pub(crate) read_ns: u64,
+    /// Picked by static wear levelling, not by the policy.
+    pub(crate) wear: bool,
 }
 
 /// Picks a victim under `policy` (not one of `exclude`) and lists its live blocks in
@@ -60,7 +62,14 @@ pub(crate) fn prepare<D: BlockDevice, I: IndexStore>(
     let t = Instant::now();
     let snap = ftl.segment_snapshot();
     let bps = ftl.geometry().blocks_per_segment();
-    let Some(victim) = pick_victim(policy, &snap, ftl.current_seq(), bps, exclude) else {
+    // Static wear levelling first, when the wear is spread too far (`policy::wear_victim`).
+    let wear = if ftl.config().wear_levelling {
+        wear_victim(&snap, exclude)
+    } else {
+        None
+    };
+    let Some(victim) = wear.or_else(|| pick_victim(policy, &snap, ftl.current_seq(), bps, exclude))
+    else {
         return Ok(None);
     };
     let window_of = |b: &LiveBlock| b.entry.pba().map_or(u64::MAX, |p| p as u64 / window_blocks);
@@ -111,6 +120,7 @@ pub(crate) fn prepare<D: BlockDevice, I: IndexStore>(
         at: Instant::now(),
         pick_ns: (t.elapsed().as_nanos() as u64).saturating_sub(read_ns),
         read_ns,
+        wear: wear.is_some(),
     }))
 }
 

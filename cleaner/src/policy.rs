@@ -75,9 +75,76 @@ pub fn pick_victim(
     best.map(|(_, s)| s)
 }
 
+/// Static wear levelling: the spread of reuse counts (most worn segment against the
+/// least worn one holding data) beyond which the cleaner takes that least worn one as
+/// its victim, whatever the policy: `max(WEAR_MIN_SPREAD, WEAR_SLACK * mean)`.
+pub const WEAR_SLACK: f64 = 0.15;
+/// The least spread that triggers static wear levelling.
+pub const WEAR_MIN_SPREAD: u32 = 4;
+
+/// The victim of static wear levelling, if the wear is spread too far: the closed segment
+/// holding data with the fewest reuses (the oldest among equals), when the most worn
+/// segment has been reused more than the bound above it. Cold data pins its segments
+/// (hot streams cycle the others); moved, it goes to the most worn free segments
+/// (`Segments::allocate` gives relocations the most worn) and its segment returns to
+/// circulation. Not one of `exclude`.
+pub fn wear_victim(segs: &[SegmentSnapshot], exclude: &[u32]) -> Option<u32> {
+    let w = ftl::WearFigures::of(
+        segs.iter()
+            .filter(|s| s.segment != 0)
+            .map(|s| s.erase_count),
+    );
+    let coldest = segs
+        .iter()
+        .filter(|s| {
+            s.state == "closed" && s.segment != 0 && s.valid > 0 && !exclude.contains(&s.segment)
+        })
+        .min_by_key(|s| (s.erase_count, s.opened_seq))?;
+    let bound = (WEAR_SLACK * w.mean).max(WEAR_MIN_SPREAD as f64);
+    (w.max as f64 - coldest.erase_count as f64 > bound).then_some(coldest.segment)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wear_levelling_takes_the_least_worn_segment_with_data_once_the_spread_is_wide() {
+        let s = |segment, valid, erase_count, state| SegmentSnapshot {
+            segment,
+            state,
+            stream: 1,
+            valid,
+            erase_count,
+            opened_seq: segment as u64,
+        };
+        // Spread 3 against a bound of 4: nothing.
+        let near = [
+            s(1, 100, 10, "closed"),
+            s(2, 10, 13, "closed"),
+            s(3, 0, 12, "free"),
+        ];
+        assert_eq!(wear_victim(&near, &[]), None);
+        // Segment 1 holds cold data at 2 reuses while others reach 20.
+        let wide = [
+            s(1, 100, 2, "closed"),
+            s(2, 10, 20, "closed"),
+            s(3, 0, 19, "free"),
+            s(4, 0, 1, "closed"),
+            s(5, 50, 2, "open"),
+        ];
+        assert_eq!(
+            wear_victim(&wide, &[]),
+            Some(1),
+            "the least worn with data, closed"
+        );
+        assert_eq!(wear_victim(&wide, &[1]), None, "segment 2 is the most worn");
+        // The bound grows with the mean: 15% of 100 is 15.
+        let worn = [s(1, 100, 90, "closed"), s(2, 10, 104, "closed")];
+        assert_eq!(wear_victim(&worn, &[]), None);
+        let worn = [s(1, 100, 80, "closed"), s(2, 10, 104, "closed")];
+        assert_eq!(wear_victim(&worn, &[]), Some(1));
+    }
 
     fn seg(segment: u32, valid: u32, opened_seq: u64) -> SegmentSnapshot {
         SegmentSnapshot {

@@ -64,6 +64,9 @@ pub struct CleanerStats {
     pub blocks_copied: u64,
     pub blocks_skipped: u64,
     pub segments_cleaned: u64,
+    /// Victims static wear levelling picked (`policy::wear_victim`; their copies count in
+    /// `blocks_copied` and the WAF like any other).
+    pub wear_victims: u64,
     pub slices: u64,
     pub preemptions: u64,
     /// Where the cleaner's time went, in nanoseconds: picking victims and walking their
@@ -211,6 +214,7 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
             };
             self.stats.pick_ns += prepared.pick_ns;
             self.stats.read_ns += prepared.read_ns;
+            self.stats.wear_victims += prepared.wear as u64;
             let bps = self.ftl.geometry().blocks_per_segment();
             self.victim_utilization
                 .push(prepared.blocks.len() as f32 / bps as f32);

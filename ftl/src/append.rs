@@ -358,7 +358,10 @@ impl Appender {
                     } else {
                         self.s.gc_reserve
                     };
-                    match t.segs.allocate(stream, self.next_entry_seq(), keep) {
+                    match t
+                        .segs
+                        .allocate(stream, self.next_entry_seq(), keep, relocation)
+                    {
                         Some(seg) => (seg, 0),
                         None => return Ok(Room::NeedSpace),
                     }

@@ -10,7 +10,8 @@
 //!    free, and the chunk summary covering that block names the same LBA (map <->
 //!    summaries);
 //! 5. every mapped block's data matches the crc32c in its map entry (unless skipped);
-//! 6. free segments hold no live block; open segments belong to a stream cursor.
+//! 6. free segments hold no live block; open segments belong to a stream cursor;
+//! 7. a free record counts one more reuse of its segment than the segment table.
 //!
 //! It checks what the next open would see: recovery, including the replay of what a dead
 //! server left in its staging area when one is given ([`check_staged`]), runs through an
@@ -51,6 +52,8 @@ pub struct CheckReport {
     pub staged: crate::staging::StagedReport,
     pub segments: u32,
     pub free_segments: u32,
+    /// Segment reuse counts as the checkpoint recorded them.
+    pub wear: crate::segments::WearFigures,
     pub problems: Vec<Problem>,
 }
 
@@ -112,6 +115,24 @@ pub fn check_staged<D: BlockDevice, I: IndexStore>(
     report.segments = geo.segment_count;
     // 2 + 3. Index records and the checkpoint snapshot.
     let loaded = load_index(&index, &sb, "index")?;
+    // Reuse counts: a free record counts one more reuse than the table it follows.
+    for f in &loaded.frees {
+        let recorded = loaded
+            .segments
+            .get(f.segment as usize)
+            .map(|r| r.erase_count);
+        if recorded.map(|e| e + 1) != Some(f.erase_count) {
+            problems.push(Problem::new(
+                "wear",
+                format!(
+                    "free record of segment {} counts {} reuses, the table {recorded:?} (+1 expected)",
+                    f.segment, f.erase_count
+                ),
+            ));
+        }
+    }
+    report.wear =
+        crate::segments::WearFigures::of(loaded.segments.iter().skip(1).map(|r| r.erase_count));
     for (k, _) in index.load()? {
         if !k
             .first()

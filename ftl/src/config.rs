@@ -29,6 +29,10 @@ pub struct Config {
     /// Map pages a checkpoint commits to the index in one batch; more go in several
     /// (checkpoint rule 7).
     pub checkpoint_page_batch: usize,
+    /// Wear-aware allocation (relocated data to the most worn free segment, user data to
+    /// the least worn) and static wear levelling by the cleaner (`docs/wear.md`). Off:
+    /// free segments are reused in the order they were freed, as before.
+    pub wear_levelling: bool,
 }
 
 impl Default for Config {
@@ -39,6 +43,7 @@ impl Default for Config {
             gc_reserve_segments: 2,
             space_wait: std::time::Duration::from_secs(30),
             map_cache_bytes: crate::map::DEFAULT_CACHE_BYTES,
+            wear_levelling: true,
             checkpoint_page_batch: 4096,
         }
     }

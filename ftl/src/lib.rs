@@ -72,7 +72,7 @@ pub use map::{MapCacheStats, MapEntry, DEFAULT_CACHE_BYTES as DEFAULT_MAP_CACHE_
 pub use rebuild::{rebuild, RebuildProgress, RebuildReport};
 pub use records::Counters;
 pub use recovery::RecoveryReport;
-pub use segments::SegmentSnapshot;
+pub use segments::{SegmentSnapshot, WearFigures};
 pub use stream::{StreamId, GC_STREAM, STREAMS, TRIM_STREAM};
 pub use writers::{ChunkSink, ChunkWriters};
 

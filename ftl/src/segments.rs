@@ -18,7 +18,7 @@
 use crate::records::{SegState, SegmentRecord};
 use crate::stream::TRIM_STREAM;
 use crate::sync::{AtomicU32, AtomicU8, Mutex, MutexGuard};
-use std::collections::VecDeque;
+use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 
 /// Per-segment metadata kept under the table lock.
@@ -33,7 +33,13 @@ pub struct SegInfo {
 /// Mutable part of the table.
 pub struct SegTableInner {
     pub info: Vec<SegInfo>,
-    pub free: VecDeque<u32>,
+    /// Free segments by (erase count, segment) when wear-aware: allocation takes the
+    /// least worn for data written by users and the most worn for relocated (cold) data;
+    /// otherwise by (order freed, segment), first freed first used.
+    pub free: BTreeSet<(u32, u32)>,
+    pub wear_aware: bool,
+    /// Releases so far (the key of a free segment when not wear-aware).
+    pub released: u32,
     /// Segments of the TRIM stream whose records were carried forward
     /// (`engine/tombstones.rs`); cleared when the segment is freed.
     pub carried: Vec<bool>,
@@ -59,6 +65,44 @@ pub struct SegmentSnapshot {
     pub opened_seq: u64,
 }
 
+/// Wear of the log's segments: their reuse counts (times freed for reuse, the host's
+/// view of erase cycles), over every segment but the metadata segment 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct WearFigures {
+    pub min: u32,
+    pub mean: f64,
+    pub max: u32,
+    /// `max / mean` (1 when nothing was reused yet): the figure wear levelling bounds.
+    pub max_over_mean: f64,
+    /// `max - min`.
+    pub spread: u32,
+}
+
+impl WearFigures {
+    /// The figures of `counts` (zeros when empty).
+    pub fn of(counts: impl Iterator<Item = u32>) -> Self {
+        let (mut min, mut max, mut sum, mut n) = (u32::MAX, 0u32, 0u64, 0u64);
+        for c in counts {
+            min = min.min(c);
+            max = max.max(c);
+            sum += c as u64;
+            n += 1;
+        }
+        if n == 0 {
+            return WearFigures::default();
+        }
+        let mean = sum as f64 / n as f64;
+        WearFigures {
+            min,
+            mean,
+            max,
+            max_over_mean: if sum == 0 { 1.0 } else { max as f64 / mean },
+            spread: max - min,
+        }
+    }
+}
+
 impl Segments {
     /// Builds the table from records (index 0 is the metadata segment, never used), live
     /// counts included.
@@ -76,7 +120,7 @@ impl Segments {
             .iter()
             .enumerate()
             .filter(|(i, s)| *i != 0 && s.state == SegState::Free)
-            .map(|(i, _)| i as u32)
+            .map(|(i, s)| (s.erase_count, i as u32))
             .collect();
         let n = info.len();
         Segments {
@@ -84,6 +128,8 @@ impl Segments {
                 carried: vec![false; info.len()],
                 info,
                 free,
+                wear_aware: true,
+                released: 0,
             }),
             valid: records.iter().map(|r| AtomicU32::new(r.valid)).collect(),
             unwritten: (0..n).map(|_| AtomicU32::new(0)).collect(),
@@ -163,13 +209,20 @@ impl Segments {
     }
 
     /// Takes a free segment for `stream`, opened at entry sequence `seq`, unless that
-    /// would leave `keep` or fewer free (the cleaner's reserve).
-    pub fn allocate(&self, stream: u8, seq: u64, keep: usize) -> Option<u32> {
+    /// would leave `keep` or fewer free (the cleaner's reserve): the most worn with
+    /// `worn` (relocated data, which is cold and rests there), else the least worn
+    /// (wear-aware allocation, `docs/wear.md`).
+    pub fn allocate(&self, stream: u8, seq: u64, keep: usize, worn: bool) -> Option<u32> {
         let mut t = self.lock();
         if t.free.len() <= keep {
             return None;
         }
-        let seg = t.free.pop_front()?;
+        let worn = worn && t.wear_aware;
+        let (_, seg) = if worn {
+            t.free.pop_last()?
+        } else {
+            t.free.pop_first()?
+        };
         let i = &mut t.info[seg as usize];
         i.state = SegState::Open;
         i.stream = stream;
@@ -192,7 +245,10 @@ impl Segments {
             if i.state != SegState::Free {
                 i.state = SegState::Free;
                 i.erase_count += 1;
-                t.free.push_back(s);
+                let e = i.erase_count;
+                t.released = t.released.wrapping_add(1);
+                let key = if t.wear_aware { e } else { t.released };
+                t.free.insert((key, s));
                 t.carried[s as usize] = false;
             }
         }
@@ -307,16 +363,36 @@ impl Segments {
     /// Recovery: a free segment found holding the next chunk of `stream` becomes open.
     pub fn take_for_recovery(&self, seg: u32, stream: u8, seq: u64) -> bool {
         let mut t = self.lock();
-        let Some(pos) = t.free.iter().position(|&s| s == seg) else {
+        let Some(&key) = t.free.iter().find(|&&(_, s)| s == seg) else {
             return false;
         };
-        t.free.remove(pos);
+        t.free.remove(&key);
         let i = &mut t.info[seg as usize];
         i.state = SegState::Open;
         i.stream = stream;
         i.opened_seq = seq;
         self.owner[seg as usize].store(stream, Ordering::SeqCst);
         true
+    }
+
+    /// Turns wear-aware allocation on or off (off: first freed, first used).
+    pub fn set_wear_aware(&self, on: bool) {
+        let mut t = self.lock();
+        if t.wear_aware == on {
+            return;
+        }
+        t.wear_aware = on;
+        let free: Vec<u32> = t.free.iter().map(|&(_, s)| s).collect();
+        t.free = free
+            .into_iter()
+            .map(|s| (if on { t.info[s as usize].erase_count } else { 0 }, s))
+            .collect();
+    }
+
+    /// The wear of every segment but 0.
+    pub fn wear(&self) -> WearFigures {
+        let t = self.lock();
+        WearFigures::of(t.info.iter().skip(1).map(|i| i.erase_count))
     }
 
     /// Times `seg` was freed for reuse.
@@ -332,13 +408,46 @@ impl Segments {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn wear_figures_of_reuse_counts() {
+        let w = super::WearFigures::of([2u32, 4, 6].into_iter());
+        assert_eq!((w.min, w.max, w.spread), (2, 6, 4));
+        assert!((w.mean - 4.0).abs() < 1e-9 && (w.max_over_mean - 1.5).abs() < 1e-9);
+        assert_eq!(super::WearFigures::of([0u32, 0].into_iter()).max_over_mean, 1.0);
+        assert_eq!(super::WearFigures::of(std::iter::empty()).max, 0);
+    }
+
+    #[test]
+    fn allocation_takes_the_least_worn_for_users_and_the_most_worn_for_relocations() {
+        use crate::records::{SegState, SegmentRecord};
+        let recs: Vec<SegmentRecord> = [0u32, 5, 1, 9, 3]
+            .iter()
+            .enumerate()
+            .map(|(i, &e)| SegmentRecord {
+                segment: i as u32,
+                state: if i == 0 { SegState::Closed } else { SegState::Free },
+                stream: 0,
+                erase_count: e,
+                opened_seq: 0,
+                valid: 0,
+            })
+            .collect();
+        let t = super::Segments::from_records(&recs);
+        assert_eq!(t.allocate(1, 0, 0, false), Some(2), "erase count 1");
+        assert_eq!(t.allocate(7, 0, 0, true), Some(3), "erase count 9");
+        assert_eq!(t.allocate(1, 0, 0, false), Some(4), "erase count 3");
+        t.close(2);
+        t.release(&[2]);
+        assert_eq!(t.allocate(1, 0, 0, false), Some(2), "erase count 2 now, below 5");
+    }
+
     use super::*;
 
     #[test]
     fn allocate_close_release() {
         let t = Segments::from_records(&Segments::fresh_records(4));
         assert_eq!(t.free_count(), 3);
-        let s = t.allocate(2, 10, 0).unwrap();
+        let s = t.allocate(2, 10, 0, false).unwrap();
         assert_eq!(s, 1);
         t.chunk_begin(s, 2);
         assert_eq!(t.buffered_owner(s), Some(2));
@@ -355,10 +464,10 @@ mod tests {
         t.note_append(2, None);
         t.note_append(3, Some(2));
         assert_eq!((t.valid(2), t.valid(3)), (0, 1));
-        assert!(t.allocate(0, 0, 3).is_none(), "the reserve is kept");
-        t.allocate(0, 0, 0);
-        t.allocate(0, 0, 0);
-        t.allocate(0, 0, 0);
-        assert!(t.allocate(0, 0, 0).is_none());
+        assert!(t.allocate(0, 0, 3, false).is_none(), "the reserve is kept");
+        t.allocate(0, 0, 0, false);
+        t.allocate(0, 0, 0, false);
+        t.allocate(0, 0, 0, false);
+        assert!(t.allocate(0, 0, 0, false).is_none());
     }
 }

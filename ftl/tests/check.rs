@@ -178,3 +178,41 @@ fn the_checker_includes_what_a_dead_servers_staging_file_holds() {
     assert_eq!(rep.recovery.staged.entries, 30);
     assert_eq!(f.stats().mapped_blocks, 30);
 }
+
+/// Check 7: a free record's reuse count is the table's plus one; a record that says
+/// otherwise is reported under "wear", and the report carries the wear figures.
+#[test]
+fn a_free_record_with_a_wrong_reuse_count_is_reported() {
+    let (dev, idx, f) = tiny_crash();
+    for round in 0..3u64 {
+        for l in 0..48 {
+            f.write(l, &block_for(l, round * 100 + l + 1), false, StreamId(1))
+                .unwrap();
+        }
+        f.flush().unwrap();
+        if round == 0 {
+            f.checkpoint().unwrap();
+        }
+    }
+    let r = f.free_dead().unwrap();
+    assert!(r.segments_freed > 0, "{r:?}");
+    drop(f);
+    let report = check(&dev, &idx, true).unwrap();
+    assert!(report.clean(), "{:?}", report.problems);
+    assert!(report.wear.max <= 1, "{:?}", report.wear);
+    let (k, v) = idx
+        .load_kind(ftl::index::Key::FREE)
+        .unwrap()
+        .into_iter()
+        .next()
+        .expect("a free record");
+    let mut rec = ftl::records::FreeRecord::decode(&v).unwrap();
+    rec.erase_count += 5;
+    idx.poke(k, rec.encode());
+    let report = check(&dev, &idx, true).unwrap();
+    assert!(
+        report.problems.iter().any(|p| p.check == "wear"),
+        "{:?}",
+        report.problems
+    );
+}

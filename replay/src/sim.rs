@@ -32,6 +32,9 @@ pub struct SimConfig {
     /// `ftl::classify::DEFAULT_TRACKED_BLOCKS`); fewer than the capacity shares slots.
     #[serde(default)]
     pub tracked_blocks: Option<u64>,
+    /// Wear-aware allocation and static wear levelling (`ftl::Config::wear_levelling`).
+    #[serde(default)]
+    pub wear_levelling: bool,
     /// The workload's write probability per LBA, for the `frequency` classifier
     /// (`workload::write_probabilities`); without it the trace's counts stand in.
     #[serde(skip)]
@@ -78,6 +81,10 @@ pub struct SimReport {
     /// The same over the second half of the run (steady state).
     pub waf_steady: f64,
     pub segments_cleaned: u64,
+    /// Segment reuse counts at the end of the run, and the victims static wear levelling
+    /// picked (their copies are in the WAF).
+    pub wear: ftl::WearFigures,
+    pub wear_victims: u64,
     /// Checkpoints written (each frees the segments cleaned before it).
     pub checkpoints: u64,
     /// Relocations the FTL sent to its GC stream because their stream would have needed
@@ -121,6 +128,7 @@ fn build(cfg: &SimConfig) -> Result<(Arc<SimFtl>, u64), Error> {
                 let fcfg = Config {
                     gc_reserve_segments: 2,
                     discard_freed: true,
+                    wear_levelling: cfg.wear_levelling,
                     ..Config::default()
                 };
                 let (f, _) = Ftl::open(dev, idx, fcfg)?;
@@ -269,6 +277,8 @@ pub fn simulate(
         waf: end.backing_blocks_written as f64 / end.user_blocks_written.max(1) as f64,
         waf_steady: steady(end.backing_blocks_written - mid.backing_blocks_written),
         segments_cleaned: cleaner.stats.segments_cleaned,
+        wear: f.stats().wear,
+        wear_victims: cleaner.stats.wear_victims,
         checkpoints,
         relocated_diverted: f.relocations_diverted(),
         per_stream,

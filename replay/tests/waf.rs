@@ -17,6 +17,7 @@ fn run_with(workload: &str, classifier: ClassifierKind, policy: Policy, seed: u6
         classifier,
         classes: 7,
         tracked_blocks: None,
+        wear_levelling: true,
         write_probabilities: Some(write_probabilities(&w, logical, seed).into()),
         policy,
         series_points: 20,

@@ -124,6 +124,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     pub(crate) fn from_parts(p: Parts<D, I>) -> Self {
         let geo = p.sb.geometry;
         let cfg = p.cfg.resolved(geo.exported_blocks);
+        p.segs.set_wear_aware(cfg.wear_levelling);
         let log = Appender::new(
             Session {
                 geo,
@@ -200,6 +201,11 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     }
 
     /// First 8 bytes of the superblock uuid, stamped into every chunk summary.
+    /// The configuration it was opened with.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
     pub fn format_id(&self) -> u64 {
         self.sb.format_id()
     }

@@ -40,6 +40,8 @@ pub struct Stats {
     pub space_wait_ns: u64,
     /// Where checkpoints spent their time since open.
     pub checkpoint_times: super::checkpoint::CheckpointTimesNs,
+    /// Segment reuse counts: min, mean, max and spread.
+    pub wear: crate::segments::WearFigures,
 }
 
 impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
@@ -75,6 +77,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             throttled_ns,
             space_wait_ns,
             checkpoint_times: self.ckpt.times(),
+            wear: t.segs.wear(),
         }
     }
 
