@@ -181,8 +181,8 @@ pub fn run(a: ReplayArgs) -> Result<(), CliError> {
         println!("segments cleaned    {}", report.segments_cleaned);
         let w = &report.wear;
         println!(
-            "segment reuse       min {} / mean {:.1} / max {} (max/mean {:.2}, spread {}; {} wear-levelling victims)",
-            w.min, w.mean, w.max, w.max_over_mean, w.spread, report.wear_victims
+            "segment reuse       min {} / mean {:.1} / max {} (max/mean {:.2}, spread {}; {} wear-levelling victims, {} extra copies)",
+            w.min, w.mean, w.max, w.max_over_mean, w.spread, report.wear_victims, report.wear_extra_blocks
         );
         println!("diverted to GC      {} blocks", report.relocated_diverted);
         println!(

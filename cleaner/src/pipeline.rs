@@ -21,9 +21,10 @@
 //! Only [`crate::slice::Cleaner`] uses them (`Cleaner::start_helpers`); both threads end
 //! when it is dropped.
 
-use crate::policy::{pick_victim, wear_victim, Policy};
+use crate::policy::{pick_victim, wear_affordable, wear_victim, Policy};
 use ftl::device::{AlignedBuf, BLOCK_SIZE};
 use ftl::{BlockDevice, Ftl, IndexStore, LiveBlock};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -54,6 +55,7 @@ pub(crate) struct Prepared {
 /// also reads the first window's live blocks into it.
 pub(crate) fn prepare<D: BlockDevice, I: IndexStore>(
     ftl: &Ftl<D, I>,
+    budget: &WearBudget,
     policy: Policy,
     exclude: &[u32],
     window_blocks: u64,
@@ -62,14 +64,23 @@ pub(crate) fn prepare<D: BlockDevice, I: IndexStore>(
     let t = Instant::now();
     let snap = ftl.segment_snapshot();
     let bps = ftl.geometry().blocks_per_segment();
-    // Static wear levelling first, when the wear is spread too far (`policy::wear_victim`).
+    let picked = pick_victim(policy, &snap, ftl.current_seq(), bps, exclude);
+    // Static wear levelling first, when the wear is spread too far
+    // (`policy::wear_victim`) and what it costs beyond the policy's victim fits its budget.
+    let valid_of = |seg: u32| {
+        snap.iter()
+            .find(|s| s.segment == seg)
+            .map_or(0, |s| s.valid as u64)
+    };
     let wear = if ftl.config().wear_levelling {
-        wear_victim(&snap, exclude)
+        wear_victim(&snap, exclude).filter(|&w| {
+            let extra = valid_of(w).saturating_sub(picked.map_or(0, valid_of));
+            budget.spend(policy, extra, ftl.counters().user_blocks_written)
+        })
     } else {
         None
     };
-    let Some(victim) = wear.or_else(|| pick_victim(policy, &snap, ftl.current_seq(), bps, exclude))
-    else {
+    let Some(victim) = wear.or(picked) else {
         return Ok(None);
     };
     let window_of = |b: &LiveBlock| b.entry.pba().map_or(u64::MAX, |p| p as u64 / window_blocks);
@@ -124,6 +135,28 @@ pub(crate) fn prepare<D: BlockDevice, I: IndexStore>(
     }))
 }
 
+/// What static wear levelling spent: copies of its victims beyond those of the victims
+/// the policy would have taken (shared by the cleaner and its prefetcher).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct WearBudget(Arc<AtomicU64>);
+
+impl WearBudget {
+    /// Spends `extra` if it fits the budget over `user_blocks` written; says whether.
+    fn spend(&self, policy: Policy, extra: u64, user_blocks: u64) -> bool {
+        let spent = self.0.load(Ordering::Relaxed);
+        if !wear_affordable(policy, extra, spent, user_blocks) {
+            return false;
+        }
+        self.0.fetch_add(extra, Ordering::Relaxed);
+        true
+    }
+
+    /// Extra copies spent so far.
+    pub(crate) fn spent(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// A request to the prefetch thread, and its answer (with the buffer it was given).
 struct Request {
     policy: Policy,
@@ -149,6 +182,7 @@ impl Prefetcher {
     /// `window_blocks` blocks).
     pub(crate) fn spawn<D, I>(
         ftl: &Arc<Ftl<D, I>>,
+        budget: &WearBudget,
         window_blocks: u64,
         buf_len: usize,
     ) -> std::io::Result<Self>
@@ -159,6 +193,7 @@ impl Prefetcher {
         let (tx, req_rx) = mpsc::channel::<Request>();
         let (ans_tx, rx) = mpsc::channel::<Answer>();
         let ftl = ftl.clone();
+        let budget = budget.clone();
         std::thread::Builder::new()
             .name("ftl-prefetch".into())
             .spawn(move || {
@@ -166,6 +201,7 @@ impl Prefetcher {
                 for mut r in req_rx {
                     let p = prepare(
                         &ftl,
+                        &budget,
                         r.policy,
                         &[r.exclude],
                         window_blocks,

@@ -67,6 +67,9 @@ pub struct CleanerStats {
     /// Victims static wear levelling picked (`policy::wear_victim`; their copies count in
     /// `blocks_copied` and the WAF like any other).
     pub wear_victims: u64,
+    /// What they cost: copies beyond those of the victims the policy would have taken
+    /// (at most `policy::WEAR_BUDGET` of the user blocks written).
+    pub wear_extra_blocks: u64,
     pub slices: u64,
     pub preemptions: u64,
     /// Where the cleaner's time went, in nanoseconds: picking victims and walking their
@@ -103,6 +106,7 @@ pub struct Cleaner<D: BlockDevice, I: IndexStore> {
     writers: Option<ftl::ChunkWriters>,
     gc_stream: Box<dyn Fn(u64) -> StreamId + Send>,
     pub stats: CleanerStats,
+    wear: crate::pipeline::WearBudget,
     /// Utilisation (live / blocks per segment) of each victim when it was picked.
     pub victim_utilization: Vec<f32>,
 }
@@ -120,6 +124,7 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
             writers: None,
             gc_stream: Box::new(|_| GC_STREAM),
             stats: CleanerStats::default(),
+            wear: Default::default(),
             victim_utilization: Vec::new(),
         }
     }
@@ -148,6 +153,7 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
         )?);
         self.prefetch = Some(Prefetcher::spawn(
             &self.ftl,
+            &self.wear,
             self.window_blocks,
             self.window.len(),
         )?);
@@ -206,7 +212,7 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                 Some(p) => p,
                 None => {
                     let wb = self.window_blocks;
-                    match prepare(&self.ftl, policy, &[], wb, None)? {
+                    match prepare(&self.ftl, &self.wear, policy, &[], wb, None)? {
                         Some(p) => p,
                         None => return Ok(SliceEnd::NoVictim),
                     }
@@ -215,6 +221,7 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
             self.stats.pick_ns += prepared.pick_ns;
             self.stats.read_ns += prepared.read_ns;
             self.stats.wear_victims += prepared.wear as u64;
+            self.stats.wear_extra_blocks = self.wear.spent();
             let bps = self.ftl.geometry().blocks_per_segment();
             self.victim_utilization
                 .push(prepared.blocks.len() as f32 / bps as f32);

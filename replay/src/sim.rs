@@ -85,6 +85,8 @@ pub struct SimReport {
     /// picked (their copies are in the WAF).
     pub wear: ftl::WearFigures,
     pub wear_victims: u64,
+    /// Their copies beyond those of the victims the policy would have taken.
+    pub wear_extra_blocks: u64,
     /// Checkpoints written (each frees the segments cleaned before it).
     pub checkpoints: u64,
     /// Relocations the FTL sent to its GC stream because their stream would have needed
@@ -279,6 +281,7 @@ pub fn simulate(
         segments_cleaned: cleaner.stats.segments_cleaned,
         wear: f.stats().wear,
         wear_victims: cleaner.stats.wear_victims,
+        wear_extra_blocks: cleaner.stats.wear_extra_blocks,
         checkpoints,
         relocated_diverted: f.relocations_diverted(),
         per_stream,

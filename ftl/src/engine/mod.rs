@@ -226,6 +226,12 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.log.next_entry_seq()
     }
 
+    /// The lifetime counters (user, backing, relocated blocks...), without the rest of
+    /// [`Ftl::stats`].
+    pub fn counters(&self) -> Counters {
+        self.t.counters.get()
+    }
+
     fn check_range(&self, lba: u64, blocks: u64) -> Result<()> {
         let cap = self.t.geo.exported_blocks;
         match lba.checked_add(blocks) {
