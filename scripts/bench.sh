@@ -4,7 +4,7 @@
 # Usage: scripts/bench.sh [--size 2G] [--dir /var/tmp/ftlblk-bench] [--out bench.json]
 #                         [--rounds 3] [--read-pairs 7] [--pair-ops 200000]
 #                         [--read-threads 2] [--settle 10]
-#                         [--only fresh|steady|scale|all] [--passes 3] [--plot bench-steady.png]
+#                         [--only fresh|steady|scale|frag|all] [--passes 3] [--plot bench-steady.png]
 #                         [--scale-sizes "256G 1T 15T"] [--scale-ops 200000]
 #
 # Three parts, all by default (--only picks one; the other parts of --out are kept):
@@ -115,8 +115,8 @@ fio_json() { # name, extra fio args...
         --iodepth=32 --numjobs=1 --group_reporting --output-format=json "$@" > "$DIR/fio-$name.json"
 }
 case "$ONLY" in
-    all|fresh|steady|scale) ;;
-    *) echo "bench.sh: --only takes fresh, steady, scale or all" >&2; exit 2 ;;
+    all|fresh|steady|scale|frag) ;;
+    *) echo "bench.sh: --only takes fresh, steady, scale, frag or all" >&2; exit 2 ;;
 esac
 
 steady_part() {
@@ -302,6 +302,54 @@ print(f"wrote the scale section of {out}")
 PY
 }
 
+frag_part() {
+    # FRAGREAD (issue 18): a 1 GiB region written with 1 MiB writes, a quarter of its
+    # blocks overwritten with random 4 KiB writes, then read in order with 128 KiB reads
+    # at QD8: raw fio on the file, then `ftlblk bench --tests fragread,fragreadflush`
+    # (the same in-process, without and with a FLUSH every 32 overwrites), alternated
+    # in 3 rounds on a 3G backing (1 GiB is under half of what it exports). Medians.
+    local img="$DIR/frag.img"
+    for r in 1 2 3; do
+        echo "-- frag round $r: raw fio" >&2
+        rm -f "$img"; rm -rf "$img.ftlidx"
+        fio --name=fw --filename="$img" --size=1G --bs=1M --rw=write --ioengine=io_uring --direct=1 \
+            --iodepth=8 --output-format=terse >/dev/null
+        fio --name=fo --filename="$img" --size=1G --bs=4k --rw=randwrite --io_size=256M \
+            --ioengine=io_uring --direct=1 --iodepth=1 --output-format=terse >/dev/null
+        fio --name=fr --filename="$img" --size=1G --bs=128k --rw=read --ioengine=io_uring --direct=1 \
+            --iodepth=8 --output-format=json > "$DIR/fio-fragread-$r.json"
+        rm -f "$img"
+        echo "-- frag round $r: ftlblk bench" >&2
+        "$BIN" bench --backing "$img" --size 3G --tests fragread,fragreadflush > "$DIR/fragread-$r.json"
+        rm -f "$img"; rm -rf "$img.ftlidx"
+    done
+    python3 - "$DIR" "$OUT" <<'PY'
+import json, os, statistics, sys
+d, out = sys.argv[1], sys.argv[2]
+raw = [json.load(open(f"{d}/fio-fragread-{r}.json"))["jobs"][0]["read"]["bw_bytes"] / 1e6 for r in (1, 2, 3)]
+res = {"raw_read_mb_per_s": statistics.median(raw), "raw_all": raw}
+for t in ("fragread", "fragreadflush"):
+    runs = [json.load(open(f"{d}/fragread-{r}.json"))[t] for r in (1, 2, 3)]
+    mbs = [x["read_mb_per_s"] for x in runs]
+    res[t] = {"read_mb_per_s": statistics.median(mbs), "all": mbs,
+              "ratio_to_raw": statistics.median(m / w for m, w in zip(mbs, raw)),
+              "backing_reads_per_128k": statistics.median(x["backing_reads_per_128k"] for x in runs),
+              "mean_contiguous_run_blocks": statistics.median(x["mean_contiguous_run_blocks"] for x in runs)}
+    r = res[t]
+    print(f"{t:<14} {r['read_mb_per_s']:7.0f} MB/s ({min(mbs):.0f}-{max(mbs):.0f}), raw {statistics.median(raw):.0f}: "
+          f"{r['ratio_to_raw']:.2f}x (target >= 0.8); {r['backing_reads_per_128k']:.2f} backing reads per 128 KiB, "
+          f"mean run {r['mean_contiguous_run_blocks']:.1f} blocks")
+doc = json.load(open(out)) if os.path.exists(out) else {}
+doc["fragread"] = res
+json.dump(doc, open(out, "w"), indent=2)
+print(f"wrote the fragread section of {out}")
+PY
+}
+
+if [ "$ONLY" = frag ]; then
+    frag_part
+    exit 0
+fi
 if [ "$ONLY" = steady ]; then
     steady_part
     exit 0
@@ -399,4 +447,5 @@ PY
 if [ "$ONLY" = all ]; then
     steady_part
     scale_part
+    frag_part
 fi

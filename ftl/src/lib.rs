@@ -61,6 +61,7 @@ pub use config::{Config, MAX_DEFAULT_CHECKPOINT_BLOCKS};
 pub use device::BlockDevice;
 pub use engine::checkpoint::{dead_batch_due, CheckpointReport, CheckpointTimesNs};
 pub use engine::free::FreeReport;
+pub use engine::read::Fragmentation;
 pub use engine::reloc::{LiveBlock, MAX_READ_BYTES, READ_GAP_BLOCKS};
 pub use engine::stats::Stats;
 pub use engine::{BlockLocation, Ftl, READ_RETRIES};

@@ -490,3 +490,30 @@ fn a_small_map_cache_stays_bounded_under_writes_and_reads_back_everything() {
     let r = ftl::check::check(&*dev, &*idx, true).unwrap();
     assert!(r.clean(), "{:#?}", r.problems);
 }
+
+/// Fragmentation as reads see it: one backing read per physically contiguous run of a
+/// window; an overwrite in the middle of a sequential run splits it in three.
+#[test]
+fn fragmentation_counts_the_backing_reads_of_each_window() {
+    let (_, _, f) = mem_ftl(64 << 20, &ftl::FormatOptions::default());
+    let data: Vec<u8> = (0..64u64).flat_map(|l| block_for(l, 1)).collect();
+    f.write(0, &data, false, S0).unwrap();
+    f.flush().unwrap();
+    let fr = f.fragmentation(0, 64, 32).unwrap();
+    assert_eq!(
+        (fr.windows, fr.reads, fr.mapped_blocks),
+        (2, 2, 64),
+        "{fr:?}"
+    );
+    f.write(5, &block_for(5, 2), false, S0).unwrap();
+    f.flush().unwrap();
+    let fr = f.fragmentation(0, 64, 32).unwrap();
+    assert_eq!((fr.windows, fr.reads), (2, 4), "{fr:?}");
+    assert_eq!(fr.mean_run_blocks(), 16.0);
+    assert_eq!(fr.reads_per_window(), 2.0);
+    assert_eq!(
+        f.fragmentation(100, 32, 32).unwrap().windows,
+        0,
+        "nothing mapped"
+    );
+}

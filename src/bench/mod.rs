@@ -52,7 +52,11 @@ pub struct BenchArgs {
     /// steadymix (full device, see --passes); scale (open time, RSS and random I/O over the
     /// whole of a large sparse backing, formatted beforehand with `ftlblk format`, or here
     /// with --size); rebuild (fill the device, overwrite 5% at random, TRIM 1/64, then
-    /// time `check --rebuild-index` and compare a sample of reads).
+    /// time `check --rebuild-index` and compare a sample of reads); fragread,
+    /// fragreadflush (a 1 GiB region written with 1 MiB writes, 25% of it overwritten
+    /// with random 4 KiB writes (fragreadflush: a FLUSH every 32), then read in order
+    /// with 128 KiB reads at QD8; backing reads per 128 KiB read and the mean contiguous
+    /// run).
     #[arg(long, default_value = "randwrite,randread,writeflush")]
     pub tests: String,
     /// RAM for the map's page cache (as `ftlblk add --map-cache`).
@@ -418,6 +422,89 @@ fn scale(a: &BenchArgs, index: &Path) -> Result<serde_json::Value, CliError> {
     }))
 }
 
+/// Fragmentation after random overwrites (issue 18): a region of 1 GiB (or half the
+/// device) written in order with 1 MiB writes, a quarter of its blocks overwritten at
+/// random with 4 KiB writes (with `flush`, a FLUSH every 32 of them), then read in order
+/// with 128 KiB reads, 8 in flight (8 threads taking the next read in turn).
+fn fragread(a: &BenchArgs, index: &Path, flush: bool) -> Result<serde_json::Value, CliError> {
+    const READ_BLOCKS: u64 = 32;
+    const WRITE_BLOCKS: u64 = 256;
+    let f = Arc::new(fresh(a, index)?);
+    let region = (1u64 << 30) / BLOCK_SIZE as u64;
+    let region = region.min(f.capacity_blocks() / 2) / WRITE_BLOCKS * WRITE_BLOCKS;
+    let t = Instant::now();
+    let mut buf = vec![0x3cu8; WRITE_BLOCKS as usize * BLOCK_SIZE];
+    for lba in (0..region).step_by(WRITE_BLOCKS as usize) {
+        for (i, b) in buf.chunks_mut(BLOCK_SIZE).enumerate() {
+            stamp(b, lba + i as u64, 0);
+        }
+        f.write(lba, &buf, false, StreamId(1))?;
+    }
+    f.flush()?;
+    let seq_write_s = t.elapsed().as_secs_f64();
+    let mut rng = SmallRng::seed_from_u64(a.seed + 9);
+    let t = Instant::now();
+    let mut blk = vec![0x77u8; BLOCK_SIZE];
+    for i in 0..region / 4 {
+        let lba = rng.gen_range(0..region);
+        stamp(&mut blk, lba, i + 1);
+        f.write(lba, &blk, false, StreamId(1))?;
+        if flush && i % 32 == 31 {
+            f.flush()?;
+        }
+    }
+    f.flush()?;
+    let overwrite_s = t.elapsed().as_secs_f64();
+    let frag = f.fragmentation(0, region, READ_BLOCKS)?;
+    let reads = region / READ_BLOCKS;
+    let next = Arc::new(AtomicU64::new(0));
+    let t = Instant::now();
+    let handles: Vec<_> = (0..8)
+        .map(|_| {
+            let (f, next) = (f.clone(), next.clone());
+            std::thread::spawn(move || -> Result<(), CliError> {
+                let mut b = vec![0u8; READ_BLOCKS as usize * BLOCK_SIZE];
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= reads {
+                        return Ok(());
+                    }
+                    f.read(i * READ_BLOCKS, &mut b)?;
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join()
+            .map_err(|_| CliError::Panicked("reader thread"))??;
+    }
+    let read_s = t.elapsed().as_secs_f64();
+    let bytes = region * BLOCK_SIZE as u64;
+    eprintln!(
+        "fragread{}: {} MiB read at {:.0} MB/s after {} random overwrites; {:.2} backing reads per \
+         128 KiB read, mean contiguous run {:.1} blocks",
+        if flush { " (FLUSH every 32)" } else { "" },
+        bytes >> 20,
+        bytes as f64 / read_s / 1e6,
+        region / 4,
+        frag.reads_per_window(),
+        frag.mean_run_blocks()
+    );
+    let f = Arc::try_unwrap(f).map_err(|_| CliError::Bench("the FTL is still shared".into()))?;
+    f.close()?;
+    Ok(serde_json::json!({
+        "region_bytes": bytes,
+        "flush_every": if flush { 32 } else { 0 },
+        "seq_write_seconds": seq_write_s,
+        "overwrites": region / 4,
+        "overwrite_seconds": overwrite_s,
+        "read_seconds": read_s,
+        "read_mb_per_s": bytes as f64 / read_s / 1e6,
+        "backing_reads_per_128k": frag.reads_per_window(),
+        "mean_contiguous_run_blocks": frag.mean_run_blocks(),
+    }))
+}
+
 /// The rebuild test: a device of --size filled (every exported block once, 4 KiB
 /// writes on --jobs threads), 5% of it overwritten at random, 1/64 of it trimmed in
 /// 1 MiB pieces, closed; then its index rebuilt from the log (timed, as `ftlblk check
@@ -598,6 +685,14 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                     f.close()?;
                 }
                 results.insert("scale".into(), scale(&a, &index)?);
+            }
+            "fragread" | "fragreadflush" => {
+                if let Some(f) = written.take() {
+                    f.close()?;
+                }
+                std::thread::sleep(std::time::Duration::from_secs(a.settle));
+                let json = fragread(&a, &index, *t == "fragreadflush")?;
+                results.insert(t.to_string(), json);
             }
             "rebuild" => {
                 if let Some(f) = written.take() {

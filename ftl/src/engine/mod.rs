@@ -56,7 +56,7 @@ use std::sync::Arc;
 pub(crate) mod checkpoint;
 mod flush;
 pub(crate) mod free;
-mod read;
+pub(crate) mod read;
 pub(crate) mod reloc;
 mod tombstones;
 pub(crate) mod stats;

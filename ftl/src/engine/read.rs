@@ -43,6 +43,40 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         })
     }
 
+    /// Fragmentation of `blocks` blocks from `lba`, cut in windows of `window` blocks
+    /// (as reads of that size see it): the backing reads [`Ftl::read`] issues for each
+    /// window (one per run of physically contiguous mapped blocks) summed over the
+    /// windows, and the windows with a mapped block. The mean contiguous run is
+    /// `mapped / reads`; the reads per user read `reads / windows`.
+    pub fn fragmentation(&self, lba: u64, blocks: u64, window: u64) -> Result<Fragmentation> {
+        self.check_range(lba, blocks)?;
+        let window = window.max(1);
+        let mut f = Fragmentation::default();
+        let mut w = lba;
+        while w < lba + blocks {
+            let end = (w + window).min(lba + blocks);
+            let mut prev: Option<u64> = None;
+            let mut any = false;
+            for l in w..end {
+                match self.t.map.get(l)?.pba() {
+                    Some(p) => {
+                        let p = p as u64;
+                        if prev != Some(p.wrapping_sub(1)) {
+                            f.reads += 1;
+                        }
+                        prev = Some(p);
+                        f.mapped_blocks += 1;
+                        any = true;
+                    }
+                    None => prev = None,
+                }
+            }
+            f.windows += any as u64;
+            w = end;
+        }
+        Ok(f)
+    }
+
     /// Reads whole blocks at `lba` into `buf`. Never-written and trimmed blocks read zeros.
     pub fn read(&self, lba: u64, buf: &mut [u8]) -> Result<()> {
         let n = Self::check_len(buf.len())?;
@@ -125,5 +159,26 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     pub fn map_entry(&self, lba: u64) -> Result<MapEntry> {
         self.check_range(lba, 1)?;
         self.t.map.get(lba)
+    }
+}
+
+/// What [`Ftl::fragmentation`] measured.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Fragmentation {
+    /// Windows holding at least one mapped block.
+    pub windows: u64,
+    /// Backing reads reading those windows takes (one per contiguous run).
+    pub reads: u64,
+    pub mapped_blocks: u64,
+}
+
+impl Fragmentation {
+    /// Mean physically contiguous run, in blocks.
+    pub fn mean_run_blocks(&self) -> f64 {
+        self.mapped_blocks as f64 / self.reads.max(1) as f64
+    }
+    /// Backing reads per window read.
+    pub fn reads_per_window(&self) -> f64 {
+        self.reads as f64 / self.windows.max(1) as f64
     }
 }
