@@ -498,16 +498,23 @@ impl Appender {
         Ok(true)
     }
 
+    /// Locks the stripes of `count` blocks from `lba` (at most [`STRIPES`]), in stripe
+    /// order (the one order every multi-stripe holder takes them in).
+    fn lock_stripes(&self, lba: u64, count: u32) -> Vec<crate::sync::MutexGuard<'_, ()>> {
+        let mut idx: Vec<usize> = (lba..lba + count as u64)
+            .map(|l| l as usize % STRIPES)
+            .collect();
+        idx.sort_unstable();
+        idx.dedup();
+        idx.iter().map(|&i| lock(&self.stripes[i])).collect()
+    }
+
     /// Unmaps at most [`STRIPES`] blocks under their stripe locks and logs one record.
     pub fn trim_piece(&self, t: &Tables, st: &mut StreamLog, lba: u64, count: u32) -> Result<()> {
         let Some(chunk) = st.chunk.as_mut() else {
             return Err(Error::Corrupt("trim without an open chunk".into()));
         };
-        let mut idx: Vec<usize> = (lba..lba + count as u64)
-            .map(|l| l as usize % STRIPES)
-            .collect();
-        idx.sort_unstable();
-        let _guards: Vec<_> = idx.iter().map(|&i| lock(&self.stripes[i])).collect();
+        let _guards = self.lock_stripes(lba, count);
         // The pages are read in before anything changes (a miss can fail).
         t.map.prefetch(lba, count as u64)?;
         // Rule 1, as for data.
@@ -552,11 +559,7 @@ impl Appender {
         let Some(chunk) = st.chunk.as_mut() else {
             return Err(Error::Corrupt("trim without an open chunk".into()));
         };
-        let mut idx: Vec<usize> = (lba..lba + count as u64)
-            .map(|l| l as usize % STRIPES)
-            .collect();
-        idx.sort_unstable();
-        let _guards: Vec<_> = idx.iter().map(|&i| lock(&self.stripes[i])).collect();
+        let _guards = self.lock_stripes(lba, count);
         let mut runs: Vec<(u64, u64)> = Vec::new();
         for l in lba..lba + count as u64 {
             if t.map.get(l)?.is_mapped() {
