@@ -255,7 +255,7 @@ MUTANTS = [
      [REBUILD]),
     ("checkpoint-5z", "checkpoint rule 5: a freed segment's first block is zeroed",
      "ftl/src/engine/checkpoint.rs",
-     [("""            if let Err(e) = self.dev.write_at(head, &crate::device::AlignedBuf::new(BLOCK_SIZE)) {""",
+     [("""            if let Err(e) = self.dev.write_at(head, &zero) {""",
        """            if let Err(e) = Ok::<(), std::io::Error>(()) {""")],
      [REBUILD]),
     ("recovery-2", "recovery rule 2: chunks past the break are zeroed",

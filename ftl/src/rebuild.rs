@@ -40,10 +40,9 @@ use crate::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
 use crate::error::{Error, Result};
 use crate::index::{IndexStore, Key, Op};
 use crate::map::MapEntry;
-use crate::records::{CheckpointRecord, Counters, MapPage, SegState, SegmentRecord, PAGE_ENTRIES};
+use crate::records::{CheckpointRecord, Counters, SegState, SegmentRecord, PAGE_ENTRIES};
 use crate::stream::STREAMS;
 use crate::summary::Entry;
-use crate::superblock::Superblock;
 use std::collections::BTreeMap;
 
 /// What a rebuild found and wrote.
@@ -285,20 +284,18 @@ pub fn rebuild<D: BlockDevice, I: IndexStore>(
         counters: Counters::default(),
         cursors: vec![None; STREAMS],
     };
-    write_index(index, &sb, &map, &records, &header, batch.max(1))?;
+    write_index(index, &map, &records, &header, batch.max(1))?;
     Ok(report)
 }
 
 /// Rule 1: cleared, then pages and segment records in batches, the checkpoint last.
 fn write_index<I: IndexStore>(
     index: &I,
-    sb: &Superblock,
     map: &[MapEntry],
     records: &[SegmentRecord],
     header: &CheckpointRecord,
     batch: usize,
 ) -> Result<()> {
-    let _ = sb;
     index.clear()?;
     let mut ops: Vec<Op> = Vec::with_capacity(batch);
     for (page, entries) in map.chunks(PAGE_ENTRIES).enumerate() {
@@ -307,11 +304,7 @@ fn write_index<I: IndexStore>(
         }
         let mut entries: Vec<u64> = entries.iter().map(|e| e.0).collect();
         entries.resize(PAGE_ENTRIES, MapEntry::UNMAPPED.0);
-        let page = page as u64;
-        ops.push(Op::Put(
-            Key::map_page(page),
-            MapPage { page, entries }.encode(),
-        ));
+        ops.push(crate::engine::checkpoint::page_op((page as u64, entries)));
         if ops.len() >= batch {
             index.commit(std::mem::take(&mut ops))?;
         }

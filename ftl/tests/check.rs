@@ -184,16 +184,11 @@ fn the_checker_includes_what_a_dead_servers_staging_file_holds() {
 #[test]
 fn a_free_record_with_a_wrong_reuse_count_is_reported() {
     let (dev, idx, f) = tiny_crash();
-    for round in 0..3u64 {
-        for l in 0..48 {
-            f.write(l, &block_for(l, round * 100 + l + 1), false, StreamId(1))
-                .unwrap();
-        }
-        f.flush().unwrap();
+    overwrite_rounds(&f, 3, |round| {
         if round == 0 {
             f.checkpoint().unwrap();
         }
-    }
+    });
     let r = f.free_dead().unwrap();
     assert!(r.segments_freed > 0, "{r:?}");
     drop(f);
@@ -221,18 +216,13 @@ fn a_free_record_with_a_wrong_reuse_count_is_reported() {
 #[test]
 fn reuse_counts_survive_a_crash_and_reopen() {
     let (dev, idx, f) = tiny_crash();
-    for round in 0..12u64 {
-        for l in 0..48 {
-            f.write(l, &block_for(l, round * 100 + l + 1), false, StreamId(1))
-                .unwrap();
-        }
-        f.flush().unwrap();
+    overwrite_rounds(&f, 12, |round| {
         if round % 2 == 0 {
             f.checkpoint().unwrap();
         } else {
             f.free_dead().unwrap();
         }
-    }
+    });
     let counts =
         |s: Vec<ftl::SegmentSnapshot>| -> Vec<u32> { s.iter().map(|s| s.erase_count).collect() };
     // Nothing left dead for the reopen's checkpoint to free (which would count a reuse).

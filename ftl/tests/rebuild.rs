@@ -193,13 +193,7 @@ fn a_freed_segment_shows_nothing_to_the_walker() {
         ..Config::default()
     };
     let (f, _) = Ftl::open(dev.clone(), idx.clone(), cfg).unwrap();
-    for round in 0..3u64 {
-        for l in 0..48 {
-            f.write(l, &block_for(l, round * 100 + l + 1), false, StreamId(1))
-                .unwrap();
-        }
-        f.flush().unwrap();
-    }
+    overwrite_rounds(&f, 3, |_| {});
     let used: Vec<u32> = f
         .segment_snapshot()
         .into_iter()

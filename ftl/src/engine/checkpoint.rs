@@ -303,6 +303,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// any checkpoint or free record from recording the segment meanwhile).
     pub(super) fn discard_and_release(&self, dead: &[u32]) {
         let geo = &self.t.geo;
+        let zero = crate::device::AlignedBuf::new(BLOCK_SIZE);
         for &s in dead {
             if self.cfg.discard_freed {
                 let bytes = geo.segment_bytes;
@@ -313,7 +314,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 }
             }
             let head = geo.segment_start(s) * BLOCK_SIZE as u64;
-            if let Err(e) = self.dev.write_at(head, &crate::device::AlignedBuf::new(BLOCK_SIZE)) {
+            if let Err(e) = self.dev.write_at(head, &zero) {
                 self.set_poison(format!(
                     "zeroing the first block of freed segment {s} failed: {e}"
                 ));
