@@ -34,7 +34,7 @@ use ftl::backing::FileFtl;
 use ftl::classify::Classifier;
 use ftl::device::BLOCK_SIZE;
 use ftl::request::{decode, Request, SECTORS_PER_BLOCK, SECTOR_SHIFT};
-use ftl::{BlockLocation, MapEntry};
+use ftl::MapEntry;
 use io_uring::{opcode, squeue, types};
 use libublk::helpers::IoBuf;
 use libublk::io::{BufDesc, UblkDev, UblkQueue};
@@ -255,31 +255,6 @@ async fn handle(
     }
 }
 
-/// A device-resident block of a READ: index in the request, byte offset, map entry.
-#[derive(Debug, Clone, Copy)]
-struct DevBlock {
-    idx: usize,
-    offset: u64,
-    entry: MapEntry,
-}
-
-/// Groups device blocks into runs that are adjacent both in the request and on the
-/// backing; returns `(first, count)` pairs over `blocks`.
-fn runs(blocks: &[DevBlock]) -> Vec<(usize, usize)> {
-    let mut out: Vec<(usize, usize)> = Vec::new();
-    for (k, b) in blocks.iter().enumerate() {
-        if let Some((first, count)) = out.last_mut() {
-            let prev = blocks[*first + *count - 1];
-            if prev.idx + 1 == b.idx && prev.offset + BLOCK_SIZE as u64 == b.offset {
-                *count += 1;
-                continue;
-            }
-        }
-        out.push((k, 1));
-    }
-    out
-}
-
 fn read_sqe(buf: *mut u8, len: usize, offset: u64) -> squeue::Entry {
     opcode::Read::new(types::Fixed(BACKING_FIXED_FILE), buf, len as u32)
         .offset(offset)
@@ -294,25 +269,12 @@ async fn read_blocks(
     lba: u64,
     buf: &mut [u8],
 ) -> Result<(), i32> {
-    let n = buf.len() / BLOCK_SIZE;
-    let mut dev_blocks = Vec::new();
-    for i in 0..n {
-        let blk = &mut buf[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
-        match ftl.locate(lba + i as u64, blk).map_err(|e| e.errno())? {
-            BlockLocation::Zero => blk.fill(0),
-            BlockLocation::Copied => {}
-            BlockLocation::Device { offset, entry } => dev_blocks.push(DevBlock {
-                idx: i,
-                offset,
-                entry,
-            }),
-        }
-    }
+    let dev_blocks = ftl.plan_read(lba, buf).map_err(|e| e.errno())?;
     if dev_blocks.is_empty() {
         return Ok(());
     }
     // Submit every run at once, then wait for all of them before touching the buffer.
-    let runs = runs(&dev_blocks);
+    let runs = ftl::device_runs(&dev_blocks);
     let base = buf.as_mut_ptr();
     let futures: Vec<_> = runs
         .iter()
@@ -346,6 +308,7 @@ async fn read_blocks(
             reread_block(ftl, l, blk)?;
         }
     }
+    ftl.note_read(lba, &dev_blocks, runs.len(), buf);
     Ok(())
 }
 
@@ -445,25 +408,5 @@ mod tests {
         assert_eq!(p.discard.max_discard_sectors % 8, 0);
         let big = device_params(1 << 30, BUF as u32);
         assert_eq!(big.discard.max_discard_sectors, (1u32 << 30) >> 9);
-    }
-
-    #[test]
-    fn coalesces_contiguous_runs() {
-        let e = MapEntry::UNMAPPED;
-        let b = |idx, offset| DevBlock {
-            idx,
-            offset,
-            entry: e,
-        };
-        let blocks = [
-            b(0, 4096),
-            b(1, 8192),
-            b(2, 0),
-            b(4, 4096),
-            b(5, 8192),
-            b(6, 12288),
-        ];
-        assert_eq!(runs(&blocks), vec![(0, 2), (2, 1), (3, 3)]);
-        assert!(runs(&[]).is_empty());
     }
 }

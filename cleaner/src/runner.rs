@@ -8,13 +8,15 @@
 //! back, yielding only between slices) while free space is at or below the low
 //! watermark, (4) otherwise cleans in the background (cost-benefit or cost-hotness) when
 //! the device is idle and the interval `Ci` has elapsed, yielding as soon as foreground
-//! I/O shows up at the end of a slice.
+//! I/O shows up at the end of a slice; between them, while free space is above the
+//! throttle's start, it rewrites read windows queued for defragmentation
+//! ([`crate::trigger::defrag_now`]).
 
 use crate::policy::Policy;
 use crate::slice::{Budget, Cleaner, CleanerStats, SliceEnd};
 use crate::trigger::{
-    background_interval, dead_batch, foreground_needed, reclaim_now, write_pace, CheckpointInputs,
-    Reclaim,
+    background_interval, dead_batch, defrag_now, foreground_needed, reclaim_now, write_pace,
+    CheckpointInputs, Reclaim, DEFRAG_WINDOWS_PER_TURN,
 };
 use ftl::{BlockDevice, Ftl, IndexStore};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -93,6 +95,9 @@ pub struct RunnerStats {
     /// Free-record commits (`Ftl::free_dead`) and the nanoseconds spent in them.
     pub frees: u64,
     pub free_ns: u64,
+    /// Read windows rewritten contiguously (`ftl::Ftl::defrag_step`) and their blocks moved.
+    pub defrag_windows: u64,
+    pub defrag_moved_blocks: u64,
     pub errors: u64,
 }
 
@@ -245,6 +250,8 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
             last_ops = ops;
             last_activity = Instant::now();
         }
+        // A turn spent defragmenting is not cleaning: it stays out of the measured rate.
+        let mut defragged = false;
         let mut turn = || -> Result<bool, crate::Error> {
             // Cleaned segments become free only through a durable free record or
             // checkpoint.
@@ -291,6 +298,18 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
                     .foreground_slices += 1;
                 return Ok(end != SliceEnd::NoVictim);
             }
+            // Read-driven defragmentation, when free space is comfortable: not only when
+            // idle (a long sequential read never is), a bounded batch per turn.
+            if defrag_now(ftl.defrag_waiting(), avail, throttle_start) {
+                let r = ftl.defrag_step(DEFRAG_WINDOWS_PER_TURN)?;
+                let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
+                s.defrag_windows += r.windows;
+                s.defrag_moved_blocks += r.moved;
+                if r.windows > 0 {
+                    defragged = true;
+                    return Ok(true);
+                }
+            }
             let idle = last_activity.elapsed() >= cfg.idle_gap;
             let interval = background_interval(free, min_free, cfg.min_interval);
             if idle && last_bg.elapsed() >= interval {
@@ -327,7 +346,7 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
                 false
             }
         };
-        if worked {
+        if worked && !defragged {
             rate.busy += began.elapsed();
         }
         rate.update(&cleaner.stats, bps);

@@ -134,9 +134,29 @@ pub fn dead_batch(segments: usize) -> usize {
     (segments / 64).max(1)
 }
 
+/// Windows of read-driven defragmentation rewritten per turn of the runner (at most 4
+/// MiB of relocations between two looks at free space and foreground work).
+pub const DEFRAG_WINDOWS_PER_TURN: usize = 32;
+
+/// Whether the runner rewrites queued read windows now (`ftl::Ftl::defrag_step`): some
+/// wait and free space (free plus dead segments) is above the point where writers are
+/// throttled, so defragmentation never costs a writer a throttle or the cleaner its
+/// room; foreground cleaning comes first.
+pub fn defrag_now(waiting: usize, avail: usize, throttle_start: usize) -> bool {
+    waiting > 0 && avail > throttle_start
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn defragmentation_waits_for_room_and_work() {
+        assert!(defrag_now(3, 20, 10));
+        assert!(!defrag_now(0, 20, 10), "nothing queued");
+        assert!(!defrag_now(3, 10, 10), "writers would be throttled");
+        assert!(!defrag_now(3, 4, 10));
+    }
 
     #[test]
     fn dead_segments_are_checkpointed_when_space_is_short_or_the_device_idle() {

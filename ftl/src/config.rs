@@ -33,6 +33,10 @@ pub struct Config {
     /// the least worn) and static wear levelling by the cleaner (`docs/wear.md`). Off:
     /// free segments are reused in the order they were freed, as before.
     pub wear_levelling: bool,
+    /// Read-driven defragmentation: large reads that find their range scattered queue
+    /// it to be rewritten contiguously by the cleaner's runner (`frag.rs`,
+    /// `docs/fragmentation.md`). Off: reads are only measured.
+    pub defrag: bool,
 }
 
 impl Default for Config {
@@ -43,6 +47,7 @@ impl Default for Config {
             gc_reserve_segments: 2,
             space_wait: std::time::Duration::from_secs(30),
             map_cache_bytes: crate::map::DEFAULT_CACHE_BYTES,
+            defrag: true,
             wear_levelling: true,
             checkpoint_page_batch: 4096,
         }

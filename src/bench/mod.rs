@@ -20,11 +20,13 @@
 mod steady;
 
 use crate::args::parse_size;
+use crate::background::Background;
 use crate::error::CliError;
 use crate::output::print_json;
 use clap::Args;
 use ftl::backing::{format_backing, open_backing, FileFtl};
 use ftl::device::{AlignedBuf, BLOCK_SIZE};
+use ftl::classify::write_classified;
 use ftl::{BlockLocation, Config, FormatOptions, StreamId};
 use io_uring::{opcode, types, IoUring};
 use rand::rngs::SmallRng;
@@ -422,74 +424,118 @@ fn scale(a: &BenchArgs, index: &Path) -> Result<serde_json::Value, CliError> {
     }))
 }
 
-/// Fragmentation after random overwrites (issue 18): a region of 1 GiB (or half the
-/// device) written in order with 1 MiB writes, a quarter of its blocks overwritten at
+/// Fragmentation after random overwrites (issue 18), on the FTL wired as the daemon
+/// wires it ([`Background`]: classified writes, chunk writers, the cleaner's runner, which
+/// also rewrites the windows reads queue for defragmentation): a region of 1 GiB (or half
+/// the device) written in order with 1 MiB writes, a quarter of its blocks overwritten at
 /// random with 4 KiB writes (with `flush`, a FLUSH every 32 of them), then read in order
-/// with 128 KiB reads, 8 in flight (8 threads taking the next read in turn).
+/// with 128 KiB reads, 8 in flight (8 threads taking the next read in turn); then, once
+/// the runner has rewritten what the first read queued, read again. Every block read is
+/// checked against the generation last written to it.
 fn fragread(a: &BenchArgs, index: &Path, flush: bool) -> Result<serde_json::Value, CliError> {
     const READ_BLOCKS: u64 = 32;
     const WRITE_BLOCKS: u64 = 256;
     let f = Arc::new(fresh(a, index)?);
+    let bg = Background::start(&f, true, false)?;
     let region = (1u64 << 30) / BLOCK_SIZE as u64;
     let region = region.min(f.capacity_blocks() / 2) / WRITE_BLOCKS * WRITE_BLOCKS;
+    let write = |lba: u64, data: &[u8]| {
+        write_classified(&f, &bg.classifier, Some(&bg.writers), lba, data, false)
+            .map_err(|e| CliError::ftl_at(format!("write at {lba}"), e))
+    };
     let t = Instant::now();
     let mut buf = vec![0x3cu8; WRITE_BLOCKS as usize * BLOCK_SIZE];
     for lba in (0..region).step_by(WRITE_BLOCKS as usize) {
         for (i, b) in buf.chunks_mut(BLOCK_SIZE).enumerate() {
             stamp(b, lba + i as u64, 0);
         }
-        f.write(lba, &buf, false, StreamId(1))?;
+        write(lba, &buf)?;
     }
     f.flush()?;
     let seq_write_s = t.elapsed().as_secs_f64();
     let mut rng = SmallRng::seed_from_u64(a.seed + 9);
+    let mut generation = vec![0u64; region as usize];
     let t = Instant::now();
     let mut blk = vec![0x77u8; BLOCK_SIZE];
     for i in 0..region / 4 {
         let lba = rng.gen_range(0..region);
         stamp(&mut blk, lba, i + 1);
-        f.write(lba, &blk, false, StreamId(1))?;
+        generation[lba as usize] = i + 1;
+        write(lba, &blk)?;
         if flush && i % 32 == 31 {
             f.flush()?;
         }
     }
     f.flush()?;
     let overwrite_s = t.elapsed().as_secs_f64();
-    let frag = f.fragmentation(0, region, READ_BLOCKS)?;
-    let reads = region / READ_BLOCKS;
-    let next = Arc::new(AtomicU64::new(0));
-    let t = Instant::now();
-    let handles: Vec<_> = (0..8)
-        .map(|_| {
-            let (f, next) = (f.clone(), next.clone());
-            std::thread::spawn(move || -> Result<(), CliError> {
-                let mut b = vec![0u8; READ_BLOCKS as usize * BLOCK_SIZE];
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= reads {
-                        return Ok(());
+    let generation = Arc::new(generation);
+    let read_pass = || -> Result<(f64, ftl::Fragmentation), CliError> {
+        let frag = f.fragmentation(0, region, READ_BLOCKS)?;
+        let reads = region / READ_BLOCKS;
+        let next = Arc::new(AtomicU64::new(0));
+        let t = Instant::now();
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let (f, next, generation) = (f.clone(), next.clone(), generation.clone());
+                std::thread::spawn(move || -> Result<(), CliError> {
+                    let mut b = vec![0u8; READ_BLOCKS as usize * BLOCK_SIZE];
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= reads {
+                            return Ok(());
+                        }
+                        let at = i * READ_BLOCKS;
+                        f.read(at, &mut b)?;
+                        for (k, blk) in b.chunks(BLOCK_SIZE).enumerate() {
+                            let l = at + k as u64;
+                            let want = generation[l as usize];
+                            if blk[..8] != l.to_le_bytes() || blk[8..16] != want.to_le_bytes() {
+                                return Err(CliError::Bench(format!(
+                                    "block {l} read back wrong (want generation {want})"
+                                )));
+                            }
+                        }
                     }
-                    f.read(i * READ_BLOCKS, &mut b)?;
-                }
+                })
             })
-        })
-        .collect();
-    for h in handles {
-        h.join()
-            .map_err(|_| CliError::Panicked("reader thread"))??;
+            .collect();
+        for h in handles {
+            h.join()
+                .map_err(|_| CliError::Panicked("reader thread"))??;
+        }
+        Ok((t.elapsed().as_secs_f64(), frag))
+    };
+    let (read_s, frag) = read_pass()?;
+    // The runner rewrites what the read queued; wait for it (bounded).
+    let t = Instant::now();
+    while f.defrag_waiting() > 0 && t.elapsed() < std::time::Duration::from_secs(120) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let read_s = t.elapsed().as_secs_f64();
+    f.flush()?;
+    let defrag_s = t.elapsed().as_secs_f64();
+    let (reread_s, frag_after) = read_pass()?;
+    let s = f.stats();
     let bytes = region * BLOCK_SIZE as u64;
+    let ff = s.fragmentation;
     eprintln!(
-        "fragread{}: {} MiB read at {:.0} MB/s after {} random overwrites; {:.2} backing reads per \
-         128 KiB read, mean contiguous run {:.1} blocks",
+        "fragread{}: {} MiB after {} random overwrites ({:.0} writes/s): read at {:.0} MB/s \
+         ({:.2} backing reads per 128 KiB, mean run {:.1} blocks); {} windows rewritten \
+         ({} blocks) in {:.1} s; read again at {:.0} MB/s ({:.2} per 128 KiB, mean run {:.1})",
         if flush { " (FLUSH every 32)" } else { "" },
         bytes >> 20,
-        bytes as f64 / read_s / 1e6,
         region / 4,
+        (region / 4) as f64 / overwrite_s,
+        bytes as f64 / read_s / 1e6,
         frag.reads_per_window(),
-        frag.mean_run_blocks()
+        frag.mean_run_blocks(),
+        ff.defrag_windows,
+        ff.defrag_moved_blocks,
+        defrag_s,
+        bytes as f64 / reread_s / 1e6,
+        frag_after.reads_per_window(),
+        frag_after.mean_run_blocks(),
     );
+    bg.stop();
     let f = Arc::try_unwrap(f).map_err(|_| CliError::Bench("the FTL is still shared".into()))?;
     f.close()?;
     Ok(serde_json::json!({
@@ -498,10 +544,18 @@ fn fragread(a: &BenchArgs, index: &Path, flush: bool) -> Result<serde_json::Valu
         "seq_write_seconds": seq_write_s,
         "overwrites": region / 4,
         "overwrite_seconds": overwrite_s,
+        "overwrite_iops": (region / 4) as f64 / overwrite_s,
         "read_seconds": read_s,
         "read_mb_per_s": bytes as f64 / read_s / 1e6,
         "backing_reads_per_128k": frag.reads_per_window(),
         "mean_contiguous_run_blocks": frag.mean_run_blocks(),
+        "defrag_wait_seconds": defrag_s,
+        "reread_seconds": reread_s,
+        "reread_mb_per_s": bytes as f64 / reread_s / 1e6,
+        "reread_backing_reads_per_128k": frag_after.reads_per_window(),
+        "reread_mean_contiguous_run_blocks": frag_after.mean_run_blocks(),
+        "fragmentation": ff,
+        "waf": s.waf,
     }))
 }
 

@@ -1,6 +1,9 @@
 //! Classified writes: a write split by the classifier's stream for each block, the way
-//! the ublk server and the benchmarks write. Called by them; it only combines
-//! [`Classifier::on_write`] with [`Ftl::write`] / [`Ftl::write_via`].
+//! the ublk server and the benchmarks write; a large write (from
+//! [`crate::frag::whole_write_blocks`] at the fragmentation level large reads show) stays
+//! whole in the stream most of its blocks are classified into, so a file written in one
+//! piece is read back in one piece. Called by the ublk server and the benchmarks; it only
+//! combines [`Classifier::on_write`] with [`Ftl::write`] / [`Ftl::write_via`].
 
 use super::Classifier;
 use crate::device::{BlockDevice, BLOCK_SIZE};
@@ -30,6 +33,19 @@ pub fn write_classified<D: BlockDevice, I: IndexStore>(
         Some(w) => ftl.write_via(at, d, fua, s, w),
         None => ftl.write(at, d, fua, s),
     };
+    if n >= crate::frag::whole_write_blocks(ftl.frag_level()) {
+        let mut votes = [0usize; crate::stream::STREAMS];
+        for i in 0..n {
+            let s = classifier.on_write(lba + i as u64);
+            votes[s.0 as usize % votes.len()] += 1;
+        }
+        // The most common stream (ties: the lower one).
+        let (best, _) = votes
+            .iter()
+            .enumerate()
+            .fold((0, 0), |(b, v), (s, &c)| if c > v { (s, c) } else { (b, v) });
+        return write(lba, data, fua, StreamId(best as u8));
+    }
     let mut start = 0;
     let mut stream = classifier.on_write(lba);
     for i in 1..n {
@@ -83,5 +99,53 @@ mod tests {
             4 * rounds as u64 + 16
         );
         write_classified(&f, &c, None, 3, &[], false).unwrap();
+    }
+
+    #[test]
+    fn a_large_write_stays_in_one_stream_when_its_blocks_classify_apart() {
+        let (dev, idx) = (MemDevice::new(64 << 20), MemIndex::new());
+        crate::format(&dev, &idx, &FormatOptions::default(), false).unwrap();
+        let (f, _) = Ftl::open(dev, idx, Config::default()).unwrap();
+        let cap = f.capacity_blocks();
+        let p = crate::classify::Params {
+            period: 2048,
+            activate_permille: 50,
+            deactivate_permille: 20,
+            ..crate::classify::Params::for_capacity(1 << 20)
+        };
+        let c = Classifier::with_params(cap, p);
+        // 90% of the writes to the even blocks of 0..64, the rest spread over the cold
+        // ones (odd blocks of 0..64 among them): once the plan has run, neighbours
+        // classify into different streams.
+        for lba in 0..cap {
+            c.on_write(lba);
+        }
+        let mut x = 12345u64;
+        for _ in 0..20 * cap {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let lba = if x % 10 < 9 {
+                x / 16 % 32 * 2
+            } else {
+                64 + x / 16 % (cap - 64)
+            };
+            c.on_write(lba);
+        }
+        assert!(c.plans() > 0 && c.active_classes() > 1, "no plan split the classes");
+        assert_ne!(c.on_write(0), c.on_write(1), "neighbours classify apart");
+        let n = 32usize;
+        let data: Vec<u8> = (0..n).flat_map(|i| vec![i as u8; BLOCK_SIZE]).collect();
+        write_classified(&f, &c, None, 0, &data, false).unwrap();
+        f.flush().unwrap();
+        let frag = f.fragmentation(0, n as u64, n as u64).unwrap();
+        assert!(
+            frag.reads <= 2,
+            "a 128 KiB write was split: {} backing reads to read it",
+            frag.reads
+        );
+        let mut back = vec![0u8; n * BLOCK_SIZE];
+        f.read(0, &mut back).unwrap();
+        assert!(back == data);
     }
 }

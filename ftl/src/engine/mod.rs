@@ -4,7 +4,7 @@
 //! space, checkpoint when space runs out). Its children add the rest of the API, one
 //! concern each: `flush` (FLUSH and the device-sync group), `read` (locate, read, the
 //! retry path), [`reloc`] (what a cleaner calls), [`checkpoint`], `free` (dead segments
-//! freed between checkpoints), [`stats`].
+//! freed between checkpoints), `defrag` (read-driven defragmentation), [`stats`].
 //! Called by users of the crate (the ublk server, the cleaner, tools, tests). See the
 //! crate docs for the durability contract.
 //!
@@ -54,6 +54,7 @@ use checkpoint::Checkpointer;
 use std::sync::Arc;
 
 pub(crate) mod checkpoint;
+pub(crate) mod defrag;
 mod flush;
 pub(crate) mod free;
 pub(crate) mod read;
@@ -64,6 +65,9 @@ pub(crate) mod stats;
 /// How often a block that keeps moving under a read is located again before the read
 /// fails (every reader: [`Ftl::read`] and the ublk edge, through [`Ftl::reread_block`]).
 pub const READ_RETRIES: usize = 16;
+
+/// Bytes of read data queued for rewriting at most (`engine/defrag.rs`).
+pub const DEFRAG_QUEUE_BYTES: usize = 16 << 20;
 
 /// A log-structured FTL over a backing device `D` with its checkpoints in index `I`.
 ///
@@ -88,6 +92,11 @@ pub struct Ftl<D: BlockDevice, I: IndexStore> {
     diverted: AtomicU64,
     /// A carry of TRIM records runs (`engine/tombstones.rs`).
     carrying: crate::sync::AtomicBool,
+    /// What large reads cost (`frag.rs`), the windows waiting to be rewritten
+    /// contiguously and what rewriting them did (`engine/defrag.rs`).
+    frag: crate::frag::FragMeter,
+    defrag: crate::frag::DefragQueue,
+    defrag_done: defrag::DefragDone,
 }
 
 /// Where a block a caller wants to read lives.
@@ -155,6 +164,13 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             flush_group: GroupCommit::new(p.next_entry_seq),
             diverted: AtomicU64::new(0),
             carrying: crate::sync::AtomicBool::new(false),
+            frag: crate::frag::FragMeter::default(),
+            defrag: crate::frag::DefragQueue::new(if cfg.defrag {
+                DEFRAG_QUEUE_BYTES
+            } else {
+                0
+            }),
+            defrag_done: defrag::DefragDone::new(),
             cfg,
         }
     }

@@ -1,5 +1,6 @@
 //! Reads: where a block lives (a stream's buffer, the device, nowhere), device reads in
-//! physically contiguous runs, each block checked against its map entry's crc32c, and the
+//! physically contiguous runs issued together, each block checked against its map
+//! entry's crc32c, and the
 //! one retry path for a block that moved while it was read ([`Ftl::reread_block`], also
 //! used by the ublk edge). Called by the engine's users.
 
@@ -77,54 +78,63 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         Ok(f)
     }
 
-    /// Reads whole blocks at `lba` into `buf`. Never-written and trimmed blocks read zeros.
-    pub fn read(&self, lba: u64, buf: &mut [u8]) -> Result<()> {
+    /// Locates every block of a read of `buf.len()` bytes at `lba`: zeros and buffered
+    /// blocks are filled in `buf` here; the device-resident ones are returned in request
+    /// order, to be read (in [`device_runs`]) and verified by the caller. The one read
+    /// planner of every reader ([`Ftl::read`] and the ublk edge).
+    pub fn plan_read(&self, lba: u64, buf: &mut [u8]) -> Result<Vec<DeviceBlock>> {
         let n = Self::check_len(buf.len())?;
         self.check_range(lba, n)?;
-        let mut i = 0u64;
-        while i < n {
-            let blk = &mut buf[i as usize * BLOCK_SIZE..(i as usize + 1) * BLOCK_SIZE];
-            match self.locate(lba + i, blk)? {
-                BlockLocation::Zero => {
-                    blk.fill(0);
-                    i += 1;
-                }
-                BlockLocation::Copied => i += 1,
-                BlockLocation::Device { offset, entry } => {
-                    // Extend the run while the following blocks are physically contiguous.
-                    let mut run = vec![entry];
-                    while i + (run.len() as u64) < n {
-                        let next = self.t.map.get(lba + i + run.len() as u64)?;
-                        let contiguous = next.pba().is_some_and(|p| {
-                            p as u64 * BLOCK_SIZE as u64
-                                == offset + run.len() as u64 * BLOCK_SIZE as u64
-                                && self
-                                    .t
-                                    .segs
-                                    .buffered_owner(self.t.geo.segment_of(p as u64))
-                                    .is_none()
-                        });
-                        if !contiguous {
-                            break;
-                        }
-                        run.push(next);
-                    }
-                    let bytes =
-                        &mut buf[i as usize * BLOCK_SIZE..(i as usize + run.len()) * BLOCK_SIZE];
-                    self.dev
-                        .read_at(offset, bytes)
-                        .map_err(|e| Error::io("read", offset, e))?;
-                    for (k, e) in run.iter().enumerate() {
-                        let blk = &mut buf
-                            [(i as usize + k) * BLOCK_SIZE..(i as usize + k + 1) * BLOCK_SIZE];
-                        if !self.verify_block(lba + i + k as u64, *e, blk)? {
-                            self.reread_block(lba + i + k as u64, blk)?;
-                        }
-                    }
-                    i += run.len() as u64;
-                }
+        let mut dev = Vec::new();
+        for (i, blk) in buf.chunks_mut(BLOCK_SIZE).enumerate() {
+            match self.locate(lba + i as u64, blk)? {
+                BlockLocation::Zero => blk.fill(0),
+                BlockLocation::Copied => {}
+                BlockLocation::Device { offset, entry } => dev.push(DeviceBlock {
+                    idx: i,
+                    offset,
+                    entry,
+                }),
             }
         }
+        Ok(dev)
+    }
+
+    /// Reads whole blocks at `lba` into `buf`. Never-written and trimmed blocks read zeros.
+    /// The physically contiguous runs are read together (one batch of backing reads, so a
+    /// fragmented range costs the slowest of its reads, not their sum), then each block
+    /// is checked against its map entry.
+    pub fn read(&self, lba: u64, buf: &mut [u8]) -> Result<()> {
+        let dev = self.plan_read(lba, buf)?;
+        if dev.is_empty() {
+            return Ok(());
+        }
+        let runs = device_runs(&dev);
+        {
+            let mut reqs: Vec<(u64, &mut [u8])> = Vec::with_capacity(runs.len());
+            let mut rest: &mut [u8] = buf;
+            let mut at = 0usize;
+            for &(first, count) in &runs {
+                let b = dev[first];
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut((b.idx - at) * BLOCK_SIZE);
+                let (run, tail) = tail.split_at_mut(count * BLOCK_SIZE);
+                reqs.push((b.offset, run));
+                rest = tail;
+                at = b.idx + count;
+            }
+            let first = reqs.first().map_or(0, |r| r.0);
+            self.dev
+                .read_many(&mut reqs)
+                .map_err(|e| Error::io("read", first, e))?;
+        }
+        for b in &dev {
+            let l = lba + b.idx as u64;
+            let blk = &mut buf[b.idx * BLOCK_SIZE..(b.idx + 1) * BLOCK_SIZE];
+            if !self.verify_block(l, b.entry, blk)? {
+                self.reread_block(l, blk)?;
+            }
+        }
+        self.note_read(lba, &dev, runs.len(), buf);
         Ok(())
     }
 
@@ -162,6 +172,32 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     }
 }
 
+/// A device-resident block of a read: its index in the request, byte offset and map
+/// entry (what [`Ftl::plan_read`] returns).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceBlock {
+    pub idx: usize,
+    pub offset: u64,
+    pub entry: MapEntry,
+}
+
+/// Groups device blocks into runs adjacent both in the request and on the backing;
+/// returns `(first, count)` pairs over `blocks` (one backing read each).
+pub fn device_runs(blocks: &[DeviceBlock]) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for (k, b) in blocks.iter().enumerate() {
+        if let Some((first, count)) = out.last_mut() {
+            let prev = blocks[*first + *count - 1];
+            if prev.idx + 1 == b.idx && prev.offset + BLOCK_SIZE as u64 == b.offset {
+                *count += 1;
+                continue;
+            }
+        }
+        out.push((k, 1));
+    }
+    out
+}
+
 /// What [`Ftl::fragmentation`] measured.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct Fragmentation {
@@ -180,5 +216,29 @@ impl Fragmentation {
     /// Backing reads per window read.
     pub fn reads_per_window(&self) -> f64 {
         self.reads as f64 / self.windows.max(1) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_join_blocks_adjacent_in_the_request_and_on_the_device() {
+        let b = |idx, offset| DeviceBlock {
+            idx,
+            offset,
+            entry: MapEntry::UNMAPPED,
+        };
+        let blocks = [
+            b(0, 4096),
+            b(1, 8192),
+            b(2, 0),
+            b(4, 4096),
+            b(5, 8192),
+            b(6, 12288),
+        ];
+        assert_eq!(device_runs(&blocks), vec![(0, 2), (2, 1), (3, 3)]);
+        assert!(device_runs(&[]).is_empty());
     }
 }

@@ -42,6 +42,8 @@ pub struct Stats {
     pub checkpoint_times: super::checkpoint::CheckpointTimesNs,
     /// Segment reuse counts: min, mean, max and spread.
     pub wear: crate::segments::WearFigures,
+    /// What large reads cost and what read-driven defragmentation did.
+    pub fragmentation: super::defrag::FragFigures,
 }
 
 impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
@@ -78,6 +80,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             space_wait_ns,
             checkpoint_times: self.ckpt.times(),
             wear: t.segs.wear(),
+            fragmentation: self.frag_figures(),
         }
     }
 

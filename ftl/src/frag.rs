@@ -1,0 +1,291 @@
+//! Fragmentation: what large reads tell about it, and what to do about it (issue 18).
+//!
+//! Owns the read-side meter ([`FragMeter`]), the policy (pure functions over plain
+//! figures: [`level_of`], [`worth_defrag`], [`whole_write_blocks`]) and the bounded
+//! queue of read windows waiting to be rewritten contiguously ([`DefragQueue`]). The
+//! engine feeds the meter and the queue from every read (`engine/defrag.rs`); the
+//! cleaner's runner drains the queue when free space allows; the classified write path
+//! asks [`whole_write_blocks`] how large a write must be to stay in one stream. Nothing
+//! here does I/O.
+//!
+//! The levels follow the F2FS multi-level-threshold study (MTS: thresholds of 16 KiB,
+//! 32/64 KiB, then everything as fragmentation grows), measured as the mean physically
+//! contiguous run of recent large reads:
+//!
+//! | level  | mean run of recent large reads | window rewritten when its mean run is under | a write stays in one stream from |
+//! | ------ | ------------------------------ | ------------------------------------------- | -------------------------------- |
+//! | low    | >= 16 blocks (64 KiB)          | 4 blocks (16 KiB)                           | 16 blocks (64 KiB)               |
+//! | medium | >= 4 blocks (16 KiB)           | 16 blocks (64 KiB)                          | 8 blocks (32 KiB)                |
+//! | high   | < 4 blocks                     | the window (any split)                      | 2 blocks (every multi-block write) |
+//!
+//! Rewriting never overwrites in place: a window's blocks are relocated (compare and
+//! swap against the entries the read verified) into a fresh segment, so a FLUSH's
+//! promise is kept exactly as by the cleaner.
+
+use crate::sync::{lock, AtomicU64, Mutex, MutexGuard};
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+
+/// Reads of at least this many device-resident blocks (64 KiB) count as large reads:
+/// they feed the meter and may queue their window.
+pub const MIN_READ_BLOCKS: usize = 16;
+
+/// Weight of one large read in the recent mean run (an exponential average).
+const RECENT_WEIGHT: f64 = 1.0 / 64.0;
+
+/// Fragmentation level of the device, from the mean run of recent large reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FragLevel {
+    Low,
+    Medium,
+    High,
+}
+
+/// The level of a mean contiguous run (blocks); no large read yet (`None`) is low.
+pub fn level_of(mean_run_blocks: Option<f64>) -> FragLevel {
+    match mean_run_blocks {
+        Some(r) if r < 4.0 => FragLevel::High,
+        Some(r) if r < 16.0 => FragLevel::Medium,
+        _ => FragLevel::Low,
+    }
+}
+
+/// Whether a large read of `blocks` device-resident blocks that took `runs` backing reads
+/// is worth rewriting contiguously at `level` (see the module's table).
+pub fn worth_defrag(level: FragLevel, blocks: usize, runs: usize) -> bool {
+    if blocks < MIN_READ_BLOCKS || runs <= 1 {
+        return false;
+    }
+    let mean = blocks as f64 / runs as f64;
+    match level {
+        FragLevel::Low => mean < 4.0,
+        FragLevel::Medium => mean < 16.0,
+        FragLevel::High => true,
+    }
+}
+
+/// Writes of at least this many blocks go to one stream whole, rather than split by the
+/// classifier block by block (see the module's table).
+pub fn whole_write_blocks(level: FragLevel) -> usize {
+    match level {
+        FragLevel::Low => 16,
+        FragLevel::Medium => 8,
+        FragLevel::High => 2,
+    }
+}
+
+/// The read-side meter: large reads, their backing reads (runs) and blocks, lifetime and
+/// recent. Updated by every reader thread (relaxed atomics; a lost update of the recent
+/// average only delays it).
+#[derive(Debug)]
+pub struct FragMeter {
+    reads: AtomicU64,
+    runs: AtomicU64,
+    blocks: AtomicU64,
+    /// Recent mean run, as f64 bits (0: none yet).
+    recent_bits: AtomicU64,
+}
+
+impl Default for FragMeter {
+    fn default() -> Self {
+        FragMeter {
+            reads: AtomicU64::new(0),
+            runs: AtomicU64::new(0),
+            blocks: AtomicU64::new(0),
+            recent_bits: AtomicU64::new(0),
+        }
+    }
+}
+
+impl FragMeter {
+    /// Counts one read of `blocks` device-resident blocks in `runs` backing reads (reads
+    /// smaller than [`MIN_READ_BLOCKS`] are not counted).
+    pub fn observe(&self, blocks: usize, runs: usize) {
+        if blocks < MIN_READ_BLOCKS || runs == 0 {
+            return;
+        }
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.runs.fetch_add(runs as u64, Ordering::Relaxed);
+        self.blocks.fetch_add(blocks as u64, Ordering::Relaxed);
+        let run = blocks as f64 / runs as f64;
+        let old = f64::from_bits(self.recent_bits.load(Ordering::Relaxed));
+        let new = if old == 0.0 {
+            run
+        } else {
+            old + (run - old) * RECENT_WEIGHT
+        };
+        self.recent_bits.store(new.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Mean run of recent large reads (`None` before the first).
+    pub fn recent_mean_run(&self) -> Option<f64> {
+        let r = f64::from_bits(self.recent_bits.load(Ordering::Relaxed));
+        (r > 0.0).then_some(r)
+    }
+
+    /// The device's level now.
+    pub fn level(&self) -> FragLevel {
+        level_of(self.recent_mean_run())
+    }
+
+    /// Lifetime figures.
+    pub fn figures(&self) -> (u64, u64, u64) {
+        (
+            self.reads.load(Ordering::Relaxed),
+            self.runs.load(Ordering::Relaxed),
+            self.blocks.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// A read window waiting to be rewritten: the blocks the read found on the device, each
+/// with the map entry it was verified against, and their data (in the same order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DefragWindow {
+    /// `(lba, entry)` of each block.
+    pub blocks: Vec<(u64, crate::map::MapEntry)>,
+    pub data: Vec<u8>,
+}
+
+impl DefragWindow {
+    fn first_lba(&self) -> u64 {
+        self.blocks.first().map_or(0, |b| b.0)
+    }
+}
+
+/// The queue of windows to rewrite, bounded in bytes: a window that does not fit is
+/// dropped (and counted), and a window starting where a queued one starts is not queued
+/// twice.
+#[derive(Debug)]
+pub struct DefragQueue {
+    inner: Mutex<(VecDeque<DefragWindow>, usize)>,
+    cap_bytes: usize,
+    pub queued: AtomicU64,
+    pub dropped: AtomicU64,
+}
+
+impl DefragQueue {
+    pub fn new(cap_bytes: usize) -> Self {
+        DefragQueue {
+            inner: Mutex::new((VecDeque::new(), 0)),
+            cap_bytes,
+            queued: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, (VecDeque<DefragWindow>, usize)> {
+        lock(&self.inner)
+    }
+
+    /// Whether a window of `bytes` would be taken now (callers check before copying).
+    pub fn has_room(&self, bytes: usize) -> bool {
+        self.cap_bytes > 0 && self.lock().1 + bytes <= self.cap_bytes
+    }
+
+    /// Queues `w`; false when it was dropped (no room, or its start is queued already).
+    pub fn offer(&self, w: DefragWindow) -> bool {
+        let mut g = self.lock();
+        let first = w.first_lba();
+        if g.1 + w.data.len() > self.cap_bytes || g.0.iter().any(|q| q.first_lba() == first) {
+            drop(g);
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        g.1 += w.data.len();
+        g.0.push_back(w);
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Takes the oldest window.
+    pub fn take(&self) -> Option<DefragWindow> {
+        let mut g = self.lock();
+        let w = g.0.pop_front()?;
+        g.1 -= w.data.len();
+        Some(w)
+    }
+
+    /// Windows waiting.
+    pub fn len(&self) -> usize {
+        self.lock().0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::map::MapEntry;
+
+    #[test]
+    fn levels_follow_the_mean_run() {
+        assert_eq!(level_of(None), FragLevel::Low);
+        assert_eq!(level_of(Some(32.0)), FragLevel::Low);
+        assert_eq!(level_of(Some(16.0)), FragLevel::Low);
+        assert_eq!(level_of(Some(15.9)), FragLevel::Medium);
+        assert_eq!(level_of(Some(4.0)), FragLevel::Medium);
+        assert_eq!(level_of(Some(2.4)), FragLevel::High);
+    }
+
+    #[test]
+    fn the_threshold_widens_with_the_level() {
+        // 32 blocks in 3 runs (mean 10.7): medium and high rewrite it, low does not.
+        assert!(!worth_defrag(FragLevel::Low, 32, 3));
+        assert!(worth_defrag(FragLevel::Medium, 32, 3));
+        assert!(worth_defrag(FragLevel::High, 32, 3));
+        // Badly split: every level.
+        assert!(worth_defrag(FragLevel::Low, 32, 13));
+        // Contiguous, or too small to count: never.
+        for l in [FragLevel::Low, FragLevel::Medium, FragLevel::High] {
+            assert!(!worth_defrag(l, 32, 1));
+            assert!(!worth_defrag(l, MIN_READ_BLOCKS - 1, 8));
+        }
+        // 2 runs of 16: only high.
+        assert!(!worth_defrag(FragLevel::Medium, 32, 2));
+        assert!(worth_defrag(FragLevel::High, 32, 2));
+        assert!(whole_write_blocks(FragLevel::Low) > whole_write_blocks(FragLevel::Medium));
+        assert!(whole_write_blocks(FragLevel::Medium) > whole_write_blocks(FragLevel::High));
+    }
+
+    #[test]
+    fn the_meter_averages_recent_large_reads_only() {
+        let m = FragMeter::default();
+        assert_eq!(m.level(), FragLevel::Low);
+        m.observe(8, 8); // small: not counted
+        assert_eq!(m.figures(), (0, 0, 0));
+        m.observe(32, 16); // mean run 2
+        assert_eq!(m.level(), FragLevel::High);
+        for _ in 0..1000 {
+            m.observe(32, 1);
+        }
+        assert_eq!(m.level(), FragLevel::Low, "contiguous reads bring it back");
+        assert_eq!(m.figures(), (1001, 1016, 32032));
+    }
+
+    #[test]
+    fn the_queue_is_bounded_and_takes_a_window_once() {
+        let w = |lba: u64, n: usize| DefragWindow {
+            blocks: (0..n as u64).map(|i| (lba + i, MapEntry::UNMAPPED)).collect(),
+            data: vec![0; n * 4096],
+        };
+        let q = DefragQueue::new(64 * 4096);
+        assert!(q.offer(w(0, 32)));
+        assert!(!q.offer(w(0, 32)), "the same window twice");
+        assert!(q.has_room(32 * 4096));
+        assert!(q.offer(w(32, 32)));
+        assert!(!q.has_room(4096));
+        assert!(!q.offer(w(64, 1)), "over the bound");
+        assert_eq!((q.len(), q.dropped.load(Ordering::Relaxed)), (2, 2));
+        assert_eq!(q.take().map(|w| w.first_lba()), Some(0));
+        assert!(q.offer(w(64, 32)));
+        assert_eq!(q.take().map(|w| w.first_lba()), Some(32));
+        assert_eq!(q.take().map(|w| w.first_lba()), Some(64));
+        assert!(q.take().is_none() && q.is_empty());
+        assert!(!DefragQueue::new(0).has_room(4096));
+    }
+}
