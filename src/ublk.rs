@@ -308,7 +308,7 @@ async fn read_blocks(
             reread_block(ftl, l, blk)?;
         }
     }
-    ftl.note_read(lba, &dev_blocks, runs.len(), buf);
+    ftl.note_read(lba, &dev_blocks, buf);
     Ok(())
 }
 

@@ -37,6 +37,9 @@ pub struct Config {
     /// it to be rewritten contiguously by the cleaner's runner (`frag.rs`,
     /// `docs/fragmentation.md`). Off: reads are only measured.
     pub defrag: bool,
+    /// Bytes of read data the defragmentation queue holds at most; windows past it are
+    /// queued as ranges and read again when rewritten.
+    pub defrag_queue_bytes: usize,
 }
 
 impl Default for Config {
@@ -48,6 +51,7 @@ impl Default for Config {
             space_wait: std::time::Duration::from_secs(30),
             map_cache_bytes: crate::map::DEFAULT_CACHE_BYTES,
             defrag: true,
+            defrag_queue_bytes: 16 << 20,
             wear_levelling: true,
             checkpoint_page_batch: 4096,
         }

@@ -140,61 +140,78 @@ impl FragMeter {
 }
 
 /// A read window waiting to be rewritten: the blocks the read found on the device, each
-/// with the map entry it was verified against, and their data (in the same order).
+/// with the map entry it was verified against, and their data (in the same order); or,
+/// when the queue had no room for the data, only the range (`blocks` empty), read again
+/// when its turn comes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DefragWindow {
-    /// `(lba, entry)` of each block.
+    pub lba: u64,
+    pub count: u32,
+    /// `(lba, entry)` of each block (empty: read the range again).
     pub blocks: Vec<(u64, crate::map::MapEntry)>,
     pub data: Vec<u8>,
 }
 
-impl DefragWindow {
-    fn first_lba(&self) -> u64 {
-        self.blocks.first().map_or(0, |b| b.0)
-    }
-}
+/// Ranges (windows queued without their data) the queue holds at most.
+pub const MAX_QUEUED_RANGES: usize = 1 << 16;
 
-/// The queue of windows to rewrite, bounded in bytes: a window that does not fit is
-/// dropped (and counted), and a window starting where a queued one starts is not queued
-/// twice.
+/// The queue of windows to rewrite: data bounded in bytes (a window whose data does not
+/// fit is queued as a range, read again later), ranges bounded in number (past that a
+/// window is dropped and counted); a window starting where a queued one starts is not
+/// queued twice.
 #[derive(Debug)]
 pub struct DefragQueue {
-    inner: Mutex<(VecDeque<DefragWindow>, usize)>,
+    inner: Mutex<Queued>,
     cap_bytes: usize,
     pub queued: AtomicU64,
     pub dropped: AtomicU64,
 }
 
+#[derive(Debug, Default)]
+struct Queued {
+    windows: VecDeque<DefragWindow>,
+    starts: std::collections::HashSet<u64>,
+    bytes: usize,
+}
+
 impl DefragQueue {
+    /// A queue holding at most `cap_bytes` of data (0: a queue that takes nothing).
     pub fn new(cap_bytes: usize) -> Self {
         DefragQueue {
-            inner: Mutex::new((VecDeque::new(), 0)),
+            inner: Mutex::new(Queued::default()),
             cap_bytes,
             queued: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, (VecDeque<DefragWindow>, usize)> {
+    fn lock(&self) -> MutexGuard<'_, Queued> {
         lock(&self.inner)
     }
 
-    /// Whether a window of `bytes` would be taken now (callers check before copying).
+    /// Whether a window with `bytes` of data would be queued with its data now (callers
+    /// check before copying; otherwise they offer the range alone).
     pub fn has_room(&self, bytes: usize) -> bool {
-        self.cap_bytes > 0 && self.lock().1 + bytes <= self.cap_bytes
+        self.cap_bytes > 0 && self.lock().bytes + bytes <= self.cap_bytes
     }
 
-    /// Queues `w`; false when it was dropped (no room, or its start is queued already).
+    /// Queues `w`; false when it was dropped (a disabled queue, no room for its data or
+    /// range, or its start is queued already).
     pub fn offer(&self, w: DefragWindow) -> bool {
         let mut g = self.lock();
-        let first = w.first_lba();
-        if g.1 + w.data.len() > self.cap_bytes || g.0.iter().any(|q| q.first_lba() == first) {
+        let full = if w.data.is_empty() {
+            g.windows.len() >= MAX_QUEUED_RANGES
+        } else {
+            g.bytes + w.data.len() > self.cap_bytes
+        };
+        if self.cap_bytes == 0 || full || g.starts.contains(&w.lba) {
             drop(g);
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return false;
         }
-        g.1 += w.data.len();
-        g.0.push_back(w);
+        g.bytes += w.data.len();
+        g.starts.insert(w.lba);
+        g.windows.push_back(w);
         self.queued.fetch_add(1, Ordering::Relaxed);
         true
     }
@@ -202,14 +219,15 @@ impl DefragQueue {
     /// Takes the oldest window.
     pub fn take(&self) -> Option<DefragWindow> {
         let mut g = self.lock();
-        let w = g.0.pop_front()?;
-        g.1 -= w.data.len();
+        let w = g.windows.pop_front()?;
+        g.bytes -= w.data.len();
+        g.starts.remove(&w.lba);
         Some(w)
     }
 
     /// Windows waiting.
     pub fn len(&self) -> usize {
-        self.lock().0.len()
+        self.lock().windows.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -269,23 +287,33 @@ mod tests {
 
     #[test]
     fn the_queue_is_bounded_and_takes_a_window_once() {
-        let w = |lba: u64, n: usize| DefragWindow {
-            blocks: (0..n as u64).map(|i| (lba + i, MapEntry::UNMAPPED)).collect(),
-            data: vec![0; n * 4096],
+        let w = |lba: u64, n: usize, with_data: bool| DefragWindow {
+            lba,
+            count: n as u32,
+            blocks: if with_data {
+                (0..n as u64).map(|i| (lba + i, MapEntry::UNMAPPED)).collect()
+            } else {
+                Vec::new()
+            },
+            data: if with_data { vec![0; n * 4096] } else { Vec::new() },
         };
         let q = DefragQueue::new(64 * 4096);
-        assert!(q.offer(w(0, 32)));
-        assert!(!q.offer(w(0, 32)), "the same window twice");
+        assert!(q.offer(w(0, 32, true)));
+        assert!(!q.offer(w(0, 32, true)), "the same window twice");
+        assert!(!q.offer(w(0, 32, false)), "the same window twice, as a range");
         assert!(q.has_room(32 * 4096));
-        assert!(q.offer(w(32, 32)));
+        assert!(q.offer(w(32, 32, true)));
         assert!(!q.has_room(4096));
-        assert!(!q.offer(w(64, 1)), "over the bound");
-        assert_eq!((q.len(), q.dropped.load(Ordering::Relaxed)), (2, 2));
-        assert_eq!(q.take().map(|w| w.first_lba()), Some(0));
-        assert!(q.offer(w(64, 32)));
-        assert_eq!(q.take().map(|w| w.first_lba()), Some(32));
-        assert_eq!(q.take().map(|w| w.first_lba()), Some(64));
+        assert!(!q.offer(w(64, 1, true)), "data over the bound");
+        assert!(q.offer(w(64, 32, false)), "a range still fits");
+        assert_eq!((q.len(), q.dropped.load(Ordering::Relaxed)), (3, 3));
+        assert_eq!(q.take().map(|w| w.lba), Some(0));
+        assert!(q.offer(w(0, 32, true)), "taken, so it may come again");
+        assert_eq!(q.take().map(|w| w.lba), Some(32));
+        assert_eq!(q.take().map(|w| (w.lba, w.data.len())), Some((64, 0)));
+        assert_eq!(q.take().map(|w| w.lba), Some(0));
         assert!(q.take().is_none() && q.is_empty());
-        assert!(!DefragQueue::new(0).has_room(4096));
+        let off = DefragQueue::new(0);
+        assert!(!off.has_room(4096) && !off.offer(w(0, 32, false)));
     }
 }

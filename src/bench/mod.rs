@@ -478,7 +478,7 @@ fn fragread(a: &BenchArgs, index: &Path, flush: bool) -> Result<serde_json::Valu
             .map(|_| {
                 let (f, next, generation) = (f.clone(), next.clone(), generation.clone());
                 std::thread::spawn(move || -> Result<(), CliError> {
-                    let mut b = vec![0u8; READ_BLOCKS as usize * BLOCK_SIZE];
+                    let mut b = AlignedBuf::new(READ_BLOCKS as usize * BLOCK_SIZE);
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         if i >= reads {
@@ -536,7 +536,6 @@ fn fragread(a: &BenchArgs, index: &Path, flush: bool) -> Result<serde_json::Valu
         frag_after.mean_run_blocks(),
     );
     bg.stop();
-    let f = Arc::try_unwrap(f).map_err(|_| CliError::Bench("the FTL is still shared".into()))?;
     f.close()?;
     Ok(serde_json::json!({
         "region_bytes": bytes,

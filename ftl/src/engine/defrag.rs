@@ -10,7 +10,7 @@
 //! [`GC_STREAM`] (data read in order is long-lived) from the runner's thread, so a
 //! window's blocks are appended back to back; it never takes the cleaner's reserve.
 
-use super::read::{DeviceBlock, Fragmentation};
+use super::read::{device_runs_within, DeviceBlock, Fragmentation, READ_SPAN_GAP_BLOCKS};
 use super::Ftl;
 use crate::append::PendingChunks;
 use crate::device::{BlockDevice, BLOCK_SIZE};
@@ -55,26 +55,38 @@ pub struct FragFigures {
 
 impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Reports a read that found `dev` on the device (verified against their entries,
-    /// data in `buf`) in `runs` backing reads: counts it, and queues its window for
+    /// data in `buf`): counts it and its runs, and queues its window for
     /// rewriting when the policy says so. Called by every reader after its checks.
-    pub fn note_read(&self, lba: u64, dev: &[DeviceBlock], runs: usize, buf: &[u8]) {
+    pub fn note_read(&self, lba: u64, dev: &[DeviceBlock], buf: &[u8]) {
+        // Counted as `Ftl::read` reads them: small gaps (a chunk summary, padding) do not
+        // split a run, so a range rewritten in order is never queued again for them.
+        let runs = device_runs_within(dev, READ_SPAN_GAP_BLOCKS).len();
         self.frag.observe(dev.len(), runs);
         if !self.cfg.defrag || !worth_defrag(self.frag.level(), dev.len(), runs) {
             return;
         }
-        let bytes = dev.len() * BLOCK_SIZE;
-        if !self.defrag.has_room(bytes) {
-            self.defrag.dropped.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        let mut data = Vec::with_capacity(bytes);
-        for b in dev {
-            data.extend_from_slice(&buf[b.idx * BLOCK_SIZE..(b.idx + 1) * BLOCK_SIZE]);
-        }
-        self.defrag.offer(DefragWindow {
-            blocks: dev.iter().map(|b| (lba + b.idx as u64, b.entry)).collect(),
-            data,
-        });
+        let (count, bytes) = ((buf.len() / BLOCK_SIZE) as u32, dev.len() * BLOCK_SIZE);
+        let w = if self.defrag.has_room(bytes) {
+            let mut data = Vec::with_capacity(bytes);
+            for b in dev {
+                data.extend_from_slice(&buf[b.idx * BLOCK_SIZE..(b.idx + 1) * BLOCK_SIZE]);
+            }
+            DefragWindow {
+                lba,
+                count,
+                blocks: dev.iter().map(|b| (lba + b.idx as u64, b.entry)).collect(),
+                data,
+            }
+        } else {
+            // No room for the data: the range alone, read again when its turn comes.
+            DefragWindow {
+                lba,
+                count,
+                blocks: Vec::new(),
+                data: Vec::new(),
+            }
+        };
+        self.defrag.offer(w);
     }
 
     /// The fragmentation level large reads show now (the policy's input).
@@ -98,7 +110,22 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             while (r.windows as usize) < max_windows
                 && self.t.segs.free_count() > self.cfg.gc_reserve_segments + DEFRAG_SPARE_SEGMENTS
             {
-                let Some(w) = self.defrag.take() else { break };
+                let Some(mut w) = self.defrag.take() else { break };
+                if w.blocks.is_empty() {
+                    // Queued without its data: read it again (a range rewritten since,
+                    // by this or by the cleaner, is left alone).
+                    let mut buf = vec![0u8; w.count as usize * BLOCK_SIZE];
+                    let (dev, runs) = self.read_checked(w.lba, &mut buf)?;
+                    if runs <= 1 {
+                        continue;
+                    }
+                    w.blocks = dev.iter().map(|b| (w.lba + b.idx as u64, b.entry)).collect();
+                    w.data = Vec::with_capacity(dev.len() * BLOCK_SIZE);
+                    for b in &dev {
+                        w.data
+                            .extend_from_slice(&buf[b.idx * BLOCK_SIZE..(b.idx + 1) * BLOCK_SIZE]);
+                    }
+                }
                 for (&(lba, entry), data) in w.blocks.iter().zip(w.data.chunks(BLOCK_SIZE)) {
                     if self.relocate_deferred(lba, entry, data, GC_STREAM, &mut pending)? {
                         r.moved += 1;

@@ -66,9 +66,6 @@ pub(crate) mod stats;
 /// fails (every reader: [`Ftl::read`] and the ublk edge, through [`Ftl::reread_block`]).
 pub const READ_RETRIES: usize = 16;
 
-/// Bytes of read data queued for rewriting at most (`engine/defrag.rs`).
-pub const DEFRAG_QUEUE_BYTES: usize = 16 << 20;
-
 /// A log-structured FTL over a backing device `D` with its checkpoints in index `I`.
 ///
 /// Its parts, each owning one concern: the appender (streams, chunks, entry and chunk
@@ -166,7 +163,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             carrying: crate::sync::AtomicBool::new(false),
             frag: crate::frag::FragMeter::default(),
             defrag: crate::frag::DefragQueue::new(if cfg.defrag {
-                DEFRAG_QUEUE_BYTES
+                cfg.defrag_queue_bytes.max(1)
             } else {
                 0
             }),

@@ -5,7 +5,7 @@
 //! used by the ublk edge). Called by the engine's users.
 
 use super::{BlockLocation, Ftl, READ_RETRIES};
-use crate::device::{BlockDevice, BLOCK_SIZE};
+use crate::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
 use crate::error::{Error, Result};
 use crate::index::IndexStore;
 use crate::map::MapEntry;
@@ -46,7 +46,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
 
     /// Fragmentation of `blocks` blocks from `lba`, cut in windows of `window` blocks
     /// (as reads of that size see it): the backing reads [`Ftl::read`] issues for each
-    /// window (one per run of physically contiguous mapped blocks) summed over the
+    /// window (one per run of mapped blocks physically in order, at most
+    /// [`READ_SPAN_GAP_BLOCKS`] apart) summed over the
     /// windows, and the windows with a mapped block. The mean contiguous run is
     /// `mapped / reads`; the reads per user read `reads / windows`.
     pub fn fragmentation(&self, lba: u64, blocks: u64, window: u64) -> Result<Fragmentation> {
@@ -62,7 +63,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 match self.t.map.get(l)?.pba() {
                     Some(p) => {
                         let p = p as u64;
-                        if prev != Some(p.wrapping_sub(1)) {
+                        if !prev.is_some_and(|q| p > q && p - q <= 1 + READ_SPAN_GAP_BLOCKS) {
                             f.reads += 1;
                         }
                         prev = Some(p);
@@ -105,27 +106,66 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// fragmented range costs the slowest of its reads, not their sum), then each block
     /// is checked against its map entry.
     pub fn read(&self, lba: u64, buf: &mut [u8]) -> Result<()> {
+        let (dev, _) = self.read_checked(lba, buf)?;
+        self.note_read(lba, &dev, buf);
+        Ok(())
+    }
+
+    /// [`Ftl::read`] without reporting it ([`Ftl::note_read`]): the device-resident
+    /// blocks (their entries as located, before any retry) and the backing reads issued.
+    pub(crate) fn read_checked(&self, lba: u64, buf: &mut [u8]) -> Result<(Vec<DeviceBlock>, usize)> {
         let dev = self.plan_read(lba, buf)?;
         if dev.is_empty() {
-            return Ok(());
+            return Ok((dev, 0));
         }
-        let runs = device_runs(&dev);
+        let runs = device_runs_within(&dev, READ_SPAN_GAP_BLOCKS);
+        // A run with gaps (a chunk's summary, a FLUSH's padding between its blocks) is
+        // read whole into a scratch buffer and its blocks copied out.
+        let span = |&(first, count): &(usize, usize)| {
+            let (a, z) = (dev[first], dev[first + count - 1]);
+            (a.offset, (z.offset - a.offset) as usize + BLOCK_SIZE)
+        };
+        let mut scratch: Vec<AlignedBuf> = runs
+            .iter()
+            .filter(|r| span(r).1 != r.1 * BLOCK_SIZE)
+            .map(|r| AlignedBuf::new(span(r).1))
+            .collect();
         {
             let mut reqs: Vec<(u64, &mut [u8])> = Vec::with_capacity(runs.len());
             let mut rest: &mut [u8] = buf;
             let mut at = 0usize;
-            for &(first, count) in &runs {
+            let mut spare = scratch.iter_mut();
+            for r in &runs {
+                let (first, count) = *r;
                 let b = dev[first];
                 let (_, tail) = std::mem::take(&mut rest).split_at_mut((b.idx - at) * BLOCK_SIZE);
                 let (run, tail) = tail.split_at_mut(count * BLOCK_SIZE);
-                reqs.push((b.offset, run));
                 rest = tail;
                 at = b.idx + count;
+                let (offset, len) = span(r);
+                if len == count * BLOCK_SIZE {
+                    reqs.push((offset, run));
+                } else if let Some(sc) = spare.next() {
+                    reqs.push((offset, &mut sc[..]));
+                }
             }
             let first = reqs.first().map_or(0, |r| r.0);
             self.dev
                 .read_many(&mut reqs)
                 .map_err(|e| Error::io("read", first, e))?;
+        }
+        let mut spare = scratch.iter();
+        for r in &runs {
+            let (offset, len) = span(r);
+            if len == r.1 * BLOCK_SIZE {
+                continue;
+            }
+            let Some(sc) = spare.next() else { break };
+            for b in &dev[r.0..r.0 + r.1] {
+                let from = (b.offset - offset) as usize;
+                buf[b.idx * BLOCK_SIZE..(b.idx + 1) * BLOCK_SIZE]
+                    .copy_from_slice(&sc[from..from + BLOCK_SIZE]);
+            }
         }
         for b in &dev {
             let l = lba + b.idx as u64;
@@ -134,8 +174,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 self.reread_block(l, blk)?;
             }
         }
-        self.note_read(lba, &dev, runs.len(), buf);
-        Ok(())
+        Ok((dev, runs.len()))
     }
 
     /// Reads one block whose map entry moved while it was read (its data did not match
@@ -181,14 +220,30 @@ pub struct DeviceBlock {
     pub entry: MapEntry,
 }
 
+/// Blocks of other data a read spans rather than splitting in two: a chunk's summary
+/// block and a FLUSH's padding to a 16 KiB flash page, found between the blocks of a
+/// range written (or rewritten) in order.
+pub const READ_SPAN_GAP_BLOCKS: u64 = 4;
+
 /// Groups device blocks into runs adjacent both in the request and on the backing;
 /// returns `(first, count)` pairs over `blocks` (one backing read each).
 pub fn device_runs(blocks: &[DeviceBlock]) -> Vec<(usize, usize)> {
+    device_runs_within(blocks, 0)
+}
+
+/// [`device_runs`], also joining blocks adjacent in the request whose places on the
+/// backing follow each other with at most `gap` other blocks between (one backing read
+/// spanning them).
+pub fn device_runs_within(blocks: &[DeviceBlock], gap: u64) -> Vec<(usize, usize)> {
     let mut out: Vec<(usize, usize)> = Vec::new();
+    let bs = BLOCK_SIZE as u64;
     for (k, b) in blocks.iter().enumerate() {
         if let Some((first, count)) = out.last_mut() {
             let prev = blocks[*first + *count - 1];
-            if prev.idx + 1 == b.idx && prev.offset + BLOCK_SIZE as u64 == b.offset {
+            if prev.idx + 1 == b.idx
+                && b.offset > prev.offset
+                && b.offset - prev.offset <= (1 + gap) * bs
+            {
                 *count += 1;
                 continue;
             }
@@ -240,5 +295,12 @@ mod tests {
         ];
         assert_eq!(device_runs(&blocks), vec![(0, 2), (2, 1), (3, 3)]);
         assert!(device_runs(&[]).is_empty());
+        // A summary block between two pieces of one range: one read with a gap of one.
+        let gapped = [b(0, 4096), b(1, 12288), b(2, 16384), b(3, 4096 * 9)];
+        assert_eq!(device_runs(&gapped), vec![(0, 1), (1, 2), (3, 1)]);
+        assert_eq!(device_runs_within(&gapped, 1), vec![(0, 3), (3, 1)]);
+        assert_eq!(device_runs_within(&gapped, 4), vec![(0, 4)]);
+        // Never backwards.
+        assert_eq!(device_runs_within(&[b(0, 8192), b(1, 4096)], 4).len(), 2);
     }
 }
