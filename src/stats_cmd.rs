@@ -154,6 +154,35 @@ pub fn format_stats(d: &StatsDocument) -> String {
             w.min, w.mean, w.max, w.max_over_mean, w.spread
         ),
     );
+    if let Some(m) = &d.map_fragmentation {
+        row(
+            "fragmentation",
+            format!(
+                "{:.2} backing reads per 128 KiB read, mean contiguous run {:.1} blocks \
+                 ({} windows sampled)",
+                m.backing_reads_per_128k, m.mean_run_blocks, m.windows
+            ),
+        );
+    }
+    let fr = &s.fragmentation;
+    row(
+        "large reads",
+        if fr.large_reads == 0 {
+            "none yet".to_string()
+        } else {
+            format!(
+                "{}, mean run {:.1} blocks (recent {:.1}: {} fragmentation)",
+                fr.large_reads, fr.mean_run_blocks, fr.recent_mean_run_blocks, fr.level
+            )
+        },
+    );
+    row(
+        "defragmentation",
+        format!(
+            "{} windows rewritten ({} blocks moved), {} waiting, {} dropped",
+            fr.defrag_windows, fr.defrag_moved_blocks, fr.defrag_waiting, fr.defrag_dropped
+        ),
+    );
     let m = &s.map_cache;
     let lookups = (m.hits + m.misses).max(1);
     row(
@@ -243,6 +272,22 @@ mod tests {
             },
             "cleaner": null
         });
+        let mut frag = v.clone();
+        frag["stats"]["fragmentation"] = serde_json::json!({
+            "level": "high", "large_reads": 100, "mean_run_blocks": 2.4,
+            "recent_mean_run_blocks": 2.5, "defrag_waiting": 3, "defrag_dropped": 1,
+            "defrag_windows": 90, "defrag_moved_blocks": 2880});
+        frag["map_fragmentation"] = serde_json::json!({
+            "windows": 256, "backing_reads_per_128k": 13.2, "mean_run_blocks": 2.4});
+        let t3 = format_stats(&doc(&frag));
+        for want in [
+            "fragmentation          13.20 backing reads per 128 KiB read, mean contiguous run 2.4 \
+             blocks (256 windows sampled)",
+            "large reads            100, mean run 2.4 blocks (recent 2.5: high fragmentation)",
+            "defragmentation        90 windows rewritten (2880 blocks moved), 3 waiting, 1 dropped",
+        ] {
+            assert!(t3.contains(want), "missing {want:?} in\n{t3}");
+        }
         let mut with_cleaner = v.clone();
         with_cleaner["cleaner"] = serde_json::json!({"stats": {
             "cleaner": {"segments_cleaned": 4, "blocks_copied": 96, "slices": 9, "preemptions": 3},
@@ -267,6 +312,7 @@ mod tests {
             "flushes                7",
             "trimmed blocks         5",
             "cleaner                off",
+            "large reads            none yet",
         ] {
             assert!(t.contains(want), "missing {want:?} in\n{t}");
         }

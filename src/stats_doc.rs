@@ -49,6 +49,26 @@ pub struct StatsDocument {
     pub classifier: ClassifierFigures,
     /// The cleaner's figures (`None`: the device runs without a cleaner).
     pub cleaner: Option<CleanerFigures>,
+    /// A sample of the map's fragmentation (absent when it could not be taken).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub map_fragmentation: Option<MapFragmentation>,
+}
+
+/// Windows of 128 KiB sampled over the map for `ftlblk stats`.
+pub const SAMPLE_WINDOWS: u64 = 256;
+/// Blocks per sampled window (128 KiB).
+pub const SAMPLE_WINDOW_BLOCKS: u64 = 32;
+
+/// The map's fragmentation, sampled ([`ftl::Ftl::fragmentation_sample`]): 128 KiB
+/// windows at random over the exported space, the backing reads a 128 KiB read of each
+/// takes and the mean physically contiguous run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MapFragmentation {
+    /// Sampled windows holding data.
+    pub windows: u64,
+    pub backing_reads_per_128k: f64,
+    pub mean_run_blocks: f64,
 }
 
 /// [`ftl::Stats`] as the document carries it.
@@ -72,7 +92,27 @@ pub struct FtlFigures {
     pub counters: CounterFigures,
     /// Segment reuse counts.
     pub wear: ftl::WearFigures,
+    /// What large reads cost and what read-driven defragmentation did.
+    pub fragmentation: FragFigures,
     /// The fields `ftlblk stats` does not print, as the FTL wrote them.
+    #[serde(flatten)]
+    pub other: Map<String, Value>,
+}
+
+/// [`ftl::FragFigures`] as the document carries it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FragFigures {
+    /// low, medium or high (`ftl::frag::FragLevel`).
+    pub level: String,
+    pub large_reads: u64,
+    pub mean_run_blocks: f64,
+    pub recent_mean_run_blocks: f64,
+    pub defrag_waiting: u64,
+    pub defrag_dropped: u64,
+    pub defrag_windows: u64,
+    pub defrag_moved_blocks: u64,
+    /// The fields `ftlblk stats` does not print.
     #[serde(flatten)]
     pub other: Map<String, Value>,
 }
@@ -172,13 +212,23 @@ impl StatsDocument {
         classifier: &Classifier,
         record: Option<&DeviceRecord>,
     ) -> serde_json::Result<Self> {
-        Self::from_parts(
+        let mut doc = Self::from_parts(
             record,
             &ftl.stats(),
             allocated_bytes(ftl),
             ClassifierFigures::of(classifier),
             cleaner.map(|c| (c.stats(), c.last_error())),
-        )
+        )?;
+        // The same windows every time (a fixed seed), so successive figures compare.
+        doc.map_fragmentation = ftl
+            .fragmentation_sample(SAMPLE_WINDOWS, SAMPLE_WINDOW_BLOCKS, 1)
+            .ok()
+            .map(|f| MapFragmentation {
+                windows: f.windows,
+                backing_reads_per_128k: f.reads_per_window(),
+                mean_run_blocks: f.mean_run_blocks(),
+            });
+        Ok(doc)
     }
 
     /// The document of figures already taken.
@@ -201,6 +251,7 @@ impl StatsDocument {
                 }),
                 None => None,
             },
+            map_fragmentation: None,
         })
     }
 

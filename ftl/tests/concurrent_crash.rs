@@ -199,6 +199,27 @@ fn writer<D: BlockDevice, I: IndexStore>(
                     mine.insert(l, 0);
                 }
             }
+            78..=81 => {
+                // A large read of its own range (read your writes, every block): goes
+                // through the gap-spanning batched reads and may queue the window for
+                // read-driven defragmentation, which the cleaner's runner and the
+                // background thread rewrite by relocations while writers go on.
+                let n = r.gen_range(16..=32u64).min(base + span - lba);
+                let mut big = vec![0u8; n as usize * 4096];
+                f.read(lba, &mut big).map_err(|e| err("large read", e))?;
+                for (i, l) in (lba..lba + n).enumerate() {
+                    let want = mine.get(&l).copied().unwrap_or(0);
+                    match observe(l, &big[i * 4096..(i + 1) * 4096]) {
+                        Observed::Tag(got) if got == want => {}
+                        got => {
+                            return Err(format!(
+                                "writer {t}, op {n}: large read at {lba}: lba {l} returned \
+                                 {got:?}, the last completed write there was tag {want}"
+                            ))
+                        }
+                    }
+                }
+            }
             _ => {
                 // Read your writes: mostly a block this thread wrote, else any of its own.
                 let l = if !written.is_empty() && r.gen_bool(0.8) {
@@ -223,8 +244,8 @@ fn writer<D: BlockDevice, I: IndexStore>(
     Ok(())
 }
 
-/// The background thread: checkpoints, frees dead segments by free records and closes
-/// streams at random moments.
+/// The background thread: checkpoints, frees dead segments by free records, rewrites
+/// windows queued for defragmentation and closes streams at random moments.
 fn background<D: BlockDevice, I: IndexStore>(
     f: &Ftl<D, I>,
     seed: u64,
@@ -238,6 +259,8 @@ fn background<D: BlockDevice, I: IndexStore>(
             f.checkpoint().map_err(|e| format!("checkpoint: {e}"))?;
         } else if x < 5 {
             f.free_dead().map_err(|e| format!("free_dead: {e}"))?;
+        } else if x < 7 {
+            f.defrag_step(4).map_err(|e| format!("defrag_step: {e}"))?;
         } else {
             let s = StreamId(r.gen_range(0..8));
             f.close_stream(s)
@@ -496,7 +519,7 @@ fn power_cut_run(seed: u64) -> Result<String, String> {
     let space = space_report(&f, &cleaner);
     drop(cleaner);
     ran.map_err(|e| format!("{e} ({plan:?})\n  space: {space}"))?;
-    let map = f.stats().map_cache;
+    let (map, frag) = (f.stats().map_cache, f.stats().fragmentation);
     drop(f);
     let dev = Arc::new(CrashDevice::from_image(image));
     let idx = Arc::new(index);
@@ -504,13 +527,16 @@ fn power_cut_run(seed: u64) -> Result<String, String> {
         .map_err(|e| format!("{e}\n  {plan:?}, {ops} ops, cleaner {stats:?}"))?;
     Ok(format!(
         "{ops} ops, {} relocated, {} cleaned, {} checkpoints, {} free records, \
-         {} map pages missed, {} evicted",
+         {} map pages missed, {} evicted, {} windows queued, {} defragmented ({} blocks moved)",
         stats.cleaner.blocks_copied,
         stats.cleaner.segments_cleaned,
         stats.checkpoints,
         stats.frees,
         map.misses,
-        map.evictions
+        map.evictions,
+        frag.defrag_queued,
+        frag.defrag_windows,
+        frag.defrag_moved_blocks
     ))
 }
 
