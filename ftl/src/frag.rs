@@ -291,16 +291,25 @@ mod tests {
             lba,
             count: n as u32,
             blocks: if with_data {
-                (0..n as u64).map(|i| (lba + i, MapEntry::UNMAPPED)).collect()
+                (0..n as u64)
+                    .map(|i| (lba + i, MapEntry::UNMAPPED))
+                    .collect()
             } else {
                 Vec::new()
             },
-            data: if with_data { vec![0; n * 4096] } else { Vec::new() },
+            data: if with_data {
+                vec![0; n * 4096]
+            } else {
+                Vec::new()
+            },
         };
         let q = DefragQueue::new(64 * 4096);
         assert!(q.offer(w(0, 32, true)));
         assert!(!q.offer(w(0, 32, true)), "the same window twice");
-        assert!(!q.offer(w(0, 32, false)), "the same window twice, as a range");
+        assert!(
+            !q.offer(w(0, 32, false)),
+            "the same window twice, as a range"
+        );
         assert!(q.has_room(32 * 4096));
         assert!(q.offer(w(32, 32, true)));
         assert!(!q.has_room(4096));

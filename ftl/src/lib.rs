@@ -61,9 +61,11 @@ pub use append::PendingChunks;
 pub use config::{Config, MAX_DEFAULT_CHECKPOINT_BLOCKS};
 pub use device::BlockDevice;
 pub use engine::checkpoint::{dead_batch_due, CheckpointReport, CheckpointTimesNs};
-pub use engine::free::FreeReport;
 pub use engine::defrag::{DefragReport, FragFigures, DEFRAG_SPARE_SEGMENTS};
-pub use engine::read::{device_runs, device_runs_within, DeviceBlock, Fragmentation, READ_SPAN_GAP_BLOCKS};
+pub use engine::free::FreeReport;
+pub use engine::read::{
+    device_runs, device_runs_within, DeviceBlock, Fragmentation, READ_SPAN_GAP_BLOCKS,
+};
 pub use engine::reloc::{LiveBlock, MAX_READ_BYTES, READ_GAP_BLOCKS};
 pub use engine::stats::Stats;
 pub use engine::{BlockLocation, Ftl, READ_RETRIES};

@@ -713,6 +713,15 @@ pub mod ops {
         CloseStream {
             stream: u8,
         },
+        /// A large read of 16..=32 blocks (`16 + blocks % 17`, kept inside the span) that
+        /// may queue its window for read-driven defragmentation, then a
+        /// `Ftl::defrag_step` that rewrites queued windows; both reads must be exactly
+        /// what the model says. Not in the fuzz target's input format.
+        #[cfg_attr(feature = "arbitrary", arbitrary(skip))]
+        Defrag {
+            lba: u8,
+            blocks: u8,
+        },
     }
 
     impl Op {
@@ -753,6 +762,8 @@ pub mod ops {
         /// Map pages read from the index on a miss, and evicted, over every session.
         pub map_misses: u64,
         pub map_evictions: u64,
+        /// Blocks read-driven defragmentation moved ([`Op::Defrag`]).
+        pub defrag_moved: u64,
     }
 
     /// How a run goes on after a step.
@@ -1047,6 +1058,18 @@ pub mod ops {
                 Ok(Flow::Go)
             }
             Op::Clean { seg, max } => clean(ftl, m, seg, max, out),
+            Op::Defrag { lba, blocks } => {
+                let b = 16 + blocks as u64 % 17;
+                let l = lba_of(lba as u64).min(BASE + SPAN - b);
+                check_read(ftl, m, l, b)?;
+                let r = ftl.defrag_step(8);
+                if is_no_space(&r) {
+                    return Ok(Flow::NoSpace);
+                }
+                out.defrag_moved += r.map_err(|e| format!("defrag_step: {e}"))?.moved;
+                check_read(ftl, m, l, b)?;
+                Ok(Flow::Go)
+            }
             Op::Invalid { lba, blocks, kind } => invalid(ftl, m, lba, blocks, kind),
             Op::Crash { .. } | Op::Fault { .. } | Op::Close => Ok(Flow::Go),
         }
@@ -1373,6 +1396,7 @@ pub mod ops {
             }
             // Not run under a fault.
             Op::Clean { .. }
+            | Op::Defrag { .. }
             | Op::Invalid { .. }
             | Op::Crash { .. }
             | Op::Fault { .. }

@@ -1,5 +1,6 @@
 //! Model-based property test: random sequences of write / read / trim / flush / FUA write /
-//! checkpoint / closing a stream's open segment / crash + reopen on the crash-simulating
+//! checkpoint / closing a stream's open segment / a large read and read-driven
+//! defragmentation / crash + reopen on the crash-simulating
 //! device / death of the process (staging area kept) + reopen, against the reference model.
 //!
 //! The operations and their interpreter are `ftl::model::ops`, shared with the `ops` fuzz
@@ -24,10 +25,11 @@ fn op() -> impl Strategy<Value = Op> {
         8 => (lba.clone(), 0..5u8, prop::bool::weighted(0.15), 0..3u8)
             .prop_map(|(lba, blocks, fua, stream)| Op::Write { lba, blocks, fua, stream }),
         4 => lba.clone().prop_map(|lba| Op::Read { lba, blocks: 0 }),
-        1 => (lba, 0..19u8).prop_map(|(lba, blocks)| Op::Trim { lba, blocks }),
+        1 => (lba.clone(), 0..19u8).prop_map(|(lba, blocks)| Op::Trim { lba, blocks }),
         1 => Just(Op::Flush),
         1 => Just(Op::Checkpoint),
         1 => (0..3u8).prop_map(|stream| Op::CloseStream { stream }),
+        1 => (lba.clone(), any::<u8>()).prop_map(|(lba, blocks)| Op::Defrag { lba, blocks }),
         1 => any::<u64>().prop_map(Op::power_cut),
         1 => Just(Op::kill()),
     ]
@@ -78,6 +80,33 @@ fn past_failures_of_the_property_test() {
         assert_eq!(out.steps, case.len(), "case {i}: {out:?}");
         assert_eq!(out.crashes + out.kills, 1, "case {i}: {out:?}");
     }
+}
+
+/// The span written in order, a third of it overwritten in another stream, large reads
+/// that queue their scattered windows and rewrite them, then a power cut and a kill:
+/// the interpreter checks every read against the model, and the rewrite must have moved
+/// blocks (so the defragmentation path really ran under the crashes).
+#[test]
+fn defragmented_windows_survive_crashes() {
+    let w = |lba, blocks, stream| Op::Write {
+        lba,
+        blocks,
+        fua: false,
+        stream,
+    };
+    let mut case: Vec<Op> = (0..SPAN as u8).step_by(8).map(|l| w(l, 7, 0)).collect();
+    case.extend((0..SPAN as u8).step_by(3).map(|l| w(l, 0, 1)));
+    case.push(Op::Flush);
+    for l in (0..SPAN as u8 - 32).step_by(32) {
+        case.push(Op::Defrag { lba: l, blocks: 16 });
+    }
+    case.push(Op::power_cut(5));
+    case.push(Op::Defrag { lba: 0, blocks: 16 });
+    case.push(Op::kill());
+    case.push(Op::Read { lba: 3, blocks: 7 });
+    let out = run(&case).unwrap();
+    assert_eq!(out.steps, case.len(), "{out:?}");
+    assert!(out.defrag_moved > 0, "nothing was defragmented: {out:?}");
 }
 
 #[test]

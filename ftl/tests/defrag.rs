@@ -27,7 +27,10 @@ fn block(lba: u64, generation: u64) -> Vec<u8> {
 /// A device with `REGION` blocks written in order, then a quarter overwritten at random;
 /// returns the generation of every block.
 fn scattered(cfg: Config) -> (Arc<MemDevice>, Arc<MemIndex>, MemFtl, Vec<u64>) {
-    let (dev, idx) = (Arc::new(MemDevice::new(64 << 20)), Arc::new(MemIndex::new()));
+    let (dev, idx) = (
+        Arc::new(MemDevice::new(64 << 20)),
+        Arc::new(MemIndex::new()),
+    );
     ftl::format(&dev, &idx, &FormatOptions::default(), false).unwrap();
     let (f, _) = Ftl::open(dev.clone(), idx.clone(), cfg).unwrap();
     let mut data = Vec::new();
@@ -73,7 +76,10 @@ fn reads_of_a_scattered_range_get_it_rewritten_contiguously() {
     let mut moved = 0;
     while f.defrag_waiting() > 0 {
         let r = f.defrag_step(8).unwrap();
-        assert!(r.windows > 0, "free space is plentiful: the queue must drain");
+        assert!(
+            r.windows > 0,
+            "free space is plentiful: the queue must drain"
+        );
         moved += r.moved;
     }
     f.flush().unwrap();
@@ -98,7 +104,11 @@ fn windows_past_the_queue_bound_are_read_again_and_rewritten() {
         ..Config::default()
     });
     read_region(&f, &gens);
-    assert_eq!(f.defrag_waiting() as u64, REGION / WINDOW, "all queued, most as ranges");
+    assert_eq!(
+        f.defrag_waiting() as u64,
+        REGION / WINDOW,
+        "all queued, most as ranges"
+    );
     while f.defrag_waiting() > 0 {
         f.defrag_step(8).unwrap();
     }

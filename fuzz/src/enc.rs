@@ -88,7 +88,9 @@ pub fn op(e: &mut Enc, op: &Op) {
         Op::Fault { kind, seed } => e.variant(10, OP_VARIANTS).u8(kind).u64(seed),
         Op::Close => e.variant(11, OP_VARIANTS),
         // Added to the shared `ftl::model::ops::Op` after the format was fixed.
-        Op::CloseStream { .. } => panic!("{op:?} is not in the ops target's input format"),
+        Op::CloseStream { .. } | Op::Defrag { .. } => {
+            panic!("{op:?} is not in the ops target's input format")
+        }
     };
 }
 

@@ -40,10 +40,10 @@ pub fn write_classified<D: BlockDevice, I: IndexStore>(
             votes[s.0 as usize % votes.len()] += 1;
         }
         // The most common stream (ties: the lower one).
-        let (best, _) = votes
-            .iter()
-            .enumerate()
-            .fold((0, 0), |(b, v), (s, &c)| if c > v { (s, c) } else { (b, v) });
+        let (best, _) = votes.iter().enumerate().fold(
+            (0, 0),
+            |(b, v), (s, &c)| if c > v { (s, c) } else { (b, v) },
+        );
         return write(lba, data, fua, StreamId(best as u8));
     }
     let mut start = 0;
@@ -132,7 +132,10 @@ mod tests {
             };
             c.on_write(lba);
         }
-        assert!(c.plans() > 0 && c.active_classes() > 1, "no plan split the classes");
+        assert!(
+            c.plans() > 0 && c.active_classes() > 1,
+            "no plan split the classes"
+        );
         assert_ne!(c.on_write(0), c.on_write(1), "neighbours classify apart");
         let n = 32usize;
         let data: Vec<u8> = (0..n).flat_map(|i| vec![i as u8; BLOCK_SIZE]).collect();
