@@ -57,8 +57,9 @@ pub struct BenchArgs {
     /// time `check --rebuild-index` and compare a sample of reads); fragread,
     /// fragreadflush (a 1 GiB region written with 1 MiB writes, 25% of it overwritten
     /// with random 4 KiB writes (fragreadflush: a FLUSH every 32), then read in order
-    /// with 128 KiB reads at QD8; backing reads per 128 KiB read and the mean contiguous
-    /// run).
+    /// with 128 KiB reads at QD8, and again once read-driven defragmentation rewrote what
+    /// the first read queued; backing reads per 128 KiB read and the mean contiguous
+    /// run of each).
     #[arg(long, default_value = "randwrite,randread,writeflush")]
     pub tests: String,
     /// RAM for the map's page cache (as `ftlblk add --map-cache`).
