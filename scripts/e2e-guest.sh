@@ -68,6 +68,25 @@ json_num() { grep -o "\"$1\": *[0-9]*" | head -n1 | grep -o '[0-9]*$'; }
 daemon_pid() { json_num pid < "/run/ftlblk/$ID.json"; }
 mapped() { "$BIN" stats -n "$ID" --json | json_num mapped_blocks; }
 # add_dev [args...]: `ftlblk add --backing $IMG ...`, sets ID and DEV.
+# Where the daemons of steps 2-4 serve their metrics (issue 19).
+METRICS=127.0.0.1:9400
+# scrape FILE: GET /metrics into FILE; fails unless it is a well-formed exposition.
+scrape() {
+    curl -sf "http://$METRICS/metrics" -o "$1" || fail "GET http://$METRICS/metrics failed"
+    valid_exposition "$1"
+}
+valid_exposition() { # file
+    python3 - "$1" <<'PY' || fail "$1 is not a well-formed OpenMetrics exposition"
+import re, sys
+lines = open(sys.argv[1]).read().splitlines()
+assert lines and lines[-1] == "# EOF", "no # EOF at the end"
+sample = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="[^"]*",?)*\})? (-?[0-9.]+(e[+-]?[0-9]+)?|NaN|[+-]Inf)$')
+for l in lines[:-1]:
+    assert l.startswith("# HELP ") or l.startswith("# TYPE ") or l.startswith("# UNIT ") or sample.match(l), f"bad line: {l!r}"
+PY
+}
+# prom FILE SAMPLE: the value of the sample line that starts with SAMPLE (name and labels).
+prom() { awk -v k="$2 " 'index($0, k) == 1 { print $NF; exit }' "$1"; }
 add_dev() {
     local out
     out="$("$BIN" add --backing "$IMG" "$@")" || fail "add $* failed"
@@ -159,7 +178,7 @@ for fs in $FILESYSTEMS; do
     umount "$MNT"
     del_dev
     offline_check "$fs"
-    add_dev
+    add_dev --metrics-listen "$METRICS"
     fs_check "$fs" "$DEV" || fail "$fs checker found problems after del + add"
     mount "$DEV" "$MNT" || fail "mount $fs after del + add"
     verify_sums "$MNT" "$WORK/sums.$fs" "on $fs after del + add"
@@ -250,6 +269,23 @@ for _ in $(seq 1 300); do
     [ -s "$MNT/fio.dat" ] && [ "$(stat -c %s "$MNT/fio.dat")" -ge $((12 << 20)) ] && break
     sleep 0.1
 done
+# Metrics while fio writes: two scrapes a second apart, the write counters move.
+scrape "$WORK/m1"
+sleep 1
+scrape "$WORK/m2"
+for m in ftlblk_user_bytes_total 'ftlblk_request_latency_seconds_count{op="write"}'; do
+    a="$(prom "$WORK/m1" "$m")"; b="$(prom "$WORK/m2" "$m")"
+    echo "metrics: $m $a -> $b"
+    python3 -c "import sys; sys.exit(0 if float('$b') > float('${a:-0}') else 1)" \
+        || fail "$m did not grow during fio ($a -> $b)"
+done
+for m in ftlblk_waf ftlblk_free_segments 'ftlblk_request_latency_seconds_bucket{le="+Inf",op="write"}' \
+        'ftlblk_stream_blocks_written_total{stream="1"}' ftlblk_checkpoints_total; do
+    [ -n "$(prom "$WORK/m2" "$m")" ] || fail "the exposition has no $m"
+done
+"$BIN" stats -n "$ID" --prometheus > "$WORK/m3" || fail "stats --prometheus"
+valid_exposition "$WORK/m3"
+"$BIN" stats -n "$ID" | grep -E "^write latency +p50 .* requests\)" || fail "stats shows no write latency"
 for k in $(seq 1 "$KILLS"); do
     sleep 2
     kill -0 "$fiopid" 2>/dev/null || fail "fio finished before kill $k (nothing tested)"
@@ -266,7 +302,15 @@ for k in $(seq 1 "$KILLS"); do
             || { cat "$WORK/check-dead.log"; fail "check while the daemon was dead"; }
         echo "check while dead: $(tail -n1 "$WORK/check-dead.log")"
     fi
-    "$BIN" recover -n "$ID" > /dev/null || fail "recover $k failed"
+    if [ "$k" = 2 ]; then
+        # What the ftlblk@ unit does after a crash: `add --config` finds the orphaned
+        # device of its backing and re-attaches it (issue 19), no second device.
+        printf 'backing = "%s"\nmetrics_listen = "%s"\n' "$IMG" "$METRICS" > "$WORK/dev.toml"
+        "$BIN" add --config "$WORK/dev.toml" > /dev/null || fail "add --config did not re-attach device $ID"
+        [ "$(ls /dev/ublkb* | wc -l)" = 1 ] || fail "add --config created a second device: $(ls /dev/ublkb*)"
+    else
+        "$BIN" recover -n "$ID" > /dev/null || fail "recover $k failed"
+    fi
     newpid="$(daemon_pid)"
     [ "$newpid" != "$pid" ] || fail "recover did not start a new daemon"
     echo "kill $k: $(grep -o '"staged":{[^}]*}' "/run/ftlblk/$ID.log" | tail -n1)"
@@ -275,6 +319,9 @@ wait "$fiopid" || { cat "$WORK/fio-crash.log"; fail "fio across kill -9 + recove
 grep -q "err= 0" "$WORK/fio-crash.log" || { cat "$WORK/fio-crash.log"; fail "fio reported errors"; }
 echo "fio O_SYNC randwrite + verify across $KILLS kill -9 and recover: ok"
 grep -q "\"recoveries\": $KILLS" "/run/ftlblk/$ID.json" || fail "record does not count $KILLS recoveries"
+# The recovered daemon serves the metrics where the first one did.
+scrape "$WORK/m4"
+[ "$(prom "$WORK/m4" ftlblk_recoveries_total)" = "$KILLS" ] || fail "metrics do not count $KILLS recoveries"
 verify_sums "$MNT" "$WORK/sums" "after recover"
 md5sum "$MNT/fio.dat" > "$WORK/fio.sum"
 umount "$MNT"

@@ -11,6 +11,7 @@
 
 use crate::control::Control;
 use crate::error::CliError;
+use crate::metrics::Live;
 use cleaner::{CleanerConfig, CleanerHandle};
 use ftl::backing::FileFtl;
 use ftl::classify::Classifier;
@@ -23,6 +24,8 @@ const CHUNK_WRITERS: usize = 4;
 /// The running parts; [`Background::stop`] ends them (before the FTL is closed).
 pub struct Background {
     pub classifier: Arc<Classifier>,
+    /// Latencies the ublk queues record and the WAF window the control plane samples.
+    pub live: Arc<Live>,
     pub writers: Arc<ChunkWriters>,
     pub cleaner: Option<Arc<CleanerHandle>>,
     pub control: Control,
@@ -30,8 +33,14 @@ pub struct Background {
 
 impl Background {
     /// Starts the classifier, the cleaner (unless `cleaner` is false) and the control
-    /// plane; `signals`: the control plane handles SIGINT and SIGTERM (the daemon).
-    pub fn start(ftl: &Arc<FileFtl>, cleaner: bool, signals: bool) -> Result<Self, CliError> {
+    /// plane; `signals`: the control plane handles SIGINT and SIGTERM (the daemon);
+    /// `metrics`: a bound listener the control plane serves the metrics on.
+    pub fn start(
+        ftl: &Arc<FileFtl>,
+        cleaner: bool,
+        signals: bool,
+        metrics: Option<std::net::TcpListener>,
+    ) -> Result<Self, CliError> {
         // Write-time stream classification (in memory, rebuilt from scratch at each start).
         let classifier = Arc::new(Classifier::new(ftl.capacity_blocks()));
         let writers = Arc::new(
@@ -49,10 +58,19 @@ impl Background {
         } else {
             None
         };
-        let control = Control::spawn(ftl.clone(), cleaner.clone(), classifier.clone(), signals)
-            .map_err(|e| CliError::io("cannot start the control plane", e))?;
+        let live = Arc::new(Live::default());
+        let control = Control::spawn(
+            ftl.clone(),
+            cleaner.clone(),
+            classifier.clone(),
+            live.clone(),
+            metrics,
+            signals,
+        )
+        .map_err(|e| CliError::io("cannot start the control plane", e))?;
         Ok(Background {
             classifier,
+            live,
             writers,
             cleaner,
             control,

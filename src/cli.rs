@@ -65,3 +65,42 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Cmd::Stats(a) => stats_cmd::run(a),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The systemd unit's command line is one the binary takes: `add --config FILE
+    /// --foreground` for the instance's file.
+    #[test]
+    fn the_service_unit_runs_a_valid_command() {
+        let unit = include_str!("../scripts/systemd/ftlblk@.service");
+        let exec = unit
+            .lines()
+            .find_map(|l| l.strip_prefix("ExecStart="))
+            .expect("the unit has an ExecStart");
+        let argv: Vec<String> = exec
+            .replace("%i", "db")
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        assert!(argv[0].ends_with("/ftlblk"), "{exec}");
+        let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{exec}: {e}"));
+        match cli.cmd {
+            Cmd::Add(a) => {
+                assert_eq!(
+                    a.config.as_deref(),
+                    Some(std::path::Path::new("/etc/ftlblk/db.toml"))
+                );
+                assert!(a.foreground, "systemd supervises the process itself");
+            }
+            other => panic!("the unit runs {other:?}, not add"),
+        }
+        // The example configuration is one `add --config` reads.
+        let example = include_str!("../scripts/ftlblk-example.toml");
+        let f =
+            crate::config_file::parse(std::path::Path::new("/etc/ftlblk/example.toml"), example)
+                .expect("the example parses");
+        assert_eq!(f.size, Some(8 << 30));
+    }
+}

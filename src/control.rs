@@ -19,6 +19,7 @@
 //! Started by [`crate::background`]; the daemon ([`crate::daemon`]) sends it [`Event`]s and
 //! reads [`Shared`]. Uses [`crate::kctl`], [`crate::runfiles`] and [`crate::stats_doc`].
 
+use crate::metrics::Live;
 use crate::runfiles::{self, DeviceRecord};
 use crate::stats_doc::StatsDocument;
 use cleaner::CleanerHandle;
@@ -28,7 +29,7 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
@@ -108,6 +109,8 @@ impl Control {
         ftl: Arc<FileFtl>,
         cleaner: Option<Arc<CleanerHandle>>,
         classifier: Arc<Classifier>,
+        live: Arc<Live>,
+        metrics: Option<std::net::TcpListener>,
         signals: bool,
     ) -> io::Result<Control> {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -120,7 +123,13 @@ impl Control {
         let thread = std::thread::Builder::new()
             .name("ftlblk-control".into())
             .spawn(move || {
-                rt.block_on(serve(ftl, cleaner, classifier, signals, sh, rx, ready_tx))
+                let parts = Parts {
+                    ftl,
+                    cleaner,
+                    classifier,
+                    live,
+                };
+                rt.block_on(serve(parts, metrics, signals, sh, rx, ready_tx))
             })?;
         match ready_rx.recv() {
             Ok(Ok(())) => Ok(Control {
@@ -170,10 +179,27 @@ impl Drop for Control {
     }
 }
 
-async fn serve(
+/// What the runtime reports on.
+struct Parts {
     ftl: Arc<FileFtl>,
     cleaner: Option<Arc<CleanerHandle>>,
     classifier: Arc<Classifier>,
+    live: Arc<Live>,
+}
+
+impl Parts {
+    /// The stats document now.
+    fn document(&self, record: Option<&DeviceRecord>) -> serde_json::Result<StatsDocument> {
+        let mut d =
+            StatsDocument::collect(&self.ftl, self.cleaner.as_deref(), &self.classifier, record)?;
+        self.live.fill(&mut d);
+        Ok(d)
+    }
+}
+
+async fn serve(
+    parts: Parts,
+    metrics: Option<std::net::TcpListener>,
     handle_signals: bool,
     shared: Arc<Shared>,
     mut rx: mpsc::UnboundedReceiver<Event>,
@@ -193,7 +219,16 @@ async fn serve(
             return;
         }
     };
+    let metrics = match metrics.map(tokio::net::TcpListener::from_std).transpose() {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
     let _ = ready.send(Ok(()));
+    let (ftl, classifier) = (parts.ftl.clone(), parts.classifier.clone());
+    let parts = Arc::new(parts);
     let mut tick = tokio::time::interval(CHECKPOINT_POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut listener: Option<(UnixListener, PathBuf)> = None;
@@ -215,6 +250,12 @@ async fn serve(
                 Some(Event::Shutdown) | None => break,
             },
             _ = tick.tick() => {
+                let c = ftl.stats().counters;
+                parts.live.waf.sample(
+                    std::time::Instant::now(),
+                    c.user_blocks_written,
+                    c.backing_blocks_written,
+                );
                 let plans = classifier.plans();
                 if plans != plans_seen {
                     plans_seen = plans;
@@ -238,9 +279,16 @@ async fn serve(
                     }));
                 }
             }
+            conn = accept_metrics(&metrics) => match conn {
+                Ok(stream) => {
+                    let (p, rec) = (parts.clone(), record.clone());
+                    tokio::spawn(serve_metrics(stream, p, rec));
+                }
+                Err(e) => eprintln!("ftlblk: metrics listener accept: {e}"),
+            },
             conn = accept(&listener) => match conn {
                 Ok(mut stream) => {
-                    let doc = stats_text(&ftl, cleaner.as_deref(), &classifier, record.as_ref());
+                    let doc = stats_text(&parts, record.as_ref());
                     tokio::spawn(async move {
                         let _ = stream.write_all(doc.as_bytes()).await;
                         let _ = stream.shutdown().await;
@@ -256,6 +304,43 @@ async fn serve(
     if let Some((_, path)) = listener {
         let _ = std::fs::remove_file(path);
     }
+}
+
+/// The next metrics connection; never, without a metrics listener.
+async fn accept_metrics(l: &Option<tokio::net::TcpListener>) -> io::Result<tokio::net::TcpStream> {
+    match l {
+        Some(l) => l.accept().await.map(|(s, _)| s),
+        None => std::future::pending().await,
+    }
+}
+
+/// Answers one metrics connection: reads the request head (at most 8 KiB, 5 s), sends
+/// the exposition of a fresh stats document ([`crate::metrics::render`]) and closes.
+async fn serve_metrics(
+    mut stream: tokio::net::TcpStream,
+    parts: Arc<Parts>,
+    record: Option<DeviceRecord>,
+) {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    let read = tokio::time::timeout(Duration::from_secs(5), async {
+        while head.len() < 8192 && !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    if read.is_err() {
+        return;
+    }
+    let reply = crate::metrics::http_response(&String::from_utf8_lossy(&head), || {
+        let doc = parts.document(record.as_ref()).map_err(|e| e.to_string())?;
+        crate::metrics::render(&doc).map_err(|e| e.to_string())
+    });
+    let _ = stream.write_all(reply.as_bytes()).await;
+    let _ = stream.shutdown().await;
 }
 
 /// The next delivery of a handled signal; never, when it is not handled.
@@ -282,13 +367,9 @@ async fn accept(l: &Option<(UnixListener, PathBuf)>) -> io::Result<tokio::net::U
 
 /// The text a stats client receives ([`StatsDocument`]); a one-key `error` document when
 /// it cannot be built.
-fn stats_text(
-    ftl: &FileFtl,
-    cleaner: Option<&CleanerHandle>,
-    classifier: &Classifier,
-    record: Option<&DeviceRecord>,
-) -> String {
-    StatsDocument::collect(ftl, cleaner, classifier, record)
+fn stats_text(parts: &Parts, record: Option<&DeviceRecord>) -> String {
+    parts
+        .document(record)
         .and_then(|d| d.to_json())
         .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }).to_string())
 }

@@ -75,6 +75,18 @@ pub struct DaemonConfig {
     pub mode: Mode,
     /// The log file stdout/stderr go to (background daemons).
     pub log: Option<PathBuf>,
+    /// Address to serve Prometheus metrics on (`add --metrics-listen`).
+    pub metrics_listen: Option<String>,
+}
+
+/// Binds the metrics listener (`add --metrics-listen ADDR`), non-blocking for the
+/// control plane's runtime.
+fn metrics_listener(addr: &str) -> Result<std::net::TcpListener, CliError> {
+    let what = || format!("cannot serve metrics on {addr} (--metrics-listen HOST:PORT)");
+    let l = std::net::TcpListener::bind(addr).map_err(|e| CliError::io(what(), e))?;
+    l.set_nonblocking(true)
+        .map_err(|e| CliError::io(what(), e))?;
+    Ok(l)
 }
 
 /// Opens the FTL for `cfg`, formatting a new or unformatted backing file for `add`.
@@ -168,8 +180,14 @@ fn serve_device(cfg: DaemonConfig, notifier: &Arc<Notifier>) -> Result<(), CliEr
             )));
         }
     }
+    // Bound before anything is opened: a taken address fails the start, not the scrape.
+    let metrics = cfg
+        .metrics_listen
+        .as_deref()
+        .map(metrics_listener)
+        .transpose()?;
     let ftl = Arc::new(open_ftl(&cfg)?);
-    let bg = Background::start(&ftl, cfg.cleaner, true)?;
+    let bg = Background::start(&ftl, cfg.cleaner, true, metrics)?;
 
     let result = serve(&cfg, &ftl, &bg, notifier);
 
@@ -261,6 +279,7 @@ fn serve(
         uuid: ftl.superblock().uuid_string(),
         recoveries,
         map_cache_bytes: cfg.map_cache_bytes,
+        metrics_listen: cfg.metrics_listen.clone(),
     };
     let backing_fd = ftl.device().raw_fd().ok_or(CliError::NoBackingFd)?;
 
@@ -274,6 +293,7 @@ fn serve(
     let q_offload = offload.clone();
     let q_classifier = classifier.clone();
     let q_writers = bg.writers.clone();
+    let q_live = bg.live.clone();
     let q_fn = move |qid: u16, dev: &UblkDev| {
         ublk::run_queue(
             qid,
@@ -282,6 +302,7 @@ fn serve(
             q_classifier.clone(),
             q_writers.clone(),
             q_offload.clone(),
+            q_live.clone(),
         )
     };
     let tx = control.sender();

@@ -28,14 +28,39 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// Options `--config` replaces (a configuration file says them all).
+const CONFIG_KEYS: [&str; 9] = [
+    "backing",
+    "size",
+    "index",
+    "queues",
+    "id",
+    "io_buf_size",
+    "no_cleaner",
+    "map_cache",
+    "metrics_listen",
+];
+
 #[derive(Args, Debug, Clone)]
+#[command(after_help = "Examples:
+  ftlblk add --backing /var/lib/ftlblk/a.img --size 64G     # /dev/ublkbN on a sparse file
+  ftlblk add --backing /dev/nvme1n1 --map-cache 2G          # a formatted block device
+  ftlblk add --config /etc/ftlblk/db.toml --foreground      # what ftlblk@db.service runs
+
+A backing whose daemon died while its device stayed in the kernel is re-attached
+(as `ftlblk recover`) instead of getting a second device.")]
 pub struct AddArgs {
     /// Backing file or block device. A missing file is created sparse (see --size) and
     /// formatted; an existing regular file without an ftlblk format is formatted; a
     /// formatted backing is opened, recovering after a crash. A block device is never
     /// formatted implicitly (use `ftlblk format`).
-    #[arg(long)]
-    pub backing: PathBuf,
+    #[arg(long, required_unless_present = "config")]
+    pub backing: Option<PathBuf>,
+    /// Read the device's options from this TOML file (keys: backing, index, size,
+    /// queues, depth, io_buf_size, map_cache, cleaner, id, metrics_listen; see
+    /// `scripts/ftlblk-example.toml`) instead of the command line.
+    #[arg(long, value_name = "FILE", conflicts_with_all = CONFIG_KEYS)]
+    pub config: Option<PathBuf>,
     /// Size of a backing file that does not exist yet (default 8G). For an existing
     /// unformatted file: how much of it to use (default: all). Ignored for a formatted
     /// backing. Suffixes K, M, G, T.
@@ -68,6 +93,12 @@ pub struct AddArgs {
     /// a miss. Default 256M: the whole map of a device of up to about 128 GiB.
     #[arg(long, value_parser = parse_size, default_value = "256M")]
     pub map_cache: u64,
+    /// Serve Prometheus metrics (OpenMetrics text: bytes written, WAF, free segments,
+    /// cleaning, checkpoints, per-stream writes, READ/WRITE/FLUSH/DISCARD latency
+    /// histograms) over HTTP on this address, e.g. 127.0.0.1:9400 (`GET /metrics`). Off
+    /// by default; `ftlblk stats -n N --prometheus` prints the same once.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_listen: Option<String>,
     /// Serve the device in this process until SIGINT/SIGTERM or `ftlblk del`, logging to
     /// stderr, instead of starting a background daemon and returning once the device is
     /// live.
@@ -121,8 +152,49 @@ fn default_queues() -> u16 {
         .unwrap_or(1)
 }
 
+impl AddArgs {
+    /// These options with a configuration file's in place of the ones it replaces.
+    fn with_file(mut self, f: crate::config_file::DeviceFile) -> Self {
+        self.backing = Some(f.backing);
+        self.index = f.index;
+        self.size = f.size;
+        self.queues = f.queues;
+        self.id = f.id;
+        if let Some(d) = f.depth {
+            self.depth = d;
+        }
+        if let Some(b) = f.io_buf_size {
+            self.io_buf_size = b;
+        }
+        if let Some(m) = f.map_cache {
+            self.map_cache = m;
+        }
+        self.no_cleaner = f.cleaner == Some(false);
+        self.metrics_listen = f.metrics_listen;
+        self.config = None;
+        self
+    }
+}
+
+/// The device of `backing` whose daemon died while the kernel kept the device (user
+/// recovery): `add` re-attaches it rather than creating a second device on the backing.
+fn orphaned_device_of(backing: &Path) -> Option<u32> {
+    runfiles::all_records()
+        .into_iter()
+        .find(|r| r.backing == backing && !runfiles::pid_alive(r.pid))
+        .map(|r| r.id)
+        .filter(|&id| runfiles::kernel_has_device(id))
+}
+
 /// `ftlblk add`.
 pub fn add(a: AddArgs) -> Result<(), CliError> {
+    let a = match &a.config {
+        Some(path) => {
+            let file = crate::config_file::load(path)?;
+            a.with_file(file)
+        }
+        None => a,
+    };
     kctl::require_ublk()?;
     let queues = a.queues.unwrap_or_else(default_queues);
     if queues == 0 || queues as u32 > sys::UBLK_MAX_NR_QUEUES {
@@ -144,7 +216,20 @@ pub fn add(a: AddArgs) -> Result<(), CliError> {
             a.io_buf_size
         )));
     }
-    let backing = absolute(&a.backing)?;
+    let Some(backing) = a.backing.as_deref() else {
+        return Err(CliError::BadArgs("add needs --backing or --config".into()));
+    };
+    let backing = absolute(backing)?;
+    if let Some(id) = orphaned_device_of(&backing) {
+        eprintln!(
+            "ftlblk: device {id} of {} lost its daemon; re-attaching it (ftlblk recover -n {id})",
+            backing.display()
+        );
+        return recover(RecoverArgs {
+            id,
+            foreground: a.foreground,
+        });
+    }
     let index = match &a.index {
         Some(i) => absolute(i)?,
         None => default_index_dir(&backing),
@@ -160,6 +245,7 @@ pub fn add(a: AddArgs) -> Result<(), CliError> {
         map_cache_bytes: a.map_cache,
         mode: Mode::Add { id: a.id },
         log: launch::log_from_env(),
+        metrics_listen: a.metrics_listen.clone(),
     };
     if a.foreground {
         return daemon::run(cfg);
@@ -188,6 +274,9 @@ pub fn add(a: AddArgs) -> Result<(), CliError> {
     }
     if a.no_cleaner {
         args.push("--no-cleaner".into());
+    }
+    if let Some(m) = &a.metrics_listen {
+        args.extend(["--metrics-listen".into(), m.into()]);
     }
     let rec = launch::start_background(args, &launch::provisional_log(a.id))?;
     print_json(&rec)
@@ -234,6 +323,7 @@ pub fn recover(a: RecoverArgs) -> Result<(), CliError> {
             recoveries: rec.recoveries,
         },
         log: launch::log_from_env(),
+        metrics_listen: rec.metrics_listen.clone(),
     };
     if a.foreground {
         return daemon::run(cfg);

@@ -110,6 +110,9 @@ pub enum CliError {
     /// A plot could not be drawn (the replay crate's plotting reports text).
     #[error("{0}")]
     Plot(String),
+    /// The metrics exposition could not be written.
+    #[error("cannot render the metrics: {0}")]
+    Metrics(std::fmt::Error),
 }
 
 impl CliError {

@@ -83,6 +83,9 @@ pub struct DeviceRecord {
     /// older daemons: the default).
     #[serde(default)]
     pub map_cache_bytes: u64,
+    /// Where the daemon serves its metrics (`add --metrics-listen`; `recover` keeps it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_listen: Option<String>,
 }
 
 /// Writes `N.json` atomically.
@@ -182,6 +185,7 @@ mod tests {
             uuid: "u".into(),
             recoveries: 0,
             map_cache_bytes: 64 << 20,
+            metrics_listen: Some("127.0.0.1:9400".into()),
         };
         write_record(&rec).unwrap();
         assert_eq!(read_record(7).unwrap(), Some(rec.clone()));

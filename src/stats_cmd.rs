@@ -24,8 +24,12 @@ pub struct StatsArgs {
     #[arg(short = 'n', long = "number")]
     pub id: u32,
     /// Print the daemon's JSON document as is instead of a table.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "prometheus")]
     pub json: bool,
+    /// Print the figures once in the Prometheus / OpenMetrics text format, as the daemon
+    /// serves them on `--metrics-listen`.
+    #[arg(long)]
+    pub prometheus: bool,
 }
 
 /// `ftlblk stats`.
@@ -37,6 +41,11 @@ pub fn run(a: StatsArgs) -> Result<(), CliError> {
     }
     let doc = StatsDocument::from_json(&doc)
         .map_err(|e| CliError::json("the daemon's stats are not a stats document", e))?;
+    if a.prometheus {
+        let text = crate::metrics::render(&doc).map_err(CliError::Metrics)?;
+        print!("{text}");
+        return Ok(());
+    }
     print!("{}", format_stats(&doc));
     Ok(())
 }
@@ -82,6 +91,17 @@ fn read_document(mut s: UnixStream, sock: &Path) -> Result<String, CliError> {
 }
 
 /// The human-readable `stats` table.
+/// A latency in microseconds, in the unit that reads best.
+fn us(v: u64) -> String {
+    if v >= 10_000 {
+        format!("{:.0} ms", v as f64 / 1000.0)
+    } else if v >= 1000 {
+        format!("{:.2} ms", v as f64 / 1000.0)
+    } else {
+        format!("{v} us")
+    }
+}
+
 pub fn format_stats(d: &StatsDocument) -> String {
     let (s, c) = (&d.stats, &d.stats.counters);
     let bs = s.block_size.max(1);
@@ -183,6 +203,27 @@ pub fn format_stats(d: &StatsDocument) -> String {
             fr.defrag_windows, fr.defrag_moved_blocks, fr.defrag_waiting, fr.defrag_dropped
         ),
     );
+    if let Some(l) = &d.latency {
+        for op in crate::metrics::Op::ALL {
+            let x = l.of(op);
+            if x.count > 0 {
+                row(
+                    &format!("{} latency", op.name()),
+                    format!(
+                        "p50 {} / p99 {} / p99.9 {} / max {} ({} requests)",
+                        us(x.p50_us),
+                        us(x.p99_us),
+                        us(x.p999_us),
+                        us(x.max_us),
+                        x.count
+                    ),
+                );
+            }
+        }
+    }
+    if let Some(w) = d.waf_last_minute {
+        row("WAF, last minute", format!("{w:.3}"));
+    }
     let m = &s.map_cache;
     let lookups = (m.hits + m.misses).max(1);
     row(

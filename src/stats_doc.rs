@@ -52,6 +52,13 @@ pub struct StatsDocument {
     /// A sample of the map's fragmentation (absent when it could not be taken).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub map_fragmentation: Option<MapFragmentation>,
+    /// Latencies of the requests completed at the ublk edge (absent outside a daemon).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency: Option<crate::metrics::LatencyFigures>,
+    /// Backing blocks written per user block over the last minute (absent without user
+    /// writes in it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waf_last_minute: Option<f64>,
 }
 
 /// Windows of 128 KiB sampled over the map for `ftlblk stats`.
@@ -94,6 +101,10 @@ pub struct FtlFigures {
     pub wear: ftl::WearFigures,
     /// What large reads cost and what read-driven defragmentation did.
     pub fragmentation: FragFigures,
+    /// Nanoseconds writers spent in the cleaner's throttle (summed over writers).
+    pub throttled_ns: u64,
+    /// Blocks appended per stream since open.
+    pub stream_blocks_written: Vec<u64>,
     /// The fields `ftlblk stats` does not print, as the FTL wrote them.
     #[serde(flatten)]
     pub other: Map<String, Value>,
@@ -128,6 +139,7 @@ pub struct CounterFigures {
     pub padding_bytes: u64,
     pub relocated_blocks: u64,
     pub discarded_bytes: u64,
+    pub summary_blocks: u64,
     /// The counters `ftlblk stats` does not print.
     #[serde(flatten)]
     pub other: Map<String, Value>,
@@ -252,6 +264,8 @@ impl StatsDocument {
                 None => None,
             },
             map_fragmentation: None,
+            latency: None,
+            waf_last_minute: None,
         })
     }
 
@@ -316,6 +330,7 @@ mod tests {
             uuid: "u".into(),
             recoveries: 1,
             map_cache_bytes: 0,
+            metrics_listen: None,
         }
     }
 

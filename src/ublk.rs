@@ -29,6 +29,7 @@
 //! [`Ftl::flush`]: ftl::Ftl::flush
 //! [`Ftl::trim`]: ftl::Ftl::trim
 
+use crate::metrics::Live;
 use crate::offload::{Offload, TagEvent};
 use ftl::backing::FileFtl;
 use ftl::classify::Classifier;
@@ -117,6 +118,7 @@ pub fn run_queue(
     classifier: Arc<Classifier>,
     writers: Arc<ftl::ChunkWriters>,
     offload: Arc<Offload>,
+    live: Arc<Live>,
 ) {
     set_io_flusher();
     let q = match UblkQueue::new(qid, dev) {
@@ -135,6 +137,7 @@ pub fn run_queue(
             classifier: classifier.clone(),
             writers: writers.clone(),
             offload: offload.clone(),
+            live: live.clone(),
         };
         tasks.push(exe.spawn(async move {
             match serve_tag(&q, tag, &ctx).await {
@@ -177,6 +180,8 @@ struct TagContext {
     classifier: Arc<Classifier>,
     writers: Arc<ftl::ChunkWriters>,
     offload: Arc<Offload>,
+    /// Where each request's latency is recorded.
+    live: Arc<Live>,
 }
 
 async fn serve_tag(q: &UblkQueue<'_>, tag: u16, ctx: &TagContext) -> Result<(), UblkError> {
@@ -186,6 +191,7 @@ async fn serve_tag(q: &UblkQueue<'_>, tag: u16, ctx: &TagContext) -> Result<(), 
         .await?;
     loop {
         let iod = *q.get_iod(tag);
+        let started = std::time::Instant::now();
         let res = AssertUnwindSafe(handle(q, &iod, buf.as_mut_slice(), ctx, &wake))
             .catch_unwind()
             .await
@@ -193,6 +199,9 @@ async fn serve_tag(q: &UblkQueue<'_>, tag: u16, ctx: &TagContext) -> Result<(), 
                 eprintln!("ftlblk: panic while handling {iod:?}; completing with -EIO");
                 -libc::EIO
             });
+        if let Some(op) = latency_op(iod.op_flags) {
+            ctx.live.latencies.record(op, started.elapsed());
+        }
         q.submit_io_commit_cmd(tag, BufDesc::Slice(buf.as_slice()), res)
             .await?;
     }
@@ -252,6 +261,18 @@ async fn handle(
                 })
                 .await
         }
+    }
+}
+
+/// The latency histogram a request's opcode counts in (none for unknown opcodes).
+fn latency_op(op_flags: u32) -> Option<crate::metrics::Op> {
+    use crate::metrics::Op;
+    match op_flags & 0xff {
+        sys::UBLK_IO_OP_READ => Some(Op::Read),
+        sys::UBLK_IO_OP_WRITE => Some(Op::Write),
+        sys::UBLK_IO_OP_FLUSH => Some(Op::Flush),
+        sys::UBLK_IO_OP_DISCARD | sys::UBLK_IO_OP_WRITE_ZEROES => Some(Op::Discard),
+        _ => None,
     }
 }
 

@@ -94,6 +94,8 @@ pub struct Ftl<D: BlockDevice, I: IndexStore> {
     frag: crate::frag::FragMeter,
     defrag: crate::frag::DefragQueue,
     defrag_done: defrag::DefragDone,
+    /// Blocks appended per stream since open (user writes and relocations).
+    stream_blocks: [AtomicU64; crate::stream::STREAMS],
 }
 
 /// Where a block a caller wants to read lives.
@@ -168,6 +170,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 0
             }),
             defrag_done: defrag::DefragDone::new(),
+            stream_blocks: std::array::from_fn(|_| AtomicU64::new(0)),
             cfg,
         }
     }
@@ -456,6 +459,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         }
         appended?;
         LiveCounters::add(&self.t.counters.user_blocks_written, n);
+        if let Some(c) = self.stream_blocks.get(stream.0 as usize) {
+            c.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        }
         self.ckpt.note_appended(n);
         self.relieve_map()?;
         if fua {

@@ -150,9 +150,12 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 }
             }
             let first = reqs.first().map_or(0, |r| r.0);
-            self.dev
-                .read_many(&mut reqs)
-                .map_err(|e| Error::io("read", first, e))?;
+            // One run (every 4 KiB read, a contiguous range): a plain read.
+            match reqs.as_mut_slice() {
+                [(offset, run)] => self.dev.read_at(*offset, run),
+                all => self.dev.read_many(all),
+            }
+            .map_err(|e| Error::io("read", first, e))?;
         }
         let mut spare = scratch.iter();
         for r in &runs {

@@ -124,14 +124,21 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 Ok(())
             })
         };
-        match append(stream, pending) {
+        let used = match append(stream, pending) {
             Err(Error::NoSpace) if stream != GC_STREAM => {
                 self.diverted.fetch_add(1, Ordering::Relaxed);
                 append(GC_STREAM, pending)?;
+                GC_STREAM
             }
-            r => r?,
-        }
+            r => {
+                r?;
+                stream
+            }
+        };
         if moved {
+            if let Some(c) = self.stream_blocks.get(used.0 as usize) {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
             LiveCounters::add(&self.t.counters.relocated_blocks, 1);
             self.ckpt.note_appended(1);
         }

@@ -44,6 +44,8 @@ pub struct Stats {
     pub wear: crate::segments::WearFigures,
     /// What large reads cost and what read-driven defragmentation did.
     pub fragmentation: super::defrag::FragFigures,
+    /// Blocks appended per stream since open (user writes and relocations).
+    pub stream_blocks_written: Vec<u64>,
 }
 
 impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
@@ -81,6 +83,11 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             checkpoint_times: self.ckpt.times(),
             wear: t.segs.wear(),
             fragmentation: self.frag_figures(),
+            stream_blocks_written: self
+                .stream_blocks
+                .iter()
+                .map(|n| n.load(Ordering::Relaxed))
+                .collect(),
         }
     }
 
