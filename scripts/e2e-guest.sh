@@ -62,12 +62,14 @@ fail() {
     for l in /run/ftlblk/*.log; do
         [ -e "$l" ] && { echo "--- $l (tail)" >&2; tail -n 30 "$l" >&2; }
     done
+    # Background I/O (fio) would hold the exit cleanup, and the VM, until the timeout.
+    local j
+    for j in $(jobs -p); do kill -9 "$j" 2>/dev/null || true; done
     exit 1
 }
 json_num() { grep -o "\"$1\": *[0-9]*" | head -n1 | grep -o '[0-9]*$'; }
 daemon_pid() { json_num pid < "/run/ftlblk/$ID.json"; }
 mapped() { "$BIN" stats -n "$ID" --json | json_num mapped_blocks; }
-# add_dev [args...]: `ftlblk add --backing $IMG ...`, sets ID and DEV.
 # Where the daemons of steps 2-4 serve their metrics (issue 19).
 METRICS=127.0.0.1:9400
 # scrape FILE: GET /metrics into FILE; fails unless it is a well-formed exposition.
@@ -87,6 +89,7 @@ PY
 }
 # prom FILE SAMPLE: the value of the sample line that starts with SAMPLE (name and labels).
 prom() { awk -v k="$2 " 'index($0, k) == 1 { print $NF; exit }' "$1"; }
+# add_dev [args...]: `ftlblk add --backing $IMG ...`, sets ID and DEV.
 add_dev() {
     local out
     out="$("$BIN" add --backing "$IMG" "$@")" || fail "add $* failed"
@@ -152,6 +155,11 @@ rm -rf "$WORK"
 mkdir -p "$MNT"
 
 # ---------------------------------------------------------------------------------------
+# The VM's init may leave the loopback interface down: the metrics endpoint (and any
+# local network service) needs it.
+ip link set lo up 2>/dev/null || true
+ip addr show lo | grep -q "127.0.0.1" || ip addr add 127.0.0.1/8 dev lo 2>/dev/null || true
+
 step "1. add a new backing ($SIZE, sparse)"
 add_dev --size "$SIZE" --queues 2
 q="/sys/block/ublkb$ID/queue"

@@ -152,6 +152,8 @@ pub fn check(a: CheckArgs) -> Result<(), CliError> {
         rebuild_index(&a)?;
     }
     let dev = ftl::backing::open_device(&a.backing.backing, None)?;
+    // Not an ftlblk backing at all: say so before anything about its index.
+    ftl::read_superblock_readonly(&dev)?;
     let dir = a.backing.index_dir();
     if !dir.exists() {
         return Err(CliError::BadArgs(format!(

@@ -20,33 +20,64 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Cmd {
     /// Format a backing file or block device (a missing file is created sparse with --size).
+    #[command(after_help = "Examples:
+  ftlblk format --backing /var/lib/ftlblk/a.img --size 64G   # a new sparse file
+  ftlblk format --backing /dev/nvme1n1 --segment-size 64M    # a whole SSD, its erase unit
+  ftlblk format --backing a.img --force                      # start over (erases a.img)")]
     Format(backing_cmd::FormatArgs),
     /// Open a backing (recovering after a crash), print its superblock and figures as JSON,
     /// and close it cleanly.
+    #[command(after_help = "Example (the device must not be served meanwhile):
+  ftlblk info --backing /var/lib/ftlblk/a.img")]
     Info(BackingArgs),
     /// Measure the FTL in-process on a backing file: random write, random read, write+flush.
+    #[command(after_help = "Examples:
+  ftlblk bench --backing /tmp/b.img --size 2G                          # fresh device
+  ftlblk bench --backing /tmp/b.img --size 2G --tests steady --passes 3  # full device
+  ftlblk bench --backing /tmp/b.img --size 3G --tests fragread
+scripts/bench.sh runs them beside raw fio on the same file and writes bench.json.")]
     Bench(bench::BenchArgs),
     /// Replay a trace or a synthetic workload through the real FTL and cleaner
     /// (metadata-only, in memory) and report write amplification.
+    #[command(after_help = "Examples:
+  ftlblk replay --workload zipf:0.99 --capacity 8G --loops 20
+  ftlblk replay --workload hotcold:90/10 --policy cost-hotness --json
+  ftlblk replay --trace alibaba.csv --json")]
     Replay(replay_cmd::ReplayArgs),
     /// Verify every invariant of a backing and its index offline (read-only); exits 1
     /// when a problem is found. With --rebuild-index, first rebuild a lost or damaged
     /// index from the log.
+    #[command(after_help = "Examples (the device must not be served meanwhile):
+  ftlblk check --backing /var/lib/ftlblk/a.img
+  ftlblk check --backing /var/lib/ftlblk/a.img --rebuild-index   # the index is lost")]
     Check(backing_cmd::CheckArgs),
     /// Serve a backing as /dev/ublkbN (formatting a new backing file first) and print the
     /// device as JSON; returns once the device is live while a daemon keeps serving it.
     Add(device_cmd::AddArgs),
     /// Delete a device: stop it through the kernel and wait for its daemon to checkpoint
     /// the FTL and exit.
+    #[command(after_help = "Examples:
+  ftlblk del -n 0      # /dev/ublkb0
+  ftlblk del --all")]
     Del(device_cmd::DelArgs),
     /// List the devices ftlblk serves (or served, when a daemon died and the kernel keeps
     /// the device for `recover`).
+    #[command(after_help = "Example:
+  ftlblk list --json")]
     List(device_cmd::ListArgs),
     /// Re-attach a new daemon to device N after its daemon died (kill -9, crash): the FTL
     /// recovers and the kernel re-issues the requests that were in flight.
+    #[command(after_help = "Example (after the daemon of /dev/ublkb0 died):
+  ftlblk recover -n 0
+`ftlblk add` of the same backing does the same.")]
     Recover(device_cmd::RecoverArgs),
     /// Show a device's figures from its daemon: WAF, free segments, mapped blocks,
-    /// flushes, trims, discards, cleaning (copies, slices, preemptions, throttle), streams.
+    /// flushes, trims, discards, cleaning (copies, slices, preemptions, throttle), streams,
+    /// fragmentation, request latencies.
+    #[command(after_help = "Examples:
+  ftlblk stats -n 0
+  ftlblk stats -n 0 --json
+  ftlblk stats -n 0 --prometheus     # what add --metrics-listen serves")]
     Stats(stats_cmd::StatsArgs),
 }
 
@@ -72,6 +103,21 @@ mod tests {
 
     /// The systemd unit's command line is one the binary takes: `add --config FILE
     /// --foreground` for the instance's file.
+    /// Every command's --help ends with an example.
+    #[test]
+    fn every_command_has_an_example() {
+        use clap::CommandFactory;
+        let mut cmd = Cli::command();
+        for sub in cmd.get_subcommands_mut() {
+            let name = sub.get_name().to_string();
+            let help = sub.render_help().to_string();
+            assert!(
+                help.contains("Example") && help.contains(&format!("ftlblk {name}")),
+                "`ftlblk {name} --help` has no example:\n{help}"
+            );
+        }
+    }
+
     #[test]
     fn the_service_unit_runs_a_valid_command() {
         let unit = include_str!("../scripts/systemd/ftlblk@.service");

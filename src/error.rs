@@ -66,6 +66,9 @@ pub enum CliError {
          scripts/vm-run.sh"
     )]
     NoUblk,
+    /// ublk devices are created and driven through /dev/ublk-control, which needs root.
+    #[error("ublk devices need root (/dev/ublk-control): run ftlblk with sudo")]
+    NotRoot,
     /// A ublk control command failed while doing `context`.
     #[error("{context}: {}", describe_ublk(.source))]
     Ublk {

@@ -18,11 +18,14 @@ pub const CONTROL_PATH: &str = "/dev/ublk-control";
 
 /// Fails with the standard explanation when the kernel has no ublk driver.
 pub fn require_ublk() -> Result<(), CliError> {
-    if Path::new(CONTROL_PATH).exists() {
-        Ok(())
-    } else {
-        Err(CliError::NoUblk)
+    if !Path::new(CONTROL_PATH).exists() {
+        return Err(CliError::NoUblk);
     }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(CliError::NotRoot);
+    }
+    Ok(())
 }
 
 /// Turns libublk's `Ok(negative errno)` (it passes EBUSY through as a value) into an error.

@@ -126,7 +126,9 @@ fn read_superblock_inner<D: BlockDevice>(
         (Err(SbDecode::NoMagic), _) => {
             return Err(Error::NotFormatted(
                 name,
-                "no superblock (not formatted as ftlblk)".into(),
+                "no superblock: it is not an ftlblk backing (another format, or never \
+                 formatted; `ftlblk format --backing ...` makes it one and erases it)"
+                    .into(),
             ))
         }
         (Err(SbDecode::Corrupt(why)), _) => {
