@@ -19,11 +19,16 @@
 #      the backing's allocation (du) shrinks by at least 40% (dead segments checkpointed,
 #      freed and discarded), shown by `ftlblk stats`; del, `ftlblk check`.
 #   4. kill -9 of the daemon during fio O_SYNC random writes with crc32c verify headers
-#      on the mounted ext4; `recover`; fio completes and verifies every block; e2fsck clean,
-#      old checksums match; `del`, `ftlblk check`.
+#      on the mounted ext4; `recover` (the second time: `add --config`, which re-attaches);
+#      fio completes and verifies every block; e2fsck clean, old checksums match; `del`,
+#      `ftlblk check`. The metrics endpoint (--metrics-listen) is scraped during fio (byte
+#      and latency counters grow, every line parses) and after the recoveries.
 #   4b. the index is deleted: `add` fails pointing at `ftlblk check --rebuild-index`,
 #      which rebuilds it from the log and checks clean; the files and fio's file verify,
 #      e2fsck is clean.
+#   4c. NVMe-oF: `export --nvmet tcp:127.0.0.1:4420`, `nvme connect`, ext4 + fio O_SYNC
+#      verify on the NVMe namespace across a kill -9 + recover of the daemon; `del` refuses
+#      while exported; disconnect, `unexport`, `del`, `ftlblk check`.
 #   5. a second `add` of the same backing fails with a clear "in use" message; the first
 #      device keeps serving (re-read after dropping the page cache).
 #   6. raw device: blkdiscard and blkdiscard -z of written ranges read back zeros; fio
@@ -136,6 +141,11 @@ mkfs_of() { # fs dev
 
 cleanup() {
     set +e
+    if [ -n "${NVID:-}" ]; then
+        mountpoint -q "${NVMNT:-/nonexistent}" 2>/dev/null && umount "$NVMNT"
+        [ -n "${nqn:-}" ] && nvme disconnect -n "$nqn" >/dev/null 2>&1
+        "$BIN" unexport -n "$NVID" >/dev/null 2>&1
+    fi
     mountpoint -q "$MNT" 2>/dev/null && umount "$MNT"
     mountpoint -q "$MNT2" 2>/dev/null && umount "$MNT2"
     [ -n "$ID2" ] && "$BIN" del -n "$ID2" >/dev/null 2>&1
@@ -360,6 +370,60 @@ md5sum --quiet -c "$WORK/fio.sum" || fail "fio's file differs after the index re
 umount "$MNT"
 e2fsck -fn "$DEV" || fail "e2fsck after the index rebuild found problems"
 mount "$DEV" "$MNT" || fail "remount after the index rebuild"
+
+# ---------------------------------------------------------------------------------------
+step "4c. NVMe-oF: export over TCP, connect, mkfs + fio verify across a kill -9 + recover, disconnect, unexport"
+NV="$WORK/nv.img"
+out="$("$BIN" add --backing "$NV" --size 512M --queues 2)" || fail "add $NV"
+NVID="$(echo "$out" | json_num id)"
+out="$("$BIN" export -n "$NVID" --nvmet tcp:127.0.0.1:4420)" || fail "export -n $NVID"
+echo "$out"
+nqn="$(echo "$out" | grep -o '"nqn": *"[^"]*"' | grep -o 'nqn\.[^"]*')"
+[ -n "$nqn" ] || fail "export printed no nqn"
+"$BIN" list | grep -q "exported over NVMe-oF as $nqn on tcp:127.0.0.1:4420" || fail "list does not show the export"
+if msg="$("$BIN" del -n "$NVID" 2>&1)"; then fail "del of an exported device succeeded"; fi
+echo "$msg" | grep -q "unexport -n $NVID" || fail "del of an exported device does not say to unexport: $msg"
+modprobe nvme-tcp 2>/dev/null || true
+nvme connect -t tcp -a 127.0.0.1 -s 4420 -n "$nqn" || fail "nvme connect to $nqn"
+nsdev=""
+for _ in $(seq 1 100); do
+    for sdir in /sys/class/nvme-subsystem/nvme-subsys* /sys/class/nvme/nvme*; do
+        [ "$(cat "$sdir/subsysnqn" 2>/dev/null)" = "$nqn" ] || continue
+        nsdev="$(ls "$sdir" | grep -E '^nvme[0-9]+n[0-9]+$' | head -n1)"
+        [ -n "$nsdev" ] && [ -b "/dev/$nsdev" ] && break 2
+    done
+    sleep 0.1
+done
+[ -n "$nsdev" ] && [ -b "/dev/$nsdev" ] || fail "no NVMe namespace of $nqn appeared"
+echo "connected: /dev/$nsdev is /dev/ublkb$NVID over NVMe/TCP"
+NVMNT="$WORK/nvm"; mkdir -p "$NVMNT"
+mkfs.ext4 -q -F "/dev/$nsdev" || fail "mkfs.ext4 on /dev/$nsdev"
+mount "/dev/$nsdev" "$NVMNT" || fail "mount /dev/$nsdev"
+fio --name=nvme --filename="$NVMNT/fio.dat" --size=16M --rw=randwrite --bs=4k --ioengine=psync \
+    --direct=1 --sync=1 --verify=crc32c --verify_fatal=1 --verify_state_save=0 --do_verify=1 \
+    --output="$WORK/fio-nvme.log" &
+fiopid=$!
+for _ in $(seq 1 300); do
+    [ -s "$NVMNT/fio.dat" ] && [ "$(stat -c %s "$NVMNT/fio.dat")" -ge $((16 << 20)) ] && break
+    sleep 0.1
+done
+sleep 1
+kill -0 "$fiopid" 2>/dev/null || fail "fio over NVMe/TCP finished before the kill (nothing tested)"
+nvpid="$(json_num pid < "/run/ftlblk/$NVID.json")"
+kill -9 "$nvpid"
+sleep 1
+kill -0 "$fiopid" 2>/dev/null || fail "fio over NVMe/TCP ended while the daemon was dead"
+"$BIN" recover -n "$NVID" > /dev/null || fail "recover -n $NVID under an NVMe-oF export"
+wait "$fiopid" || { cat "$WORK/fio-nvme.log"; fail "fio over NVMe/TCP across kill -9 + recover failed"; }
+grep -q "err= 0" "$WORK/fio-nvme.log" || { cat "$WORK/fio-nvme.log"; fail "fio over NVMe/TCP reported errors"; }
+echo "fio O_SYNC randwrite + verify over NVMe/TCP across kill -9 + recover: ok"
+umount "$NVMNT"
+nvme disconnect -n "$nqn" || fail "nvme disconnect"
+"$BIN" unexport -n "$NVID" || fail "unexport -n $NVID"
+[ ! -e "/sys/kernel/config/nvmet/subsystems/$nqn" ] || fail "unexport left the subsystem in configfs"
+"$BIN" list | grep -q "exported over NVMe-oF" && fail "list still shows an export"
+"$BIN" del -n "$NVID" || fail "del -n $NVID after unexport"
+"$BIN" check --backing "$NV" || fail "check of the exported backing"
 
 # ---------------------------------------------------------------------------------------
 step "5. a second add of the same backing fails; the first keeps serving"

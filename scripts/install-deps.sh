@@ -85,7 +85,9 @@ if [ "$want_host" = 1 ]; then
     pkgs+=(fio clang libclang-dev pkg-config fonts-dejavu-core make gcc)
 fi
 if [ "$want_vm" = 1 ]; then
-    pkgs+=(qemu-system-x86 busybox-static e2fsprogs xfsprogs btrfs-progs f2fs-tools util-linux kmod)
+    # curl + python3: the metrics scrape and its check; nvme-cli: the NVMe-oF export test.
+    pkgs+=(qemu-system-x86 busybox-static e2fsprogs xfsprogs btrfs-progs f2fs-tools util-linux kmod
+        curl python3 iproute2 nvme-cli)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

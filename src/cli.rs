@@ -79,12 +79,24 @@ scripts/bench.sh runs them beside raw fio on the same file and writes bench.json
   ftlblk stats -n 0 --json
   ftlblk stats -n 0 --prometheus     # what add --metrics-listen serves")]
     Stats(stats_cmd::StatsArgs),
+    /// Export /dev/ublkbN over NVMe-oF (TCP) through the kernel's NVMe target (nvmet,
+    /// configured in configfs), so other machines use it as an NVMe namespace.
+    #[command(after_help = "Example:
+  ftlblk export -n 0 --nvmet tcp:192.0.2.10:4420
+  # on another machine: nvme connect -t tcp -a 192.0.2.10 -s 4420 -n <the nqn printed>")]
+    Export(device_cmd::ExportArgs),
+    /// Remove the NVMe-oF exports of /dev/ublkbN (disconnect the initiators first).
+    #[command(after_help = "Example:
+  ftlblk unexport -n 0")]
+    Unexport(device_cmd::UnexportArgs),
 }
 
 /// Runs the command.
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.cmd {
         Cmd::Format(a) => backing_cmd::format(a),
+        Cmd::Export(a) => device_cmd::export(a),
+        Cmd::Unexport(a) => device_cmd::unexport(a),
         Cmd::Info(a) => backing_cmd::info(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Replay(a) => replay_cmd::run(a),

@@ -368,6 +368,17 @@ pub fn del(a: DelArgs) -> Result<(), CliError> {
 }
 
 fn del_one(id: u32, timeout: Duration) -> Result<String, CliError> {
+    // The kernel's NVMe target holds the device open: deleting under it would hang.
+    if let Some(e) = crate::nvmet::exports(Path::new(crate::nvmet::CONFIGFS))
+        .into_iter()
+        .find(|e| e.device == runfiles::bdev_path(id))
+    {
+        return Err(CliError::Device(format!(
+            "device {id} is exported over NVMe-oF as {} ({}): run `ftlblk unexport -n {id}` first",
+            e.nqn,
+            e.ports.join(", ")
+        )));
+    }
     let rec = runfiles::read_record(id).ok().flatten();
     let daemon = rec
         .as_ref()
@@ -413,6 +424,8 @@ struct ListEntry {
     /// Kernel state: live, quiesced (no server: run `recover`), dead, or gone.
     state: String,
     daemon_running: bool,
+    /// NVMe-oF exports of the device (`ftlblk export`).
+    exports: Vec<crate::nvmet::Export>,
 }
 
 /// `ftlblk list`.
@@ -433,10 +446,15 @@ pub fn list(a: ListArgs) -> Result<(), CliError> {
             } else {
                 "unknown".to_string()
             };
+            let exports = crate::nvmet::exports(Path::new(crate::nvmet::CONFIGFS))
+                .into_iter()
+                .filter(|e| e.device == r.block_device)
+                .collect();
             Some(ListEntry {
                 record: r,
                 state,
                 daemon_running: alive,
+                exports,
             })
         })
         .collect();
@@ -467,6 +485,79 @@ pub fn list(a: ListArgs) -> Result<(), CliError> {
             format!("{}x{}", e.record.queues, e.record.depth),
             e.record.backing.display()
         );
+        for x in &e.exports {
+            println!(
+                "     exported over NVMe-oF as {} on {}",
+                x.nqn,
+                x.ports.join(", ")
+            );
+        }
     }
+    Ok(())
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ExportArgs {
+    /// Device number N of /dev/ublkbN to export.
+    #[arg(short = 'n', long = "number")]
+    pub id: u32,
+    /// Where the kernel's NVMe-oF target listens: tcp:ADDR:PORT (IPv6 in brackets).
+    /// Any host that reaches it may connect (attr_allow_any_host): bind it to an address
+    /// only trusted hosts reach.
+    #[arg(long, value_name = "tcp:ADDR:PORT")]
+    pub nvmet: crate::nvmet::Endpoint,
+    /// The subsystem's NQN (default: nqn.2026-11.io.ftlblk:<uuid of the FTL>, the same
+    /// across restarts).
+    #[arg(long)]
+    pub nqn: Option<String>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct UnexportArgs {
+    /// Device number N of /dev/ublkbN whose exports to remove.
+    #[arg(short = 'n', long = "number")]
+    pub id: u32,
+}
+
+/// `ftlblk export`: configures the kernel's NVMe target (configfs) to serve /dev/ublkbN.
+pub fn export(a: ExportArgs) -> Result<(), CliError> {
+    let rec = runfiles::read_record(a.id)?.ok_or(CliError::NotFound(a.id))?;
+    if !rec.block_device.exists() {
+        return Err(CliError::Device(format!(
+            "{} does not exist: is device {} live (ftlblk list)?",
+            rec.block_device.display(),
+            a.id
+        )));
+    }
+    let root = crate::nvmet::ensure_target()?;
+    let nqn = a.nqn.unwrap_or_else(|| crate::nvmet::nqn_of(&rec.uuid));
+    crate::nvmet::export(&root, &nqn, &rec.block_device, &a.nvmet)?;
+    print_json(&serde_json::json!({
+        "device": rec.block_device,
+        "nqn": nqn,
+        "transport": "tcp",
+        "address": a.nvmet.addr,
+        "port": a.nvmet.port,
+        "connect": format!(
+            "nvme connect -t tcp -a {} -s {} -n {nqn}",
+            a.nvmet.addr, a.nvmet.port
+        ),
+    }))
+}
+
+/// `ftlblk unexport`.
+pub fn unexport(a: UnexportArgs) -> Result<(), CliError> {
+    let root = Path::new(crate::nvmet::CONFIGFS);
+    let n = crate::nvmet::unexport(root, &runfiles::bdev_path(a.id))?;
+    if n == 0 {
+        return Err(CliError::Device(format!(
+            "{} is not exported (ftlblk list shows exports)",
+            runfiles::bdev_path(a.id).display()
+        )));
+    }
+    println!(
+        "removed {n} NVMe-oF export(s) of {}",
+        runfiles::bdev_path(a.id).display()
+    );
     Ok(())
 }

@@ -46,6 +46,7 @@ mod error;
 mod kctl;
 mod launch;
 mod metrics;
+mod nvmet;
 mod offload;
 mod output;
 mod replay_cmd;
