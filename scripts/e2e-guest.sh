@@ -68,8 +68,7 @@ fail() {
         [ -e "$l" ] && { echo "--- $l (tail)" >&2; tail -n 30 "$l" >&2; }
     done
     # Background I/O (fio) would hold the exit cleanup, and the VM, until the timeout.
-    local j
-    for j in $(jobs -p); do kill -9 "$j" 2>/dev/null || true; done
+    pkill -9 -x fio 2>/dev/null || true
     exit 1
 }
 json_num() { grep -o "\"$1\": *[0-9]*" | head -n1 | grep -o '[0-9]*$'; }
@@ -79,7 +78,8 @@ mapped() { "$BIN" stats -n "$ID" --json | json_num mapped_blocks; }
 METRICS=127.0.0.1:9400
 # scrape FILE: GET /metrics into FILE; fails unless it is a well-formed exposition.
 scrape() {
-    curl -sf "http://$METRICS/metrics" -o "$1" || fail "GET http://$METRICS/metrics failed"
+    curl -sSf --max-time 30 "http://$METRICS/metrics" -o "$1" \
+        || { ss -ltnp >&2; fail "GET http://$METRICS/metrics failed"; }
     valid_exposition "$1"
 }
 valid_exposition() { # file
@@ -288,21 +288,21 @@ for _ in $(seq 1 300); do
     sleep 0.1
 done
 # Metrics while fio writes: two scrapes a second apart, the write counters move.
-scrape "$WORK/m1"
+scrape "$WORK/metrics-1.txt"
 sleep 1
-scrape "$WORK/m2"
+scrape "$WORK/metrics-2.txt"
 for m in ftlblk_user_bytes_total 'ftlblk_request_latency_seconds_count{op="write"}'; do
-    a="$(prom "$WORK/m1" "$m")"; b="$(prom "$WORK/m2" "$m")"
+    a="$(prom "$WORK/metrics-1.txt" "$m")"; b="$(prom "$WORK/metrics-2.txt" "$m")"
     echo "metrics: $m $a -> $b"
     python3 -c "import sys; sys.exit(0 if float('$b') > float('${a:-0}') else 1)" \
         || fail "$m did not grow during fio ($a -> $b)"
 done
 for m in ftlblk_waf ftlblk_free_segments 'ftlblk_request_latency_seconds_bucket{le="+Inf",op="write"}' \
         'ftlblk_stream_blocks_written_total{stream="1"}' ftlblk_checkpoints_total; do
-    [ -n "$(prom "$WORK/m2" "$m")" ] || fail "the exposition has no $m"
+    [ -n "$(prom "$WORK/metrics-2.txt" "$m")" ] || fail "the exposition has no $m"
 done
-"$BIN" stats -n "$ID" --prometheus > "$WORK/m3" || fail "stats --prometheus"
-valid_exposition "$WORK/m3"
+"$BIN" stats -n "$ID" --prometheus > "$WORK/metrics-3.txt" || fail "stats --prometheus"
+valid_exposition "$WORK/metrics-3.txt"
 "$BIN" stats -n "$ID" | grep -E "^write latency +p50 .* requests\)" || fail "stats shows no write latency"
 for k in $(seq 1 "$KILLS"); do
     sleep 2
@@ -338,8 +338,8 @@ grep -q "err= 0" "$WORK/fio-crash.log" || { cat "$WORK/fio-crash.log"; fail "fio
 echo "fio O_SYNC randwrite + verify across $KILLS kill -9 and recover: ok"
 grep -q "\"recoveries\": $KILLS" "/run/ftlblk/$ID.json" || fail "record does not count $KILLS recoveries"
 # The recovered daemon serves the metrics where the first one did.
-scrape "$WORK/m4"
-[ "$(prom "$WORK/m4" ftlblk_recoveries_total)" = "$KILLS" ] || fail "metrics do not count $KILLS recoveries"
+scrape "$WORK/metrics-4.txt"
+[ "$(prom "$WORK/metrics-4.txt" ftlblk_recoveries_total)" = "$KILLS" ] || fail "metrics do not count $KILLS recoveries"
 verify_sums "$MNT" "$WORK/sums" "after recover"
 md5sum "$MNT/fio.dat" > "$WORK/fio.sum"
 umount "$MNT"

@@ -373,3 +373,52 @@ fn stats_text(parts: &Parts, record: Option<&DeviceRecord>) -> String {
         .and_then(|d| d.to_json())
         .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }).to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ftl::backing::{format_backing, open_backing};
+    use ftl::device::BLOCK_SIZE;
+    use ftl::{Config, FormatOptions, StreamId};
+    use std::io::{Read, Write};
+
+    /// The control plane serves the exposition on its metrics listener: a scrape of a
+    /// device that took a write gets 200 and the byte counter; another path gets 404.
+    #[test]
+    fn the_metrics_listener_answers_scrapes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (img, idx) = (dir.path().join("m.img"), dir.path().join("m.idx"));
+        format_backing(&img, &idx, Some(64 << 20), &FormatOptions::default(), false)
+            .expect("format");
+        let (f, _) = open_backing(&img, &idx, Config::default()).expect("open");
+        f.write(3, &[1u8; BLOCK_SIZE], false, StreamId(1))
+            .expect("write");
+        let ftl = Arc::new(f);
+        let classifier = Arc::new(Classifier::new(ftl.capacity_blocks()));
+        let live = Arc::new(Live::default());
+        live.latencies
+            .record(crate::metrics::Op::Write, Duration::from_micros(300));
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.set_nonblocking(true).expect("nonblocking");
+        let addr = l.local_addr().expect("addr");
+        let c = Control::spawn(ftl.clone(), None, classifier, live, Some(l), false)
+            .expect("control plane");
+        let get = |path: &str| {
+            let mut s = std::net::TcpStream::connect(addr).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+            write!(s, "GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").expect("send");
+            let mut out = String::new();
+            s.read_to_string(&mut out).expect("read");
+            out
+        };
+        let r = get("/metrics");
+        assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
+        assert!(r.contains("\nftlblk_user_bytes_total 4096\n"), "{r}");
+        assert!(
+            r.contains("ftlblk_request_latency_seconds_count{op=\"write\"} 1"),
+            "{r}"
+        );
+        assert!(get("/nope").starts_with("HTTP/1.1 404"));
+        c.shutdown();
+    }
+}
