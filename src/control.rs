@@ -405,7 +405,8 @@ mod tests {
             .expect("control plane");
         let get = |path: &str| {
             let mut s = std::net::TcpStream::connect(addr).expect("connect");
-            s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+            s.set_read_timeout(Some(Duration::from_secs(10)))
+                .expect("timeout");
             write!(s, "GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").expect("send");
             let mut out = String::new();
             s.read_to_string(&mut out).expect("read");
