@@ -265,91 +265,129 @@ impl EncodeMetric for CounterFamily {
 pub fn render(d: &StatsDocument) -> Result<String, std::fmt::Error> {
     let (s, c) = (&d.stats, &d.stats.counters);
     let bs = s.block_size.max(1);
+    let cl = d.cleaner.as_ref().map(|c| &c.stats);
     let mut r = Registry::with_prefix("ftlblk");
-    let mut counter = |name: &str, help: &str, v: u64| {
+    // (name, help, value); counters get `_total` from the encoder.
+    let counters: Vec<(&str, &str, u64)> = [
+        (
+            "user_bytes",
+            "Bytes users wrote",
+            c.user_blocks_written * bs,
+        ),
+        (
+            "backing_bytes",
+            "Bytes written to the backing (data, relocation, metadata, padding)",
+            c.backing_blocks_written * bs,
+        ),
+        (
+            "relocated_bytes",
+            "Bytes the cleaner and defragmentation relocated",
+            c.relocated_blocks * bs,
+        ),
+        (
+            "metadata_bytes",
+            "Bytes of chunk summaries written to the backing",
+            c.summary_blocks * bs,
+        ),
+        (
+            "padding_bytes",
+            "Bytes of padding FLUSH and FUA wrote to fill flash pages",
+            c.padding_bytes,
+        ),
+        (
+            "discarded_bytes",
+            "Bytes discarded (TRIMmed) on the backing",
+            c.discarded_bytes,
+        ),
+        ("trimmed_blocks", "Blocks users trimmed", c.trimmed_blocks),
+        ("flushes", "FLUSH requests", c.flushes),
+        (
+            "checkpoints",
+            "Checkpoints since the daemon started",
+            s.checkpoints,
+        ),
+        (
+            "free_records",
+            "Free records (dead segments freed between checkpoints)",
+            s.free_records,
+        ),
+        (
+            "throttle_seconds",
+            "Seconds writers spent in the cleaner's throttle, summed over writers",
+            s.throttled_ns / 1_000_000_000,
+        ),
+        (
+            "recoveries",
+            "Times the device was recovered after its daemon died",
+            d.device.as_ref().map_or(0, |r| u64::from(r.recoveries)),
+        ),
+        (
+            "large_reads",
+            "Reads of 64 KiB or more of device blocks",
+            s.fragmentation.large_reads,
+        ),
+        (
+            "defrag_moved_blocks",
+            "Blocks read-driven defragmentation moved",
+            s.fragmentation.defrag_moved_blocks,
+        ),
+    ]
+    .into_iter()
+    .chain(cl.into_iter().flat_map(|x| {
+        [
+            ("cleaner_slices", "Cleaning slices run", x.cleaner.slices),
+            (
+                "cleaner_preemptions",
+                "Cleaning slices that yielded to foreground I/O",
+                x.cleaner.preemptions,
+            ),
+            (
+                "cleaner_segments_cleaned",
+                "Segments the cleaner emptied",
+                x.cleaner.segments_cleaned,
+            ),
+            (
+                "cleaner_blocks_copied",
+                "Blocks the cleaner copied",
+                x.cleaner.blocks_copied,
+            ),
+            ("cleaner_errors", "Errors the cleaner thread hit", x.errors),
+        ]
+    }))
+    .collect();
+    for (name, help, v) in counters {
         r.register(name, help, ConstCounter::new(v));
-    };
-    counter(
-        "user_bytes",
-        "Bytes users wrote",
-        c.user_blocks_written * bs,
-    );
-    counter(
-        "backing_bytes",
-        "Bytes written to the backing (data, relocation, metadata, padding)",
-        c.backing_blocks_written * bs,
-    );
-    counter(
-        "relocated_bytes",
-        "Bytes the cleaner and defragmentation relocated",
-        c.relocated_blocks * bs,
-    );
-    counter(
-        "metadata_bytes",
-        "Bytes of chunk summaries written to the backing",
-        c.summary_blocks * bs,
-    );
-    counter(
-        "padding_bytes",
-        "Bytes of padding FLUSH and FUA wrote to fill flash pages",
-        c.padding_bytes,
-    );
-    counter(
-        "discarded_bytes",
-        "Bytes discarded (TRIMmed) on the backing",
-        c.discarded_bytes,
-    );
-    counter("trimmed_blocks", "Blocks users trimmed", c.trimmed_blocks);
-    counter("flushes", "FLUSH requests", c.flushes);
-    counter(
-        "checkpoints",
-        "Checkpoints since the daemon started",
-        s.checkpoints,
-    );
-    counter(
-        "free_records",
-        "Free records (dead segments freed between checkpoints)",
-        s.free_records,
-    );
-    counter(
-        "throttle_seconds",
-        "Seconds writers spent in the cleaner's throttle, summed over writers",
-        s.throttled_ns / 1_000_000_000,
-    );
-    counter(
-        "recoveries",
-        "Times the device was recovered after its daemon died",
-        d.device.as_ref().map_or(0, |r| u64::from(r.recoveries)),
-    );
-    counter(
-        "large_reads",
-        "Reads of 64 KiB or more of device blocks",
-        s.fragmentation.large_reads,
-    );
-    counter(
-        "defrag_moved_blocks",
-        "Blocks read-driven defragmentation moved",
-        s.fragmentation.defrag_moved_blocks,
-    );
-    if let Some(cl) = &d.cleaner {
-        let x = &cl.stats;
-        counter("cleaner_slices", "Cleaning slices run", x.cleaner.slices);
-        counter(
-            "cleaner_preemptions",
-            "Cleaning slices that yielded to foreground I/O",
-            x.cleaner.preemptions,
+    }
+    let counts: Vec<(&str, &str, u64)> = [
+        ("free_segments", "Free segments", s.free_segments),
+        (
+            "dead_segments",
+            "Dead segments waiting for a free record or checkpoint",
+            s.dead_segments,
+        ),
+        ("segments", "Segments of the backing", s.segment_count),
+        ("mapped_blocks", "Blocks that hold data", s.mapped_blocks),
+        (
+            "exported_bytes",
+            "Capacity of the device",
+            s.exported_blocks * bs,
+        ),
+    ]
+    .into_iter()
+    .chain(cl.map(|x| {
+        (
+            "throttle_ns_per_block",
+            "The writers' pace set by the cleaner (0: not throttled)",
+            x.throttle_ns_per_block,
+        )
+    }))
+    .collect();
+    for (name, help, v) in counts {
+        r.register(
+            name,
+            help,
+            ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX)),
         );
-        counter(
-            "cleaner_segments_cleaned",
-            "Segments the cleaner emptied",
-            x.cleaner.segments_cleaned,
-        );
-        counter(
-            "cleaner_blocks_copied",
-            "Blocks the cleaner copied",
-            x.cleaner.blocks_copied,
-        );
-        counter("cleaner_errors", "Errors the cleaner thread hit", x.errors);
     }
     r.register(
         "waf",
@@ -361,33 +399,6 @@ pub fn render(d: &StatsDocument) -> Result<String, std::fmt::Error> {
             "waf_last_minute",
             "Write amplification over the last minute",
             ConstGauge::new(w),
-        );
-    }
-    let mut gauge = |name: &str, help: &str, v: u64| {
-        r.register(
-            name,
-            help,
-            ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX)),
-        );
-    };
-    gauge("free_segments", "Free segments", s.free_segments);
-    gauge(
-        "dead_segments",
-        "Dead segments waiting for a free record or checkpoint",
-        s.dead_segments,
-    );
-    gauge("segments", "Segments of the backing", s.segment_count);
-    gauge("mapped_blocks", "Blocks that hold data", s.mapped_blocks);
-    gauge(
-        "exported_bytes",
-        "Capacity of the device",
-        s.exported_blocks * bs,
-    );
-    if let Some(cl) = &d.cleaner {
-        gauge(
-            "throttle_ns_per_block",
-            "The writers' pace set by the cleaner (0: not throttled)",
-            cl.stats.throttle_ns_per_block,
         );
     }
     let streams: Vec<(String, u64)> = s
