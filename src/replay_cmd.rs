@@ -54,8 +54,9 @@ pub struct ReplayArgs {
     /// trace: the best a history-based classifier can know on a stationary workload).
     #[arg(long, default_value = "online")]
     pub classifier: String,
-    /// Victim policy: greedy, cost-benefit, cost-hotness.
-    #[arg(long, default_value = "greedy")]
+    /// Victim policy: greedy, cost-benefit, cost-hotness (the default, as the daemon's
+    /// cleaner).
+    #[arg(long, default_value = "cost-hotness")]
     pub policy: String,
     /// Workloads: logical utilisation in percent of the capacity.
     #[arg(long, default_value_t = 80.0)]
