@@ -42,7 +42,8 @@ scripts/bench.sh runs them beside raw fio on the same file and writes bench.json
     #[command(after_help = "Examples:
   ftlblk replay --workload zipf:0.99 --capacity 8G --loops 20
   ftlblk replay --workload hotcold:90/10 --policy cost-hotness --json
-  ftlblk replay --trace alibaba.csv --json")]
+  ftlblk replay --trace io_traces.csv.gz --format alibaba --volume 12 --capacity wss --utilization 90
+  ftlblk replay --trace cbs.csv --format tencent --volume 1283 --capacity wss --json")]
     Replay(replay_cmd::ReplayArgs),
     /// Verify every invariant of a backing and its index offline (read-only); exits 1
     /// when a problem is found. With --rebuild-index, first rebuild a lost or damaged

@@ -5,11 +5,11 @@
 
 use crate::args::parse_size;
 use crate::error::CliError;
-use crate::output::print_json;
+use crate::output::{human_bytes, print_json};
 use clap::Args;
 use cleaner::Policy;
 use replay::sim::{simulate, ClassifierKind, SimConfig};
-use replay::trace::{parse, remap_dense, Format};
+use replay::trace::{read_file, remap_dense, remap_working_set, Format};
 use replay::workload::{generate, write_probabilities, Workload};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -19,17 +19,25 @@ pub struct ReplayArgs {
     /// Trace file to replay (give --format); or use --workload.
     #[arg(long, conflicts_with = "workload")]
     pub trace: Option<PathBuf>,
-    /// Trace format: fio-iolog, msr, blkparse, csv (op,offset,length in bytes).
+    /// Trace format: fio-iolog, msr, blkparse, csv (op,offset,length in bytes), alibaba
+    /// (device_id,opcode,offset,length,timestamp), tencent (timestamp,offset,size,io_type,
+    /// volume_id). A file named *.gz is decompressed.
     #[arg(long, default_value = "csv")]
     pub format: String,
+    /// The volume to replay from a trace of many (alibaba device_id, tencent volume_id,
+    /// msr Hostname_DiskNumber); a trace holding several needs it, and the error lists them.
+    #[arg(long)]
+    pub volume: Option<String>,
     /// Built-in workload: uniform, zipf:S, hotcold:W/D (W% of writes to D% of the data), seqmix.
     #[arg(long)]
     pub workload: Option<String>,
     /// Logical capacity of the simulated device (e.g. 1G); the default is the size of the
     /// file `ftlblk add` creates by default. WAF depends on it: the default geometry cuts
     /// a small device into small segments, where the log's metadata weighs more.
-    #[arg(long, value_parser = parse_size, default_value = "8G")]
-    pub capacity: u64,
+    /// `wss` (traces only): the trace's working set (distinct 4 KiB blocks written) divided
+    /// by --utilization, with the trace's blocks mapped densely onto it.
+    #[arg(long, value_parser = parse_capacity, default_value = "8G")]
+    pub capacity: Capacity,
     /// Over-provisioning in percent of the physical size.
     #[arg(long, default_value_t = 20.0)]
     pub op: f64,
@@ -58,7 +66,8 @@ pub struct ReplayArgs {
     /// cleaner).
     #[arg(long, default_value = "cost-hotness")]
     pub policy: String,
-    /// Workloads: logical utilisation in percent of the capacity.
+    /// Workloads, and traces with `--capacity wss`: logical utilisation in percent of the
+    /// capacity.
     #[arg(long, default_value_t = 80.0)]
     pub utilization: f64,
     /// Workloads: full overwrites of the logical data after the fill; traces: replay
@@ -76,11 +85,47 @@ pub struct ReplayArgs {
     pub plot: Option<PathBuf>,
 }
 
+/// `--capacity`: a size, or the trace's working set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capacity {
+    Bytes(u64),
+    WorkingSet,
+}
+
+fn parse_capacity(s: &str) -> Result<Capacity, String> {
+    if s.eq_ignore_ascii_case("wss") {
+        Ok(Capacity::WorkingSet)
+    } else {
+        parse_size(s)
+            .map(Capacity::Bytes)
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// `ftlblk replay`.
 pub fn run(a: ReplayArgs) -> Result<(), CliError> {
-    let capacity = a.capacity / 4096;
-    if capacity == 0 {
+    let mut capacity = match a.capacity {
+        Capacity::Bytes(b) => b / 4096,
+        Capacity::WorkingSet if a.trace.is_none() => {
+            return Err(CliError::BadArgs(
+                "--capacity wss sizes the device from a trace: give --trace".into(),
+            ))
+        }
+        Capacity::WorkingSet => 0, // set from the trace below
+    };
+    if capacity == 0 && a.capacity != Capacity::WorkingSet {
         return Err(CliError::BadArgs("--capacity must be at least 4K".into()));
+    }
+    if !(1.0..=100.0).contains(&a.utilization) {
+        return Err(CliError::BadArgs(format!(
+            "--utilization {} must be in 1..=100",
+            a.utilization
+        )));
+    }
+    if a.volume.is_some() && a.trace.is_none() {
+        return Err(CliError::BadArgs(
+            "--volume selects a volume of a --trace".into(),
+        ));
     }
     if !(1.0..90.0).contains(&a.op) {
         return Err(CliError::BadArgs(format!(
@@ -99,24 +144,32 @@ pub fn run(a: ReplayArgs) -> Result<(), CliError> {
     let (ops, label) = match (&a.trace, &a.workload) {
         (Some(path), _) => {
             let format: Format = a.format.parse().map_err(CliError::BadArgs)?;
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| CliError::io(format!("cannot read {}", path.display()), e))?;
-            let mut once = parse(&text, format, &path.display().to_string())?;
-            remap_dense(&mut once, capacity);
+            let mut once = read_file(path, format, a.volume.as_deref())?;
+            if a.capacity == Capacity::WorkingSet {
+                let ws = remap_working_set(&once);
+                if ws.blocks == 0 {
+                    return Err(CliError::BadArgs(format!(
+                        "{} writes nothing: its working set is empty",
+                        path.display()
+                    )));
+                }
+                capacity = (ws.blocks as f64 * 100.0 / a.utilization).ceil() as u64;
+                once = ws.ops;
+            } else {
+                remap_dense(&mut once, capacity);
+            }
             let mut ops = Vec::with_capacity(once.len() * a.loops.max(1) as usize);
             for _ in 0..a.loops.max(1) {
                 ops.extend_from_slice(&once);
             }
-            (ops, path.display().to_string())
+            let label = match &a.volume {
+                Some(v) => format!("{} volume {v}", path.display()),
+                None => path.display().to_string(),
+            };
+            (ops, label)
         }
         (None, Some(w)) => {
             let workload: Workload = w.parse()?;
-            if !(1.0..=100.0).contains(&a.utilization) {
-                return Err(CliError::BadArgs(format!(
-                    "--utilization {} must be in 1..=100",
-                    a.utilization
-                )));
-            }
             let logical = ((capacity as f64) * a.utilization / 100.0) as u64;
             if classifier == ClassifierKind::Frequency {
                 probabilities = Some(write_probabilities(&workload, logical.max(1), a.seed).into());
@@ -153,6 +206,14 @@ pub fn run(a: ReplayArgs) -> Result<(), CliError> {
             eprint!("\r[{bar:<50}] {pct:>3}% {done}/{total} blocks");
             let _ = std::io::stderr().flush();
         }
+    })
+    .map_err(|e| match (a.capacity, e) {
+        (Capacity::WorkingSet, replay::Error::Ftl(e)) => CliError::BadArgs(format!(
+            "{e}: the device sized from the trace's working set holds {} MiB; \
+             a smaller --segment-size or a higher --op fits a small trace",
+            (capacity * 4096) >> 20
+        )),
+        (_, e) => e.into(),
     })?;
     if tty {
         eprintln!();
@@ -169,6 +230,13 @@ pub fn run(a: ReplayArgs) -> Result<(), CliError> {
         print_json(&report)?;
     } else {
         println!("workload            {label}");
+        println!(
+            "device              {} logical ({} blocks asked), {}% spare, {} segments",
+            human_bytes(report.geometry.exported_blocks * 4096),
+            capacity,
+            a.op,
+            human_bytes(report.geometry.segment_bytes)
+        );
         println!("classifier/policy   {classifier:?} / {}", a.policy);
         println!("user blocks         {}", report.user_blocks);
         println!("backing blocks      {}", report.backing_blocks);
@@ -217,4 +285,60 @@ pub fn run(a: ReplayArgs) -> Result<(), CliError> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: ReplayArgs,
+    }
+
+    fn args(argv: &[&str]) -> ReplayArgs {
+        Cli::try_parse_from(std::iter::once("replay").chain(argv.iter().copied()))
+            .unwrap()
+            .a
+    }
+
+    #[test]
+    fn capacity_is_a_size_or_the_working_set() {
+        assert_eq!(parse_capacity("wss"), Ok(Capacity::WorkingSet));
+        assert_eq!(parse_capacity("1G"), Ok(Capacity::Bytes(1 << 30)));
+        assert!(parse_capacity("lots").is_err());
+    }
+
+    #[test]
+    fn working_set_and_volume_need_a_trace() {
+        let e = run(args(&["--workload", "uniform", "--capacity", "wss"])).unwrap_err();
+        assert!(e.to_string().contains("--trace"), "{e}");
+        let e = run(args(&["--workload", "uniform", "--volume", "3"])).unwrap_err();
+        assert!(e.to_string().contains("--trace"), "{e}");
+    }
+
+    #[test]
+    fn a_working_set_too_small_for_the_geometry_says_what_to_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.csv");
+        std::fs::write(&path, "0,W,0,1048576,1\n0,W,4096,4096,2\n").unwrap();
+        let p = path.to_str().unwrap();
+        let e = run(args(&[
+            "--trace",
+            p,
+            "--format",
+            "alibaba",
+            "--capacity",
+            "wss",
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("--segment-size"), "{e}");
+        // Volumes listed when the trace holds several.
+        std::fs::write(&path, "0,W,0,4096,1\n5,W,0,4096,2\n").unwrap();
+        let e = run(args(&["--trace", p, "--format", "alibaba"])).unwrap_err();
+        assert!(e.to_string().contains("--volume"), "{e}");
+    }
 }

@@ -1,6 +1,7 @@
 //! # replay: write amplification of the real FTL and cleaner, measured on traces
 //!
-//! - [`trace`]: parsers for fio iologs, MSR Cambridge CSV, blkparse text and a plain CSV;
+//! - [`trace`]: parsers for fio iologs, MSR Cambridge CSV, blkparse text, a plain CSV and
+//!   the Alibaba and Tencent CBS cloud block traces (with a volume filter, plain or gzip);
 //!   malformed lines are errors naming the line, never panics;
 //! - [`workload`]: seeded synthetic workloads (uniform, zipf, hot/cold, sequential mix);
 //! - [`sim`]: drives the real FTL and cleaner on a sparse in-memory device with zero
@@ -35,4 +36,6 @@ pub enum Error {
     Cleaner(#[from] cleaner::Error),
     #[error("invalid configuration: {0}")]
     Config(String),
+    #[error("{file}: {msg}")]
+    Trace { file: String, msg: String },
 }

@@ -1,7 +1,17 @@
 //! Trace parsing. Every format becomes a list of [`TraceOp`] in 4 KiB blocks.
+//!
+//! Owns the line parsers of each [`Format`], the volume filter of multi-volume cloud traces
+//! (Alibaba, Tencent CBS, MSR Cambridge), reading plain or gzip files ([`read_file`]), and
+//! the two ways a trace's address space is fitted to a device: [`remap_dense`] (1 MiB
+//! extents into a given capacity) and [`remap_working_set`] (block by block onto the
+//! trace's working set, for `--capacity wss`). Called by the `ftlblk replay` command and
+//! the replay tests.
 
 use crate::Error;
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::io::BufRead;
+use std::path::Path;
 
 /// One request of a trace, in 4 KiB blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,15 +29,32 @@ impl TraceOp {
             | TraceOp::Read { lba, blocks } => (lba, blocks),
         }
     }
+
+    /// The same kind of request over another range.
+    pub fn with_range(&self, lba: u64, blocks: u32) -> TraceOp {
+        match self {
+            TraceOp::Write { .. } => TraceOp::Write { lba, blocks },
+            TraceOp::Trim { .. } => TraceOp::Trim { lba, blocks },
+            TraceOp::Read { .. } => TraceOp::Read { lba, blocks },
+        }
+    }
 }
 
 /// Trace formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
     FioIolog,
+    /// MSR Cambridge: `Timestamp,Hostname,DiskNumber,Type,Offset,Size[,ResponseTime]`,
+    /// bytes; the volume is `Hostname_DiskNumber`.
     Msr,
     Blkparse,
     Csv,
+    /// Alibaba cloud block traces: `device_id,opcode,offset,length,timestamp`, opcode `R`
+    /// or `W`, offset and length in bytes; the volume is `device_id`.
+    Alibaba,
+    /// Tencent CBS: `timestamp,offset,size,io_type,volume_id`, offset and size in 512-byte
+    /// sectors, io_type 0 read and 1 write; the volume is `volume_id`.
+    Tencent,
 }
 
 impl std::str::FromStr for Format {
@@ -38,8 +65,10 @@ impl std::str::FromStr for Format {
             "msr" => Ok(Format::Msr),
             "blkparse" => Ok(Format::Blkparse),
             "csv" => Ok(Format::Csv),
+            "alibaba" => Ok(Format::Alibaba),
+            "tencent" => Ok(Format::Tencent),
             o => Err(format!(
-                "unknown trace format {o:?} (fio-iolog, msr, blkparse, csv)"
+                "unknown trace format {o:?} (fio-iolog, msr, blkparse, csv, alibaba, tencent)"
             )),
         }
     }
@@ -62,43 +91,147 @@ fn num(s: &str, what: &str) -> Result<u64, String> {
         .map_err(|_| format!("{what} {s:?} is not a number"))
 }
 
-/// Parses `text` (named `file` in errors).
+/// Parses `text` (named `file` in errors), which must hold one volume.
 pub fn parse(text: &str, format: Format, file: &str) -> Result<Vec<TraceOp>, Error> {
+    parse_reader(text.as_bytes(), format, file, None)
+}
+
+/// Reads the trace at `path`, gzip-compressed if its name ends in `.gz`.
+pub fn read_file(path: &Path, format: Format, volume: Option<&str>) -> Result<Vec<TraceOp>, Error> {
+    let name = path.display().to_string();
+    let f = std::fs::File::open(path).map_err(|e| Error::Io(name.clone(), e))?;
+    if path.extension().is_some_and(|e| e == "gz") {
+        let gz = flate2::read::MultiGzDecoder::new(f);
+        parse_reader(std::io::BufReader::new(gz), format, &name, volume)
+    } else {
+        parse_reader(std::io::BufReader::new(f), format, &name, volume)
+    }
+}
+
+/// Blocks written per volume, to name the busiest ones in an error.
+#[derive(Default)]
+struct Volumes {
+    index: HashMap<String, usize>,
+    written: Vec<(String, u64)>,
+}
+
+impl Volumes {
+    fn note(&mut self, volume: &str, op: &TraceOp) {
+        let i = match self.index.get(volume) {
+            Some(&i) => i,
+            None => {
+                self.index.insert(volume.to_string(), self.written.len());
+                self.written.push((volume.to_string(), 0));
+                self.written.len() - 1
+            }
+        };
+        if let TraceOp::Write { blocks, .. } = op {
+            self.written[i].1 += *blocks as u64;
+        }
+    }
+
+    /// The busiest volumes first, as `id (size written)`.
+    fn busiest(&self) -> String {
+        let mut v = self.written.clone();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let shown: Vec<String> = v
+            .iter()
+            .take(8)
+            .map(|(id, b)| format!("{id} ({} MiB written)", (b * BS) >> 20))
+            .collect();
+        let more = if v.len() > 8 { ", ..." } else { "" };
+        format!("{}{more}", shown.join(", "))
+    }
+}
+
+/// Parses a trace line by line. `volume` keeps only that volume's requests (formats with
+/// volumes); without it a trace holding several volumes is an error naming them, since
+/// their addresses overlap.
+pub fn parse_reader<R: BufRead>(
+    reader: R,
+    format: Format,
+    file: &str,
+    volume: Option<&str>,
+) -> Result<Vec<TraceOp>, Error> {
+    if volume.is_some() && !matches!(format, Format::Alibaba | Format::Tencent | Format::Msr) {
+        return Err(Error::Trace {
+            file: file.into(),
+            msg: format!("--volume applies to alibaba, tencent and msr traces, not {format:?}"),
+        });
+    }
     let mut ops = Vec::new();
     let mut blk_q_seen = false;
-    for (i, raw) in text.lines().enumerate() {
+    let mut volumes = Volumes::default();
+    let mut any = false;
+    for (i, raw) in reader.lines().enumerate() {
+        let raw = raw.map_err(|e| Error::Io(format!("{file}:{}", i + 1), e))?;
         let line = raw.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
+        any = true;
         let err = |msg: String| Error::Parse {
             file: file.to_string(),
             line: i + 1,
             msg,
         };
-        let op = match format {
-            Format::FioIolog => parse_fio(line).map_err(err)?,
-            Format::Msr => parse_msr(line, i == 0).map_err(err)?,
-            Format::Csv => parse_csv(line, i == 0).map_err(err)?,
+        let (vol, op) = match format {
+            Format::FioIolog => (None, parse_fio(line).map_err(err)?),
+            Format::Msr => split_volume(parse_msr(line, i == 0).map_err(err)?),
+            Format::Csv => (None, parse_csv(line, i == 0).map_err(err)?),
+            Format::Alibaba => split_volume(parse_alibaba(line, i == 0).map_err(err)?),
+            Format::Tencent => split_volume(parse_tencent(line, i == 0).map_err(err)?),
             Format::Blkparse => {
                 let (op, action) = parse_blkparse(line).map_err(err)?;
                 // Count each request once: its Q (queued) event.
                 if action == "Q" {
                     blk_q_seen = true;
                 }
-                op.filter(|_| action == "Q")
+                (None, op.filter(|_| action == "Q"))
             }
         };
-        ops.extend(op);
+        let Some(op) = op else { continue };
+        if let Some(v) = vol {
+            volumes.note(&v, &op);
+            if volume.is_some_and(|want| want != v) {
+                continue;
+            }
+        }
+        ops.push(op);
     }
-    if format == Format::Blkparse && !blk_q_seen && !text.trim().is_empty() {
+    if format == Format::Blkparse && !blk_q_seen && any {
         return Err(Error::Parse {
             file: file.into(),
             line: 0,
             msg: "no Q (queue) events found in the blkparse output".into(),
         });
     }
-    Ok(ops)
+    match volume {
+        Some(want) if !volumes.index.contains_key(want) => Err(Error::Trace {
+            file: file.into(),
+            msg: format!(
+                "no volume {want:?} in the trace; it holds {}",
+                volumes.busiest()
+            ),
+        }),
+        None if volumes.written.len() > 1 => Err(Error::Trace {
+            file: file.into(),
+            msg: format!(
+                "the trace holds {} volumes, whose addresses overlap: choose one with --volume \
+                 (busiest first: {})",
+                volumes.written.len(),
+                volumes.busiest()
+            ),
+        }),
+        _ => Ok(ops),
+    }
+}
+
+fn split_volume(p: Option<(Cow<'_, str>, TraceOp)>) -> (Option<Cow<'_, str>>, Option<TraceOp>) {
+    match p {
+        Some((v, op)) => (Some(v), Some(op)),
+        None => (None, None),
+    }
 }
 
 fn mk(kind: &str, offset: u64, len: u64) -> Option<TraceOp> {
@@ -145,23 +278,73 @@ fn is_action(s: &str) -> bool {
     )
 }
 
-fn parse_msr(line: &str, first: bool) -> Result<Option<TraceOp>, String> {
-    let f: Vec<&str> = line.split(',').collect();
+fn parse_msr(line: &str, first: bool) -> Result<Option<(Cow<'_, str>, TraceOp)>, String> {
+    let f: Vec<&str> = line.split(',').map(str::trim).collect();
     if f.len() < 6 {
         return Err(format!(
             "expected Timestamp,Hostname,DiskNumber,Type,Offset,Size[,ResponseTime], got {} fields",
             f.len()
         ));
     }
-    if first && f[4].trim().parse::<u64>().is_err() {
+    if first && f[4].parse::<u64>().is_err() {
         return Ok(None); // header
     }
-    let kind = match f[3].trim().to_ascii_lowercase().as_str() {
+    let kind = match f[3].to_ascii_lowercase().as_str() {
         "write" => "w",
         "read" => "r",
         other => return Err(format!("unknown MSR request type {other:?}")),
     };
-    Ok(mk(kind, num(f[4], "offset")?, num(f[5], "size")?))
+    // The volume is host and disk: "hm" and "0" become "hm_0", as the trace files are named.
+    let volume = Cow::Owned(format!("{}_{}", f[1], f[2]));
+    Ok(mk(kind, num(f[4], "offset")?, num(f[5], "size")?).map(|op| (volume, op)))
+}
+
+fn parse_alibaba(line: &str, first: bool) -> Result<Option<(Cow<'_, str>, TraceOp)>, String> {
+    let f: Vec<&str> = line.split(',').map(str::trim).collect();
+    if f.len() != 5 {
+        return Err(format!(
+            "expected device_id,opcode,offset,length,timestamp, got {} fields",
+            f.len()
+        ));
+    }
+    if first && f[2].parse::<u64>().is_err() {
+        return Ok(None); // header
+    }
+    let kind = match f[1] {
+        "W" | "w" => "w",
+        "R" | "r" => "r",
+        other => return Err(format!("unknown Alibaba opcode {other:?} (R, W)")),
+    };
+    Ok(mk(kind, num(f[2], "offset")?, num(f[3], "length")?).map(|op| (Cow::Borrowed(f[0]), op)))
+}
+
+fn parse_tencent(line: &str, first: bool) -> Result<Option<(Cow<'_, str>, TraceOp)>, String> {
+    let f: Vec<&str> = line.split(',').map(str::trim).collect();
+    if f.len() != 5 {
+        return Err(format!(
+            "expected timestamp,offset,size,io_type,volume_id, got {} fields",
+            f.len()
+        ));
+    }
+    if first && f[1].parse::<u64>().is_err() {
+        return Ok(None); // header
+    }
+    let kind = match f[3] {
+        "1" => "w",
+        "0" => "r",
+        other => {
+            return Err(format!(
+                "unknown Tencent io_type {other:?} (0 read, 1 write)"
+            ))
+        }
+    };
+    let sectors = |s: &str, what: &str| {
+        num(s, what)?
+            .checked_mul(512)
+            .ok_or_else(|| format!("{what} {s:?} is out of range"))
+    };
+    Ok(mk(kind, sectors(f[1], "offset")?, sectors(f[2], "size")?)
+        .map(|op| (Cow::Borrowed(f[4]), op)))
 }
 
 fn parse_csv(line: &str, first: bool) -> Result<Option<TraceOp>, String> {
@@ -229,20 +412,56 @@ pub fn remap_dense(ops: &mut [TraceOp], capacity: u64) {
         let dense = *map.entry(ext).or_insert(next % extents);
         let new_lba = dense * EXT + lba % EXT;
         let blocks = (blocks as u64).min(capacity - new_lba) as u32;
-        *op = match *op {
-            TraceOp::Write { .. } => TraceOp::Write {
-                lba: new_lba,
-                blocks,
-            },
-            TraceOp::Trim { .. } => TraceOp::Trim {
-                lba: new_lba,
-                blocks,
-            },
-            TraceOp::Read { .. } => TraceOp::Read {
-                lba: new_lba,
-                blocks,
-            },
-        };
+        *op = op.with_range(new_lba, blocks);
+    }
+}
+
+/// A trace mapped onto its working set: see [`remap_working_set`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkingSet {
+    /// The requests, over blocks `0 .. blocks`.
+    pub ops: Vec<TraceOp>,
+    /// Distinct blocks the trace writes.
+    pub blocks: u64,
+}
+
+/// Maps every block the trace writes to a dense number, in the order of first writes, so
+/// the trace fits a device sized from its working set (the distinct blocks written, as
+/// the SepBIT and MiDAS evaluations size theirs). A request whose blocks were first
+/// written together stays one request. Reads and trims of blocks never written are
+/// dropped, since they neither place nor free anything; a request whose blocks map apart
+/// becomes one request per contiguous run.
+pub fn remap_working_set(ops: &[TraceOp]) -> WorkingSet {
+    let mut map: HashMap<u64, u64> = HashMap::new();
+    let mut out = Vec::with_capacity(ops.len());
+    for op in ops {
+        let (lba, blocks) = op.range();
+        let mut run: Option<(u64, u32)> = None;
+        for b in lba..lba + blocks as u64 {
+            let dense = match op {
+                TraceOp::Write { .. } => {
+                    let next = map.len() as u64;
+                    Some(*map.entry(b).or_insert(next))
+                }
+                _ => map.get(&b).copied(),
+            };
+            run = match (run, dense) {
+                (Some((start, n)), Some(d)) if start + n as u64 == d => Some((start, n + 1)),
+                (prev, d) => {
+                    if let Some((start, n)) = prev {
+                        out.push(op.with_range(start, n));
+                    }
+                    d.map(|d| (d, 1))
+                }
+            };
+        }
+        if let Some((start, n)) = run {
+            out.push(op.with_range(start, n));
+        }
+    }
+    WorkingSet {
+        ops: out,
+        blocks: map.len() as u64,
     }
 }
 
@@ -330,5 +549,108 @@ mod tests {
             }
         );
         assert_eq!(ops[2], TraceOp::Write { lba: 1, blocks: 1 });
+    }
+
+    #[test]
+    fn alibaba_and_tencent_keep_the_chosen_volume() {
+        let ali = "device_id,opcode,offset,length,timestamp\n\
+                   3,W,8192,8192,1577808000000056\n\
+                   7,W,0,4096,1577808000000060\n\
+                   3,R,0,512,1577808000000070\n";
+        let ops = parse_reader(ali.as_bytes(), Format::Alibaba, "a", Some("3")).unwrap();
+        assert_eq!(
+            ops,
+            vec![
+                TraceOp::Write { lba: 2, blocks: 2 },
+                TraceOp::Read { lba: 0, blocks: 1 }
+            ]
+        );
+        // Two volumes and no choice: an error that names them, busiest first.
+        let e = parse(ali, Format::Alibaba, "a").unwrap_err().to_string();
+        assert!(e.contains("2 volumes") && e.contains("--volume"), "{e}");
+        assert!(e.find("3 (").unwrap() < e.find("7 (").unwrap(), "{e}");
+        // A volume the trace lacks.
+        let e = parse_reader(ali.as_bytes(), Format::Alibaba, "a", Some("9")).unwrap_err();
+        assert!(e.to_string().contains("no volume \"9\""), "{e}");
+        assert!(parse("1,D,0,4096,1\n", Format::Alibaba, "a").is_err());
+
+        // Tencent: sectors, io_type 1 = write, the volume last.
+        let ten = "1538323200,16,8,1,1283\n1538323200,0,16,0,1283\n1538323201,0,8,1,900\n";
+        let ops = parse_reader(ten.as_bytes(), Format::Tencent, "t", Some("1283")).unwrap();
+        assert_eq!(
+            ops,
+            vec![
+                TraceOp::Write { lba: 2, blocks: 1 },
+                TraceOp::Read { lba: 0, blocks: 2 }
+            ]
+        );
+        assert!(parse("1,0,8,2,5\n", Format::Tencent, "t").is_err());
+        // MSR volumes are host_disk; one-volume files need no --volume.
+        let msr = "1,hm,0,Write,0,4096,1\n2,hm,1,Write,0,4096,1\n";
+        assert_eq!(
+            parse_reader(msr.as_bytes(), Format::Msr, "m", Some("hm_1"))
+                .unwrap()
+                .len(),
+            1
+        );
+        assert!(parse(msr, Format::Msr, "m").is_err());
+        // --volume on a format without volumes is refused, not ignored.
+        assert!(parse_reader("w,0,4096\n".as_bytes(), Format::Csv, "c", Some("1")).is_err());
+    }
+
+    #[test]
+    fn gzip_files_are_read() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.csv.gz");
+        let mut gz = flate2::write::GzEncoder::new(
+            std::fs::File::create(&path).unwrap(),
+            flate2::Compression::default(),
+        );
+        gz.write_all(b"0,W,0,65536,1\n0,W,4096,4096,2\n").unwrap();
+        gz.finish().unwrap();
+        let ops = read_file(&path, Format::Alibaba, None).unwrap();
+        assert_eq!(ops.len(), 2);
+        assert_eq!(ops[0], TraceOp::Write { lba: 0, blocks: 16 });
+        let e = read_file(&dir.path().join("missing"), Format::Alibaba, None).unwrap_err();
+        assert!(e.to_string().contains("missing"), "{e}");
+    }
+
+    #[test]
+    fn working_set_is_dense_and_keeps_first_writes_together() {
+        let ops = vec![
+            TraceOp::Write {
+                lba: 1 << 30,
+                blocks: 4,
+            },
+            TraceOp::Read { lba: 0, blocks: 8 }, // never written: dropped
+            TraceOp::Write { lba: 7, blocks: 2 },
+            // Straddles known and new blocks: the known ones keep their numbers.
+            TraceOp::Write {
+                lba: (1 << 30) + 2,
+                blocks: 4,
+            },
+            TraceOp::Trim {
+                lba: (1 << 30) + 3,
+                blocks: 100,
+            },
+        ];
+        let ws = remap_working_set(&ops);
+        assert_eq!(ws.blocks, 8);
+        assert_eq!(
+            ws.ops,
+            vec![
+                TraceOp::Write { lba: 0, blocks: 4 },
+                TraceOp::Write { lba: 4, blocks: 2 },
+                TraceOp::Write { lba: 2, blocks: 2 },
+                TraceOp::Write { lba: 6, blocks: 2 },
+                TraceOp::Trim { lba: 3, blocks: 1 },
+                TraceOp::Trim { lba: 6, blocks: 2 },
+            ]
+        );
+        assert!(ws
+            .ops
+            .iter()
+            .all(|o| o.range().0 + o.range().1 as u64 <= ws.blocks));
     }
 }
