@@ -28,7 +28,9 @@ pub struct ReplayArgs {
     /// msr Hostname_DiskNumber); a trace holding several needs it, and the error lists them.
     #[arg(long)]
     pub volume: Option<String>,
-    /// Built-in workload: uniform, zipf:S, hotcold:W/D (W% of writes to D% of the data), seqmix.
+    /// Built-in workload: uniform, zipf:S, fio-zipf:S (zipf with the rank -> block hash of fio,
+    /// which leaves some blocks never overwritten), hotcold:W/D (W% of writes to D% of the
+    /// data), seqmix.
     #[arg(long)]
     pub workload: Option<String>,
     /// Logical capacity of the simulated device (e.g. 1G); the default is the size of the
