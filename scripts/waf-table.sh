@@ -64,14 +64,20 @@ PY
 }
 
 if [ "$ONLY" = all ] || [ "$ONLY" = midas ]; then
-for c in none online; do
-    for p in greedy cost-benefit cost-hotness; do
-        echo "$c $p"
+# zipf: the issue's command (ranks permuted over 7629M). fio-zipf: fio's rank -> offset hash
+# over MiDAS's exact 8e9-byte logical size, which leaves 22% of the blocks never overwritten.
+for w in zipf fio-zipf; do
+    for c in none online; do
+        for p in greedy cost-benefit cost-hotness; do
+            echo "$w $c $p"
+        done
     done
 done | xargs -P "$JOBS" -L 1 sh -c '
-    c=$0 p=$1 name=midas-$c-$p
+    w=$0 c=$1 p=$2 name=midas-$c-$p
+    cap=7629M
+    [ "$w" = fio-zipf ] && { name=midas-fio-$c-$p; cap=8000000000; }
     [ -s "$OUT/$name.json" ] && exit 0
-    target/release/ftlblk replay --workload zipf:1.0 --capacity 7629M --op 6.9 \
+    target/release/ftlblk replay --workload "$w:1.0" --capacity "$cap" --op 6.9 \
         --utilization 100 --segment-size 4M --loops 10 --classifier "$c" --policy "$p" \
         --json > "$OUT/$name.json.tmp" && mv "$OUT/$name.json.tmp" "$OUT/$name.json"'
 python3 - "$OUT" > "$OUT/midas.md" <<'PY'
@@ -85,17 +91,26 @@ print("MiDAS (FAST'24) reports WAF 2.30 for a fio Zipfian 1.0 trace on an 8 GiB 
       "here: `ftlblk replay --workload zipf:1.0 --capacity 7629M --op 6.9 --utilization 100 "
       "--segment-size 4M --loops 10`, WAF over the second half (whole run in brackets). "
       "Target: <= 2.30 with the default classifier (online) and the best policy.\n")
-print("| classifier | " + " | ".join(P) + " |")
-print("| --- | ---: | ---: | ---: |")
-for c in ["none", "online"]:
-    cells = []
-    for p in P:
-        r = json.load(open(f"{d}/midas-{c}-{p}.json"))
-        cells.append(f"{r['waf_steady']:.3f} ({r['waf']:.3f})")
-    print(f"| {c} | " + " | ".join(cells) + " |")
+print("| workload | classifier | " + " | ".join(P) + " |")
+print("| --- | --- | ---: | ---: | ---: |")
+for w, pre in [("zipf:1.0", "midas-"), ("fio-zipf:1.0, 8e9 bytes", "midas-fio-")]:
+    for c in ["none", "online"]:
+        cells = []
+        for p in P:
+            r = json.load(open(f"{d}/{pre}{c}-{p}.json"))
+            cells.append(f"{r['waf_steady']:.3f} ({r['waf']:.3f})")
+        print(f"| {w} | {c} | " + " | ".join(cells) + " |")
 best = min(json.load(open(f"{d}/midas-online-{p}.json"))["waf_steady"] for p in P)
-print(f"\nBest online figure {best:.3f}: {best / 2.30:.2f}x MiDAS; target "
-      + ("**met**" if best <= 2.30 else "**not met**") + ".")
+print(f"\nBest online figure on the issue's zipf:1.0 {best:.3f}: {best / 2.30:.2f}x MiDAS; "
+      "target " + ("**met**" if best <= 2.30 else "**not met**") + ".")
+fio = min(json.load(open(f"{d}/midas-fio-online-{p}.json"))["waf_steady"] for p in P)
+print(f"\nThe fio-zipf rows are context, not the target. fio places Zipf rank r at block "
+      "(r x 0x61C8864680B583EB mod 2^64) mod n, which is not a permutation: over MiDAS's "
+      "1,953,125 blocks only 77.8% of the blocks are ever drawn, so 22% stay as written by the "
+      "fill and never die; ranks that collide add their weights. If MiDAS's trace came from "
+      "fio (its README says \"FIO Zipfian 1.0\"; fio itself refuses theta exactly 1.0), its "
+      f"workload is easier than the permuted zipf:1.0 above. Best online figure there {fio:.3f} "
+      f"({fio / 2.30:.2f}x MiDAS's 2.30).")
 print("<!-- midas:end -->")
 PY
 [ "$ONLY" = midas ] && { replace_section midas; exit 0; }
