@@ -45,7 +45,7 @@ impl std::str::FromStr for Workload {
             if let Some(t) = s.strip_prefix(prefix) {
                 let theta: f64 = t
                     .parse()
-                    .map_err(|_| bad("zipf:S needs a number, e.g. zipf:0.99"))?;
+                    .map_err(|_| bad(&format!("{prefix}S needs a number, e.g. {prefix}0.99")))?;
                 if !(theta > 0.0 && theta < 5.0) {
                     return Err(bad("zipf exponent must be in (0, 5)"));
                 }
@@ -283,6 +283,11 @@ mod tests {
         );
         assert!("hotcold:90".parse::<Workload>().is_err());
         assert!("zipf:x".parse::<Workload>().is_err());
+        let e = "fio-zipf:x".parse::<Workload>().unwrap_err().to_string();
+        assert!(
+            e.contains("fio-zipf:0.99"),
+            "the error names its own form: {e}"
+        );
         assert!("random".parse::<Workload>().is_err());
     }
 
