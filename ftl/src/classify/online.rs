@@ -1,7 +1,7 @@
 //! The classifier's bounded per-block state (see the module docs for the estimate).
 
 use super::{
-    class_lifetime, class_of, implied_lifetime_log2, plan, relocation_lifetime, stream_of,
+    class_lifetime, class_of, implied_lifetime_log2, plan, relocation_class, stream_of,
     write_lifetime, Params, Stat, CLASSES,
 };
 use crate::stream::StreamId;
@@ -219,7 +219,8 @@ impl Classifier {
         let now = self.clock.load(Relaxed) as u32;
         let age = now.wrapping_sub(last) as u64;
         let stat = Stat(self.stat[i].load(Relaxed));
-        self.place(Some(relocation_lifetime(stat, age)))
+        let c = relocation_class(stat, age, self.scale(), self.active_classes(), &self.params);
+        self.place_class(c)
     }
 
     /// Stream for a block expected to live `lifetime` user writes (`None`: forever),

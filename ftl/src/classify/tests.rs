@@ -52,6 +52,34 @@ fn lifetimes() {
 }
 
 #[test]
+fn old_never_rewritten_blocks_go_to_the_coldest_active_class() {
+    let p = params(1000);
+    let s = 1u64 << 16;
+    let active = (1 << 1) | (1 << 3) | (1 << 5);
+    let never = Stat::default();
+    // Younger than two scales: by age alone ([S/2, 2S) is class 3).
+    assert_eq!(relocation_class(never, s, s, active, &p), 3);
+    assert_eq!(relocation_class(never, 2 * s - 1, s, active, &p), 3);
+    // Two scales or older: the coldest active class (5), not the age's class (4).
+    assert_eq!(relocation_class(never, 2 * s, s, active, &p), 5);
+    assert_eq!(relocation_class(never, 3 * s, s, active, &p), 5);
+    // Never warmer than its age says: with class 3 the coldest active, class 4 stays.
+    assert_eq!(relocation_class(never, 2 * s, s, 1 << 3, &p), 4);
+    // A block with an interval seen keeps its estimate, however old.
+    let seen = Stat::new(1, s as f64);
+    assert_eq!(
+        relocation_class(seen, 3 * s, s, active, &p),
+        class_of(relocation_lifetime(seen, 3 * s), s, &p)
+    );
+    // Off.
+    let off = Params {
+        static_age: f64::INFINITY,
+        ..p
+    };
+    assert_eq!(relocation_class(never, 3 * s, s, active, &off), 4);
+}
+
+#[test]
 fn classes_are_log_spaced_around_the_scale() {
     let p = params(1000);
     assert_eq!(p.middle(), 3);
