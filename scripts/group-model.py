@@ -2,7 +2,7 @@
 """What placement by write frequency can reach: the FIFO group model behind docs/waf.md.
 
 Usage: scripts/group-model.py [--blocks N] [--theta S] [--spare F] [--groups 1,4,7,14,28,60]
-                              [--fio] [--detail K]
+                              [--fio] [--detail K] [--ftlblk-classes]
 Needs numpy (apt-get install python3-numpy).
 
 Every block i is overwritten as a Poisson process of rate p_i per user write (a Zipf law of
@@ -12,7 +12,9 @@ frequencies known exactly), each group a log of its own cleaned first-in-first-o
 a group whose log turns over in T user writes rewrites block i 1 / (1 - exp(-p_i T)) times
 per user write of it, and occupies sum_i p_i T / (1 - exp(-p_i T)) blocks of space. The
 space is split between the groups optimally (equal marginal cost, by bisection on the
-Lagrange multiplier), and WAF is total log writes per user write.
+Lagrange multiplier), and WAF is total log writes per user write. With --ftlblk-classes the
+groups are ftlblk's seven lifetime classes instead (1/rate cut at S/32, S/8, S/2, 2S, 8S and
+32S, S the number of blocks; ftl::classify), each group reported.
 
 This is not a lower bound for every cleaner (greedy and cost-benefit victims within a group
 of mixed rates beat FIFO; one group here is far worse than one stream in `ftlblk replay`),
@@ -78,15 +80,23 @@ def turnover_for(group, mu):
     return mid
 
 
-def solve(p, k, spare):
-    """Optimal split of the space over k rate groups: (WAF, per-group rows)."""
+FTLBLK_CLASS_EDGES = [1 / 32, 1 / 8, 1 / 2, 2, 8, 32]  # lifetimes, in scales
+
+
+def solve(p, k, spare, lifetime_edges=None):
+    """Optimal split of the space over k rate groups (or the groups cut at
+    lifetime_edges x n): (WAF, per-group rows, share of blocks never rewritten)."""
     n = len(p)
     physical = n / (1 - spare)
     live = p[p > 0]
     static = n - len(live)  # never rewritten: one block of space each, no writes
-    logs = np.log(live)
-    edges = np.linspace(logs.min(), logs.max() + 1e-9, k + 1)
-    gid = np.clip(np.digitize(logs, edges) - 1, 0, k - 1)
+    if lifetime_edges is None:
+        logs = np.log(live)
+        edges = np.linspace(logs.min(), logs.max() + 1e-9, k + 1)
+        gid = np.clip(np.digitize(logs, edges) - 1, 0, k - 1)
+    else:
+        k = len(lifetime_edges) + 1
+        gid = np.digitize(1 / live, np.array(lifetime_edges) * n)
     raw = [live[gid == g] for g in range(k) if (gid == g).any()]
     groups = [compress(x) for x in raw]
     lo, hi = 1e-15, 1e3
@@ -113,8 +123,17 @@ def main():
     ap.add_argument("--groups", default="1,4,7,14,28,60", help="group counts to report")
     ap.add_argument("--fio", action="store_true", help="place ranks with fio's hash")
     ap.add_argument("--detail", type=int, help="print each group of this many groups")
+    ap.add_argument("--ftlblk-classes", action="store_true",
+                    help="ftlblk's seven lifetime classes as the groups, each reported")
     a = ap.parse_args()
     p = rates(a.blocks, a.theta, a.fio)
+    if a.ftlblk_classes:
+        waf, rows, static = solve(p, 0, a.spare, FTLBLK_CLASS_EDGES)
+        print(f"ftlblk classes: WAF {waf:.3f}  (never rewritten: {static:.1%} of the blocks)")
+        print("hottest first: blocks, share of writes, space/blocks, relocations per user write")
+        for blocks, share, space, writes in rows:
+            print(f"  {blocks:9d} {share:6.3f} {space / blocks:7.3f} {writes - share:6.3f}")
+        return
     for k in [int(x) for x in a.groups.split(",")]:
         waf, rows, static = solve(p, k, a.spare)
         print(f"groups {k:3d}: WAF {waf:.3f}  (never rewritten: {static:.1%} of the blocks)")
