@@ -25,10 +25,11 @@
 //!   survived `static_age` scales (2 by default) goes to the coldest class that has a
 //!   stream, if that is colder than its age says ([`relocation_class`]). Lifetimes of
 //!   real and Zipf workloads are heavy-tailed: such a block is most likely never
-//!   rewritten at all (fio's Zipf leaves 22% of a device so; MiDAS's setting: 3.31 ->
-//!   3.01 WAF), and the age alone keeps it in the classes of blocks that die, copied
-//!   with every victim there. It takes no stream of its own: on a small device a stream
-//!   costs more spare than the separation saves (2 GiB, 7% spare: +1.5-2.2% WAF).
+//!   rewritten at all (fio's Zipf leaves 22-38% of a device so), and the age alone
+//!   keeps it in the classes of blocks that die, copied with every victim there (a
+//!   small gain: MiDAS's setting, fio form, 3.036 -> 3.013 WAF; `docs/waf.md`). It
+//!   takes no stream of its own: on a small device a stream costs more spare than the
+//!   separation saves (2 GiB, 7% spare: +1.5-2.2% WAF).
 //! - The scale `S` is the number of live blocks: by Little's law it is the mean lifetime,
 //!   in user writes, of the blocks the user overwrites (SepBIT's adaptive threshold is the
 //!   running average of that lifetime; this is its steady-state value, exact and
