@@ -33,7 +33,7 @@ use crate::metrics::Live;
 use crate::offload::{Offload, TagEvent};
 use ftl::backing::FileFtl;
 use ftl::classify::Classifier;
-use ftl::device::BLOCK_SIZE;
+use ftl::device::{ScratchBuf, BLOCK_SIZE};
 use ftl::request::{decode, Request, SECTORS_PER_BLOCK, SECTOR_SHIFT};
 use ftl::MapEntry;
 use io_uring::{opcode, squeue, types};
@@ -294,33 +294,50 @@ async fn read_blocks(
     if dev_blocks.is_empty() {
         return Ok(());
     }
-    // Submit every run at once, then wait for all of them before touching the buffer.
-    let runs = ftl::device_runs(&dev_blocks);
+    // Submit every span at once, then wait for all of them before touching the buffer.
+    // A span holding other data between its blocks (stale copies, a chunk's summary, a
+    // FLUSH's padding) is read into a scratch buffer and its blocks copied out.
+    let spans = ftl::ReadSpans::new(&dev_blocks, ftl::READ_SPAN_GAP_BLOCKS);
     let base = buf.as_mut_ptr();
-    let futures: Vec<_> = runs
+    let mut scratch: Vec<(usize, ScratchBuf)> = Vec::new();
+    let mut targets: Vec<*mut u8> = Vec::with_capacity(spans.len());
+    for (k, s) in spans.iter().enumerate() {
+        match s.direct() {
+            // SAFETY: idx + blocks <= n, so a direct span lies inside `buf`.
+            Some(idx) => targets.push(unsafe { base.add(idx * BLOCK_SIZE) }),
+            None => {
+                // The allocation stays put when the buffer moves into `scratch`.
+                let mut sc = ScratchBuf::take(s.len);
+                targets.push(sc.as_mut_ptr());
+                scratch.push((k, sc));
+            }
+        }
+    }
+    let futures: Vec<_> = spans
         .iter()
-        .map(|&(first, count)| {
-            let b = dev_blocks[first];
-            // SAFETY: idx < n, so the run lies inside `buf`.
-            let ptr = unsafe { base.add(b.idx * BLOCK_SIZE) };
-            q.ublk_submit_sqe(read_sqe(ptr, count * BLOCK_SIZE, b.offset))
-        })
+        .zip(&targets)
+        .map(|(s, &ptr)| q.ublk_submit_sqe(read_sqe(ptr, s.len, s.offset)))
         .collect();
     let mut results = Vec::with_capacity(futures.len());
     for f in futures {
         results.push(f.await);
     }
-    for (&(first, count), res) in runs.iter().zip(results) {
-        let b = dev_blocks[first];
-        let len = count * BLOCK_SIZE;
+    for ((s, res), &ptr) in spans.iter().zip(results).zip(&targets) {
         let done = match res {
-            r if r >= 0 && r as usize >= len => continue,
+            r if r >= 0 && r as usize >= s.len => continue,
             r if r > 0 => r as usize,
             r if r == -libc::EAGAIN || r == -libc::EINTR => 0,
-            r => return Err(backing_error(r, b.offset, len)),
+            r => return Err(backing_error(r, s.offset, s.len)),
         };
-        let run = &mut buf[b.idx * BLOCK_SIZE + done..b.idx * BLOCK_SIZE + len];
-        read_exact(q, run, b.offset + done as u64).await?;
+        // SAFETY: `ptr` is the span's target (inside `buf` or its scratch buffer, both
+        // alive and not otherwise borrowed here), `s.len` bytes long.
+        let rest = unsafe { std::slice::from_raw_parts_mut(ptr.add(done), s.len - done) };
+        read_exact(q, rest, s.offset + done as u64).await?;
+    }
+    for (k, sc) in &scratch {
+        if let Some(s) = spans.get(*k) {
+            s.copy_out(sc, buf);
+        }
     }
     for b in &dev_blocks {
         let l = lba + b.idx as u64;

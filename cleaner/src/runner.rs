@@ -230,6 +230,7 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
     let mut last_ops = ftl.foreground_ops();
     let mut last_activity = Instant::now();
     let mut last_checkpoint = Instant::now();
+    let mut last_defrag = Instant::now();
     let mut rate = CleanRate::new(&cleaner.stats);
     let mut checkpointer: Option<JoinHandle<CheckpointRun>> = None;
     while !stop.load(Ordering::SeqCst) {
@@ -305,8 +306,17 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
                 return Ok(end != SliceEnd::NoVictim);
             }
             // Read-driven defragmentation, when free space is comfortable: not only when
-            // idle (a long sequential read never is), a bounded batch per turn.
-            if defrag_now(ftl.defrag_waiting(), avail, throttle_start) {
+            // idle (a long sequential read never is), a bounded batch per turn, paced
+            // while users' requests keep coming.
+            let idle = last_activity.elapsed() >= cfg.idle_gap;
+            if defrag_now(
+                ftl.defrag_waiting(),
+                avail,
+                throttle_start,
+                idle,
+                last_defrag.elapsed(),
+            ) {
+                last_defrag = Instant::now();
                 let r = ftl.defrag_step(DEFRAG_WINDOWS_PER_TURN)?;
                 let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
                 s.defrag_windows += r.windows;
@@ -316,7 +326,6 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
                     return Ok(true);
                 }
             }
-            let idle = last_activity.elapsed() >= cfg.idle_gap;
             let interval = background_interval(free, min_free, cfg.min_interval);
             if idle && last_bg.elapsed() >= interval {
                 last_bg = Instant::now();

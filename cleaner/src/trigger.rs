@@ -138,12 +138,25 @@ pub fn dead_batch(segments: usize) -> usize {
 /// MiB of relocations between two looks at free space and foreground work).
 pub const DEFRAG_WINDOWS_PER_TURN: usize = 32;
 
+/// While users' requests keep coming, one turn of defragmentation at most this often
+/// (at most [`DEFRAG_WINDOWS_PER_TURN`] windows, 4 MiB, per 50 ms: a few percent of a
+/// disk), so the reads that queued the windows are not slowed by their repair; when the
+/// device is idle, turns run back to back.
+pub const DEFRAG_BUSY_INTERVAL: Duration = Duration::from_millis(50);
+
 /// Whether the runner rewrites queued read windows now (`ftl::Ftl::defrag_step`): some
 /// wait and free space (free plus dead segments) is above the point where writers are
 /// throttled, so defragmentation never costs a writer a throttle or the cleaner its
-/// room; foreground cleaning comes first.
-pub fn defrag_now(waiting: usize, avail: usize, throttle_start: usize) -> bool {
-    waiting > 0 && avail > throttle_start
+/// room; foreground cleaning comes first. While foreground I/O is active (`idle` false),
+/// only once [`DEFRAG_BUSY_INTERVAL`] has passed since the last turn.
+pub fn defrag_now(
+    waiting: usize,
+    avail: usize,
+    throttle_start: usize,
+    idle: bool,
+    since_last_turn: Duration,
+) -> bool {
+    waiting > 0 && avail > throttle_start && (idle || since_last_turn >= DEFRAG_BUSY_INTERVAL)
 }
 
 #[cfg(test)]
@@ -152,10 +165,22 @@ mod tests {
 
     #[test]
     fn defragmentation_waits_for_room_and_work() {
-        assert!(defrag_now(3, 20, 10));
-        assert!(!defrag_now(0, 20, 10), "nothing queued");
-        assert!(!defrag_now(3, 10, 10), "writers would be throttled");
-        assert!(!defrag_now(3, 4, 10));
+        let long = DEFRAG_BUSY_INTERVAL;
+        assert!(defrag_now(3, 20, 10, true, Duration::ZERO));
+        assert!(!defrag_now(0, 20, 10, true, long), "nothing queued");
+        assert!(
+            !defrag_now(3, 10, 10, true, long),
+            "writers would be throttled"
+        );
+        assert!(!defrag_now(3, 4, 10, true, long));
+    }
+
+    #[test]
+    fn defragmentation_yields_to_foreground_io() {
+        let short = DEFRAG_BUSY_INTERVAL / 2;
+        assert!(defrag_now(3, 20, 10, true, short), "idle: back to back");
+        assert!(!defrag_now(3, 20, 10, false, short), "busy: paced");
+        assert!(defrag_now(3, 20, 10, false, DEFRAG_BUSY_INTERVAL));
     }
 
     #[test]

@@ -63,9 +63,7 @@ pub use device::BlockDevice;
 pub use engine::checkpoint::{dead_batch_due, CheckpointReport, CheckpointTimesNs};
 pub use engine::defrag::{DefragReport, FragFigures, DEFRAG_SPARE_SEGMENTS};
 pub use engine::free::FreeReport;
-pub use engine::read::{
-    device_runs, device_runs_within, DeviceBlock, Fragmentation, READ_SPAN_GAP_BLOCKS,
-};
+pub use engine::read::{DeviceBlock, Fragmentation, ReadSpan, ReadSpans, READ_SPAN_GAP_BLOCKS};
 pub use engine::reloc::{LiveBlock, MAX_READ_BYTES, READ_GAP_BLOCKS};
 pub use engine::stats::Stats;
 pub use engine::{BlockLocation, Ftl, READ_RETRIES};

@@ -71,7 +71,10 @@ fn reads_of_a_scattered_range_get_it_rewritten_contiguously() {
     read_region(&f, &gens);
     let fig = f.stats().fragmentation;
     assert_eq!(fig.large_reads, REGION / WINDOW);
-    assert_eq!(fig.level, FragLevel::High);
+    // About 7 of a window's 32 blocks were overwritten: the old run is one read (over
+    // the stale copies), each overwritten block one more, a mean of ~4 blocks per read.
+    assert!(fig.mean_run_blocks < 5.0, "{fig:?}");
+    assert_ne!(fig.level, FragLevel::Low);
     assert!(f.defrag_waiting() > 0);
     let mut moved = 0;
     while f.defrag_waiting() > 0 {

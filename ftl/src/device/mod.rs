@@ -27,7 +27,7 @@ pub mod sparse;
 use std::io;
 use std::os::fd::RawFd;
 
-pub use aligned::AlignedBuf;
+pub use aligned::{AlignedBuf, ScratchBuf};
 
 /// Size of a logical and physical block, in bytes.
 pub const BLOCK_SIZE: usize = 4096;

@@ -10,7 +10,7 @@
 //! [`GC_STREAM`] (data read in order is long-lived) from the runner's thread, so a
 //! window's blocks are appended back to back; it never takes the cleaner's reserve.
 
-use super::read::{device_runs_within, DeviceBlock, Fragmentation, READ_SPAN_GAP_BLOCKS};
+use super::read::{DeviceBlock, Fragmentation, ReadSpans, READ_SPAN_GAP_BLOCKS};
 use super::Ftl;
 use crate::append::PendingChunks;
 use crate::device::{BlockDevice, BLOCK_SIZE};
@@ -60,7 +60,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     pub fn note_read(&self, lba: u64, dev: &[DeviceBlock], buf: &[u8]) {
         // Counted as `Ftl::read` reads them: small gaps (a chunk summary, padding) do not
         // split a run, so a range rewritten in order is never queued again for them.
-        let runs = device_runs_within(dev, READ_SPAN_GAP_BLOCKS).len();
+        let runs = ReadSpans::new(dev, READ_SPAN_GAP_BLOCKS).len();
         self.frag.observe(dev.len(), runs);
         if !self.cfg.defrag || !worth_defrag(self.frag.level(), dev.len(), runs) {
             return;
@@ -115,7 +115,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                     // Queued without its data: read it again (a range rewritten since,
                     // by this or by the cleaner, is left alone).
                     let mut buf = vec![0u8; w.count as usize * BLOCK_SIZE];
-                    let (dev, runs) = self.read_checked(w.lba, &mut buf)?;
+                    let (dev, runs) = self.read_checked(w.lba, &mut buf, false)?;
                     if runs <= 1 {
                         continue;
                     }

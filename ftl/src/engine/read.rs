@@ -5,7 +5,7 @@
 //! used by the ublk edge). Called by the engine's users.
 
 use super::{BlockLocation, Ftl, READ_RETRIES};
-use crate::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
+use crate::device::{BlockDevice, ScratchBuf, BLOCK_SIZE};
 use crate::error::{Error, Result};
 use crate::index::IndexStore;
 use crate::map::MapEntry;
@@ -13,8 +13,16 @@ use crate::map::MapEntry;
 impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Finds where `lba` lives; copies it into `out` when it is still buffered.
     pub fn locate(&self, lba: u64, out: &mut [u8]) -> Result<BlockLocation> {
+        self.locate_as(lba, out, true)
+    }
+
+    /// [`Ftl::locate`]; `foreground` counts it as a user's request (the cleaner's runner
+    /// yields to those; its own reads must not make the device look busy to it).
+    fn locate_as(&self, lba: u64, out: &mut [u8], foreground: bool) -> Result<BlockLocation> {
         self.check_range(lba, 1)?;
-        self.space.note_foreground();
+        if foreground {
+            self.space.note_foreground();
+        }
         let e = self.t.map.get(lba)?;
         let Some(pba) = e.pba() else {
             return Ok(BlockLocation::Zero);
@@ -46,8 +54,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
 
     /// Fragmentation of `blocks` blocks from `lba`, cut in windows of `window` blocks
     /// (as reads of that size see it): the backing reads [`Ftl::read`] issues for each
-    /// window (one per run of mapped blocks physically in order, at most
-    /// [`READ_SPAN_GAP_BLOCKS`] apart) summed over the
+    /// window (its [`ReadSpans`]: one per run of mapped blocks at most
+    /// [`READ_SPAN_GAP_BLOCKS`] apart on the backing) summed over the
     /// windows, and the windows with a mapped block. The mean contiguous run is
     /// `mapped / reads`; the reads per user read `reads / windows`.
     pub fn fragmentation(&self, lba: u64, blocks: u64, window: u64) -> Result<Fragmentation> {
@@ -57,22 +65,19 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         let mut w = lba;
         while w < lba + blocks {
             let end = (w + window).min(lba + blocks);
-            let mut prev: Option<u64> = None;
-            let mut any = false;
+            let mut dev = Vec::with_capacity((end - w) as usize);
             for l in w..end {
-                match self.t.map.get(l)?.pba() {
-                    Some(p) => {
-                        let p = p as u64;
-                        if !prev.is_some_and(|q| p > q && p - q <= 1 + READ_SPAN_GAP_BLOCKS) {
-                            f.reads += 1;
-                        }
-                        prev = Some(p);
-                        f.mapped_blocks += 1;
-                        any = true;
-                    }
-                    None => prev = None,
+                if let Some(p) = self.t.map.get(l)?.pba() {
+                    dev.push(DeviceBlock {
+                        idx: (l - w) as usize,
+                        offset: p as u64 * BLOCK_SIZE as u64,
+                        entry: MapEntry::UNMAPPED,
+                    });
                 }
             }
+            f.reads += ReadSpans::new(&dev, READ_SPAN_GAP_BLOCKS).len() as u64;
+            f.mapped_blocks += dev.len() as u64;
+            let any = !dev.is_empty();
             f.windows += any as u64;
             w = end;
         }
@@ -81,14 +86,18 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
 
     /// Locates every block of a read of `buf.len()` bytes at `lba`: zeros and buffered
     /// blocks are filled in `buf` here; the device-resident ones are returned in request
-    /// order, to be read (in [`device_runs`]) and verified by the caller. The one read
+    /// order, to be read (in [`ReadSpans`]) and verified by the caller. The one read
     /// planner of every reader ([`Ftl::read`] and the ublk edge).
     pub fn plan_read(&self, lba: u64, buf: &mut [u8]) -> Result<Vec<DeviceBlock>> {
+        self.plan_read_as(lba, buf, true)
+    }
+
+    fn plan_read_as(&self, lba: u64, buf: &mut [u8], foreground: bool) -> Result<Vec<DeviceBlock>> {
         let n = Self::check_len(buf.len())?;
         self.check_range(lba, n)?;
         let mut dev = Vec::new();
         for (i, blk) in buf.chunks_mut(BLOCK_SIZE).enumerate() {
-            match self.locate(lba + i as u64, blk)? {
+            match self.locate_as(lba + i as u64, blk, foreground)? {
                 BlockLocation::Zero => blk.fill(0),
                 BlockLocation::Copied => {}
                 BlockLocation::Device { offset, entry } => dev.push(DeviceBlock {
@@ -106,69 +115,62 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// fragmented range costs the slowest of its reads, not their sum), then each block
     /// is checked against its map entry.
     pub fn read(&self, lba: u64, buf: &mut [u8]) -> Result<()> {
-        let (dev, _) = self.read_checked(lba, buf)?;
+        let (dev, _) = self.read_checked(lba, buf, true)?;
         self.note_read(lba, &dev, buf);
         Ok(())
     }
 
     /// [`Ftl::read`] without reporting it ([`Ftl::note_read`]): the device-resident
     /// blocks (their entries as located, before any retry) and the backing reads issued.
-    pub(crate) fn read_checked(&self, lba: u64, buf: &mut [u8]) -> Result<(Vec<DeviceBlock>, usize)> {
-        let dev = self.plan_read(lba, buf)?;
+    /// `foreground`: a user's read (false: the FTL's own, not counted as activity).
+    pub(crate) fn read_checked(
+        &self,
+        lba: u64,
+        buf: &mut [u8],
+        foreground: bool,
+    ) -> Result<(Vec<DeviceBlock>, usize)> {
+        let dev = self.plan_read_as(lba, buf, foreground)?;
         if dev.is_empty() {
             return Ok((dev, 0));
         }
-        let runs = device_runs_within(&dev, READ_SPAN_GAP_BLOCKS);
-        // A run with gaps (a chunk's summary, a FLUSH's padding between its blocks) is
-        // read whole into a scratch buffer and its blocks copied out.
-        let span = |&(first, count): &(usize, usize)| {
-            let (a, z) = (dev[first], dev[first + count - 1]);
-            (a.offset, (z.offset - a.offset) as usize + BLOCK_SIZE)
-        };
-        let mut scratch: Vec<AlignedBuf> = runs
+        let spans = ReadSpans::new(&dev, READ_SPAN_GAP_BLOCKS);
+        // A span holding other data between its blocks (stale copies, a chunk's summary,
+        // a FLUSH's padding) or blocks out of request order is read whole into a scratch
+        // buffer and its blocks copied out; the others straight into `buf`.
+        let mut scratch: Vec<ScratchBuf> = spans
             .iter()
-            .filter(|r| span(r).1 != r.1 * BLOCK_SIZE)
-            .map(|r| AlignedBuf::new(span(r).1))
+            .filter(|s| s.direct().is_none())
+            .map(|s| ScratchBuf::take(s.len))
             .collect();
         {
-            let mut reqs: Vec<(u64, &mut [u8])> = Vec::with_capacity(runs.len());
+            let mut reqs: Vec<(u64, &mut [u8])> = Vec::with_capacity(spans.len());
+            let mut direct: Vec<(usize, ReadSpan<'_>)> = spans
+                .iter()
+                .filter_map(|s| s.direct().map(|i| (i, s)))
+                .collect();
+            direct.sort_unstable_by_key(|d| d.0);
             let mut rest: &mut [u8] = buf;
             let mut at = 0usize;
-            let mut spare = scratch.iter_mut();
-            for r in &runs {
-                let (first, count) = *r;
-                let b = dev[first];
-                let (_, tail) = std::mem::take(&mut rest).split_at_mut((b.idx - at) * BLOCK_SIZE);
-                let (run, tail) = tail.split_at_mut(count * BLOCK_SIZE);
+            for (idx, s) in direct {
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut((idx - at) * BLOCK_SIZE);
+                let (run, tail) = tail.split_at_mut(s.len);
                 rest = tail;
-                at = b.idx + count;
-                let (offset, len) = span(r);
-                if len == count * BLOCK_SIZE {
-                    reqs.push((offset, run));
-                } else if let Some(sc) = spare.next() {
-                    reqs.push((offset, &mut sc[..]));
-                }
+                at = idx + s.blocks.len();
+                reqs.push((s.offset, run));
+            }
+            for (s, sc) in spans.iter().filter(|s| s.direct().is_none()).zip(&mut scratch) {
+                reqs.push((s.offset, &mut sc[..]));
             }
             let first = reqs.first().map_or(0, |r| r.0);
-            // One run (every 4 KiB read, a contiguous range): a plain read.
+            // One span (every 4 KiB read, a contiguous range): a plain read.
             match reqs.as_mut_slice() {
                 [(offset, run)] => self.dev.read_at(*offset, run),
                 all => self.dev.read_many(all),
             }
             .map_err(|e| Error::io("read", first, e))?;
         }
-        let mut spare = scratch.iter();
-        for r in &runs {
-            let (offset, len) = span(r);
-            if len == r.1 * BLOCK_SIZE {
-                continue;
-            }
-            let Some(sc) = spare.next() else { break };
-            for b in &dev[r.0..r.0 + r.1] {
-                let from = (b.offset - offset) as usize;
-                buf[b.idx * BLOCK_SIZE..(b.idx + 1) * BLOCK_SIZE]
-                    .copy_from_slice(&sc[from..from + BLOCK_SIZE]);
-            }
+        for (s, sc) in spans.iter().filter(|s| s.direct().is_none()).zip(&scratch) {
+            s.copy_out(sc, buf);
         }
         for b in &dev {
             let l = lba + b.idx as u64;
@@ -177,7 +179,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 self.reread_block(l, blk)?;
             }
         }
-        Ok((dev, runs.len()))
+        let reads = spans.len();
+        Ok((dev, reads))
     }
 
     /// Reads one block whose map entry moved while it was read (its data did not match
@@ -223,37 +226,107 @@ pub struct DeviceBlock {
     pub entry: MapEntry,
 }
 
-/// Blocks of other data a read spans rather than splitting in two: a chunk's summary
-/// block and a FLUSH's padding to a 16 KiB flash page, found between the blocks of a
-/// range written (or rewritten) in order.
+/// Blocks a read spans rather than issuing another backing read: a chunk's summary
+/// block, a FLUSH's padding to a 16 KiB flash page, and stale copies of the request's
+/// own blocks (an overwritten block of a range written in order sits in its old place
+/// between the live ones; reading over it costs 4 KiB more of one read, not a read).
 pub const READ_SPAN_GAP_BLOCKS: u64 = 4;
 
-/// Groups device blocks into runs adjacent both in the request and on the backing;
-/// returns `(first, count)` pairs over `blocks` (one backing read each).
-pub fn device_runs(blocks: &[DeviceBlock]) -> Vec<(usize, usize)> {
-    device_runs_within(blocks, 0)
+/// The backing reads of a planned read ([`Ftl::plan_read`]'s device blocks): the blocks
+/// in the order of their places on the backing, cut into spans, each one read of the
+/// backing covering blocks at most `gap` blocks apart. Blocks adjacent on the backing are
+/// joined whatever their order in the request, so the live blocks of a range written
+/// in order stay one read however many of its blocks were overwritten elsewhere since.
+/// Used by every reader ([`Ftl::read`], the ublk edge) and by the fragmentation figures.
+#[derive(Debug, Clone)]
+pub struct ReadSpans<'a> {
+    blocks: std::borrow::Cow<'a, [DeviceBlock]>,
+    /// `(first, count)` over `blocks`.
+    spans: Vec<(usize, usize)>,
 }
 
-/// [`device_runs`], also joining blocks adjacent in the request whose places on the
-/// backing follow each other with at most `gap` other blocks between (one backing read
-/// spanning them).
-pub fn device_runs_within(blocks: &[DeviceBlock], gap: u64) -> Vec<(usize, usize)> {
-    let mut out: Vec<(usize, usize)> = Vec::new();
-    let bs = BLOCK_SIZE as u64;
-    for (k, b) in blocks.iter().enumerate() {
-        if let Some((first, count)) = out.last_mut() {
-            let prev = blocks[*first + *count - 1];
-            if prev.idx + 1 == b.idx
-                && b.offset > prev.offset
-                && b.offset - prev.offset <= (1 + gap) * bs
-            {
-                *count += 1;
-                continue;
-            }
-        }
-        out.push((k, 1));
+/// One backing read of [`ReadSpans`]: `len` bytes at `offset`, holding `blocks` (in
+/// offset order; the bytes between them belong to no block of the request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadSpan<'a> {
+    pub offset: u64,
+    pub len: usize,
+    pub blocks: &'a [DeviceBlock],
+}
+
+impl ReadSpan<'_> {
+    /// The request block the span can be read straight into (its blocks follow each
+    /// other both in the request and on the backing), or `None` (it is read into a
+    /// scratch buffer and its blocks copied out: [`ReadSpan::copy_out`]).
+    pub fn direct(&self) -> Option<usize> {
+        let first = self.blocks.first()?.idx;
+        let packed = self.len == self.blocks.len() * BLOCK_SIZE
+            && self.blocks.iter().enumerate().all(|(k, b)| b.idx == first + k);
+        packed.then_some(first)
     }
-    out
+
+    /// Copies the span's blocks from `scratch` (the span's `len` bytes as read) to their
+    /// places in the request buffer `buf`.
+    pub fn copy_out(&self, scratch: &[u8], buf: &mut [u8]) {
+        for b in self.blocks {
+            let from = (b.offset - self.offset) as usize;
+            buf[b.idx * BLOCK_SIZE..(b.idx + 1) * BLOCK_SIZE]
+                .copy_from_slice(&scratch[from..from + BLOCK_SIZE]);
+        }
+    }
+}
+
+impl<'a> ReadSpans<'a> {
+    /// Plans the backing reads of `blocks` (any order), joining blocks at most `gap`
+    /// blocks apart on the backing.
+    pub fn new(blocks: &'a [DeviceBlock], gap: u64) -> Self {
+        let blocks = if blocks.is_sorted_by_key(|b| b.offset) {
+            std::borrow::Cow::Borrowed(blocks)
+        } else {
+            let mut v = blocks.to_vec();
+            v.sort_unstable_by_key(|b| b.offset);
+            std::borrow::Cow::Owned(v)
+        };
+        let bs = BLOCK_SIZE as u64;
+        let mut spans: Vec<(usize, usize)> = Vec::new();
+        for (k, b) in blocks.iter().enumerate() {
+            if let Some((first, count)) = spans.last_mut() {
+                let prev = blocks[*first + *count - 1].offset;
+                if b.offset > prev && b.offset - prev <= (1 + gap) * bs {
+                    *count += 1;
+                    continue;
+                }
+            }
+            spans.push((k, 1));
+        }
+        ReadSpans { blocks, spans }
+    }
+
+    /// Backing reads.
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// The spans, in the order of their places on the backing.
+    pub fn iter(&self) -> impl Iterator<Item = ReadSpan<'_>> + '_ {
+        (0..self.spans.len()).filter_map(|k| self.get(k))
+    }
+
+    /// The `k`th span of [`ReadSpans::iter`].
+    pub fn get(&self, k: usize) -> Option<ReadSpan<'_>> {
+        let &(first, count) = self.spans.get(k)?;
+        let blocks = &self.blocks[first..first + count];
+        let (a, z) = (blocks.first()?.offset, blocks.last()?.offset);
+        Some(ReadSpan {
+            offset: a,
+            len: (z - a) as usize + BLOCK_SIZE,
+            blocks,
+        })
+    }
 }
 
 /// What [`Ftl::fragmentation`] measured.
@@ -281,29 +354,75 @@ impl Fragmentation {
 mod tests {
     use super::*;
 
-    #[test]
-    fn runs_join_blocks_adjacent_in_the_request_and_on_the_device() {
-        let b = |idx, offset| DeviceBlock {
+    const B: u64 = BLOCK_SIZE as u64;
+
+    fn b(idx: usize, place: u64) -> DeviceBlock {
+        DeviceBlock {
             idx,
-            offset,
+            offset: place * B,
             entry: MapEntry::UNMAPPED,
-        };
+        }
+    }
+
+    fn shape(s: &ReadSpans<'_>) -> Vec<(u64, usize, Vec<usize>, Option<usize>)> {
+        s.iter()
+            .map(|x| {
+                let idx = x.blocks.iter().map(|b| b.idx).collect();
+                (x.offset / B, x.len / BLOCK_SIZE, idx, x.direct())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_range_in_order_is_one_direct_read() {
+        let blocks: Vec<_> = (0..8).map(|i| b(i, 100 + i as u64)).collect();
+        let s = ReadSpans::new(&blocks, READ_SPAN_GAP_BLOCKS);
+        assert_eq!(shape(&s), vec![(100, 8, (0..8).collect(), Some(0))]);
+        assert!(ReadSpans::new(&[], 4).is_empty());
+    }
+
+    #[test]
+    fn spans_read_over_stale_blocks_and_summaries_but_not_past_the_gap() {
+        // Blocks 2 and 5 of a range written in order at 100.. were overwritten and now
+        // live at 900 and 40; a chunk summary sits at 104.
         let blocks = [
-            b(0, 4096),
-            b(1, 8192),
-            b(2, 0),
-            b(4, 4096),
-            b(5, 8192),
-            b(6, 12288),
+            b(0, 100),
+            b(1, 101),
+            b(2, 900),
+            b(3, 103),
+            b(4, 105),
+            b(5, 40),
+            b(6, 107),
         ];
-        assert_eq!(device_runs(&blocks), vec![(0, 2), (2, 1), (3, 3)]);
-        assert!(device_runs(&[]).is_empty());
-        // A summary block between two pieces of one range: one read with a gap of one.
-        let gapped = [b(0, 4096), b(1, 12288), b(2, 16384), b(3, 4096 * 9)];
-        assert_eq!(device_runs(&gapped), vec![(0, 1), (1, 2), (3, 1)]);
-        assert_eq!(device_runs_within(&gapped, 1), vec![(0, 3), (3, 1)]);
-        assert_eq!(device_runs_within(&gapped, 4), vec![(0, 4)]);
-        // Never backwards.
-        assert_eq!(device_runs_within(&[b(0, 8192), b(1, 4096)], 4).len(), 2);
+        let s = ReadSpans::new(&blocks, READ_SPAN_GAP_BLOCKS);
+        assert_eq!(
+            shape(&s),
+            vec![
+                (40, 1, vec![5], Some(5)),
+                (100, 8, vec![0, 1, 3, 4, 6], None),
+                (900, 1, vec![2], Some(2)),
+            ]
+        );
+        // Without gaps the old range splits at every hole.
+        assert_eq!(ReadSpans::new(&blocks, 0).len(), 6);
+        // A gap of exactly `gap` blocks joins; one more splits.
+        assert_eq!(ReadSpans::new(&[b(0, 10), b(1, 15)], 4).len(), 1);
+        assert_eq!(ReadSpans::new(&[b(0, 10), b(1, 16)], 4).len(), 2);
+    }
+
+    #[test]
+    fn blocks_in_place_order_but_not_request_order_are_copied_out() {
+        // Request blocks 0 and 1 stored backwards: one read, through scratch.
+        let blocks = [b(0, 51), b(1, 50)];
+        let s = ReadSpans::new(&blocks, READ_SPAN_GAP_BLOCKS);
+        assert_eq!(shape(&s), vec![(50, 2, vec![1, 0], None)]);
+        let span = s.iter().next().unwrap();
+        let mut scratch = vec![0u8; 2 * BLOCK_SIZE];
+        scratch[..BLOCK_SIZE].fill(1);
+        scratch[BLOCK_SIZE..].fill(2);
+        let mut buf = vec![0u8; 2 * BLOCK_SIZE];
+        span.copy_out(&scratch, &mut buf);
+        assert!(buf[..BLOCK_SIZE].iter().all(|&x| x == 2));
+        assert!(buf[BLOCK_SIZE..].iter().all(|&x| x == 1));
     }
 }
