@@ -425,4 +425,66 @@ mod tests {
         assert!(buf[..BLOCK_SIZE].iter().all(|&x| x == 2));
         assert!(buf[BLOCK_SIZE..].iter().all(|&x| x == 1));
     }
+
+    proptest::proptest! {
+        /// Any set of device blocks (distinct places, any request order): every block
+        /// is in exactly one span; spans are in place order, disjoint, begin and end on
+        /// a block and hold no hole past the gap; a direct span's blocks are the
+        /// request's consecutive blocks at consecutive places, and reading each span
+        /// then copying out puts every block's bytes at its request index.
+        #[test]
+        fn spans_cover_every_block_once_and_copy_out_to_its_index(
+            places in proptest::collection::btree_set(0u64..200, 1..40),
+            seed in 0u64..1000,
+            gap in 0u64..6,
+        ) {
+            use rand::{seq::SliceRandom, SeedableRng};
+            let mut places: Vec<u64> = places.into_iter().collect();
+            places.shuffle(&mut rand::rngs::SmallRng::seed_from_u64(seed));
+            let blocks: Vec<DeviceBlock> =
+                places.iter().enumerate().map(|(i, &p)| b(i, p)).collect();
+            let s = ReadSpans::new(&blocks, gap);
+            // The "device": every place holds its own number.
+            let disk = |at: u64, len: usize| -> Vec<u8> {
+                (0..len / BLOCK_SIZE)
+                    .flat_map(|k| vec![(at / B + k as u64) as u8; BLOCK_SIZE])
+                    .collect()
+            };
+            let mut buf = vec![0xffu8; blocks.len() * BLOCK_SIZE];
+            let mut seen = vec![0; blocks.len()];
+            let mut end = 0u64;
+            for span in s.iter() {
+                proptest::prop_assert!(span.offset >= end, "spans overlap or go backwards");
+                end = span.offset + span.len as u64;
+                proptest::prop_assert_eq!(span.offset, span.blocks[0].offset);
+                proptest::prop_assert_eq!(
+                    end,
+                    span.blocks[span.blocks.len() - 1].offset + B
+                );
+                for w in span.blocks.windows(2) {
+                    proptest::prop_assert!(w[1].offset > w[0].offset);
+                    proptest::prop_assert!(w[1].offset - w[0].offset <= (1 + gap) * B);
+                }
+                for x in span.blocks {
+                    seen[x.idx] += 1;
+                }
+                let data = disk(span.offset, span.len);
+                match span.direct() {
+                    Some(i) => {
+                        for (k, x) in span.blocks.iter().enumerate() {
+                            proptest::prop_assert_eq!(x.idx, i + k);
+                        }
+                        proptest::prop_assert_eq!(span.len, span.blocks.len() * BLOCK_SIZE);
+                        buf[i * BLOCK_SIZE..i * BLOCK_SIZE + span.len].copy_from_slice(&data);
+                    }
+                    None => span.copy_out(&data, &mut buf),
+                }
+            }
+            proptest::prop_assert!(seen.iter().all(|&n| n == 1), "{:?}", seen);
+            for x in &blocks {
+                let got = &buf[x.idx * BLOCK_SIZE..(x.idx + 1) * BLOCK_SIZE];
+                proptest::prop_assert!(got.iter().all(|&v| v == (x.offset / B) as u8));
+            }
+        }
+    }
 }
