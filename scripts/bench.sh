@@ -440,9 +440,10 @@ targets = {"randwrite": 1.5, "randread": 0.8, "writeflush": 0.7}
 ram = ftl["randwrite"]["map_ram_bytes_per_block"]
 res = {"ftl": ftl, "raw": raw, "ratio": ratio, "targets": targets, "map_ram_bytes_per_block": ram}
 import os
-for part in ("steady", "scale"):
-    if os.path.exists(out) and part in json.load(open(out)):
-        res[part] = json.load(open(out))[part]
+# The other parts' sections (steady, scale, fragread) stay as they were.
+if os.path.exists(out):
+    for part, section in json.load(open(out)).items():
+        res.setdefault(part, section)
 json.dump(res, open(out, "w"), indent=2)
 print(f"{'test':<12}{'raw IOPS':>12}{'ftl IOPS':>12}{'ratio':>8}{'target':>8}  met")
 for t in ("randwrite", "randread", "writeflush"):
