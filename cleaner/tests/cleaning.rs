@@ -293,3 +293,89 @@ fn full_device_overwritten_at_random_keeps_running_with_the_background_cleaner()
     assert!(s.waf > 1.0, "cleaning copied blocks: WAF {}", s.waf);
     check_invariants(&f).unwrap();
 }
+
+/// Read-driven defragmentation as the runner schedules it: while readers keep coming it
+/// rewrites queued windows, but at most one turn of `DEFRAG_WINDOWS_PER_TURN` per
+/// `DEFRAG_BUSY_INTERVAL`; once the readers stop it drains the queue; and the readers,
+/// checking every block while windows move under them, never see a wrong one.
+#[test]
+fn defragmentation_is_paced_under_reads_and_drains_when_idle() {
+    use cleaner::trigger::{DEFRAG_BUSY_INTERVAL, DEFRAG_WINDOWS_PER_TURN};
+    use rand::{Rng, SeedableRng};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+    const REGION: u64 = 32768;
+    const WINDOW: u64 = 32;
+    let f = Arc::new(mem_ftl(256 << 20, &FormatOptions::default()).2);
+    let data: Vec<u8> = (0..REGION).flat_map(|l| block_for(l, 1)).collect();
+    f.write(0, &data, false, StreamId(1)).unwrap();
+    // A quarter overwritten at random in another stream: every window scattered.
+    let mut gens = vec![1u64; REGION as usize];
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
+    for i in 0..REGION / 4 {
+        let l = rng.gen_range(0..REGION);
+        gens[l as usize] = 10 + i;
+        f.write(l, &block_for(l, 10 + i), false, StreamId(2))
+            .unwrap();
+    }
+    f.flush().unwrap();
+    let before = f.fragmentation(0, REGION, WINDOW).unwrap();
+    assert!(before.reads_per_window() > 4.0, "{before:?}");
+    let gens = Arc::new(gens);
+    let cfg = CleanerConfig {
+        // Readers starved of a CPU for a moment must not look idle.
+        idle_gap: Duration::from_millis(50),
+        ..CleanerConfig::default()
+    };
+    let handle = cleaner::spawn(f.clone(), cfg).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let readers: Vec<_> = (0..2u64)
+        .map(|t| {
+            let (f, stop, gens) = (f.clone(), stop.clone(), gens.clone());
+            std::thread::spawn(move || {
+                let mut b = vec![0u8; WINDOW as usize * 4096];
+                let mut w = t * WINDOW;
+                while !stop.load(Ordering::SeqCst) {
+                    f.read(w, &mut b).unwrap();
+                    for (k, blk) in b.chunks(4096).enumerate() {
+                        let l = w + k as u64;
+                        assert!(
+                            blk == block_for(l, gens[l as usize]).as_slice(),
+                            "block {l} read back wrong while windows moved"
+                        );
+                    }
+                    w = (w + 2 * WINDOW) % REGION;
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let busy = handle.stats().defrag_windows;
+    let elapsed = start.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    for r in readers {
+        r.join().unwrap();
+    }
+    // One turn when the first window is queued, then one per interval (and slack for
+    // a turn or two the runner may take while both readers wait for a CPU).
+    let turns = 3 + (elapsed.as_millis() / DEFRAG_BUSY_INTERVAL.as_millis()) as u64;
+    assert!(busy > 0, "no window rewritten in {elapsed:?} of reads");
+    assert!(
+        busy <= turns * DEFRAG_WINDOWS_PER_TURN as u64,
+        "{busy} windows rewritten in {elapsed:?} of reads: not paced"
+    );
+    let t = Instant::now();
+    while f.defrag_waiting() > 0 && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(f.defrag_waiting(), 0, "the queue did not drain once idle");
+    handle.stop();
+    let after = f.fragmentation(0, REGION, WINDOW).unwrap();
+    assert!(after.reads_per_window() < 1.5, "{after:?}");
+    let mut b = vec![0u8; 4096];
+    for l in 0..REGION {
+        f.read(l, &mut b).unwrap();
+        assert_eq!(b, block_for(l, gens[l as usize]), "lba {l}");
+    }
+}
