@@ -324,7 +324,7 @@ fn defragmentation_is_paced_under_reads_and_drains_when_idle() {
     let gens = Arc::new(gens);
     let cfg = CleanerConfig {
         // Readers starved of a CPU for a moment must not look idle.
-        idle_gap: Duration::from_millis(50),
+        idle_gap: Duration::from_millis(200),
         ..CleanerConfig::default()
     };
     let handle = cleaner::spawn(f.clone(), cfg).unwrap();
