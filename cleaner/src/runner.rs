@@ -16,8 +16,8 @@
 use crate::policy::Policy;
 use crate::slice::{Budget, Cleaner, CleanerStats, SliceEnd};
 use crate::trigger::{
-    background_interval, dead_batch, defrag_now, foreground_needed, reclaim_now, write_pace,
-    CheckpointInputs, Reclaim, DEFRAG_WINDOWS_PER_TURN,
+    background_interval, checkpoint_urgent, dead_batch, defrag_now, foreground_needed, reclaim_now,
+    write_pace, CheckpointInputs, Reclaim, DEFRAG_WINDOWS_PER_TURN,
 };
 use ftl::{BlockDevice, Ftl, IndexStore};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -232,13 +232,23 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
     let mut last_checkpoint = Instant::now();
     let mut last_defrag = Instant::now();
     let mut rate = CleanRate::new(&cleaner.stats);
+    let mut appended = AppendRate::new(ftl.counters().backing_blocks_written);
+    // Recent checkpoint duration (exponential average), for `checkpoint_urgent`.
+    let mut checkpoint_took = Duration::ZERO;
     let mut checkpointer: Option<JoinHandle<CheckpointRun>> = None;
     while !stop.load(Ordering::SeqCst) {
         if checkpointer.as_ref().is_some_and(|h| h.is_finished()) {
             if let Some(h) = checkpointer.take() {
-                finish_checkpoint(h, stats, last_error);
+                if let Some(took) = finish_checkpoint(h, stats, last_error) {
+                    checkpoint_took = if checkpoint_took.is_zero() {
+                        took
+                    } else {
+                        checkpoint_took.mul_f64(0.7) + took.mul_f64(0.3)
+                    };
+                }
             }
         }
+        appended.update(ftl.counters().backing_blocks_written);
         let free = ftl.free_segments();
         let dead = ftl.dead_segments();
         // What writers will have once the dead segments' checkpoint is durable.
@@ -266,7 +276,13 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
                 free,
                 dead,
                 freeable: if dead > 0 { ftl.freeable_segments() } else { 0 },
-                urgent,
+                urgent: checkpoint_urgent(
+                    reserve,
+                    checkpoint_took,
+                    appended.blocks_per_s,
+                    bps,
+                    batch,
+                ),
                 batch,
                 due: ftl.checkpoint_due(),
                 idle_for: last_activity.elapsed(),
@@ -438,14 +454,47 @@ impl CleanRate {
     }
 }
 
+/// The log's append rate (users' and relocations' blocks per second), an exponential
+/// average over windows of [`AppendRate::WINDOW`].
+struct AppendRate {
+    blocks_per_s: f64,
+    since: Instant,
+    at: u64,
+}
+
+impl AppendRate {
+    const WINDOW: Duration = Duration::from_millis(100);
+
+    fn new(written: u64) -> Self {
+        AppendRate {
+            blocks_per_s: 0.0,
+            since: Instant::now(),
+            at: written,
+        }
+    }
+
+    fn update(&mut self, written: u64) {
+        let dt = self.since.elapsed();
+        if dt < Self::WINDOW {
+            return;
+        }
+        let sample = written.saturating_sub(self.at) as f64 / dt.as_secs_f64();
+        self.blocks_per_s = 0.7 * self.blocks_per_s + 0.3 * sample;
+        self.since = Instant::now();
+        self.at = written;
+    }
+}
+
 /// What a checkpoint thread returns: what it ran, its outcome and how long it took.
 type CheckpointRun = (Reclaim, ftl::Result<()>, Duration);
 
+/// Records a finished checkpoint or free run; returns how long a checkpoint took.
 fn finish_checkpoint(
     h: JoinHandle<CheckpointRun>,
     stats: &Mutex<RunnerStats>,
     last_error: &Mutex<Option<String>>,
-) {
+) -> Option<Duration> {
+    let mut checkpoint_took = None;
     let failed = match h.join() {
         Ok((what, r, took)) => {
             let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
@@ -454,6 +503,7 @@ fn finish_checkpoint(
                 Reclaim::Checkpoint => {
                     s.checkpoints += 1;
                     s.checkpoint_ns += ns;
+                    checkpoint_took = Some(took);
                 }
                 Reclaim::FreeDead => {
                     s.frees += 1;
@@ -468,6 +518,7 @@ fn finish_checkpoint(
         stats.lock().unwrap_or_else(|p| p.into_inner()).errors += 1;
         *last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
     }
+    checkpoint_took
 }
 
 fn worth_background<D: BlockDevice, I: IndexStore>(
