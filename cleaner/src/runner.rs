@@ -1,7 +1,7 @@
 //! The cleaning thread: ties policies, triggers and slices to a live FTL.
 //!
 //! Each turn it (1) sets the writers' throttle from free space (free segments plus the
-//! dead ones a free record or checkpoint will free), (2) on a thread of its own, frees
+//! dead ones a free record frees at once, [`pace_space`]), (2) on a thread of its own, frees
 //! dead segments with free records as soon as any is freeable, and checkpoints when the
 //! FTL says one is due or, for dead segments no free record may free, when a batch
 //! waits, free space is short or the device went idle ([`reclaim_now`]), (3) cleans in the
@@ -16,8 +16,8 @@
 use crate::policy::Policy;
 use crate::slice::{Budget, Cleaner, CleanerStats, SliceEnd};
 use crate::trigger::{
-    background_interval, checkpoint_urgent, dead_batch, defrag_now, foreground_needed, reclaim_now,
-    write_pace, CheckpointInputs, Reclaim, DEFRAG_WINDOWS_PER_TURN,
+    background_interval, checkpoint_urgent, dead_batch, defrag_now, foreground_needed, pace_space,
+    reclaim_now, write_pace, CheckpointInputs, Reclaim, DEFRAG_WINDOWS_PER_TURN,
 };
 use ftl::{BlockDevice, Ftl, IndexStore};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -64,6 +64,18 @@ pub struct CleanerConfig {
     /// Idle this long with dead segments waiting: checkpoint, so they are freed and
     /// discarded on the backing (see [`crate::trigger::checkpoint_needed`]).
     pub idle_checkpoint: Duration,
+    /// The writers' pace counts free segments and the dead ones a free record returns at
+    /// once, not those waiting for a checkpoint ([`crate::trigger::pace_space`]). Under
+    /// zipf:0.99 (2 GiB, 100% full, 32 writers, 2 A/B pairs) the write p99.9 of the steady
+    /// passes went from 5.2-6.5 to 2.4-3.2 ms, for 3-7% fewer IOPS and a WAF 0.6% higher
+    /// (1.767 -> 1.778); uniform, one run: p99.9 2.1-2.2 ms, max 5.4 ms, WAF 2.897 against
+    /// 2.867-2.874. False counts every dead segment as space, as before.
+    #[serde(default = "yes")]
+    pub pace_on_freeable: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Default for CleanerConfig {
@@ -81,6 +93,7 @@ impl Default for CleanerConfig {
             max_write_pace: Duration::from_millis(1),
             max_background_utilization: 0.9,
             idle_checkpoint: Duration::from_secs(1),
+            pace_on_freeable: true,
         }
     }
 }
@@ -253,8 +266,9 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
         let dead = ftl.dead_segments();
         // What writers will have once the dead segments' checkpoint is durable.
         let avail = free + dead;
+        let freeable = if dead > 0 { ftl.freeable_segments() } else { 0 };
         let delay = write_pace(
-            avail,
+            pace_space(free, dead, freeable, cfg.pace_on_freeable),
             reserve,
             throttle_start,
             rate.blocks_per_s,
@@ -275,7 +289,7 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
             let now = CheckpointInputs {
                 free,
                 dead,
-                freeable: if dead > 0 { ftl.freeable_segments() } else { 0 },
+                freeable,
                 urgent: checkpoint_urgent(
                     reserve,
                     checkpoint_took,
