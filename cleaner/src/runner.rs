@@ -254,11 +254,10 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
         if checkpointer.as_ref().is_some_and(|h| h.is_finished()) {
             if let Some(h) = checkpointer.take() {
                 if let Some(took) = finish_checkpoint(h, stats, last_error) {
-                    checkpoint_took = if checkpoint_took.is_zero() {
-                        took
-                    } else {
-                        checkpoint_took.mul_f64(0.7) + took.mul_f64(0.3)
-                    };
+                    checkpoint_took = Duration::from_secs_f64(seeded(
+                        checkpoint_took.as_secs_f64(),
+                        took.as_secs_f64(),
+                    ));
                 }
             }
         }
@@ -455,17 +454,27 @@ impl CleanRate {
             let net = freed - (s.blocks_copied - self.copied) as f64;
             let sample = net / self.busy.as_secs_f64();
             if sample > 0.0 {
-                self.blocks_per_s = if self.blocks_per_s == 0.0 {
-                    sample
-                } else {
-                    0.7 * self.blocks_per_s + 0.3 * sample
-                };
+                self.blocks_per_s = seeded(self.blocks_per_s, sample);
             }
         }
         *self = CleanRate {
             blocks_per_s: self.blocks_per_s,
             ..CleanRate::new(s)
         };
+    }
+}
+
+/// The runner's exponential average: 30% of each new sample.
+fn smooth(prev: f64, sample: f64) -> f64 {
+    0.7 * prev + 0.3 * sample
+}
+
+/// [`smooth`], taking the first sample (while `prev` is still 0) as it is.
+fn seeded(prev: f64, sample: f64) -> f64 {
+    if prev == 0.0 {
+        sample
+    } else {
+        smooth(prev, sample)
     }
 }
 
@@ -494,7 +503,7 @@ impl AppendRate {
             return;
         }
         let sample = written.saturating_sub(self.at) as f64 / dt.as_secs_f64();
-        self.blocks_per_s = 0.7 * self.blocks_per_s + 0.3 * sample;
+        self.blocks_per_s = smooth(self.blocks_per_s, sample);
         self.since = Instant::now();
         self.at = written;
     }
