@@ -181,6 +181,11 @@ for name, t in ftl.items():
     print(f"{name:<11}{per:>28}{t['waf']:>7.3f}{b / 1000:>7.1f}K{t['ratio_to_bound']:>8.2f}{t['ratio_to_raw_randwrite']:>7.2f}"
           f"{w['p50_ms']:>7.2f}{w['p99_ms']:>7.2f}{w['p999_ms']:>8.2f}{w['max_ms']:>8.1f}")
 print("(IOPS: the median pass; latency: over all passes, the first included)")
+for name, t in res["tests"].items():
+    v = t.get("cleaner_per_victim")
+    if v:
+        print(f"{name:<11}cleaner, per victim: pick {v['pick_ms']:.2f} ms, read {v['read_ms']:.2f} ms, "
+              f"relocate {v['relocate_ms']:.2f} ms, waiting for the prefetch {v['waiting_ms']:.2f} ms")
 u = res["tests"].get("steady")
 if u:
     p9, mx = u["steady_p999_ms"], u["steady_max_ms"]

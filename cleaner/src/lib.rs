@@ -23,7 +23,7 @@ pub mod trigger;
 
 pub use policy::Policy;
 pub use runner::{spawn, spawn_with_gc_stream, CleanerConfig, CleanerHandle, RunnerStats};
-pub use slice::{Budget, Cleaner, CleanerStats, SliceEnd};
+pub use slice::{Budget, Cleaner, CleanerStats, SliceEnd, VictimTimes};
 
 /// Errors of the cleaner.
 #[derive(Debug, thiserror::Error)]

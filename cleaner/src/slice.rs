@@ -82,6 +82,34 @@ pub struct CleanerStats {
     pub prefetch_wait_ns: u64,
 }
 
+/// Where one victim's time went on average, in milliseconds ([`CleanerStats::per_victim`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct VictimTimes {
+    /// Picking it and walking its chunk summaries (on the prefetch thread, mostly).
+    pub pick_ms: f64,
+    /// Reading its live blocks.
+    pub read_ms: f64,
+    /// Relocating them (appends, sealed chunks handed to the GC writers).
+    pub relocate_ms: f64,
+    /// The cleaner waiting for the prefetch thread to hand it over.
+    pub waiting_ms: f64,
+}
+
+impl CleanerStats {
+    /// Averages of the time counters over the victims cleaned (zeros before the first):
+    /// the split `ftlblk bench` reports for each steady test, to see which step limits
+    /// cleaning (`docs/steady.md`).
+    pub fn per_victim(&self) -> VictimTimes {
+        let n = self.segments_cleaned.max(1) as f64 * 1e6;
+        VictimTimes {
+            pick_ms: self.pick_ns as f64 / n,
+            read_ms: self.read_ns as f64 / n,
+            relocate_ms: self.relocate_ns as f64 / n,
+            waiting_ms: self.prefetch_wait_ns as f64 / n,
+        }
+    }
+}
+
 struct Context {
     victim: u32,
     /// Live blocks ordered by window, then by LBA (relocation order: cleaning also
@@ -305,5 +333,28 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
             }
             self.stats.relocate_ns += t.elapsed().as_nanos() as u64;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_victim_times_average_over_the_victims_cleaned() {
+        assert_eq!(CleanerStats::default().per_victim(), VictimTimes::default());
+        let s = CleanerStats {
+            segments_cleaned: 4,
+            pick_ns: 12_000_000,
+            read_ns: 14_000_000,
+            relocate_ns: 8_000_000,
+            prefetch_wait_ns: 2_000_000,
+            ..Default::default()
+        };
+        let t = s.per_victim();
+        assert_eq!(
+            (t.pick_ms, t.read_ms, t.relocate_ms, t.waiting_ms),
+            (3.0, 3.5, 2.0, 0.5)
+        );
     }
 }

@@ -661,10 +661,17 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 seed: a.seed,
             };
             let (json, timeline) = steady::run(&spec, &run)?;
+            let v = &json["cleaner_per_victim"];
+            let ms = |k: &str| v[k].as_f64().unwrap_or(0.0);
             eprintln!(
-                "{t}: {:.0} IOPS (median of passes), WAF {:.3}",
+                "{t}: {:.0} IOPS (median of passes), WAF {:.3}; per victim: pick {:.2} ms, \
+                 read {:.2} ms, relocate {:.2} ms, cleaner waiting for the prefetch {:.2} ms",
                 json["iops"].as_f64().unwrap_or(0.0),
-                json["waf"].as_f64().unwrap_or(0.0)
+                json["waf"].as_f64().unwrap_or(0.0),
+                ms("pick_ms"),
+                ms("read_ms"),
+                ms("relocate_ms"),
+                ms("waiting_ms"),
             );
             results.insert(t.to_string(), json);
             timelines.push(timeline);

@@ -452,6 +452,7 @@ pub fn run(spec: &Spec, run: &Run) -> Result<(serde_json::Value, Timeline), CliE
             "write_latency": latency_json(&all_writes),
             "read_latency": if spec.read_pct > 0 { latency_json(&p.reads) } else { serde_json::Value::Null },
             "passes": passes,
+            "cleaner_per_victim": cleaner.as_ref().map(|c| c.cleaner.per_victim()),
             "cleaner": cleaner,
             "ftl": ftl_stats,
             "timeline": p.timeline,
