@@ -15,8 +15,10 @@
 //!
 //! A second prefetch thread (two victims prepared ahead, claimed victims excluded) was
 //! tried with free records in place, 3 alternating A/B pairs: median pass 42.5-50.3K
-//! against 48.2-50.5K IOPS and write p99.9 6.9-9.9 ms against 2.3-3.0 ms. The device, not
-//! the thread, limits the reads; more of them in flight delay the writers.
+//! against 48.2-50.5K IOPS and write p99.9 6.9-9.9 ms against 2.3-3.0 ms: more reads in
+//! flight delayed the writers. Not the disk's bandwidth: fio on the same disk reads 1.5-2x
+//! more beside the same writes (`docs/steady.md`, "Not the disk's bandwidth"); the shape of
+//! the cleaner's reads against its writes is what limits it.
 //!
 //! Only [`crate::slice::Cleaner`] uses them (`Cleaner::start_helpers`); both threads end
 //! when it is dropped.
