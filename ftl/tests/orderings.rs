@@ -800,3 +800,49 @@ fn a_checkpoint_cut_between_its_page_batches_recovers() {
         .iter()
         .any(|(k, _)| k == &ftl::index::Key::partial()));
 }
+
+/// Chunk writers' admission (`ftl/src/writers.rs`): while as many chunk batches are
+/// handed over and not written as the pool has threads, a writer waits before it appends
+/// (every writer shares the wait, not only the one whose block sealed the next chunk),
+/// and nothing it wrote is lost once the device takes the writes again.
+#[test]
+fn writers_wait_while_the_chunk_writers_are_behind() {
+    let (dev, _idx, f) = gated(Config::default());
+    let f = Arc::new(f);
+    let pool = Arc::new(ftl::ChunkWriters::spawn(&f, 1, "admission-test").expect("pool"));
+    dev.hold(GateOp::Write);
+    let done = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (f, pool, done) = (f.clone(), pool.clone(), done.clone());
+        std::thread::spawn(move || {
+            for l in 0..40u64 {
+                f.write_via(l, &block_for(l, l + 1), false, S0, &pool)
+                    .expect("write");
+                done.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+    };
+    // The first sealed chunk reaches the device and is held there: one batch behind.
+    assert!(
+        dev.wait_held(GateOp::Write, Duration::from_secs(20)),
+        "no chunk write reached the device"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        done.load(Ordering::SeqCst) < 40,
+        "the writer went on while the chunk writers were behind"
+    );
+    dev.release(GateOp::Write);
+    writer.join().expect("writer");
+    assert!(
+        pool.admit_wait_ns() >= 50_000_000,
+        "writers waited {} ns for the chunk writers",
+        pool.admit_wait_ns()
+    );
+    f.flush().expect("flush");
+    let mut buf = vec![0u8; ftl::device::BLOCK_SIZE];
+    for l in 0..40u64 {
+        f.read(l, &mut buf).expect("read");
+        assert_eq!(buf, block_for(l, l + 1), "block {l}");
+    }
+}

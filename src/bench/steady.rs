@@ -430,6 +430,7 @@ pub fn run(spec: &Spec, run: &Run) -> Result<(serde_json::Value, Timeline), CliE
             "segments_freed_by_records": fs.segments_freed_by_records,
             "throttled_ns": fs.throttled_ns,
             "space_wait_ns": fs.space_wait_ns,
+            "chunk_writer_admit_wait_ns": bg.writers.admit_wait_ns(),
             "padding_bytes": fs.counters.padding_bytes,
             "summary_blocks": fs.counters.summary_blocks,
         });

@@ -436,6 +436,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.check_poison()?;
         self.space.note_foreground();
         self.space.throttle(n);
+        if let Some(w) = writers {
+            w.admit();
+        }
         let mut pending = PendingChunks::default();
         let appended = self.append_loop(
             stream,
