@@ -18,14 +18,17 @@
 //! writing what they were given).
 
 use crate::append::PendingChunks;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// Batches handed over and not yet written, and the writers waiting for fewer.
+/// Batches handed over and not yet written, and the writers waiting for fewer. Every
+/// user write checks it ([`Backlog::admit`]): the count is an atomic read without a lock;
+/// the mutex only orders a waiter's check against the wake-up of [`Backlog::leave`].
 #[derive(Debug, Default)]
 pub(crate) struct Backlog {
-    queued: Mutex<usize>,
+    queued: AtomicUsize,
+    waiting: Mutex<()>,
     drained: Condvar,
     /// Nanoseconds writers spent in [`Backlog::admit`].
     waited_ns: AtomicU64,
@@ -34,41 +37,44 @@ pub(crate) struct Backlog {
 impl Backlog {
     /// A batch was handed over.
     pub(crate) fn enter(&self) {
-        *self.queued.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        self.queued.fetch_add(1, Ordering::SeqCst);
     }
 
     /// A batch was written (or given back): wakes every waiting writer.
     pub(crate) fn leave(&self) {
-        let mut q = self.queued.lock().unwrap_or_else(|p| p.into_inner());
-        *q = q.saturating_sub(1);
-        drop(q);
+        // Saturating: a leave never outnumbers the enters before it, but never wrap.
+        let _ = self
+            .queued
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |q| q.checked_sub(1));
+        // Taken and released so that a waiter between its check and its wait is not missed.
+        drop(self.waiting.lock().unwrap_or_else(|p| p.into_inner()));
         self.drained.notify_all();
     }
 
     /// Batches handed over and not yet written.
     #[cfg(test)]
     pub(crate) fn queued(&self) -> usize {
-        *self.queued.lock().unwrap_or_else(|p| p.into_inner())
+        self.queued.load(Ordering::SeqCst)
     }
 
     /// Returns once fewer than `limit` batches are queued, or after `patience` (a pool
     /// whose threads stopped never drains; the sender then finds it gone).
     pub(crate) fn admit(&self, limit: usize, patience: Duration) {
-        let start = Instant::now();
-        let mut q = self.queued.lock().unwrap_or_else(|p| p.into_inner());
-        if *q < limit {
+        if self.queued.load(Ordering::SeqCst) < limit {
             return;
         }
-        while *q >= limit {
+        let start = Instant::now();
+        let mut g = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        while self.queued.load(Ordering::SeqCst) >= limit {
             let Some(left) = patience.checked_sub(start.elapsed()) else {
                 break;
             };
-            q = match self.drained.wait_timeout(q, left) {
+            g = match self.drained.wait_timeout(g, left) {
                 Ok((g, _)) => g,
                 Err(p) => p.into_inner().0,
             };
         }
-        drop(q);
+        drop(g);
         self.waited_ns
             .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
