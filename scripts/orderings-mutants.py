@@ -112,18 +112,38 @@ MUTANTS = [
      "ftl/src/engine/checkpoint.rs",
      [("""        // Rule 3, then rules 7 and 4; on failure the pages stay dirty for the next
         // checkpoint.""",
-       """        segs.release(&dead);
+       """        segs.release(&dead, None);
         self.space.notify();""")],
      [SHUTTLE, POWER]),
     ("checkpoint-5", "checkpoint rule 5 (free rule 5): a dead segment's discard completes BEFORE it is free",
      "ftl/src/engine/checkpoint.rs",
      [("""        for &s in dead {
-            if self.cfg.discard_freed {""",
-       """        self.t.segs.release(dead);
+            if self.cfg.discard_freed && !deferred {""",
+       """        self.t.segs.release(dead, queued);
         self.space.notify();
         for &s in dead {
-            if self.cfg.discard_freed {""")],
-     [ORDERINGS, SHUTTLE, POWER]),
+            if self.cfg.discard_freed && !deferred {""")],
+     [ORDERINGS, POWER]),
+    ("discard-1", "discard rule 1: a segment is out of the free list while it is discarded",
+     "ftl/src/segments.rs",
+     [("""                if t.free.remove(&(key, s)) {""",
+       """                if t.free.contains(&(key, s)) {""")],
+     [ORDERINGS, POWER]),
+    ("discard-2", "discard rule 2: a segment allocated before its discard is not taken for it",
+     "ftl/src/segments.rs",
+     [("""            if let Some((_, key)) = t.pending.remove(&s) {
+                if t.free.remove(&(key, s)) {
+                    out.push((s, key));
+                }
+            }""",
+       """            if let Some((_, key)) = t.pending.remove(&s) {
+                t.free.remove(&(key, s));
+                out.push((s, key));
+            }"""),
+      ("""        if let Some((at, _)) = t.pending.remove(&seg) {
+            t.undiscarded.remove(&(at, seg));
+        }""", "")],
+     [ORDERINGS, POWER]),
     ("checkpoint-6", "checkpoint rule 6: free records are removed in the batch that supersedes them",
      "ftl/src/engine/checkpoint.rs",
      [("""        for &s in &superseded {

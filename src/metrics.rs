@@ -365,6 +365,11 @@ pub fn render(d: &StatsDocument) -> Result<String, std::fmt::Error> {
             "Dead segments waiting for a free record or checkpoint",
             s.dead_segments,
         ),
+        (
+            "undiscarded_segments",
+            "Free segments waiting for their discard on the backing",
+            s.undiscarded_segments,
+        ),
         ("segments", "Segments of the backing", s.segment_count),
         ("mapped_blocks", "Blocks that hold data", s.mapped_blocks),
         (

@@ -138,8 +138,9 @@ pub fn format_stats(d: &StatsDocument) -> String {
     row(
         "free segments",
         format!(
-            "{} of {} ({} dead, waiting for a free record or checkpoint)",
-            s.free_segments, s.segment_count, s.dead_segments
+            "{} of {} ({} dead, waiting for a free record or checkpoint; {} free not yet \
+             discarded on the backing)",
+            s.free_segments, s.segment_count, s.dead_segments, s.undiscarded_segments
         ),
     );
     row(

@@ -88,6 +88,7 @@ pub struct FtlFigures {
     pub segment_count: u64,
     pub free_segments: u64,
     pub dead_segments: u64,
+    pub undiscarded_segments: u64,
     pub waf: f64,
     pub checkpoints: u64,
     pub free_records: u64,

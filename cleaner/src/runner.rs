@@ -262,6 +262,9 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
             }
         }
         appended.update(ftl.counters().backing_blocks_written);
+        // Free segments nobody took within the discard delay go back to the backing
+        // (`ftl::Config::discard_delay`); those reused sooner are overwritten whole.
+        ftl.discard_waiting(false);
         let free = ftl.free_segments();
         let dead = ftl.dead_segments();
         // What writers will have once the dead segments' checkpoint is durable.

@@ -7,8 +7,13 @@ pub const MAX_DEFAULT_CHECKPOINT_BLOCKS: u64 = (1 << 30) / 4096;
 /// Tunables of an open FTL.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Discard (TRIM / punch hole) segments on the backing when they are freed.
+    /// Discard (TRIM / punch hole) freed segments on the backing.
     pub discard_freed: bool,
+    /// How long a freed segment stays free before it is discarded (`engine/discard.rs`:
+    /// the cleaner's runner and each checkpoint discard those that waited this long;
+    /// segments reused sooner are not discarded, they are overwritten whole). Zero:
+    /// discarded as they are freed.
+    pub discard_delay: std::time::Duration,
     /// Blocks appended since the last checkpoint after which one is due (0: a quarter of
     /// the exported capacity, at least 1024 and at most [`MAX_DEFAULT_CHECKPOINT_BLOCKS`]).
     /// It bounds the log recovery replays; dead segments no longer wait for checkpoints
@@ -46,6 +51,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             discard_freed: true,
+            discard_delay: std::time::Duration::from_secs(2),
             checkpoint_blocks: 0,
             gc_reserve_segments: 2,
             space_wait: std::time::Duration::from_secs(30),

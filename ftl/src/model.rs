@@ -394,14 +394,26 @@ impl Model {
 /// An FTL on the in-memory device and index.
 pub type MemFtl = Ftl<Arc<MemDevice>, Arc<MemIndex>>;
 
+/// The configuration the model's devices open with: the default, with freed segments
+/// discarded a nanosecond after they are freed (`Config::discard_delay`), so that each
+/// checkpoint discards what it freed right after it, outside its lock, while writers may
+/// be taking those segments (discard rules 1 and 2, `engine/discard.rs`). The default
+/// delay of 2 s would leave the deferred discards out of every short test.
+pub fn test_config() -> Config {
+    Config {
+        discard_delay: std::time::Duration::from_nanos(1),
+        ..Config::default()
+    }
+}
+
 /// Formats an in-memory device of `size` bytes and an in-memory index with `opts`, and
-/// opens the FTL on them. Panics on failure (a test's prologue).
+/// opens the FTL on them ([`test_config`]). Panics on failure (a test's prologue).
 pub fn mem_ftl(size: u64, opts: &FormatOptions) -> (Arc<MemDevice>, Arc<MemIndex>, MemFtl) {
     let dev = Arc::new(MemDevice::new(size));
     let idx = Arc::new(MemIndex::new());
     crate::format(&dev, &idx, opts, false).expect("format the memory device");
     let (f, _) =
-        Ftl::open(dev.clone(), idx.clone(), Config::default()).expect("open the memory device");
+        Ftl::open(dev.clone(), idx.clone(), test_config()).expect("open the memory device");
     (dev, idx, f)
 }
 
@@ -470,7 +482,7 @@ pub fn rebuild_agrees<I: IndexStore>(
     let report =
         crate::rebuild(&copy, &idx, 64, &mut |_, _| {}).map_err(|e| format!("rebuild: {e}"))?;
     checker(&copy, &idx).map_err(|e| format!("after rebuild ({report:?}): {e}"))?;
-    let (g, _) = Ftl::open(copy.clone(), idx.clone(), Config::default())
+    let (g, _) = Ftl::open(copy.clone(), idx.clone(), test_config())
         .map_err(|e| format!("open after rebuild: {e}"))?;
     let (mut a, mut b) = (vec![0u8; BLOCK_SIZE], vec![0u8; BLOCK_SIZE]);
     for lba in 0..f.capacity_blocks() {
@@ -494,11 +506,12 @@ pub mod tiny {
     //! KiB flash pages, on the crash-simulating device with the in-memory index. Chunks,
     //! segment changes and padding all happen within a few hundred writes.
 
+    use super::test_config;
     use crate::device::crash::CrashDevice;
     use crate::device::BLOCK_SIZE;
     use crate::index::mem::MemIndex;
     use crate::staging::StagingArea;
-    use crate::{Config, FormatOptions, Ftl, OpenReport};
+    use crate::{FormatOptions, Ftl, OpenReport};
     use std::sync::Arc;
 
     /// The FTL on the crash-simulating device and the in-memory index.
@@ -547,7 +560,7 @@ pub mod tiny {
         dev: &Arc<CrashDevice>,
         idx: &Arc<MemIndex>,
     ) -> crate::Result<(CrashFtl, OpenReport)> {
-        Ftl::open(dev.clone(), idx.clone(), Config::default())
+        Ftl::open(dev.clone(), idx.clone(), test_config())
     }
 
     /// Reopens after the death of the process, with the staging area it left.
@@ -556,7 +569,7 @@ pub mod tiny {
         idx: &Arc<MemIndex>,
         staging: Arc<StagingArea>,
     ) -> crate::Result<(CrashFtl, OpenReport)> {
-        Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), staging)
+        Ftl::open_staged(dev.clone(), idx.clone(), test_config(), staging)
     }
 
     /// The crash tests' prologue: a formatted tiny device and index and the FTL open on
@@ -606,7 +619,7 @@ pub mod ops {
     pub fn config() -> crate::Config {
         crate::Config {
             map_cache_bytes: crate::map::PAGE_RAM_BYTES,
-            ..crate::Config::default()
+            ..super::test_config()
         }
     }
 

@@ -1,7 +1,8 @@
 //! The segment table: state, owner stream, live-block counts, free list.
 //!
 //! Invariants:
-//! - a segment is in the free list iff its state is `Free`;
+//! - a segment is in the free list iff its state is `Free`, except while the discarder
+//!   holds it ([`Segments::take_for_discard`] to [`Segments::discarded`]);
 //! - `valid[s]` equals the number of map entries pointing into segment `s` whenever no
 //!   append is in progress (appends update map and counts under the same stripe lock);
 //! - `unwritten[s] > 0` while some chunk of `s` is only in memory; readers then look in
@@ -18,8 +19,9 @@
 use crate::records::{SegState, SegmentRecord};
 use crate::stream::TRIM_STREAM;
 use crate::sync::{AtomicU32, AtomicU8, Mutex, MutexGuard};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 /// Per-segment metadata kept under the table lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +45,10 @@ pub struct SegTableInner {
     /// Segments of the TRIM stream whose records were carried forward
     /// (`engine/tombstones.rs`); cleared when the segment is freed.
     pub carried: Vec<bool>,
+    /// Free segments not discarded yet (deferred discard, `engine/discard.rs`): when each
+    /// was freed, and its key in `free`; `undiscarded` orders them oldest first.
+    pub undiscarded: BTreeSet<(Instant, u32)>,
+    pub pending: HashMap<u32, (Instant, u32)>,
 }
 
 /// The segment table. Its counters change only through the methods below, each named
@@ -130,6 +136,8 @@ impl Segments {
                 free,
                 wear_aware: true,
                 released: 0,
+                undiscarded: BTreeSet::new(),
+                pending: HashMap::new(),
             }),
             valid: records.iter().map(|r| AtomicU32::new(r.valid)).collect(),
             unwritten: (0..n).map(|_| AtomicU32::new(0)).collect(),
@@ -223,6 +231,11 @@ impl Segments {
         } else {
             t.free.pop_first()?
         };
+        // Discard rule 2: a segment taken before its discard is never discarded (it is
+        // written whole before anything reads it, so the discard had nothing to spare).
+        if let Some((at, _)) = t.pending.remove(&seg) {
+            t.undiscarded.remove(&(at, seg));
+        }
         let i = &mut t.info[seg as usize];
         i.state = SegState::Open;
         i.stream = stream;
@@ -237,8 +250,10 @@ impl Segments {
         t.info[seg as usize].state = SegState::Closed;
     }
 
-    /// Returns dead segments to the free list (after their death is durable).
-    pub fn release(&self, segs: &[u32]) {
+    /// Returns dead segments to the free list (after their death is durable); with
+    /// `undiscarded`, they wait there for a discard from that instant on
+    /// ([`Segments::take_for_discard`]).
+    pub fn release(&self, segs: &[u32], undiscarded: Option<Instant>) {
         let mut t = self.lock();
         for &s in segs {
             let i = &mut t.info[s as usize];
@@ -250,8 +265,49 @@ impl Segments {
                 let key = if t.wear_aware { e } else { t.released };
                 t.free.insert((key, s));
                 t.carried[s as usize] = false;
+                if let Some(at) = undiscarded {
+                    t.undiscarded.insert((at, s));
+                    t.pending.insert(s, (at, key));
+                }
             }
         }
+    }
+
+    /// Discard rule 1: takes out of the free list up to `max` free segments waiting for
+    /// a discard since `cutoff` or before (all with `None`), oldest first, so that no
+    /// allocation can hand one out while it is discarded. Returns them with their keys,
+    /// for [`Segments::discarded`].
+    pub fn take_for_discard(&self, cutoff: Option<Instant>, max: usize) -> Vec<(u32, u32)> {
+        let mut t = self.lock();
+        let mut out = Vec::new();
+        while out.len() < max {
+            let Some(&(at, s)) = t.undiscarded.first() else {
+                break;
+            };
+            if cutoff.is_some_and(|c| at > c) {
+                break;
+            }
+            t.undiscarded.remove(&(at, s));
+            if let Some((_, key)) = t.pending.remove(&s) {
+                if t.free.remove(&(key, s)) {
+                    out.push((s, key));
+                }
+            }
+        }
+        out
+    }
+
+    /// Puts segments [`Segments::take_for_discard`] took back on the free list.
+    pub fn discarded(&self, taken: &[(u32, u32)]) {
+        let mut t = self.lock();
+        for &(s, key) in taken {
+            t.free.insert((key, s));
+        }
+    }
+
+    /// Free segments waiting for a discard.
+    pub fn undiscarded_count(&self) -> usize {
+        self.lock().undiscarded.len()
     }
 
     /// Sets every live count to zero (recovery recounts them from the map).
@@ -383,10 +439,15 @@ impl Segments {
         }
         t.wear_aware = on;
         let free: Vec<u32> = t.free.iter().map(|&(_, s)| s).collect();
-        t.free = free
-            .into_iter()
-            .map(|s| (if on { t.info[s as usize].erase_count } else { 0 }, s))
-            .collect();
+        let key = |t: &SegTableInner, s: u32| if on { t.info[s as usize].erase_count } else { 0 };
+        t.free = free.into_iter().map(|s| (key(&t, s), s)).collect();
+        let pending: Vec<u32> = t.pending.keys().copied().collect();
+        for s in pending {
+            let k = key(&t, s);
+            if let Some(p) = t.pending.get_mut(&s) {
+                p.1 = k;
+            }
+        }
     }
 
     /// The wear of every segment but 0.
@@ -437,11 +498,41 @@ mod tests {
         assert_eq!(t.allocate(7, 0, 0, true), Some(3), "erase count 9");
         assert_eq!(t.allocate(1, 0, 0, false), Some(4), "erase count 3");
         t.close(2);
-        t.release(&[2]);
+        t.release(&[2], None);
         assert_eq!(t.allocate(1, 0, 0, false), Some(2), "erase count 2 now, below 5");
     }
 
     use super::*;
+
+    #[test]
+    fn segments_waiting_for_a_discard_are_out_of_reach_while_discarded() {
+        let t = Segments::from_records(&Segments::fresh_records(5));
+        let now = Instant::now();
+        let later = now + std::time::Duration::from_secs(5);
+        for s in [1, 2, 3] {
+            assert_eq!(t.allocate(0, 1, 0, false), Some(s));
+            t.close(s);
+        }
+        t.release(&[1], Some(now));
+        t.release(&[2, 3], Some(later));
+        assert_eq!((t.free_count(), t.undiscarded_count()), (4, 3));
+        // Only those waiting since the cutoff or before, oldest first.
+        let taken = t.take_for_discard(Some(now), 8);
+        assert_eq!(taken.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1]);
+        // Rule 1: while it is discarded, allocation cannot hand it out.
+        assert_eq!(t.free_count(), 3);
+        let mut got = vec![];
+        while let Some(s) = t.allocate(0, 2, 0, false) {
+            got.push(s);
+        }
+        assert!(!got.contains(&1), "allocated {got:?} during the discard of 1");
+        // Rule 2: 2 and 3 were allocated before their discard: never discarded.
+        assert_eq!(t.undiscarded_count(), 0);
+        assert!(t.take_for_discard(None, 8).is_empty());
+        t.discarded(&taken);
+        assert_eq!(t.allocate(0, 3, 0, false), Some(1));
+        assert_eq!(t.state(1), Some(SegState::Open));
+    }
 
     #[test]
     fn allocate_close_release() {
@@ -458,7 +549,7 @@ mod tests {
         let recs = t.records(&[1]);
         assert_eq!(recs[1].state, SegState::Free);
         assert_eq!(recs[0].state, SegState::Closed);
-        t.release(&[1]);
+        t.release(&[1], None);
         assert_eq!(t.free_count(), 3);
         assert_eq!(t.snapshot()[1].erase_count, 1);
         t.note_append(2, None);

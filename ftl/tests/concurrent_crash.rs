@@ -110,13 +110,20 @@ impl Plan {
 /// to 32 KiB.
 /// The engine's configuration for `seed`: every other pair of seeds keeps the map cache
 /// at its least (two pages of a map of 4-6), so writers, relocations, checkpoints and
-/// recovery miss and evict map pages all the time.
+/// recovery miss and evict map pages all the time. Odd seeds discard freed segments as
+/// they are freed (checkpoint rule 5); even seeds a nanosecond later, from the runner and
+/// after each checkpoint, while writers may be taking them (discard rules 1 and 2).
 fn config(seed: u64) -> Config {
     Config {
         map_cache_bytes: if (seed / 3) % 2 == 1 {
             0
         } else {
             Config::default().map_cache_bytes
+        },
+        discard_delay: if seed % 2 == 1 {
+            Duration::ZERO
+        } else {
+            Duration::from_nanos(1)
         },
         ..Config::default()
     }

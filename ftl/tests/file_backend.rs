@@ -125,6 +125,11 @@ fn freed_segments_shrink_the_backing_file() {
     }
     f.flush().unwrap();
     f.checkpoint().unwrap();
+    // Freed segments wait for the discard delay (`Config::discard_delay`); the cleaner's
+    // runner discards them then, `discard_waiting(true)` at once.
+    assert!(f.undiscarded_segments() >= 30);
+    assert!(f.discard_waiting(true) >= 30);
+    assert_eq!(f.undiscarded_segments(), 0);
     let allocated = std::fs::metadata(&backing).unwrap().blocks() * 512;
     assert!(
         allocated < 8 << 20,

@@ -34,20 +34,9 @@ fn gated_sized(
     (dev, idx, f)
 }
 
-/// Checkpoint rule 5: a segment freed by a checkpoint is discarded BEFORE it can be
-/// allocated. A writer woken by the freed space must never write into a segment whose
-/// discard is still in flight (the discard would zero what the writer acknowledged).
-#[test]
-fn a_freed_segment_is_not_allocatable_until_its_discard_completed() {
-    // No reserve: user writes may take every free segment, so a writer reaches the
-    // freed one as soon as the others are used.
-    let cfg = Config {
-        gc_reserve_segments: 0,
-        ..Config::default()
-    };
-    let (dev, idx, f) = gated(cfg.clone());
-    let f = Arc::new(f);
-    // Fill the log until three segments are free, then kill the first segment's blocks.
+/// Fills the log of `f` (no reserve) until three segments are free, then kills the first
+/// segment's blocks, so that the next checkpoint frees it. Returns the tags written.
+fn kill_the_first_segment(f: &GateFtl) -> HashMap<u64, u64> {
     let mut tags: HashMap<u64, u64> = HashMap::new();
     let mut tag = 1u64;
     let cap = f.capacity_blocks();
@@ -66,15 +55,39 @@ fn a_freed_segment_is_not_allocatable_until_its_discard_completed() {
     }
     f.flush().unwrap();
     assert!(f.dead_segments() >= 1, "the first segment is dead");
+    tags
+}
 
+/// Reads every tag of `tags` back from `f`.
+fn check_tags(f: &GateFtl, tags: &HashMap<u64, u64>, when: &str) {
+    let mut b = vec![0u8; 4096];
+    for (&l, &t) in tags {
+        f.read(l, &mut b)
+            .unwrap_or_else(|e| panic!("{when}: read {l}: {e}"));
+        assert_eq!(observe(l, &b), Observed::Tag(t), "{when}: lba {l}");
+    }
+}
+
+/// Holds discards, lets `discard` (a thread) run into the discard of the freed segment,
+/// and meanwhile has a writer acknowledge FUA writes for 1.5 s: none may land in the
+/// segment being discarded (the discard would zero it). Then every acknowledged write
+/// reads back, live and after a power cut.
+fn writers_stay_out_of_a_held_discard(
+    dev: Arc<GateDevice<Arc<CrashDevice>>>,
+    idx: Arc<MemIndex>,
+    f: Arc<GateFtl>,
+    cfg: Config,
+    mut tags: HashMap<u64, u64>,
+    discard: impl FnOnce(Arc<GateFtl>) -> Result<(), Error> + Send + 'static,
+) {
     dev.hold(GateOp::Discard);
     let ck = {
         let f = f.clone();
-        std::thread::spawn(move || f.checkpoint().map(|_| ()))
+        std::thread::spawn(move || discard(f))
     };
     assert!(
         dev.wait_held(GateOp::Discard, Duration::from_secs(10)),
-        "the checkpoint reaches the discard of the freed segment"
+        "the discard of the freed segment is reached"
     );
     // A writer acknowledging FUA writes; it stops at the first error or after 64 writes.
     let acked = Arc::new(std::sync::Mutex::new(Vec::<(u64, u64)>::new()));
@@ -114,21 +127,106 @@ fn a_freed_segment_is_not_allocatable_until_its_discard_completed() {
     for (l, t) in acked.lock().unwrap().iter() {
         tags.insert(*l, *t);
     }
-    let check = |f: &GateFtl, when: &str| {
-        let mut b = vec![0u8; 4096];
-        for (&l, &t) in &tags {
-            f.read(l, &mut b)
-                .unwrap_or_else(|e| panic!("{when}: read {l}: {e}"));
-            assert_eq!(observe(l, &b), Observed::Tag(t), "{when}: lba {l}");
-        }
-    };
-    check(&f, "live");
+    check_tags(&f, &tags, "live");
     // Every acknowledged write was FUA or flushed: a power cut keeps them all.
     let f = Arc::into_inner(f).expect("threads joined");
     drop(f);
     dev.inner().crash(7).unwrap();
     let (f, _) = Ftl::open(dev.clone(), idx.clone(), cfg).unwrap();
-    check(&f, "after a power cut");
+    check_tags(&f, &tags, "after a power cut");
+}
+
+/// Checkpoint rule 5 (discards as segments are freed, `discard_delay` zero): a segment
+/// freed by a checkpoint is discarded BEFORE it can be allocated. A writer woken by the
+/// freed space must never write into a segment whose discard is still in flight (the
+/// discard would zero what the writer acknowledged).
+#[test]
+fn a_freed_segment_is_not_allocatable_until_its_discard_completed() {
+    // No reserve: user writes may take every free segment, so a writer reaches the
+    // freed one as soon as the others are used.
+    let cfg = Config {
+        gc_reserve_segments: 0,
+        discard_delay: Duration::ZERO,
+        ..Config::default()
+    };
+    let (dev, idx, f) = gated(cfg.clone());
+    let tags = kill_the_first_segment(&f);
+    writers_stay_out_of_a_held_discard(dev, idx, Arc::new(f), cfg, tags, |f| {
+        f.checkpoint().map(|_| ())
+    });
+}
+
+/// Discard rule 1 (deferred discards, `engine/discard.rs`): a free segment being
+/// discarded is out of the free list until its discard completed, so no writer is handed
+/// it meanwhile.
+#[test]
+fn a_segment_being_discarded_later_is_not_allocatable_meanwhile() {
+    let cfg = Config {
+        gc_reserve_segments: 0,
+        discard_delay: Duration::from_secs(3600),
+        ..Config::default()
+    };
+    let (dev, idx, f) = gated(cfg.clone());
+    let tags = kill_the_first_segment(&f);
+    f.checkpoint().unwrap();
+    // Freed, not discarded: it waits for the delay.
+    assert!(f.undiscarded_segments() >= 1);
+    assert_eq!(dev.inner().discarded_bytes(), 0);
+    assert_eq!(f.discard_waiting(false), 0, "nothing waited an hour");
+    writers_stay_out_of_a_held_discard(dev, idx, Arc::new(f), cfg, tags, |f| {
+        assert!(f.discard_waiting(true) >= 1);
+        Ok(())
+    });
+}
+
+/// Discard rule 1, the other side: a free segment a writer took before its deferred
+/// discard is never discarded afterwards (the discard would wipe what the writer wrote).
+#[test]
+fn a_segment_reused_before_its_discard_keeps_its_data() {
+    let cfg = Config {
+        gc_reserve_segments: 0,
+        discard_delay: Duration::from_secs(3600),
+        ..Config::default()
+    };
+    let (dev, _idx, f) = gated(cfg);
+    let mut tags = kill_the_first_segment(&f);
+    f.checkpoint().unwrap();
+    let waiting: Vec<u32> = f
+        .segment_snapshot()
+        .iter()
+        .filter(|s| s.state == "free")
+        .map(|s| s.segment)
+        .collect();
+    assert!(f.undiscarded_segments() >= 1);
+    // Write until every segment free after the checkpoint (the freed one among them) is
+    // taken.
+    let still_free = |f: &GateFtl| {
+        f.segment_snapshot()
+            .iter()
+            .any(|s| waiting.contains(&s.segment) && s.state == "free")
+    };
+    let mut i = 0u64;
+    while still_free(&f) {
+        let lba = 100 + i % 40;
+        f.write(lba, &block_for(lba, 2_000_000 + i), true, StreamId(2))
+            .unwrap_or_else(|e| panic!("write {i}: {e}"));
+        tags.insert(lba, 2_000_000 + i);
+        i += 1;
+        assert!(i < 100_000, "the freed segments were never taken");
+    }
+    let open: Vec<u32> = f
+        .segment_snapshot()
+        .iter()
+        .filter(|s| waiting.contains(&s.segment) && s.state != "free")
+        .map(|s| s.segment)
+        .collect();
+    assert!(
+        !open.is_empty(),
+        "a segment waiting for its discard was reused"
+    );
+    assert_eq!(f.discard_waiting(true), 0, "a reused segment was discarded");
+    assert_eq!(dev.inner().discarded_bytes(), 0);
+    check_tags(&f, &tags, "after the discards");
 }
 
 /// Engine rule 3: a FLUSH returns only once every write it covers is durable, also when

@@ -180,6 +180,13 @@ pub struct CheckpointReport {
 impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Writes a checkpoint now.
     pub fn checkpoint(&self) -> Result<CheckpointReport> {
+        let r = self.checkpoint_locked()?;
+        // Outside the checkpoint lock: free segments that waited long enough.
+        self.discard_waiting(false);
+        Ok(r)
+    }
+
+    fn checkpoint_locked(&self) -> Result<CheckpointReport> {
         // Tombstone rule 1: carried segments of the TRIM stream are freeable.
         self.carry_tombstones()?;
         let ck = &self.ckpt;
@@ -298,14 +305,17 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         })
     }
 
-    /// Rule 5 (and free rule 5): each dead segment is discarded BEFORE it goes back on the
-    /// free list and writers are woken. Called with the checkpoint lock held (it keeps
-    /// any checkpoint or free record from recording the segment meanwhile).
+    /// Rule 5 (and free rule 5): each dead segment is discarded (with no discard delay;
+    /// else queued for `engine/discard.rs`) BEFORE it goes back on the free list and
+    /// writers are woken. Called with the checkpoint lock held (it keeps any checkpoint
+    /// or free record from recording the segment meanwhile).
     pub(super) fn discard_and_release(&self, dead: &[u32]) {
         let geo = &self.t.geo;
         let zero = crate::device::AlignedBuf::new(BLOCK_SIZE);
+        let deferred = self.cfg.discard_freed && !self.cfg.discard_delay.is_zero();
+        let queued = deferred.then(std::time::Instant::now);
         for &s in dead {
-            if self.cfg.discard_freed {
+            if self.cfg.discard_freed && !deferred {
                 let bytes = geo.segment_bytes;
                 let off = geo.segment_start(s) * BLOCK_SIZE as u64;
                 // Discard is advisory: a failure loses nothing, so it is counted, not fatal.
@@ -320,7 +330,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 ));
                 continue;
             }
-            self.t.segs.release(&[s]);
+            self.t.segs.release(&[s], queued);
             self.space.notify();
         }
     }

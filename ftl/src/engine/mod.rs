@@ -54,6 +54,7 @@ use checkpoint::Checkpointer;
 use std::sync::Arc;
 
 pub(crate) mod checkpoint;
+mod discard;
 pub(crate) mod defrag;
 mod flush;
 pub(crate) mod free;
@@ -504,13 +505,15 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.relieve_map()
     }
 
-    /// Flushes and checkpoints, then removes the staging file (if the area has one):
+    /// Flushes, checkpoints and discards the freed segments still waiting for their discard
+    /// (`engine/discard.rs`), then removes the staging file (if the area has one):
     /// everything it held is in the log and checkpointed. Call before dropping for a
     /// clean shutdown; dropping without it is a crash, from which `open` recovers. On
     /// failure the staging file stays, and the next open replays it.
     pub fn close(&self) -> Result<()> {
         self.flush()?;
         self.checkpoint()?;
+        self.discard_waiting(true);
         self.log.staging().remove_file()
     }
 }

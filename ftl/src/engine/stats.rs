@@ -16,6 +16,8 @@ pub struct Stats {
     pub segment_count: u32,
     pub free_segments: usize,
     pub dead_segments: usize,
+    /// Free segments waiting for their discard on the backing (`Config::discard_delay`).
+    pub undiscarded_segments: usize,
     pub mapped_blocks: u64,
     pub epoch: u64,
     pub checkpoints: u64,
@@ -67,6 +69,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             segment_count: t.geo.segment_count,
             free_segments: t.segs.free_count(),
             dead_segments: t.segs.dead_closed().len(),
+            undiscarded_segments: t.segs.undiscarded_count(),
             mapped_blocks: t.mapped.load(Ordering::Relaxed),
             epoch: self.epoch,
             checkpoints: self.ckpt.count(),
