@@ -156,16 +156,22 @@ fn a_freed_segment_is_not_allocatable_until_its_discard_completed() {
     });
 }
 
+/// No reserve (user writes may take every free segment) and discards deferred by an hour
+/// (only `discard_waiting(true)` discards).
+fn deferred_discards() -> Config {
+    Config {
+        gc_reserve_segments: 0,
+        discard_delay: Duration::from_secs(3600),
+        ..Config::default()
+    }
+}
+
 /// Discard rule 1 (deferred discards, `engine/discard.rs`): a free segment being
 /// discarded is out of the free list until its discard completed, so no writer is handed
 /// it meanwhile.
 #[test]
 fn a_segment_being_discarded_later_is_not_allocatable_meanwhile() {
-    let cfg = Config {
-        gc_reserve_segments: 0,
-        discard_delay: Duration::from_secs(3600),
-        ..Config::default()
-    };
+    let cfg = deferred_discards();
     let (dev, idx, f) = gated(cfg.clone());
     let tags = kill_the_first_segment(&f);
     f.checkpoint().unwrap();
@@ -179,15 +185,11 @@ fn a_segment_being_discarded_later_is_not_allocatable_meanwhile() {
     });
 }
 
-/// Discard rule 1, the other side: a free segment a writer took before its deferred
+/// Discard rule 2: a free segment a writer took before its deferred
 /// discard is never discarded afterwards (the discard would wipe what the writer wrote).
 #[test]
 fn a_segment_reused_before_its_discard_keeps_its_data() {
-    let cfg = Config {
-        gc_reserve_segments: 0,
-        discard_delay: Duration::from_secs(3600),
-        ..Config::default()
-    };
+    let cfg = deferred_discards();
     let (dev, _idx, f) = gated(cfg);
     let mut tags = kill_the_first_segment(&f);
     f.checkpoint().unwrap();
