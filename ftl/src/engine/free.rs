@@ -31,8 +31,9 @@
 //!    `a_free_record_is_committed_only_after_the_log_sync`;
 //! 4. the record is committed durably BEFORE the segment is discarded or allocated (as
 //!    checkpoint rule 4);
-//! 5. the discard completes BEFORE the segment returns to the free list (checkpoint
-//!    rule 5, the same code);
+//! 5. with no discard delay, the discard completes BEFORE the segment returns to the
+//!    free list (checkpoint rule 5, the same code); with one (the default), the segment
+//!    is discarded later, if it stays free, under the rules of `engine/discard.rs`;
 //! 6. recovery frees the recorded segments BEFORE it looks for chunk heads, and fails
 //!    when the log it replays stops short of a record's `N` (checkpoint rule 6 removes
 //!    the records with the table that supersedes them). Test:
@@ -59,7 +60,8 @@ pub struct FreeReport {
 impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Frees the dead segments the last checkpoint recorded closed, without a
     /// checkpoint: seals the open chunks that killed their blocks, syncs the log, commits
-    /// a free record per segment, discards and releases them (rules 1 to 5).
+    /// a free record per segment, releases them (rules 1 to 5; discarded then or later,
+    /// `Config::discard_delay`).
     pub fn free_dead(&self) -> Result<FreeReport> {
         // Tombstone rule 1, as for a checkpoint.
         self.carry_tombstones()?;
