@@ -112,9 +112,42 @@ pub fn parse_size(s: &str) -> Result<u64, CliError> {
         .ok_or_else(|| CliError::BadArgs(format!("size {s:?} overflows")))
 }
 
+/// Longest discard delay accepted (`add --discard-delay`): a day.
+pub const MAX_DISCARD_DELAY_S: f64 = 86_400.0;
+
+/// A number of seconds for `--discard-delay` ("2", "0.5", "0"), at most a day.
+pub fn parse_seconds(s: &str) -> Result<f64, CliError> {
+    let v: f64 = s.trim().parse().map_err(|_| {
+        CliError::BadArgs(format!("{s:?} is not a number of seconds (e.g. 2, 0.5)"))
+    })?;
+    check_seconds(v)
+}
+
+/// `v` if it is a number of seconds from 0 to [`MAX_DISCARD_DELAY_S`].
+pub fn check_seconds(v: f64) -> Result<f64, CliError> {
+    if (0.0..=MAX_DISCARD_DELAY_S).contains(&v) {
+        Ok(v)
+    } else {
+        Err(CliError::BadArgs(format!(
+            "discard delay {v} s must be between 0 and {MAX_DISCARD_DELAY_S} s"
+        )))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seconds() {
+        assert_eq!(parse_seconds("2").ok(), Some(2.0));
+        assert_eq!(parse_seconds(" 0.5 ").ok(), Some(0.5));
+        assert_eq!(parse_seconds("0").ok(), Some(0.0));
+        assert!(parse_seconds("-1").is_err());
+        assert!(parse_seconds("2s").is_err());
+        assert!(parse_seconds("NaN").is_err());
+        assert!(parse_seconds("1e9").is_err());
+    }
 
     #[test]
     fn sizes() {

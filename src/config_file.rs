@@ -15,6 +15,7 @@
 //! cleaner = true
 //! id = 7                               # /dev/ublkb7
 //! metrics_listen = "127.0.0.1:9400"
+//! discard_delay = 2                    # seconds a freed segment waits for its discard
 //! ```
 //!
 //! Used by [`crate::device_cmd::add`]; owns nothing else.
@@ -25,7 +26,7 @@ use serde::{Deserialize, Deserializer};
 use std::path::{Path, PathBuf};
 
 /// What a configuration file says.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceFile {
     pub backing: PathBuf,
@@ -41,6 +42,23 @@ pub struct DeviceFile {
     pub cleaner: Option<bool>,
     pub id: Option<u32>,
     pub metrics_listen: Option<String>,
+    /// Seconds (an integer or a decimal number).
+    #[serde(default, deserialize_with = "seconds")]
+    pub discard_delay: Option<f64>,
+}
+
+/// Seconds: 2 or 0.5.
+fn seconds<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Seconds {
+        Whole(u64),
+        Decimal(f64),
+    }
+    Ok(Some(match Seconds::deserialize(d)? {
+        Seconds::Whole(n) => n as f64,
+        Seconds::Decimal(v) => v,
+    }))
 }
 
 /// A size: "8G" (the CLI's suffixes) or a number of bytes.
@@ -105,6 +123,7 @@ mod tests {
             cleaner = false
             id = 7
             metrics_listen = "127.0.0.1:9400"
+            discard_delay = 5
         "#)
         .unwrap();
         assert_eq!(
@@ -120,8 +139,11 @@ mod tests {
                 cleaner: Some(false),
                 id: Some(7),
                 metrics_listen: Some("127.0.0.1:9400".into()),
+                discard_delay: Some(5.0),
             }
         );
+        let half = p("backing = \"db.img\"\ndiscard_delay = 0.5").unwrap();
+        assert_eq!(half.discard_delay, Some(0.5));
         let min = p(r#"backing = "db.img""#).unwrap();
         assert_eq!(min.backing, PathBuf::from("/etc/ftlblk/db.img"));
         assert_eq!(min.size, None);

@@ -72,6 +72,8 @@ pub struct DaemonConfig {
     pub cleaner: bool,
     /// Bytes of RAM the map's page cache may hold.
     pub map_cache_bytes: u64,
+    /// How long a freed segment waits for its discard (`ftl::Config::discard_delay`).
+    pub discard_delay: std::time::Duration,
     pub mode: Mode,
     /// The log file stdout/stderr go to (background daemons).
     pub log: Option<PathBuf>,
@@ -95,6 +97,7 @@ fn open_ftl(cfg: &DaemonConfig) -> Result<FileFtl, CliError> {
         let staging = StagingPlace::Dir(runfiles::run_dir());
         let ftl_cfg = Config {
             map_cache_bytes: cfg.map_cache_bytes,
+            discard_delay: cfg.discard_delay,
             ..Config::default()
         };
         open_backing_staged(&cfg.backing, &cfg.index, ftl_cfg, &staging).map(|(f, report)| {
@@ -280,6 +283,7 @@ fn serve(
         recoveries,
         map_cache_bytes: cfg.map_cache_bytes,
         metrics_listen: cfg.metrics_listen.clone(),
+        discard_delay_ms: Some(cfg.discard_delay.as_millis() as u64),
     };
     let backing_fd = ftl.device().raw_fd().ok_or(CliError::NoBackingFd)?;
 

@@ -86,6 +86,10 @@ pub struct DeviceRecord {
     /// Where the daemon serves its metrics (`add --metrics-listen`; `recover` keeps it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_listen: Option<String>,
+    /// Milliseconds a freed segment waits for its discard (`add --discard-delay`; absent
+    /// in records of older daemons: the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discard_delay_ms: Option<u64>,
 }
 
 /// Writes `N.json` atomically.
@@ -186,6 +190,7 @@ mod tests {
             recoveries: 0,
             map_cache_bytes: 64 << 20,
             metrics_listen: Some("127.0.0.1:9400".into()),
+            discard_delay_ms: Some(2000),
         };
         write_record(&rec).unwrap();
         assert_eq!(read_record(7).unwrap(), Some(rec.clone()));

@@ -332,6 +332,7 @@ mod tests {
             recoveries: 1,
             map_cache_bytes: 0,
             metrics_listen: None,
+            discard_delay_ms: None,
         }
     }
 
