@@ -118,11 +118,11 @@ MUTANTS = [
     ("checkpoint-5", "checkpoint rule 5 (free rule 5): a dead segment's discard completes BEFORE it is free",
      "ftl/src/engine/checkpoint.rs",
      [("""        for &s in dead {
-            if self.cfg.discard_freed && !deferred {""",
+            if self.cfg.discard_freed && at_once {""",
        """        self.t.segs.release(dead, queued);
         self.space.notify();
         for &s in dead {
-            if self.cfg.discard_freed && !deferred {""")],
+            if self.cfg.discard_freed && at_once {""")],
      [ORDERINGS, POWER]),
     ("discard-1", "discard rule 1: a segment is out of the free list while it is discarded",
      "ftl/src/segments.rs",

@@ -281,13 +281,12 @@ impl Segments {
         let mut t = self.lock();
         let mut out = Vec::new();
         while out.len() < max {
-            let Some(&(at, s)) = t.undiscarded.first() else {
-                break;
-            };
-            if cutoff.is_some_and(|c| at > c) {
+            if t.undiscarded.first().is_none_or(|&(at, _)| cutoff.is_some_and(|c| at > c)) {
                 break;
             }
-            t.undiscarded.remove(&(at, s));
+            let Some((_, s)) = t.undiscarded.pop_first() else {
+                break;
+            };
             if let Some((_, key)) = t.pending.remove(&s) {
                 if t.free.remove(&(key, s)) {
                     out.push((s, key));

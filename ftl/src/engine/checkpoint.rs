@@ -58,7 +58,6 @@ use crate::error::Result;
 use crate::index::{IndexStore, Key, Op};
 use crate::records::{CheckpointRecord, MapPage, PartialCheckpoint};
 use crate::sync::{lock, AtomicU64, Mutex};
-use crate::tables::LiveCounters;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -312,16 +311,11 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     pub(super) fn discard_and_release(&self, dead: &[u32]) {
         let geo = &self.t.geo;
         let zero = crate::device::AlignedBuf::new(BLOCK_SIZE);
-        let deferred = self.cfg.discard_freed && !self.cfg.discard_delay.is_zero();
-        let queued = deferred.then(std::time::Instant::now);
+        let at_once = self.cfg.discard_delay.is_zero();
+        let queued = (self.cfg.discard_freed && !at_once).then(std::time::Instant::now);
         for &s in dead {
-            if self.cfg.discard_freed && !deferred {
-                let bytes = geo.segment_bytes;
-                let off = geo.segment_start(s) * BLOCK_SIZE as u64;
-                // Discard is advisory: a failure loses nothing, so it is counted, not fatal.
-                if self.dev.discard(off, bytes).is_ok() {
-                    LiveCounters::add(&self.t.counters.discarded_bytes, bytes);
-                }
+            if self.cfg.discard_freed && at_once {
+                self.discard_segment(s);
             }
             let head = geo.segment_start(s) * BLOCK_SIZE as u64;
             if let Err(e) = self.dev.write_at(head, &zero) {

@@ -52,7 +52,6 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 None => return 0,
             }
         };
-        let geo = &self.t.geo;
         let mut done = 0;
         loop {
             // Rule 1: out of the free list while discarded.
@@ -60,16 +59,22 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             if taken.is_empty() {
                 return done;
             }
-            for &(s, _) in &taken {
-                let off = geo.segment_start(s) * BLOCK_SIZE as u64;
-                if self.dev.discard(off, geo.segment_bytes).is_ok() {
-                    LiveCounters::add(&self.t.counters.discarded_bytes, geo.segment_bytes);
-                    done += 1;
-                }
-            }
+            done += taken.iter().filter(|&&(s, _)| self.discard_segment(s)).count();
             self.t.segs.discarded(&taken);
             self.space.notify();
         }
+    }
+
+    /// Discards segment `s` on the backing and counts the bytes; says whether it was.
+    /// Discard is advisory: a failure loses nothing, so it is not an error.
+    pub(super) fn discard_segment(&self, s: u32) -> bool {
+        let geo = &self.t.geo;
+        let off = geo.segment_start(s) * BLOCK_SIZE as u64;
+        let ok = self.dev.discard(off, geo.segment_bytes).is_ok();
+        if ok {
+            LiveCounters::add(&self.t.counters.discarded_bytes, geo.segment_bytes);
+        }
+        ok
     }
 
     /// Free segments waiting for their discard.
