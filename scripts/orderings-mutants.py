@@ -117,12 +117,12 @@ MUTANTS = [
      [SHUTTLE, POWER]),
     ("checkpoint-5", "checkpoint rule 5 (free rule 5): a dead segment's discard completes BEFORE it is free",
      "ftl/src/engine/checkpoint.rs",
-     [("""        for &s in dead {
-            if self.cfg.discard_freed && at_once {""",
+     [("""        if self.cfg.discard_freed && at_once {
+            for &s in dead {""",
        """        self.t.segs.release(dead, queued);
         self.space.notify();
-        for &s in dead {
-            if self.cfg.discard_freed && at_once {""")],
+        if self.cfg.discard_freed && at_once {
+            for &s in dead {""")],
      [ORDERINGS, POWER]),
     ("discard-1", "discard rule 1: a segment is out of the free list while it is discarded",
      "ftl/src/segments.rs",
@@ -144,6 +144,10 @@ MUTANTS = [
             t.undiscarded.remove(&(at, seg));
         }""", "")],
      [ORDERINGS, POWER]),
+    ("discard-3", "discard rule 3: a segment's first block is zeroed again after its deferred discard",
+     "ftl/src/engine/discard.rs",
+     [("""            self.zero_heads(&gone);""", """            let _ = &gone;""")],
+     [ORDERINGS]),
     ("checkpoint-6", "checkpoint rule 6: free records are removed in the batch that supersedes them",
      "ftl/src/engine/checkpoint.rs",
      [("""        for &s in &superseded {
@@ -172,6 +176,11 @@ MUTANTS = [
      "ftl/src/engine/free.rs",
      [("""        let r = self.log.seal_killers(&self.t, &segs, &mut sealed);""",
        """        let r: crate::error::Result<()> = Ok(());""")],
+     [ORDERINGS, POWER]),
+    ("free-2s", "free rule 2, settled mode: segments an open chunk killed a block of are left",
+     "ftl/src/engine/free.rs",
+     [("""                segs.retain(|s| open.binary_search(s).is_err());""",
+       """                let _ = &open;""")],
      [ORDERINGS, POWER]),
     ("free-3", "free rule 3: the log is synced BEFORE the free record is committed",
      "ftl/src/engine/free.rs",
@@ -275,8 +284,8 @@ MUTANTS = [
      [REBUILD]),
     ("checkpoint-5z", "checkpoint rule 5: a freed segment's first block is zeroed",
      "ftl/src/engine/checkpoint.rs",
-     [("""            if let Err(e) = self.dev.write_at(head, &zero) {""",
-       """            if let Err(e) = Ok::<(), std::io::Error>(()) {""")],
+     [("""        if self.dev.write_many(&heads).is_ok() {""",
+       """        if true || self.dev.write_many(&heads).is_ok() {""")],
      [REBUILD]),
     ("recovery-2", "recovery rule 2: chunks past the break are zeroed",
      "ftl/src/recovery.rs",

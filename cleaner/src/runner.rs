@@ -19,7 +19,7 @@ use crate::trigger::{
     background_interval, checkpoint_urgent, dead_batch, defrag_now, foreground_needed, pace_space,
     reclaim_now, write_pace, CheckpointInputs, Reclaim, DEFRAG_WINDOWS_PER_TURN,
 };
-use ftl::{BlockDevice, Ftl, IndexStore};
+use ftl::{BlockDevice, FreeMode, Ftl, IndexStore};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -250,6 +250,8 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
     // Recent checkpoint duration (exponential average), for `checkpoint_urgent`.
     let mut checkpoint_took = Duration::ZERO;
     let mut checkpointer: Option<JoinHandle<CheckpointRun>> = None;
+    // Since when some freeable dead segment waits for its killers' chunks to seal.
+    let mut unsettled_since: Option<Instant> = None;
     while !stop.load(Ordering::SeqCst) {
         if checkpointer.as_ref().is_some_and(|h| h.is_finished()) {
             if let Some(h) = checkpointer.take() {
@@ -269,7 +271,16 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
         let dead = ftl.dead_segments();
         // What writers will have once the dead segments' checkpoint is durable.
         let avail = free + dead;
-        let freeable = if dead > 0 { ftl.freeable_segments() } else { 0 };
+        let (freeable, settled) = if dead > 0 {
+            ftl.freeable_and_settled()
+        } else {
+            (0, 0)
+        };
+        if freeable > settled {
+            unsettled_since.get_or_insert_with(Instant::now);
+        } else {
+            unsettled_since = None;
+        }
         let delay = write_pace(
             pace_space(free, dead, freeable, cfg.pace_on_freeable),
             reserve,
@@ -293,6 +304,8 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
                 free,
                 dead,
                 freeable,
+                settled,
+                unsettled_for: unsettled_since.map_or(Duration::ZERO, |t| t.elapsed()),
                 urgent: checkpoint_urgent(
                     reserve,
                     checkpoint_took,
@@ -323,7 +336,13 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
                             let t = Instant::now();
                             let r = match what {
                                 Reclaim::Checkpoint => f.checkpoint().map(|_| ()),
-                                Reclaim::FreeDead => f.free_dead().map(|_| ()),
+                                Reclaim::FreeDead { seal } => f
+                                    .free_dead_with(if seal {
+                                        FreeMode::Seal
+                                    } else {
+                                        FreeMode::Settled
+                                    })
+                                    .map(|_| ()),
                             };
                             (what, r, t.elapsed())
                         })
@@ -532,7 +551,7 @@ fn finish_checkpoint(
                     s.checkpoint_ns += ns;
                     checkpoint_took = Some(took);
                 }
-                Reclaim::FreeDead => {
+                Reclaim::FreeDead { .. } => {
                     s.frees += 1;
                     s.free_ns += ns;
                 }

@@ -82,6 +82,13 @@ pub struct CheckpointInputs {
     /// Of `dead`, those a free record may free now (`Ftl::freeable_segments`: closed
     /// before the last checkpoint).
     pub freeable: usize,
+    /// Of `freeable`, those whose blocks were all killed by entries in chunks already
+    /// sealed (`Ftl::freeable_and_settled`): a free record frees them without sealing a
+    /// chunk early.
+    pub settled: usize,
+    /// How long some freeable segment has been waiting for its killers' chunks to seal
+    /// (zero when every freeable one is settled).
+    pub unsettled_for: Duration,
     /// Free segments at or below which any dead segment is worth a checkpoint at once.
     pub urgent: usize,
     /// Dead segments worth a checkpoint whatever the free space.
@@ -137,9 +144,11 @@ pub fn checkpoint_urgent(
 pub enum Reclaim {
     /// A full checkpoint (map pages, segment table; frees every dead segment).
     Checkpoint,
-    /// Free records for the freeable dead segments (`Ftl::free_dead`): one log sync and
-    /// a small index commit, no map pages.
-    FreeDead,
+    /// Free records for the freeable dead segments (`Ftl::free_dead_with`): one log sync
+    /// and a small index commit, no map pages. With `seal`, every freeable one, the open
+    /// chunks that killed their blocks sealed first (`FreeMode::Seal`); without, only the
+    /// settled ones (`FreeMode::Settled`).
+    FreeDead { seal: bool },
 }
 
 /// What to run now, if anything: a checkpoint when the FTL says one is due (the map's
@@ -152,19 +161,33 @@ pub enum Reclaim {
 /// a batch is spare space writers do not have). Freeable segments never hold the others
 /// back: on zipf:0.99, where hot segments die on their own soon after they close, free
 /// records first (checkpoints only when due) raised the WAF from 2.34 to 2.47.
+///
+/// A free record frees the settled segments first, without sealing anything; it seals
+/// the open chunks that killed the others (a partly filled chunk written on the reclaim
+/// thread, about a third of a free record's time) only when free space is down to
+/// `urgent` or one has waited [`SETTLE_WAIT`] for its killers' chunks to fill.
 pub fn reclaim_now(i: CheckpointInputs, idle: Duration) -> Option<Reclaim> {
     let waiting = CheckpointInputs {
         dead: i.dead.saturating_sub(i.freeable),
         ..i
     };
+    let settled = i.settled.min(i.freeable);
     if checkpoint_needed(waiting, idle) {
         Some(Reclaim::Checkpoint)
-    } else if i.freeable > 0 {
-        Some(Reclaim::FreeDead)
+    } else if i.freeable > settled && (i.free <= i.urgent || i.unsettled_for >= SETTLE_WAIT) {
+        Some(Reclaim::FreeDead { seal: true })
+    } else if settled > 0 {
+        Some(Reclaim::FreeDead { seal: false })
     } else {
         None
     }
 }
+
+/// How long a freeable dead segment waits for the open chunks that killed its blocks to
+/// fill and seal before a free record seals them early. Under load chunks fill within
+/// milliseconds (a GC chunk within the next victim's relocation); a stream that
+/// writes rarely, or an idle device, would hold the segment back for good.
+pub const SETTLE_WAIT: Duration = Duration::from_millis(20);
 
 /// Dead segments freed together by one checkpoint on a device of `segments` segments:
 /// a sixty-fourth of them, at least one (the FTL's own `checkpoint_due` uses the same).
@@ -228,6 +251,8 @@ mod tests {
             free: 50,
             dead: 3,
             freeable: 0,
+            settled: 0,
+            unsettled_for: Duration::ZERO,
             urgent: 10,
             batch: 8,
             due: false,
@@ -278,13 +303,18 @@ mod tests {
             free: 50,
             dead: 3,
             freeable: 1,
+            settled: 1,
+            unsettled_for: Duration::ZERO,
             urgent: 10,
             batch: 8,
             due: false,
             idle_for: Duration::from_millis(10),
             since_last: Duration::from_secs(30),
         };
-        assert_eq!(reclaim_now(busy, s), Some(Reclaim::FreeDead));
+        assert_eq!(
+            reclaim_now(busy, s),
+            Some(Reclaim::FreeDead { seal: false })
+        );
         // A batch of segments only a checkpoint frees: a checkpoint, freeable or not.
         let batch = CheckpointInputs { dead: 10, ..busy };
         assert_eq!(reclaim_now(batch, s), Some(Reclaim::Checkpoint));
@@ -293,7 +323,10 @@ mod tests {
             freeable: 10,
             ..busy
         };
-        assert_eq!(reclaim_now(all_freeable, s), Some(Reclaim::FreeDead));
+        assert_eq!(
+            reclaim_now(all_freeable, s),
+            Some(Reclaim::FreeDead { seal: false })
+        );
         // Short of space with one segment only a checkpoint frees: a checkpoint.
         let short = CheckpointInputs { free: 10, ..busy };
         assert_eq!(reclaim_now(short, s), Some(Reclaim::Checkpoint));
@@ -302,7 +335,10 @@ mod tests {
             dead: 1,
             ..busy
         };
-        assert_eq!(reclaim_now(short_all_freeable, s), Some(Reclaim::FreeDead));
+        assert_eq!(
+            reclaim_now(short_all_freeable, s),
+            Some(Reclaim::FreeDead { seal: false })
+        );
         // A due checkpoint wins (it frees them too).
         let due = CheckpointInputs { due: true, ..busy };
         assert_eq!(reclaim_now(due, s), Some(Reclaim::Checkpoint));
@@ -321,6 +357,56 @@ mod tests {
         assert_eq!(reclaim_now(idle, s), Some(Reclaim::Checkpoint));
         let nothing = CheckpointInputs { dead: 0, ..none };
         assert_eq!(reclaim_now(nothing, s), None);
+    }
+
+    #[test]
+    fn a_free_record_seals_chunks_early_only_when_space_is_short_or_the_wait_is_long() {
+        let s = Duration::from_secs(1);
+        let busy = CheckpointInputs {
+            free: 50,
+            dead: 3,
+            freeable: 3,
+            settled: 1,
+            unsettled_for: Duration::from_millis(2),
+            urgent: 10,
+            batch: 8,
+            due: false,
+            idle_for: Duration::ZERO,
+            since_last: Duration::ZERO,
+        };
+        // The settled one now, the others when their chunks fill.
+        assert_eq!(
+            reclaim_now(busy, s),
+            Some(Reclaim::FreeDead { seal: false })
+        );
+        let none_settled = CheckpointInputs { settled: 0, ..busy };
+        assert_eq!(reclaim_now(none_settled, s), None);
+        // Waited long enough: sealed.
+        let long = CheckpointInputs {
+            unsettled_for: SETTLE_WAIT,
+            ..none_settled
+        };
+        assert_eq!(reclaim_now(long, s), Some(Reclaim::FreeDead { seal: true }));
+        // Space short: sealed at once, settled or not.
+        for settled in [0, 1] {
+            let short = CheckpointInputs {
+                free: 10,
+                settled,
+                ..busy
+            };
+            assert_eq!(
+                reclaim_now(short, s),
+                Some(Reclaim::FreeDead { seal: true })
+            );
+        }
+        // All settled: nothing to seal, even when short.
+        let all = CheckpointInputs {
+            free: 10,
+            settled: 3,
+            unsettled_for: Duration::ZERO,
+            ..busy
+        };
+        assert_eq!(reclaim_now(all, s), Some(Reclaim::FreeDead { seal: false }));
     }
 
     #[test]

@@ -303,6 +303,23 @@ impl Appender {
         Ok(())
     }
 
+    /// Of `segs` (sorted), those an open chunk holds an entry that unmapped one of their
+    /// blocks, each stream looked at under its lock (free rule 2: for the others every
+    /// such entry is already in a sealed chunk, numbered below the tracker's next number
+    /// read afterwards). Sorted.
+    pub fn open_killers(&self, segs: &[u32]) -> Vec<u32> {
+        let mut out = Vec::new();
+        for m in &self.streams {
+            let st = lock(m);
+            if let Some(c) = &st.chunk {
+                out.extend(c.killed.iter().filter(|s| segs.binary_search(s).is_ok()));
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
     /// Makes sure the stream has an open chunk with room for one entry (and a data block
     /// when `data`), sealing the full one into `out`. Only a `relocation` into
     /// [`GC_STREAM`] may open a segment out of the cleaner's reserve.

@@ -62,7 +62,7 @@ pub use config::{Config, MAX_DEFAULT_CHECKPOINT_BLOCKS};
 pub use device::BlockDevice;
 pub use engine::checkpoint::{dead_batch_due, CheckpointReport, CheckpointTimesNs};
 pub use engine::defrag::{DefragReport, FragFigures, DEFRAG_SPARE_SEGMENTS};
-pub use engine::free::FreeReport;
+pub use engine::free::{FreeMode, FreeReport};
 pub use engine::read::{DeviceBlock, Fragmentation, ReadSpan, ReadSpans, READ_SPAN_GAP_BLOCKS};
 pub use engine::reloc::{LiveBlock, MAX_READ_BYTES, READ_GAP_BLOCKS};
 pub use engine::stats::Stats;

@@ -34,7 +34,7 @@ use ftl::backing::{format_backing, open_backing_staged, StagingPlace};
 use ftl::device::crash::CrashDevice;
 use ftl::index::mem::MemIndex;
 use ftl::model::{observe, Crash, History, Observed, Tag};
-use ftl::{BlockDevice, Config, FormatOptions, Ftl, IndexStore, StreamId};
+use ftl::{BlockDevice, Config, FormatOptions, FreeMode, Ftl, IndexStore, StreamId};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
@@ -251,7 +251,8 @@ fn writer<D: BlockDevice, I: IndexStore>(
     Ok(())
 }
 
-/// The background thread: checkpoints, frees dead segments by free records, rewrites
+/// The background thread: checkpoints, frees dead segments by free records (sealing their
+/// killers' chunks, or only the settled ones), rewrites
 /// windows queued for defragmentation and closes streams at random moments.
 fn background<D: BlockDevice, I: IndexStore>(
     f: &Ftl<D, I>,
@@ -264,8 +265,11 @@ fn background<D: BlockDevice, I: IndexStore>(
         let x = r.gen_range(0..10);
         if x < 3 {
             f.checkpoint().map_err(|e| format!("checkpoint: {e}"))?;
-        } else if x < 5 {
+        } else if x < 4 {
             f.free_dead().map_err(|e| format!("free_dead: {e}"))?;
+        } else if x < 5 {
+            f.free_dead_with(FreeMode::Settled)
+                .map_err(|e| format!("free_dead settled: {e}"))?;
         } else if x < 7 {
             f.defrag_step(4).map_err(|e| format!("defrag_step: {e}"))?;
         } else {

@@ -9,7 +9,7 @@ use ftl::device::crash::CrashDevice;
 use ftl::device::gate::{GateDevice, GateOp};
 use ftl::index::mem::MemIndex;
 use ftl::model::{block_for, observe, Observed};
-use ftl::{Config, Error, Ftl, IndexStore, StreamId};
+use ftl::{BlockDevice, Config, Error, FreeMode, Ftl, IndexStore, StreamId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -228,6 +228,47 @@ fn a_segment_reused_before_its_discard_keeps_its_data() {
     );
     assert_eq!(f.discard_waiting(true), 0, "a reused segment was discarded");
     assert_eq!(dev.inner().discarded_bytes(), 0);
+    check_tags(&f, &tags, "after the discards");
+}
+
+/// Discard rule 3: a segment discarded later has its first block zeroed again after the
+/// discard, which need not leave zeros (here it leaves 0xA5 bytes), so the log walker
+/// sees nothing of its old use.
+#[test]
+fn a_deferred_discard_leaves_the_segment_head_zeroed() {
+    let cfg = deferred_discards();
+    let (dev, _idx, f) = gated(cfg);
+    let tags = kill_the_first_segment(&f);
+    f.checkpoint().unwrap();
+    let waiting: Vec<u32> = f
+        .segment_snapshot()
+        .iter()
+        .filter(|s| s.state == "free" && s.erase_count > 0)
+        .map(|s| s.segment)
+        .collect();
+    assert!(!waiting.is_empty(), "a dead segment was freed");
+    dev.set_discard_fill(Some(0xA5));
+    assert!(f.discard_waiting(true) >= waiting.len());
+    let geo = *f.geometry();
+    let mut b = vec![0u8; 4096];
+    for &s in &waiting {
+        let start = geo.segment_start(s) * 4096;
+        dev.read_at(start, &mut b).unwrap();
+        assert!(
+            b.iter().all(|&x| x == 0),
+            "segment {s}'s first block after its discard: {:#x}",
+            b[0]
+        );
+        let walk =
+            ftl::chunks::SegmentChunks::new(&*dev, geo, s, f.format_id(), (u64::MAX, u64::MAX));
+        assert_eq!(walk.count(), 0, "segment {s} shows no chunk");
+        // The rest of it is what the discard left.
+        dev.read_at(start + 4096, &mut b).unwrap();
+        assert!(
+            b.iter().all(|&x| x == 0xA5),
+            "the discard reached segment {s}"
+        );
+    }
     check_tags(&f, &tags, "after the discards");
 }
 
@@ -655,6 +696,40 @@ fn a_free_record_seals_the_open_chunk_that_killed_the_segment() {
     assert_eq!(free_records(&idx), vec![seg]);
     drop(f);
     let f = cut_check_reopen(&dev, &idx, 3, Config::default());
+    assert_tags(&f, &lbas, 2);
+}
+
+/// Free rule 2 with `FreeMode::Settled`: a segment whose blocks an open chunk killed is
+/// left alone (nothing is sealed early); once that chunk is sealed (here by a FLUSH) the
+/// segment is freed without sealing anything, and survives a power cut.
+#[test]
+fn a_settled_free_waits_for_the_open_chunk_that_killed_the_segment() {
+    let (dev, idx, f) = gated(Config::default());
+    let (seg, lbas) = closed_at_checkpoint(&f);
+    kill(&f, &lbas, 2);
+    assert_eq!(
+        f.freeable_and_settled(),
+        (1, 0),
+        "stream 2's open chunk killed it"
+    );
+    let r = f.free_dead_with(FreeMode::Settled).unwrap();
+    assert_eq!(
+        (r.segments_freed, r.chunks_sealed, r.unsettled),
+        (0, 0, 1),
+        "{r:?}"
+    );
+    assert!(free_records(&idx).is_empty());
+    f.flush().unwrap();
+    assert_eq!(
+        f.freeable_and_settled(),
+        (1, 1),
+        "the FLUSH sealed the killer"
+    );
+    let r = f.free_dead_with(FreeMode::Settled).unwrap();
+    assert_eq!((r.segments_freed, r.chunks_sealed), (1, 0), "{r:?}");
+    assert_eq!(free_records(&idx), vec![seg]);
+    drop(f);
+    let f = cut_check_reopen(&dev, &idx, 5, Config::default());
     assert_tags(&f, &lbas, 2);
 }
 

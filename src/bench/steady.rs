@@ -426,6 +426,7 @@ pub fn run(spec: &Spec, run: &Run) -> Result<(serde_json::Value, Timeline), CliE
         let ftl_stats = serde_json::json!({
             "checkpoints": fs.checkpoints,
             "checkpoint_times": fs.checkpoint_times,
+            "free_times": fs.free_times,
             "free_records": fs.free_records,
             "segments_freed_by_records": fs.segments_freed_by_records,
             "throttled_ns": fs.throttled_ns,

@@ -37,6 +37,8 @@ struct GateState {
     held_discards: Vec<(u64, u64)>,
     /// Writes issued into a held discard's range.
     violations: usize,
+    /// What a discard leaves in its range instead of the inner device's discard.
+    discard_fill: Option<u8>,
 }
 
 /// A device whose operations can be held at a gate (see the module docs).
@@ -54,6 +56,12 @@ impl<D: BlockDevice> GateDevice<D> {
             state: Mutex::new(GateState::default()),
             cv: Condvar::new(),
         }
+    }
+
+    /// From now on a discard leaves `fill` bytes in its range (a device whose TRIM
+    /// does not read back as zeros: it need not), `None` for the inner device's discard.
+    pub fn set_discard_fill(&self, fill: Option<u8>) {
+        self.lock().discard_fill = fill;
     }
 
     /// The wrapped device.
@@ -150,7 +158,14 @@ impl<D: BlockDevice> BlockDevice for GateDevice<D> {
     }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.pass(GateOp::Discard, Some((offset, len)));
-        self.inner.discard(offset, len)
+        let fill = self.lock().discard_fill;
+        match fill {
+            Some(b) => {
+                let junk = vec![b; usize::try_from(len).map_err(io::Error::other)?];
+                self.inner.write_at(offset, &junk)
+            }
+            None => self.inner.discard(offset, len),
+        }
     }
     fn raw_fd(&self) -> Option<RawFd> {
         None

@@ -58,6 +58,15 @@ pub trait BlockDevice: Send + Sync {
         }
         Ok(())
     }
+    /// Writes several ranges (durable only after [`BlockDevice::sync`]); implementations
+    /// may issue them concurrently, so no order among them is promised. On an error some
+    /// may have been written.
+    fn write_many(&self, reqs: &[(u64, &[u8])]) -> io::Result<()> {
+        for (offset, buf) in reqs {
+            self.write_at(*offset, buf)?;
+        }
+        Ok(())
+    }
 }
 
 /// Checks the alignment rules shared by every implementation.
@@ -105,6 +114,9 @@ macro_rules! forward_block_device {
             }
             fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> io::Result<()> {
                 (**self).read_many(reqs)
+            }
+            fn write_many(&self, reqs: &[(u64, &[u8])]) -> io::Result<()> {
+                (**self).write_many(reqs)
             }
         }
     };

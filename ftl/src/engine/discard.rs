@@ -21,7 +21,13 @@
 //!    `take_for_discard`, put back by `discarded`): no writer is handed it during the
 //!    discard, which would wipe what it wrote;
 //! 2. a segment allocated before its discard is never discarded afterwards;
-//! 3. (the engine's rule 5, unchanged) a segment reaches the free list, and so the
+//! 3. a discarded segment's first block is zeroed again AFTER its discard, before it
+//!    returns to the free list, as checkpoint rule 5 does for a discard at free time: a
+//!    discard need not read back as zeros (a block device's TRIM may leave the old
+//!    data, or anything), and the log walker must see nothing of the segment's old use
+//!    (`engine/tombstones.rs`, rule 3). A failed zeroing poisons the FTL. Test:
+//!    `a_deferred_discard_leaves_the_segment_head_zeroed`;
+//! 4. (the engine's rule 5, unchanged) a segment reaches the free list, and so the
 //!    discard queue, only through a durable checkpoint or free record that records it
 //!    dead.
 //!
@@ -59,7 +65,14 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             if taken.is_empty() {
                 return done;
             }
-            done += taken.iter().filter(|&&(s, _)| self.discard_segment(s)).count();
+            let gone: Vec<u32> = taken
+                .iter()
+                .map(|&(s, _)| s)
+                .filter(|&s| self.discard_segment(s))
+                .collect();
+            done += gone.len();
+            // Rule 3.
+            self.zero_heads(&gone);
             self.t.segs.discarded(&taken);
             self.space.notify();
         }

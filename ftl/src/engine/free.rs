@@ -23,9 +23,11 @@
 //!    waits for a checkpoint. Test: `a_segment_closed_after_the_checkpoint_waits_for_the_next`;
 //! 2. the segment is seen dead (no live block) BEFORE each stream's open chunk is checked,
 //!    under its lock, for an entry that killed one of its blocks, and such a chunk is
-//!    sealed: every entry that unmapped a block of the segment is then in a chunk numbered
-//!    below `N`, the tracker's next number read afterwards. Test:
-//!    `a_free_record_seals_the_open_chunk_that_killed_the_segment`;
+//!    sealed ([`FreeMode::Seal`]) or the segment left for a later record
+//!    ([`FreeMode::Settled`]): every entry that unmapped a block of a freed segment is
+//!    then in a chunk numbered below `N`, the tracker's next number read afterwards.
+//!    Tests: `a_free_record_seals_the_open_chunk_that_killed_the_segment`,
+//!    `a_settled_free_waits_for_the_open_chunk_that_killed_the_segment`;
 //! 3. the device is synced up to `N` BEFORE the free record is committed: recovery
 //!    replays every death before anything is written over the segment. Test:
 //!    `a_free_record_is_committed_only_after_the_log_sync`;
@@ -45,6 +47,20 @@ use crate::index::{IndexStore, Key, Op};
 use crate::records::FreeRecord;
 use crate::sync::lock;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// Which dead segments a free record frees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FreeMode {
+    /// Every freeable one; the open chunks that killed a block of one are sealed first
+    /// (rule 2), each a partly filled chunk written at once.
+    Seal,
+    /// Only those whose blocks were all killed by entries in chunks already sealed: no
+    /// chunk is sealed early (no partial chunk, no write on the caller's thread). The
+    /// others wait until their killers' chunks fill, which under load takes a few
+    /// milliseconds.
+    Settled,
+}
 
 /// What one [`Ftl::free_dead`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -55,6 +71,9 @@ pub struct FreeReport {
     pub chunks_sealed: usize,
     /// Dead segments left for a checkpoint (closed after the last one, rule 1).
     pub dead_left: usize,
+    /// With [`FreeMode::Settled`], freeable segments left because an open chunk killed
+    /// one of their blocks.
+    pub unsettled: usize,
 }
 
 impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
@@ -63,31 +82,52 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
     /// a free record per segment, releases them (rules 1 to 5; discarded then or later,
     /// `Config::discard_delay`).
     pub fn free_dead(&self) -> Result<FreeReport> {
+        self.free_dead_with(FreeMode::Seal)
+    }
+
+    /// [`Ftl::free_dead`], but with [`FreeMode::Settled`] only the segments no open chunk
+    /// killed a block of are freed, and nothing is sealed.
+    pub fn free_dead_with(&self, mode: FreeMode) -> Result<FreeReport> {
+        let mut t = Instant::now();
         // Tombstone rule 1, as for a checkpoint.
         self.carry_tombstones()?;
         let ck = &self.ckpt;
         let _one = ck.lock();
         self.check_poison()?;
+        let times = &ck.free_times;
+        times.add(&times.lock, &mut t);
         let dead = self.t.segs.dead_closed();
         // Rule 1 (`dead_closed` is in ascending order, as `killed_any` wants).
-        let segs = self.freeable_of(&dead);
+        let mut segs = self.freeable_of(&dead);
         let mut report = FreeReport {
             dead_left: dead.len() - segs.len(),
             ..Default::default()
         };
+        // Rule 2: seen dead above; now the open chunks, each under its lock.
+        match mode {
+            FreeMode::Seal if !segs.is_empty() => {
+                let mut sealed = Vec::new();
+                let r = self.log.seal_killers(&self.t, &segs, &mut sealed);
+                report.chunks_sealed = sealed.len();
+                // Written even when a seal failed (engine rule 5: their numbers complete).
+                self.write_chunks(sealed)?;
+                r?;
+            }
+            FreeMode::Seal => {}
+            FreeMode::Settled => {
+                let open = self.log.open_killers(&segs);
+                segs.retain(|s| open.binary_search(s).is_err());
+                report.unsettled = open.len();
+            }
+        }
         if segs.is_empty() {
             return Ok(report);
         }
-        // Rule 2: seen dead above; now the open chunks, each under its lock.
-        let mut sealed = Vec::new();
-        let r = self.log.seal_killers(&self.t, &segs, &mut sealed);
-        report.chunks_sealed = sealed.len();
-        // Written even when a seal failed (engine rule 5: their numbers complete).
-        self.write_chunks(sealed)?;
-        r?;
+        times.add(&times.snapshot, &mut t);
         let chain = self.log.tracker().next_seq();
         // Rule 3.
         self.flush_upto(chain)?;
+        times.add(&times.sync, &mut t);
         let ops = segs
             .iter()
             .map(|&s| {
@@ -115,8 +155,10 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
         }
         // Rule 4.
         ck.index.commit(ops)?;
+        times.add(&times.commit, &mut t);
         // Rule 5.
         self.discard_and_release(&segs);
+        times.add(&times.release, &mut t);
         ck.frees.fetch_add(1, Ordering::Relaxed);
         ck.freed_segments
             .fetch_add(segs.len() as u64, Ordering::Relaxed);
@@ -128,6 +170,18 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
     /// checkpoint.
     pub fn freeable_segments(&self) -> usize {
         self.freeable_of(&self.t.segs.dead_closed()).len()
+    }
+
+    /// Dead segments a free record may free now (rule 1), and of them those no open
+    /// chunk killed a block of (settled: [`FreeMode::Settled`] frees them without sealing
+    /// anything). Looks at every stream's open chunk under its lock.
+    pub fn freeable_and_settled(&self) -> (usize, usize) {
+        let segs = self.freeable_of(&self.t.segs.dead_closed());
+        if segs.is_empty() {
+            return (0, 0);
+        }
+        let open = self.log.open_killers(&segs);
+        (segs.len(), segs.len() - open.len())
     }
 
     /// Of the dead segments `dead`, those rule 1 lets a free record free: recorded closed

@@ -42,6 +42,9 @@ pub struct Stats {
     pub space_wait_ns: u64,
     /// Where checkpoints spent their time since open.
     pub checkpoint_times: super::checkpoint::CheckpointTimesNs,
+    /// Where free records spent their time since open (`snapshot_ns`: sealing and
+    /// writing the chunks that killed their segments).
+    pub free_times: super::checkpoint::CheckpointTimesNs,
     /// Segment reuse counts: min, mean, max and spread.
     pub wear: crate::segments::WearFigures,
     /// What large reads cost and what read-driven defragmentation did.
@@ -84,6 +87,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             throttled_ns,
             space_wait_ns,
             checkpoint_times: self.ckpt.times(),
+            free_times: self.ckpt.free_times(),
             wear: t.segs.wear(),
             fragmentation: self.frag_figures(),
             stream_blocks_written: self

@@ -257,6 +257,46 @@ impl FileDevice {
         Ok(())
     }
 
+    /// Writes every `(offset, buffer)` pair, submitting them together on this thread's
+    /// ring (in batches of the ring size) and waiting for all; no order among them. Each
+    /// pair obeys the rules of [`BlockDevice::write_at`]; every range is checked before
+    /// anything is submitted.
+    pub fn write_many(&self, reqs: &[(u64, &[u8])]) -> io::Result<()> {
+        for (offset, buf) in reqs {
+            check_range(self.size, *offset, buf.len())?;
+        }
+        let fd = self.file.as_raw_fd();
+        for chunk in reqs.chunks(RING_ENTRIES as usize) {
+            // Bounce buffers for unaligned sources.
+            let bounces: Vec<Option<AlignedBuf>> = chunk
+                .iter()
+                .map(|(_, buf)| {
+                    (self.direct && !buf.is_empty() && !is_aligned(buf)).then(|| {
+                        let mut b = AlignedBuf::new(buf.len());
+                        b[..buf.len()].copy_from_slice(buf);
+                        b
+                    })
+                })
+                .collect();
+            // The kernel only reads through these pointers (Write opcode); `chunk` and
+            // `bounces` are borrowed until `run` returns, which outlives the I/O.
+            let mut ops: Vec<Op> = chunk
+                .iter()
+                .zip(bounces.iter())
+                .filter(|((_, buf), _)| !buf.is_empty())
+                .map(|((offset, buf), bounce)| {
+                    let ptr = match bounce {
+                        Some(b) => b.as_ptr(),
+                        None => buf.as_ptr(),
+                    };
+                    Op::new(Kind::Write, fd, ptr as *mut u8, buf.len(), *offset)
+                })
+                .collect();
+            self.run(&mut ops)?;
+        }
+        Ok(())
+    }
+
     /// Runs `ops` on this thread's ring.
     fn run(&self, ops: &mut [Op]) -> io::Result<()> {
         uring::run(ops, &self.path)
@@ -378,5 +418,9 @@ impl BlockDevice for FileDevice {
 
     fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> io::Result<()> {
         FileDevice::read_many(self, reqs)
+    }
+
+    fn write_many(&self, reqs: &[(u64, &[u8])]) -> io::Result<()> {
+        FileDevice::write_many(self, reqs)
     }
 }

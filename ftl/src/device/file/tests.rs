@@ -255,6 +255,69 @@ fn discard_punches_hole_and_reads_zeros() {
 }
 
 #[test]
+fn write_many_writes_everything() {
+    let dir = scratch();
+    let dev = create(&dir.path().join("dev"), 4 * MIB);
+    // 150 requests: more than two ring batches; mixed sizes, aligned and not.
+    let n = 150usize;
+    let blocks_for = |i: usize| 1 + i % 3;
+    let mut offsets = Vec::new();
+    let mut off = 0u64;
+    for i in 0..n {
+        offsets.push(off);
+        off += (blocks_for(i) * BLOCK_SIZE) as u64 + BLOCK_SIZE as u64; // leave a gap
+    }
+    assert!(off <= 4 * MIB);
+    let data: Vec<Vec<u8>> = (0..n)
+        .map(|i| pattern(2000 + i as u64, blocks_for(i) * BLOCK_SIZE))
+        .collect();
+    let mut aligned: Vec<AlignedBuf> = Vec::new();
+    let mut plain: Vec<Vec<u8>> = Vec::new();
+    for (i, d) in data.iter().enumerate() {
+        if i % 2 == 0 {
+            let mut b = AlignedBuf::new(d.len());
+            b.copy_from_slice(d);
+            aligned.push(b);
+        } else {
+            // Sliced from 1: never 4 KiB-aligned.
+            let mut v = vec![0u8; d.len() + 1];
+            v[1..].copy_from_slice(d);
+            plain.push(v);
+        }
+    }
+    let (mut ai, mut pi) = (aligned.iter(), plain.iter());
+    let mut reqs: Vec<(u64, &[u8])> = (0..n)
+        .map(|i| {
+            let b: &[u8] = if i % 2 == 0 {
+                &ai.next().expect("a")[..]
+            } else {
+                &pi.next().expect("p")[1..]
+            };
+            (offsets[i], b)
+        })
+        .collect();
+    reqs.reverse();
+    reqs.push((0, &[][..]));
+    dev.write_many(&reqs).expect("write_many");
+    for i in 0..n {
+        let mut back = AlignedBuf::new(data[i].len());
+        dev.read_at(offsets[i], &mut back).expect("read");
+        assert_eq!(&back[..], &data[i][..], "req {i}");
+        // The gap after it is untouched.
+        let mut gap = AlignedBuf::new(BLOCK_SIZE);
+        dev.read_at(offsets[i] + data[i].len() as u64, &mut gap)
+            .expect("read gap");
+        assert!(gap.iter().all(|&x| x == 0), "gap after req {i}");
+    }
+    dev.write_many(&[]).expect("empty write_many");
+    // A range past the end: an error (every range is checked before any is written).
+    let one = AlignedBuf::new(BLOCK_SIZE);
+    assert!(dev
+        .write_many(&[(0, &one[..]), (4 * MIB, &one[..])])
+        .is_err());
+}
+
+#[test]
 fn read_many_reads_everything() {
     let dir = scratch();
     let dev = create(&dir.path().join("dev"), 4 * MIB);
