@@ -140,25 +140,35 @@ impl SegmentRecord {
 /// a record that outlived that (its commit reported a failure but was applied) names
 /// another checkpoint (`base`) and is ignored.
 ///
+/// A segment opened after the checkpoint (recorded free there) held chunks of the chain
+/// recovery replays; the record lists their numbers (`chunks`), and recovery steps over
+/// them when they are not found: every entry in them was superseded by durable ones
+/// before the segment died (free rule 7).
+///
 /// ```text
 /// offset size field
 ///      0    2 magic        b"FR"
-///      2    1 version      1
+///      2    1 version      2 (1: no chunk list, 40 bytes, read as an empty list)
 ///      3    1 zero
 ///      4    4 segment      the freed segment
 ///      8    8 epoch        the session's epoch (the checkpoint it follows has it too)
 ///     16    8 base         next_chunk_seq of the checkpoint it follows
 ///     24    8 chain        next chunk number at the commit: every chunk below is durable
 ///     32    4 erase_count  the segment's erase count after this free
-///     36    4 crc32c       of bytes 0..36
+///     36    4 chunk_count  n: chunk numbers that follow (0: closed at the checkpoint)
+///     40   8n chunks       chain numbers of the segment's chunks since the checkpoint
+///  40+8n    4 crc32c       of bytes 0..40+8n
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FreeRecord {
     pub segment: u32,
     pub epoch: u64,
     pub base: u64,
     pub chain: u64,
     pub erase_count: u32,
+    /// Chain numbers of the segment's chunks written since the checkpoint (empty when
+    /// the checkpoint recorded it closed).
+    pub chunks: Vec<u64>,
 }
 
 /// Byte offsets of a [`FreeRecord`]'s fields (the table above).
@@ -170,18 +180,25 @@ pub mod free_offsets {
     pub const BASE: usize = 16;
     pub const CHAIN: usize = 24;
     pub const ERASE_COUNT: usize = 32;
-    pub const CRC: usize = 36;
+    pub const CHUNK_COUNT: usize = 36;
+    pub const CHUNKS: usize = 40;
+    /// The crc32c of version 1, which had no chunk list.
+    pub const CRC_V1: usize = 36;
 }
 
 const FREE_MAGIC: &[u8; 2] = b"FR";
-const FREE_VERSION: u8 = 1;
-/// Encoded size of a [`FreeRecord`].
-pub const FREE_RECORD_BYTES: usize = 40;
+const FREE_VERSION: u8 = 2;
+/// Encoded size of a version-1 [`FreeRecord`] (and of a version-2 one with no chunks,
+/// plus 4).
+pub const FREE_RECORD_BYTES_V1: usize = 40;
+/// Most chunk numbers a record lists (a segment of 256 MiB has at most 256 chunks of
+/// 1 MiB; anything beyond is damage).
+const FREE_MAX_CHUNKS: usize = 1 << 16;
 
 impl FreeRecord {
     pub fn encode(&self) -> Vec<u8> {
         use free_offsets as o;
-        let mut w = Writer::with_capacity(FREE_RECORD_BYTES);
+        let mut w = Writer::with_capacity(o::CHUNKS + 8 * self.chunks.len() + 4);
         w.at(o::MAGIC)
             .bytes(FREE_MAGIC)
             .at(o::VERSION)
@@ -196,30 +213,51 @@ impl FreeRecord {
             .u64(self.chain)
             .at(o::ERASE_COUNT)
             .u32(self.erase_count)
-            .at(o::CRC)
-            .crc();
+            .at(o::CHUNK_COUNT)
+            .u32(self.chunks.len() as u32)
+            .at(o::CHUNKS);
+        for &c in &self.chunks {
+            w.u64(c);
+        }
+        w.crc();
         w.buf
     }
 
     pub fn decode(buf: &[u8]) -> Result<Self> {
-        if buf.len() != FREE_RECORD_BYTES || &buf[..2] != FREE_MAGIC {
+        use free_offsets as o;
+        if buf.len() < FREE_RECORD_BYTES_V1 || &buf[..2] != FREE_MAGIC {
             return Err(Error::Corrupt("free record: bad size or magic".into()));
         }
         check_trailing_crc(buf, "free record")?;
-        use free_offsets as o;
         let mut r = Reader::new(buf, "free record");
         let version = r.seek(o::VERSION)?.u8()?;
-        if version != FREE_VERSION {
-            return Err(Error::Corrupt(format!(
-                "free record version {version} unknown"
-            )));
-        }
+        let chunks = match version {
+            1 if buf.len() == o::CRC_V1 + 4 => Vec::new(),
+            FREE_VERSION => {
+                let n = r.seek(o::CHUNK_COUNT)?.u32()? as usize;
+                if n > FREE_MAX_CHUNKS || buf.len() != o::CHUNKS + 8 * n + 4 {
+                    return Err(Error::Corrupt(format!(
+                        "free record: {n} chunks in {} bytes",
+                        buf.len()
+                    )));
+                }
+                r.seek(o::CHUNKS)?;
+                (0..n).map(|_| r.u64()).collect::<Result<Vec<u64>>>()?
+            }
+            _ => {
+                return Err(Error::Corrupt(format!(
+                    "free record version {version} ({} bytes) unknown",
+                    buf.len()
+                )))
+            }
+        };
         Ok(FreeRecord {
             segment: r.seek(o::SEGMENT)?.u32()?,
             epoch: r.seek(o::EPOCH)?.u64()?,
             base: r.seek(o::BASE)?.u64()?,
             chain: r.seek(o::CHAIN)?.u64()?,
             erase_count: r.seek(o::ERASE_COUNT)?.u32()?,
+            chunks,
         })
     }
 }
@@ -621,8 +659,9 @@ mod tests {
         use free_offsets as f;
         let named = [f::MAGIC, f::VERSION, f::SEGMENT, f::EPOCH, f::BASE];
         assert_eq!(named, [0, 2, 4, 8, 16]);
-        let named = [f::CHAIN, f::ERASE_COUNT, f::CRC, FREE_RECORD_BYTES];
-        assert_eq!(named, [24, 32, 36, 40]);
+        let named = [f::CHAIN, f::ERASE_COUNT, f::CHUNK_COUNT, f::CHUNKS, f::CRC_V1];
+        assert_eq!(named, [24, 32, 36, 40, 36]);
+        assert_eq!(FREE_RECORD_BYTES_V1, 40);
     }
 
     #[test]
@@ -633,9 +672,10 @@ mod tests {
             base: 1000,
             chain: 1234,
             erase_count: 5,
+            chunks: vec![1001, 1007, 1200],
         };
         let b = f.encode();
-        assert_eq!(b.len(), FREE_RECORD_BYTES);
+        assert_eq!(b.len(), 40 + 3 * 8 + 4);
         assert_eq!(FreeRecord::decode(&b).unwrap(), f);
         use free_offsets as o;
         let at = |off: usize, v: &[u8]| assert_eq!(&b[off..off + v.len()], v, "offset {off}");
@@ -646,13 +686,30 @@ mod tests {
         at(o::BASE, &1000u64.to_le_bytes());
         at(o::CHAIN, &1234u64.to_le_bytes());
         at(o::ERASE_COUNT, &5u32.to_le_bytes());
-        at(o::CRC, &crc32c::crc32c(&b[..o::CRC]).to_le_bytes());
+        at(o::CHUNK_COUNT, &3u32.to_le_bytes());
+        at(o::CHUNKS, &1001u64.to_le_bytes());
+        at(o::CHUNKS + 16, &1200u64.to_le_bytes());
+        at(64, &crc32c::crc32c(&b[..64]).to_le_bytes());
         for i in 0..b.len() {
             let mut bad = b.clone();
             bad[i] ^= 0x10;
             assert!(FreeRecord::decode(&bad).is_err(), "a flip at byte {i} decoded");
         }
-        assert!(FreeRecord::decode(&b[..39]).is_err());
+        assert!(FreeRecord::decode(&b[..b.len() - 8]).is_err());
+        // No chunks: 44 bytes.
+        let closed = FreeRecord {
+            chunks: vec![],
+            ..f.clone()
+        };
+        let c = closed.encode();
+        assert_eq!(c.len(), 44);
+        assert_eq!(FreeRecord::decode(&c).unwrap(), closed);
+        // Version 1 (40 bytes, crc at 36) still reads, as a record without chunks.
+        let mut v1 = c[..o::CRC_V1].to_vec();
+        v1[o::VERSION] = 1;
+        let crc = crc32c::crc32c(&v1);
+        v1.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(FreeRecord::decode(&v1).unwrap(), closed);
         // A segment record is not a free record.
         let seg = SegmentRecord {
             segment: 7,

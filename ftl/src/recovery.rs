@@ -16,7 +16,9 @@
 //! here before the heads are read (it may hold chunks of the chain), and the roll-forward
 //! must reach that chain number: the entries that killed its blocks are below it, and the
 //! map loaded from the checkpoint may still point into the segment until they are
-//! replayed (free rule 6).
+//! replayed (free rule 6). A segment opened after the checkpoint and freed since held
+//! chunks of the chain itself; its record lists their numbers, and the roll-forward
+//! steps over each of them it does not find (free rule 7).
 //!
 //! Rule 1: replayed chunks are synced before the open checkpoint names them: when only
 //! the process died they may sit unsynced in the backing's cache. Rule 2: what lies past
@@ -60,6 +62,9 @@ pub struct RecoveryReport {
     pub entries_skipped: u64,
     /// Chunks past the break, or stale in free segments, whose first block was zeroed.
     pub stale_chunks_zeroed: u64,
+    /// Chunks of the chain in young segments freed since the checkpoint, not found and
+    /// stepped over (free rule 7).
+    pub chunks_stepped_over: u64,
     pub mapped_blocks: u64,
     /// What the staging area of a dead process gave back before the roll-forward.
     pub staged: crate::staging::StagedReport,
@@ -191,8 +196,19 @@ pub(crate) fn load_index<I: IndexStore>(
         .partition(|f| f.base == checkpoint.next_chunk_seq);
     for f in &frees {
         let recorded = segments.get(f.segment as usize).map(|r| r.state);
-        if f.segment == 0 || recorded != Some(SegState::Closed) || f.epoch != checkpoint.epoch
-        {
+        // Closed at the checkpoint; or open there, or free there and opened since (free
+        // rule 7: its chunks from the checkpoint on, numbered below the record's chain).
+        let in_chain = f
+            .chunks
+            .iter()
+            .all(|&c| c >= checkpoint.next_chunk_seq && c < f.chain);
+        let follows = match recorded {
+            Some(SegState::Closed) => f.chunks.is_empty(),
+            Some(SegState::Open) => in_chain,
+            Some(SegState::Free) => in_chain && !f.chunks.is_empty(),
+            _ => false,
+        };
+        if f.segment == 0 || !follows || f.epoch != checkpoint.epoch {
             return Err(Error::Corrupt(format!(
                 "free record of segment {} (epoch {}) does not follow the checkpoint \
                  (epoch {}, segment recorded {recorded:?})",
@@ -257,6 +273,11 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
     );
     // Free rule 6: recorded segments are free before the heads are read.
     let frees = &loaded.frees;
+    // Free rule 7: chunks of young segments freed since, which recovery steps over.
+    let mut skip: std::collections::HashSet<u64> = frees
+        .iter()
+        .flat_map(|f| f.chunks.iter().copied())
+        .collect();
     let mut seg_records = loaded.segments.clone();
     for f in frees {
         if let Some(r) = seg_records.get_mut(f.segment as usize) {
@@ -272,6 +293,15 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
             return Err(Error::Corrupt(format!(
                 "checkpoint cursor {c:?} outside the log"
             )));
+        }
+    }
+    // Free rule 7: a stream whose open segment at the checkpoint was freed since has no
+    // place to continue from there (its chunks in it are stepped over, the segment may
+    // hold another stream's chunks now); its next chunk heads a segment free at the
+    // checkpoint, or this one.
+    for c in cursors.iter_mut() {
+        if c.is_some_and(|(seg, _)| frees.iter().any(|f| f.segment == seg)) {
+            *c = None;
         }
     }
     let format_id = sb.format_id();
@@ -342,7 +372,15 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
                 }
             }
         }
-        let Some((seg, off, s)) = found else { break };
+        let Some((seg, off, s)) = found else {
+            // Free rule 7: a chunk of a young segment freed since, gone with its reuse.
+            if skip.remove(&expected) {
+                expected += 1;
+                report.chunks_stepped_over += 1;
+                continue;
+            }
+            break;
+        };
         if off + s.total_blocks() > bps {
             break;
         }

@@ -49,6 +49,11 @@ pub struct SegTableInner {
     /// was freed, and its key in `free`; `undiscarded` orders them oldest first.
     pub undiscarded: BTreeSet<(Instant, u32)>,
     pub pending: HashMap<u32, (Instant, u32)>,
+    /// Segments opened since the last checkpoint's snapshot, each with the chain numbers
+    /// of the chunks sealed into it since (free rule 7: a free record of one lists them).
+    /// `None` while not tracked: before the session's first checkpoint and after a
+    /// checkpoint whose commit failed, until the next snapshot.
+    pub young: Option<HashMap<u32, Vec<u64>>>,
 }
 
 /// The segment table. Its counters change only through the methods below, each named
@@ -138,6 +143,7 @@ impl Segments {
                 released: 0,
                 undiscarded: BTreeSet::new(),
                 pending: HashMap::new(),
+                young: None,
             }),
             valid: records.iter().map(|r| AtomicU32::new(r.valid)).collect(),
             unwritten: (0..n).map(|_| AtomicU32::new(0)).collect(),
@@ -240,8 +246,48 @@ impl Segments {
         i.state = SegState::Open;
         i.stream = stream;
         i.opened_seq = seq;
+        if let Some(y) = t.young.as_mut() {
+            y.insert(seg, Vec::new());
+        }
         self.owner[seg as usize].store(stream, Ordering::SeqCst);
         Some(seg)
+    }
+
+    /// Chunk number `seq` was sealed into `seg` (called under the stream's lock).
+    pub fn note_chunk(&self, seg: u32, seq: u64) {
+        if let Some(v) = self.lock().young.as_mut().and_then(|y| y.get_mut(&seg)) {
+            v.push(seq);
+        }
+    }
+
+    /// A checkpoint's snapshot (every stream lock held): the streams' `open` segments and
+    /// those opened from now on are young, with no chunk yet; the others are closed or
+    /// free in the snapshot.
+    pub fn young_reset(&self, open: impl Iterator<Item = u32>) {
+        self.lock().young = Some(open.map(|s| (s, Vec::new())).collect());
+    }
+
+    /// A checkpoint's commit failed: nothing is young until the next snapshot (the base
+    /// recovery starts from is not known).
+    pub fn young_off(&self) {
+        self.lock().young = None;
+    }
+
+    /// The chain numbers of `seg`'s chunks when it was opened since the last snapshot.
+    pub fn young_chunks(&self, seg: u32) -> Option<Vec<u64>> {
+        self.lock().young.as_ref().and_then(|y| y.get(&seg).cloned())
+    }
+
+    /// Whether `seg` was opened since the last snapshot (and young segments are tracked).
+    pub fn is_young(&self, seg: u32) -> bool {
+        self.lock().young.as_ref().is_some_and(|y| y.contains_key(&seg))
+    }
+
+    /// `seg` was freed: no longer young (it may be opened again, and young again).
+    pub fn young_forget(&self, seg: u32) {
+        if let Some(y) = self.lock().young.as_mut() {
+            y.remove(&seg);
+        }
     }
 
     /// Marks an open segment closed.

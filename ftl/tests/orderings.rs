@@ -642,40 +642,143 @@ fn read_tag(f: &GateFtl, lba: u64) -> Observed {
     observe(lba, &b)
 }
 
-/// Free rule 1: only a segment the last checkpoint recorded closed is freed by a free
-/// record. One that was a stream's open segment at the checkpoint holds the chunks
-/// recovery follows from that checkpoint's cursor: it waits for the next checkpoint.
+/// Free rules 1 and 7: a segment the last checkpoint recorded closed is freeable; so is
+/// a stream's open segment at the checkpoint, whose chunks from the checkpoint on are in
+/// the chain recovery follows from that stream's cursor. Its record lists them, recovery
+/// steps over them and lets the stream continue elsewhere: after the segment is reused by
+/// another stream and the power is cut, every block reads what it was given.
 #[test]
-fn a_segment_closed_after_the_checkpoint_waits_for_the_next() {
-    let (_dev, _idx, f) = gated(Config::default());
+fn a_segment_open_at_the_checkpoint_is_freed_with_its_chunks_listed() {
+    let cfg = Config::default();
+    let (dev, idx, f) = gated(cfg.clone());
+    let mut tags: HashMap<u64, u64> = HashMap::new();
     for l in 0..3 {
         f.write(l, &block_for(l, 1), false, S0).unwrap();
+        tags.insert(l, 1);
     }
     f.checkpoint().unwrap();
-    // Lba 0's segment is S0's open segment at the checkpoint; fill it (and more).
-    for l in 3..40 {
+    // Lba 0's segment is S0's open segment at the checkpoint: S0 goes on in it, then
+    // closes it (and writes nothing more: its cursor at the checkpoint is the last place
+    // recovery knows for it).
+    for l in 3..6 {
         f.write(l, &block_for(l, 1), false, S0).unwrap();
+        tags.insert(l, 1);
     }
-    let (seg, lbas) = in_segment_of(&f, 0, 0..40);
+    f.close_stream(S0).unwrap();
+    let (seg, lbas) = in_segment_of(&f, 0, 0..6);
+    assert_eq!(lbas.len(), 6, "S0 went on in it after the checkpoint");
     kill(&f, &lbas, 2);
+    for &l in &lbas {
+        tags.insert(l, 2);
+    }
     assert_eq!(f.segment_valid(seg), 0);
-    assert!(f.dead_segments() >= 1);
-    assert_eq!(
-        f.freeable_segments(),
-        0,
-        "segment {seg} was open at the checkpoint"
-    );
+    assert!(f.freeable_segments() >= 1, "segment {seg}");
     let r = f.free_dead().unwrap();
-    assert_eq!(r.segments_freed, 0, "{r:?}");
-    assert!(r.dead_left >= 1, "{r:?}");
-    // The next checkpoint frees it.
-    assert!(f.checkpoint().unwrap().segments_freed >= 1);
-    assert_eq!(f.dead_segments(), 0);
-    // And a segment that checkpoint recorded closed is freeable.
-    let (seg2, lbas2) = in_segment_of(&f, 20, 0..40);
-    kill(&f, &lbas2, 3);
-    assert_eq!(f.segment_valid(seg2), 0);
-    assert_eq!(f.free_dead().unwrap().segments_freed, 1);
+    assert!(r.segments_freed >= 1, "{r:?}");
+    let rec = {
+        use ftl::index::{IndexStore, Key};
+        idx.load()
+            .unwrap()
+            .into_iter()
+            .filter(|(k, _)| k.first() == Some(&Key::FREE))
+            .map(|(_, v)| ftl::records::FreeRecord::decode(&v).unwrap())
+            .find(|r| r.segment == seg)
+            .expect("a free record of the segment")
+    };
+    assert!(
+        !rec.chunks.is_empty(),
+        "the record lists its chunks: {rec:?}"
+    );
+    // Reused by another stream, every write acknowledged durable.
+    let mut i = 0u64;
+    while f.segment_snapshot()[seg as usize].state == "free" {
+        let lba = 200 + i % 40;
+        f.write(lba, &block_for(lba, 3_000_000 + i), true, StreamId(3))
+            .unwrap_or_else(|e| panic!("write {i}: {e}"));
+        tags.insert(lba, 3_000_000 + i);
+        i += 1;
+        assert!(i < 100_000, "the freed segment was never taken again");
+    }
+    // More chunks of stream 3 in it, over the place S0's cursor pointed at the checkpoint
+    // (S0 writes nothing more: recovery must not take that place for S0's, nor zero it as
+    // the chunk past S0's break).
+    for k in 0..12u64 {
+        let lba = 300 + k;
+        f.write(lba, &block_for(lba, 6), true, StreamId(3)).unwrap();
+        tags.insert(lba, 6);
+    }
+    drop(f);
+    let f = cut_check_reopen(&dev, &idx, 13, cfg);
+    check_tags(&f, &tags, "after the power cut");
+}
+
+/// Free rule 7: a segment opened and closed after the checkpoint holds chunks of the chain
+/// recovery replays. Freed by a record (which lists them) and reused, those chunks are
+/// gone; a power cut afterwards recovers by stepping over them, and every block written
+/// after them, in the reused segment among others, is found.
+#[test]
+fn a_young_segment_freed_by_a_record_is_stepped_over_by_recovery() {
+    let cfg = Config::default();
+    let (dev, idx, f) = gated(cfg.clone());
+    let mut tags: HashMap<u64, u64> = HashMap::new();
+    for l in 0..3 {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+        tags.insert(l, 1);
+    }
+    f.checkpoint().unwrap();
+    // S0 fills the segment it had open at the checkpoint and opens young ones.
+    for l in 3..120 {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+        tags.insert(l, 1);
+    }
+    f.flush().unwrap();
+    let (open_at_ck, _) = in_segment_of(&f, 0, 0..1);
+    let (seg, lbas) = in_segment_of(&f, 60, 0..120);
+    assert_ne!(
+        seg, open_at_ck,
+        "lba 60 is in a segment opened after the checkpoint"
+    );
+    kill(&f, &lbas, 2);
+    for &l in &lbas {
+        tags.insert(l, 2);
+    }
+    assert_eq!(f.segment_valid(seg), 0);
+    let r = f.free_dead().unwrap();
+    assert!(r.segments_freed >= 1, "{r:?}");
+    let rec = {
+        use ftl::index::{IndexStore, Key};
+        idx.load()
+            .unwrap()
+            .into_iter()
+            .filter(|(k, _)| k.first() == Some(&Key::FREE))
+            .map(|(_, v)| ftl::records::FreeRecord::decode(&v).unwrap())
+            .find(|r| r.segment == seg)
+            .expect("a free record of the young segment")
+    };
+    assert!(
+        !rec.chunks.is_empty(),
+        "the record lists its chunks: {rec:?}"
+    );
+    // Reuse it, every write acknowledged durable.
+    let mut i = 0u64;
+    while f.segment_snapshot()[seg as usize].state == "free" {
+        let lba = 200 + i % 40;
+        f.write(lba, &block_for(lba, 3_000_000 + i), true, StreamId(3))
+            .unwrap_or_else(|e| panic!("write {i}: {e}"));
+        tags.insert(lba, 3_000_000 + i);
+        i += 1;
+        assert!(i < 100_000, "the freed segment was never taken again");
+    }
+    for k in 0..20 {
+        let lba = 250 + k;
+        f.write(lba, &block_for(lba, 4), false, StreamId(3))
+            .unwrap();
+        tags.insert(lba, 4);
+    }
+    f.flush().unwrap();
+    drop(f);
+    let f = cut_check_reopen(&dev, &idx, 11, cfg);
+    check_tags(&f, &tags, "after the power cut");
 }
 
 /// Free rule 2: the entries that killed the segment's last blocks sit in stream 2's open
@@ -842,8 +945,9 @@ fn recovery_fails_loudly_when_a_free_record_outruns_the_log() {
         base: checkpoint_base(&idx),
         chain: 1 << 40,
         erase_count: 1,
+        chunks: vec![],
     };
-    poke(good);
+    poke(good.clone());
     let err = Ftl::open(dev.clone(), idx.clone(), Config::default())
         .err()
         .expect("the open fails");
@@ -853,7 +957,32 @@ fn recovery_fails_loudly_when_a_free_record_outruns_the_log() {
     );
     poke(FreeRecord {
         epoch: epoch - 1,
-        ..good
+        ..good.clone()
+    });
+    let err = Ftl::open(dev.clone(), idx.clone(), Config::default())
+        .err()
+        .expect("the open fails");
+    assert!(
+        matches!(&err, Error::Corrupt(m) if m.contains("does not follow")),
+        "{err}"
+    );
+    // Free rule 7: a chunk list on a segment the checkpoint recorded closed, or chunks
+    // numbered before the checkpoint, do not follow it either.
+    poke(FreeRecord {
+        chunks: vec![good.base + 1],
+        ..good.clone()
+    });
+    let err = Ftl::open(dev.clone(), idx.clone(), Config::default())
+        .err()
+        .expect("the open fails");
+    assert!(
+        matches!(&err, Error::Corrupt(m) if m.contains("does not follow")),
+        "{err}"
+    );
+    poke(FreeRecord {
+        segment: seg + 8,
+        chunks: vec![good.base - 1],
+        ..good.clone()
     });
     let err = Ftl::open(dev.clone(), idx.clone(), Config::default())
         .err()
@@ -864,6 +993,8 @@ fn recovery_fails_loudly_when_a_free_record_outruns_the_log() {
     );
     // Stale: it follows another checkpoint. Ignored (segment `seg` keeps its data) and
     // removed by the open checkpoint.
+    idx.commit(vec![ftl::index::Op::Remove(Key::free(seg + 8))])
+        .unwrap();
     poke(FreeRecord {
         base: good.base - 1,
         ..good
@@ -911,6 +1042,13 @@ fn after_a_failed_checkpoint_commit_nothing_is_freed_by_free_records() {
     idx.fail_after_apply.store(true, Ordering::SeqCst);
     assert!(f.checkpoint().is_err());
     idx.fail_after_apply.store(false, Ordering::SeqCst);
+    // Free rule 7: nor a segment opened after the failed checkpoint (young to which?).
+    for l in 100..140 {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+    }
+    let (young, young_lbas) = in_segment_of(&f, 116, 100..140);
+    kill(&f, &young_lbas, 2);
+    assert_eq!(f.segment_valid(young), 0);
     assert_eq!(f.freeable_segments(), 0);
     assert_eq!(f.free_dead().unwrap().segments_freed, 0);
     assert!(free_records(&idx).is_empty());

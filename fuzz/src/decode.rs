@@ -15,7 +15,7 @@
 
 use ftl::device::BLOCK_SIZE;
 use ftl::records::{
-    CheckpointRecord, FreeRecord, MapPage, PartialCheckpoint, SegmentRecord, FREE_RECORD_BYTES,
+    CheckpointRecord, FreeRecord, MapPage, PartialCheckpoint, SegmentRecord,
     PAGE_ENTRIES, PARTIAL_RECORD_BYTES, SEG_RECORD_BYTES,
 };
 use ftl::summary::ChunkSummary;
@@ -52,7 +52,7 @@ pub fn prepare(sel: u8, rest: &[u8]) -> Vec<u8> {
         let len = match (sel & 7) % 7 {
             0 | 1 => BLOCK_SIZE,
             2 => SEG_RECORD_BYTES,
-            5 => FREE_RECORD_BYTES,
+            5 => 44 + 8 * (le_u32(&buf, 36).unwrap_or(0) as usize).min(64),
             6 => PARTIAL_RECORD_BYTES,
             3 => 20 + 8 * (le_u16(&buf, 6).unwrap_or(0) as usize).min(PAGE_ENTRIES),
             _ => 140 + 8 * (le_u32(&buf, 12).unwrap_or(0) as usize).min(64),

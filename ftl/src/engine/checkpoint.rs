@@ -247,6 +247,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             cursors: guards.iter().map(|g| g.cursor).collect(),
         };
         ck.appended.store(0, Ordering::Relaxed);
+        // Free rule 7: the streams' open segments and those opened from here on are
+        // young to this checkpoint (their chunks from here on are listed).
+        segs.young_reset(header.cursors.iter().flatten().map(|&(s, _)| s));
         drop(guards);
         times.add(&times.snapshot, &mut t);
         // Writing them under the locks held every writer for up to one chunk write per
@@ -301,6 +304,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             // writing): its table may record as free segments the old bitmap says are
             // closed. Nothing is freeable by free records until a checkpoint succeeds.
             lock(&ck.closed).clear();
+            segs.young_off();
             return Err(e);
         }
         times.add(&times.commit, &mut t);

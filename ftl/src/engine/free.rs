@@ -17,10 +17,11 @@
 //!
 //! Crash-ordering rules of a free record (tested in `tests/orderings.rs` and by the
 //! concurrent crash harness, whose cleaner frees through them):
-//! 1. only a segment the last committed checkpoint recorded `Closed`, and not freed since,
-//!    is freed: every chunk recovery will need lies outside it (the chain it replays
-//!    starts at that checkpoint, after the segment was sealed). A segment closed since
-//!    waits for a checkpoint. Test: `a_segment_closed_after_the_checkpoint_waits_for_the_next`;
+//! 1. only a segment the last committed checkpoint recorded `Closed`, or one opened after
+//!    its snapshot (rule 7), and not freed since, is freed: a segment that was a stream's
+//!    open segment at the checkpoint holds the chunks recovery follows from its cursor,
+//!    and waits for the next checkpoint. Test:
+//!    `a_segment_open_at_the_checkpoint_waits_for_the_next`;
 //! 2. the segment is seen dead (no live block) BEFORE each stream's open chunk is checked,
 //!    under its lock, for an entry that killed one of its blocks, and such a chunk is
 //!    sealed ([`FreeMode::Seal`]) or the segment left for a later record
@@ -39,7 +40,18 @@
 //! 6. recovery frees the recorded segments BEFORE it looks for chunk heads, and fails
 //!    when the log it replays stops short of a record's `N` (checkpoint rule 6 removes
 //!    the records with the table that supersedes them). Test:
-//!    `recovery_fails_loudly_when_a_free_record_outruns_the_log`.
+//!    `recovery_fails_loudly_when_a_free_record_outruns_the_log`;
+//! 7. a segment opened after the checkpoint's snapshot (young: the checkpoint recorded it
+//!    free, and recovery looks for the chunks of its chain there) is freed with the chain
+//!    numbers of every chunk sealed into it since (`Segments::note_chunk`, under the
+//!    stream lock; the list starts at the snapshot, under every stream lock), and
+//!    recovery steps over those numbers when it does not find them: the chunks are gone
+//!    once the segment is reused, and every entry in them was superseded by an entry
+//!    below `N` (the segment was dead, rules 2 and 3) before the record was committed.
+//!    After a checkpoint whose commit failed nothing is young until the next snapshot
+//!    (recovery may start from either checkpoint). A segment freed once is not freed
+//!    again before the next checkpoint (its record's key is the segment). Test:
+//!    `a_young_segment_freed_by_a_record_is_stepped_over_by_recovery`.
 
 use super::Ftl;
 use crate::error::Result;
@@ -128,15 +140,28 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
         // Rule 3.
         self.flush_upto(chain)?;
         times.add(&times.sync, &mut t);
+        let closed_at_ck: Vec<bool> = {
+            let closed = lock(&ck.closed);
+            segs.iter()
+                .map(|&s| closed.get(s as usize).copied().unwrap_or(false))
+                .collect()
+        };
         let ops = segs
             .iter()
-            .map(|&s| {
+            .zip(&closed_at_ck)
+            .map(|(&s, &closed)| {
                 let r = FreeRecord {
                     segment: s,
                     epoch: self.epoch,
                     base: ck.base.load(Ordering::Relaxed),
                     chain,
                     erase_count: self.t.segs.erase_count(s) + 1,
+                    // Rule 7.
+                    chunks: if closed {
+                        Vec::new()
+                    } else {
+                        self.t.segs.young_chunks(s).unwrap_or_default()
+                    },
                 };
                 Op::Put(Key::free(s), r.encode())
             })
@@ -156,6 +181,9 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
         // Rule 4.
         ck.index.commit(ops)?;
         times.add(&times.commit, &mut t);
+        for &s in &segs {
+            self.t.segs.young_forget(s);
+        }
         // Rule 5.
         self.discard_and_release(&segs);
         times.add(&times.release, &mut t);
@@ -184,13 +212,18 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
         (segs.len(), segs.len() - open.len())
     }
 
-    /// Of the dead segments `dead`, those rule 1 lets a free record free: recorded closed
-    /// by the last committed checkpoint and not freed since (order kept).
+    /// Of the dead segments `dead`, those rules 1 and 7 let a free record free: recorded
+    /// closed by the last committed checkpoint, or opened since its snapshot (young), and
+    /// not freed since (order kept).
     fn freeable_of(&self, dead: &[u32]) -> Vec<u32> {
         let closed = lock(&self.ckpt.closed);
+        let freed = lock(&self.ckpt.freed);
         dead.iter()
             .copied()
-            .filter(|&s| closed.get(s as usize).copied().unwrap_or(false))
+            .filter(|&s| {
+                closed.get(s as usize).copied().unwrap_or(false)
+                    || (!freed.contains(&s) && self.t.segs.is_young(s))
+            })
             .collect()
     }
 }
