@@ -648,6 +648,7 @@ fn decode_seeds() -> Vec<(&'static str, Vec<u8>)> {
         base: 60,
         chain: 90,
         erase_count: 3,
+        chunks: vec![61, 75],
     }
     .encode();
     let partial = ftl::records::PartialCheckpoint {
