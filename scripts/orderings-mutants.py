@@ -183,6 +183,12 @@ MUTANTS = [
      [("""        if c.is_some_and(|(seg, _)| frees.iter().any(|f| f.segment == seg)) {""",
        """        if false && c.is_some_and(|(seg, _)| frees.iter().any(|f| f.segment == seg)) {""")],
      [ORDERINGS, POWER]),
+    ("free-7-trim", "free rule 7: a segment with TRIM records stops being young",
+     "ftl/src/segments.rs",
+     [("""            if trims {
+                y.remove(&seg);""", """            if false && trims {
+                y.remove(&seg);""")],
+     [ORDERINGS, POWER]),
     ("free-7-off", "free rule 7: after a failed checkpoint commit nothing is young",
      "ftl/src/engine/checkpoint.rs",
      [("""            segs.young_off();""", """            let _ = segs;""")],

@@ -34,6 +34,7 @@ use crate::log::{chunk_capacity, seal, OpenChunk, SealParams, SealedChunk, Strea
 use crate::map::MapEntry;
 use crate::staging::{SlotPlace, StagingArea};
 use crate::stream::{StreamId, GC_STREAM, STREAMS};
+use crate::summary::Entry;
 use crate::sync::{lock, AtomicU64, Mutex, MutexGuard};
 use crate::tables::{LiveCounters, Tables};
 use crate::tracker::ChunkTracker;
@@ -241,6 +242,11 @@ impl Appender {
             st.chunk = Some(chunk);
             return Ok(None);
         }
+        // Free rule 7: a segment with TRIM records is never freed as young (see below).
+        let trims = chunk
+            .entries
+            .iter()
+            .any(|e| matches!(e, Entry::Trim { .. }));
         // Staging rule 2: the slot learns its number under the tracker lock.
         let seq = self.tracker.begin_with(|n| chunk.buf.mark_sealed(n));
         // Rule 5: from here the number is registered as incomplete, and every
@@ -266,7 +272,7 @@ impl Appender {
         };
         std::mem::forget(guard);
         // Free rule 7: a young segment's chunks are listed for its free record.
-        t.segs.note_chunk(seg, seq);
+        t.segs.note_chunk(seg, seq, trims);
         let c = &t.counters;
         LiveCounters::add(&c.padding_bytes, pad as u64 * BLOCK_SIZE as u64);
         LiveCounters::add(&c.summary_blocks, 1);

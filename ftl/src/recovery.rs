@@ -202,10 +202,11 @@ pub(crate) fn load_index<I: IndexStore>(
             .chunks
             .iter()
             .all(|&c| c >= checkpoint.next_chunk_seq && c < f.chain);
+        // (A segment opened after the checkpoint may have been closed with no chunk: a
+        // relocation whose block moved on left its open chunk empty.)
         let follows = match recorded {
             Some(SegState::Closed) => f.chunks.is_empty(),
-            Some(SegState::Open) => in_chain,
-            Some(SegState::Free) => in_chain && !f.chunks.is_empty(),
+            Some(SegState::Open) | Some(SegState::Free) => in_chain,
             _ => false,
         };
         if f.segment == 0 || !follows || f.epoch != checkpoint.epoch {

@@ -253,10 +253,19 @@ impl Segments {
         Some(seg)
     }
 
-    /// Chunk number `seq` was sealed into `seg` (called under the stream's lock).
-    pub fn note_chunk(&self, seg: u32, seq: u64) {
-        if let Some(v) = self.lock().young.as_mut().and_then(|y| y.get_mut(&seg)) {
-            v.push(seq);
+    /// Chunk number `seq` was sealed into `seg` (called under the stream's lock). With
+    /// `trims` (the chunk holds TRIM records) the segment stops being young: stepping
+    /// over a TRIM record at recovery would lose it, since nothing later supersedes it
+    /// (a carry drops the records no allocated segment needs for the log walker, but the
+    /// checkpoint's map may still point at the block it unmapped). It waits for a
+    /// checkpoint instead.
+    pub fn note_chunk(&self, seg: u32, seq: u64, trims: bool) {
+        if let Some(y) = self.lock().young.as_mut() {
+            if trims {
+                y.remove(&seg);
+            } else if let Some(v) = y.get_mut(&seg) {
+                v.push(seq);
+            }
         }
     }
 

@@ -17,11 +17,11 @@
 //!
 //! Crash-ordering rules of a free record (tested in `tests/orderings.rs` and by the
 //! concurrent crash harness, whose cleaner frees through them):
-//! 1. only a segment the last committed checkpoint recorded `Closed`, or one opened after
-//!    its snapshot (rule 7), and not freed since, is freed: a segment that was a stream's
-//!    open segment at the checkpoint holds the chunks recovery follows from its cursor,
-//!    and waits for the next checkpoint. Test:
-//!    `a_segment_open_at_the_checkpoint_waits_for_the_next`;
+//! 1. only a segment the last committed checkpoint recorded `Closed`, or one young to it
+//!    (rule 7: a stream's open segment at its snapshot, or opened since), and not freed
+//!    since, is freed; the others (freed once already, or young with TRIM records) wait
+//!    for the next checkpoint. Test:
+//!    `a_free_record_whose_commit_failed_after_applying_is_superseded`;
 //! 2. the segment is seen dead (no live block) BEFORE each stream's open chunk is checked,
 //!    under its lock, for an entry that killed one of its blocks, and such a chunk is
 //!    sealed ([`FreeMode::Seal`]) or the segment left for a later record
@@ -50,8 +50,13 @@
 //!    below `N` (the segment was dead, rules 2 and 3) before the record was committed.
 //!    After a checkpoint whose commit failed nothing is young until the next snapshot
 //!    (recovery may start from either checkpoint). A segment freed once is not freed
-//!    again before the next checkpoint (its record's key is the segment). Test:
-//!    `a_young_segment_freed_by_a_record_is_stepped_over_by_recovery`.
+//!    again before the next checkpoint (its record's key is the segment). A segment that
+//!    got a chunk with TRIM records stops being young: a TRIM record has no later entry
+//!    superseding it (found by review: the TRIM segment's carry drops records the log
+//!    walker no longer needs, while the checkpoint's map may still name the block).
+//!    Tests: `a_young_segment_freed_by_a_record_is_stepped_over_by_recovery`,
+//!    `a_segment_open_at_the_checkpoint_is_freed_with_its_chunks_listed`,
+//!    `a_young_segment_with_trim_records_waits_for_a_checkpoint`.
 
 use super::Ftl;
 use crate::error::Result;

@@ -254,13 +254,13 @@ fn discard_punches_hole_and_reads_zeros() {
     dev.discard(MIB / 2, 4096).expect("discard hole");
 }
 
-#[test]
-fn write_many_writes_everything() {
-    let dir = scratch();
-    let dev = create(&dir.path().join("dev"), 4 * MIB);
-    // 150 requests: more than two ring batches; mixed sizes, aligned and not.
-    let n = 150usize;
-    let blocks_for = |i: usize| 1 + i % 3;
+/// Blocks of request `i` in the many-request tests.
+fn blocks_for(i: usize) -> usize {
+    1 + i % 3
+}
+
+/// Offsets of `n` requests of [`blocks_for`] blocks, a free block between each two.
+fn spaced_offsets(n: usize) -> Vec<u64> {
     let mut offsets = Vec::new();
     let mut off = 0u64;
     for i in 0..n {
@@ -268,6 +268,16 @@ fn write_many_writes_everything() {
         off += (blocks_for(i) * BLOCK_SIZE) as u64 + BLOCK_SIZE as u64; // leave a gap
     }
     assert!(off <= 4 * MIB);
+    offsets
+}
+
+#[test]
+fn write_many_writes_everything() {
+    let dir = scratch();
+    let dev = create(&dir.path().join("dev"), 4 * MIB);
+    // 150 requests: more than two ring batches; mixed sizes, aligned and not.
+    let n = 150usize;
+    let offsets = spaced_offsets(n);
     let data: Vec<Vec<u8>> = (0..n)
         .map(|i| pattern(2000 + i as u64, blocks_for(i) * BLOCK_SIZE))
         .collect();
@@ -323,18 +333,13 @@ fn read_many_reads_everything() {
     let dev = create(&dir.path().join("dev"), 4 * MIB);
     // 150 requests: more than two ring batches; mixed sizes and alignment.
     let n = 150usize;
-    let blocks_for = |i: usize| 1 + i % 3;
-    let mut offsets = Vec::new();
-    let mut off = 0u64;
-    for i in 0..n {
-        offsets.push(off);
+    let offsets = spaced_offsets(n);
+    for (i, &off) in offsets.iter().enumerate() {
         let len = blocks_for(i) * BLOCK_SIZE;
         let mut src = AlignedBuf::new(len);
         src.copy_from_slice(&pattern(1000 + i as u64, len));
         dev.write_at(off, &src).expect("write");
-        off += len as u64 + BLOCK_SIZE as u64; // leave a gap
     }
-    assert!(off <= 4 * MIB);
 
     let mut aligned: Vec<AlignedBuf> = Vec::new();
     let mut plain: Vec<Vec<u8>> = Vec::new();
