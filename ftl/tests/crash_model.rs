@@ -82,6 +82,37 @@ fn past_failures_of_the_property_test() {
     }
 }
 
+/// A failure the property test found on 2026-11-26 (test.sh on 098773c), and that the
+/// session's starting commit d03e83a fails the same way: after the final power cut the
+/// reopened FTL reads lba 460 as the block written before an unflushed TRIM of it (which
+/// the model allows: the TRIM was lost), while the index rebuilt from the same image
+/// (`rebuild_agrees`) reads zeros. The rebuild and recovery disagree about a chunk of
+/// stream 0 (the TRIM stream: data and the TRIM record share it) after a crash. Not
+/// fixed yet; ignored so the suite stays green while the bug is open. Run it with
+/// `cargo test --release -p ftl --test crash_model -- --ignored`.
+#[test]
+#[ignore = "known bug, open: index rebuild disagrees with recovery after an unflushed TRIM in the TRIM stream"]
+fn rebuild_agrees_after_an_unflushed_trim_in_the_trim_stream() {
+    let w = |lba, blocks, stream| Op::Write {
+        lba,
+        blocks,
+        fua: false,
+        stream,
+    };
+    let case = vec![
+        w(0, 0, 0),
+        w(20, 3, 0),
+        Op::CloseStream { stream: 0 },
+        Op::Trim { lba: 12, blocks: 8 },
+        w(0, 0, 1),
+        Op::CloseStream { stream: 0 },
+        w(68, 4, 0),
+        w(0, 0, 0),
+        w(0, 0, 0),
+    ];
+    run(&case).unwrap_or_else(|e| panic!("{e}"));
+}
+
 /// The span written in order, a third of it overwritten in another stream (scattered on
 /// the log), large reads
 /// that queue their scattered windows and rewrite them, then a power cut and a kill:
