@@ -80,8 +80,13 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         let below = (self.epoch, self.log.tracker().next_seq());
         self.log.tracker().wait_below(below.1);
         self.check_poison()?;
-        let oldest = self.t.segs.oldest_opened(todo);
         for &seg in todo {
+            // Rule 3, per segment: only its own blocks go with it when it is freed. The
+            // other segments being carried may hold data too (the TRIM stream is a
+            // stream like any other) and stay allocated while it does; leaving them all
+            // out dropped the records that hid their blocks (found by the property
+            // test, `crash_model::rebuild_agrees_after_an_unflushed_trim_in_the_trim_stream`).
+            let oldest = self.t.segs.oldest_opened(&[seg]);
             let mut ranges = Vec::new();
             let walk = SegmentChunks::new(&self.dev, self.t.geo, seg, self.format_id(), below);
             for chunk in walk {
