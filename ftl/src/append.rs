@@ -300,15 +300,12 @@ impl Appender {
         segs: &[u32],
         out: &mut Vec<Arc<SealedChunk>>,
     ) -> Result<()> {
-        for (sid, m) in self.streams.iter().enumerate() {
-            let mut st = lock(m);
-            if st.chunk.as_ref().is_some_and(|c| c.killed_any(segs)) {
-                if let Some(c) = self.seal_open(t, sid as u8, &mut st)? {
-                    out.push(c);
-                }
+        self.each_killer_stream(segs, |sid, st| {
+            if let Some(c) = self.seal_open(t, sid, st)? {
+                out.push(c);
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Of `segs` (sorted), those an open chunk holds an entry that unmapped one of their
@@ -317,15 +314,33 @@ impl Appender {
     /// read afterwards). Sorted.
     pub fn open_killers(&self, segs: &[u32]) -> Vec<u32> {
         let mut out = Vec::new();
-        for m in &self.streams {
-            let st = lock(m);
+        // Infallible: the closure never fails.
+        let _ = self.each_killer_stream(segs, |_, st| {
             if let Some(c) = &st.chunk {
                 out.extend(c.killed.iter().filter(|s| segs.binary_search(s).is_ok()));
             }
-        }
+            Ok(())
+        });
         out.sort_unstable();
         out.dedup();
         out
+    }
+
+    /// Calls `f` with each stream whose open chunk holds an entry that unmapped a block of
+    /// one of `segs` (sorted), under that stream's lock, one stream at a time (free rule
+    /// 2's look at the open chunks).
+    fn each_killer_stream(
+        &self,
+        segs: &[u32],
+        mut f: impl FnMut(u8, &mut StreamLog) -> Result<()>,
+    ) -> Result<()> {
+        for (sid, m) in self.streams.iter().enumerate() {
+            let mut st = lock(m);
+            if st.chunk.as_ref().is_some_and(|c| c.killed_any(segs)) {
+                f(sid as u8, &mut st)?;
+            }
+        }
+        Ok(())
     }
 
     /// Makes sure the stream has an open chunk with room for one entry (and a data block

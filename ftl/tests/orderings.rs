@@ -628,6 +628,43 @@ fn cut_check_reopen(
     Ftl::open(dev.clone(), idx.clone(), cfg).unwrap().0
 }
 
+/// A gated FTL after `lbas` were written on S0 with tag 1 (S0 closed then when `close`)
+/// and a checkpoint, with the tags given.
+#[allow(clippy::type_complexity)]
+fn checkpointed_after(
+    cfg: &Config,
+    lbas: std::ops::Range<u64>,
+    close: bool,
+) -> (
+    Arc<GateDevice<Arc<CrashDevice>>>,
+    Arc<MemIndex>,
+    GateFtl,
+    HashMap<u64, u64>,
+) {
+    let (dev, idx, f) = gated(cfg.clone());
+    let mut tags = HashMap::new();
+    write_tagged(&f, lbas, 1, S0, false, &mut tags);
+    if close {
+        f.close_stream(S0).unwrap();
+    }
+    f.checkpoint().unwrap();
+    (dev, idx, f, tags)
+}
+
+/// [`cut_check_reopen`] once `f` is dropped, then every block of `tags` read back.
+fn cut_and_check(
+    f: GateFtl,
+    dev: &Arc<GateDevice<Arc<CrashDevice>>>,
+    idx: &Arc<MemIndex>,
+    seed: u64,
+    cfg: Config,
+    tags: &HashMap<u64, u64>,
+) {
+    drop(f);
+    let f = cut_check_reopen(dev, idx, seed, cfg);
+    check_tags(&f, tags, "after the power cut");
+}
+
 /// Every lba of `lbas` reads the block written with `tag`.
 fn assert_tags(f: &GateFtl, lbas: &[u64], tag: u64) {
     for &l in lbas {
@@ -705,10 +742,7 @@ fn reuse_on_stream_3(f: &GateFtl, seg: u32, tags: &mut HashMap<u64, u64>) {
 #[test]
 fn a_segment_open_at_the_checkpoint_is_freed_with_its_chunks_listed() {
     let cfg = Config::default();
-    let (dev, idx, f) = gated(cfg.clone());
-    let mut tags: HashMap<u64, u64> = HashMap::new();
-    write_tagged(&f, 0..3, 1, S0, false, &mut tags);
-    f.checkpoint().unwrap();
+    let (dev, idx, f, mut tags) = checkpointed_after(&cfg, 0..3, false);
     // Lba 0's segment is S0's open segment at the checkpoint: S0 goes on in it, then
     // closes it (and writes nothing more: its cursor at the checkpoint is the last place
     // recovery knows for it).
@@ -722,9 +756,7 @@ fn a_segment_open_at_the_checkpoint_is_freed_with_its_chunks_listed() {
     // zero it as the chunk past S0's break).
     reuse_on_stream_3(&f, seg, &mut tags);
     write_tagged(&f, 300..312, 6, StreamId(3), true, &mut tags);
-    drop(f);
-    let f = cut_check_reopen(&dev, &idx, 13, cfg);
-    check_tags(&f, &tags, "after the power cut");
+    cut_and_check(f, &dev, &idx, 13, cfg, &tags);
 }
 
 /// Free rule 7: a segment opened and closed after the checkpoint holds chunks of the chain
@@ -734,10 +766,7 @@ fn a_segment_open_at_the_checkpoint_is_freed_with_its_chunks_listed() {
 #[test]
 fn a_young_segment_freed_by_a_record_is_stepped_over_by_recovery() {
     let cfg = Config::default();
-    let (dev, idx, f) = gated(cfg.clone());
-    let mut tags: HashMap<u64, u64> = HashMap::new();
-    write_tagged(&f, 0..3, 1, S0, false, &mut tags);
-    f.checkpoint().unwrap();
+    let (dev, idx, f, mut tags) = checkpointed_after(&cfg, 0..3, false);
     // S0 fills the segment it had open at the checkpoint and opens young ones.
     write_tagged(&f, 3..120, 1, S0, false, &mut tags);
     f.flush().unwrap();
@@ -751,9 +780,7 @@ fn a_young_segment_freed_by_a_record_is_stepped_over_by_recovery() {
     reuse_on_stream_3(&f, seg, &mut tags);
     write_tagged(&f, 250..270, 4, StreamId(3), false, &mut tags);
     f.flush().unwrap();
-    drop(f);
-    let f = cut_check_reopen(&dev, &idx, 11, cfg);
-    check_tags(&f, &tags, "after the power cut");
+    cut_and_check(f, &dev, &idx, 11, cfg, &tags);
 }
 
 /// Free rule 7, TRIM records: a TRIM record has no later entry superseding it, so a young
@@ -762,12 +789,8 @@ fn a_young_segment_freed_by_a_record_is_stepped_over_by_recovery() {
 #[test]
 fn a_young_segment_with_trim_records_waits_for_a_checkpoint() {
     let cfg = Config::default();
-    let (dev, idx, f) = gated(cfg.clone());
-    let mut tags: HashMap<u64, u64> = HashMap::new();
     // Segment X holds lbas 0..8, closed before the checkpoint.
-    write_tagged(&f, 0..8, 1, S0, false, &mut tags);
-    f.close_stream(S0).unwrap();
-    f.checkpoint().unwrap();
+    let (dev, idx, f, mut tags) = checkpointed_after(&cfg, 0..8, true);
     let (x, x_lbas) = in_segment_of(&f, 5, 0..8);
     assert_eq!(x_lbas.len(), 8);
     // TRIM them: the TRIM stream opens a young segment with the records, which kill X.
@@ -795,9 +818,7 @@ fn a_young_segment_with_trim_records_waits_for_a_checkpoint() {
     );
     // X is reused, and the power is cut: lbas 0..8 read zeros.
     reuse_on_stream_3(&f, x, &mut tags);
-    drop(f);
-    let f = cut_check_reopen(&dev, &idx, 17, cfg);
-    check_tags(&f, &tags, "after the power cut");
+    cut_and_check(f, &dev, &idx, 17, cfg, &tags);
 }
 
 /// Free rule 2: the entries that killed the segment's last blocks sit in stream 2's open
@@ -958,6 +979,17 @@ fn recovery_fails_loudly_when_a_free_record_outruns_the_log() {
     let epoch = f.epoch();
     drop(f);
     let poke = |r: FreeRecord| idx.poke(Key::free(r.segment), r.encode());
+    // The open fails on record `r`, a corruption naming `why`.
+    let refused = |r: FreeRecord, why: &str| {
+        poke(r);
+        let err = Ftl::open(dev.clone(), idx.clone(), Config::default())
+            .err()
+            .expect("the open fails");
+        assert!(
+            matches!(&err, Error::Corrupt(m) if m.contains(why)),
+            "{err}"
+        );
+    };
     let good = FreeRecord {
         segment: seg,
         epoch,
@@ -966,49 +998,30 @@ fn recovery_fails_loudly_when_a_free_record_outruns_the_log() {
         erase_count: 1,
         chunks: vec![],
     };
-    poke(good.clone());
-    let err = Ftl::open(dev.clone(), idx.clone(), Config::default())
-        .err()
-        .expect("the open fails");
-    assert!(
-        matches!(&err, Error::Corrupt(m) if m.contains("chunks are missing")),
-        "{err}"
-    );
-    poke(FreeRecord {
-        epoch: epoch - 1,
-        ..good.clone()
-    });
-    let err = Ftl::open(dev.clone(), idx.clone(), Config::default())
-        .err()
-        .expect("the open fails");
-    assert!(
-        matches!(&err, Error::Corrupt(m) if m.contains("does not follow")),
-        "{err}"
+    refused(good.clone(), "chunks are missing");
+    refused(
+        FreeRecord {
+            epoch: epoch - 1,
+            ..good.clone()
+        },
+        "does not follow",
     );
     // Free rule 7: a chunk list on a segment the checkpoint recorded closed, or chunks
     // numbered before the checkpoint, do not follow it either.
-    poke(FreeRecord {
-        chunks: vec![good.base + 1],
-        ..good.clone()
-    });
-    let err = Ftl::open(dev.clone(), idx.clone(), Config::default())
-        .err()
-        .expect("the open fails");
-    assert!(
-        matches!(&err, Error::Corrupt(m) if m.contains("does not follow")),
-        "{err}"
+    refused(
+        FreeRecord {
+            chunks: vec![good.base + 1],
+            ..good.clone()
+        },
+        "does not follow",
     );
-    poke(FreeRecord {
-        segment: seg + 8,
-        chunks: vec![good.base - 1],
-        ..good.clone()
-    });
-    let err = Ftl::open(dev.clone(), idx.clone(), Config::default())
-        .err()
-        .expect("the open fails");
-    assert!(
-        matches!(&err, Error::Corrupt(m) if m.contains("does not follow")),
-        "{err}"
+    refused(
+        FreeRecord {
+            segment: seg + 8,
+            chunks: vec![good.base - 1],
+            ..good.clone()
+        },
+        "does not follow",
     );
     // Stale: it follows another checkpoint. Ignored (segment `seg` keeps its data) and
     // removed by the open checkpoint.

@@ -115,16 +115,16 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
         times.add(&times.lock, &mut t);
         let dead = self.t.segs.dead_closed();
         // Rule 1 (`dead_closed` is in ascending order, as `killed_any` wants).
-        let mut segs = self.freeable_of(&dead);
+        let mut freeable = self.freeable_of(&dead);
         let mut report = FreeReport {
-            dead_left: dead.len() - segs.len(),
+            dead_left: dead.len() - freeable.len(),
             ..Default::default()
         };
         // Rule 2: seen dead above; now the open chunks, each under its lock.
         match mode {
-            FreeMode::Seal if !segs.is_empty() => {
+            FreeMode::Seal if !freeable.is_empty() => {
                 let mut sealed = Vec::new();
-                let r = self.log.seal_killers(&self.t, &segs, &mut sealed);
+                let r = self.log.seal_killers(&self.t, &segs_of(&freeable), &mut sealed);
                 report.chunks_sealed = sealed.len();
                 // Written even when a seal failed (engine rule 5: their numbers complete).
                 self.write_chunks(sealed)?;
@@ -132,29 +132,23 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
             }
             FreeMode::Seal => {}
             FreeMode::Settled => {
-                let open = self.log.open_killers(&segs);
-                segs.retain(|s| open.binary_search(s).is_err());
+                let open = self.log.open_killers(&segs_of(&freeable));
+                freeable.retain(|(s, _)| open.binary_search(s).is_err());
                 report.unsettled = open.len();
             }
         }
-        if segs.is_empty() {
+        if freeable.is_empty() {
             return Ok(report);
         }
+        let segs = segs_of(&freeable);
         times.add(&times.snapshot, &mut t);
         let chain = self.log.tracker().next_seq();
         // Rule 3.
         self.flush_upto(chain)?;
         times.add(&times.sync, &mut t);
-        let closed_at_ck: Vec<bool> = {
-            let closed = lock(&ck.closed);
-            segs.iter()
-                .map(|&s| closed.get(s as usize).copied().unwrap_or(false))
-                .collect()
-        };
-        let ops = segs
+        let ops = freeable
             .iter()
-            .zip(&closed_at_ck)
-            .map(|(&s, &closed)| {
+            .map(|&(s, closed)| {
                 let r = FreeRecord {
                     segment: s,
                     epoch: self.epoch,
@@ -209,7 +203,7 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
     /// chunk killed a block of (settled: [`FreeMode::Settled`] frees them without sealing
     /// anything). Looks at every stream's open chunk under its lock.
     pub fn freeable_and_settled(&self) -> (usize, usize) {
-        let segs = self.freeable_of(&self.t.segs.dead_closed());
+        let segs = segs_of(&self.freeable_of(&self.t.segs.dead_closed()));
         if segs.is_empty() {
             return (0, 0);
         }
@@ -219,16 +213,26 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
 
     /// Of the dead segments `dead`, those rules 1 and 7 let a free record free: recorded
     /// closed by the last committed checkpoint, or opened since its snapshot (young), and
-    /// not freed since (order kept).
-    fn freeable_of(&self, dead: &[u32]) -> Vec<u32> {
+    /// not freed since (order kept). Each comes with whether the checkpoint recorded it
+    /// closed (its record lists no chunks) or it is young (rule 7: its record lists them).
+    fn freeable_of(&self, dead: &[u32]) -> Vec<(u32, bool)> {
         let closed = lock(&self.ckpt.closed);
         let freed = lock(&self.ckpt.freed);
         dead.iter()
-            .copied()
-            .filter(|&s| {
-                closed.get(s as usize).copied().unwrap_or(false)
-                    || (!freed.contains(&s) && self.t.segs.is_young(s))
+            .filter_map(|&s| {
+                if closed.get(s as usize).copied().unwrap_or(false) {
+                    Some((s, true))
+                } else if !freed.contains(&s) && self.t.segs.is_young(s) {
+                    Some((s, false))
+                } else {
+                    None
+                }
             })
             .collect()
     }
+}
+
+/// The segments of [`Ftl::freeable_of`]'s list.
+fn segs_of(freeable: &[(u32, bool)]) -> Vec<u32> {
+    freeable.iter().map(|&(s, _)| s).collect()
 }
