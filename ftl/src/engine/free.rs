@@ -105,12 +105,26 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
     /// [`Ftl::free_dead`], but with [`FreeMode::Settled`] only the segments no open chunk
     /// killed a block of are freed, and nothing is sealed.
     pub fn free_dead_with(&self, mode: FreeMode) -> Result<FreeReport> {
+        self.free_dead_unless(mode, || false)
+    }
+
+    /// [`Ftl::free_dead_with`], unless `done` says, once the checkpointer's lock is held
+    /// (a free record or checkpoint that held it may have freed what the caller needed),
+    /// that nothing is needed any more: then nothing is done.
+    pub(super) fn free_dead_unless(
+        &self,
+        mode: FreeMode,
+        done: impl Fn() -> bool,
+    ) -> Result<FreeReport> {
         let mut t = Instant::now();
         // Tombstone rule 1, as for a checkpoint.
         self.carry_tombstones()?;
         let ck = &self.ckpt;
         let _one = ck.lock();
         self.check_poison()?;
+        if done() {
+            return Ok(FreeReport::default());
+        }
         let times = &ck.free_times;
         times.add(&times.lock, &mut t);
         let dead = self.t.segs.dead_closed();
