@@ -553,6 +553,7 @@ mod tests {
     use crate::index::mem::MemIndex;
     use crate::model::block_for;
     use crate::{Error, FormatOptions, StreamId};
+    use std::sync::atomic::Ordering;
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -563,6 +564,32 @@ mod tests {
             ..Default::default()
         };
         crate::model::mem_ftl(32 * (64 << 10), &opts)
+    }
+
+    /// The cleaner out of space skips its free record when the free list grew while it
+    /// waited for the checkpointer's lock (`append_loop`): nothing is committed or freed.
+    /// Without that, the same call frees the dead segments.
+    #[test]
+    fn a_free_record_nobody_needs_any_more_does_nothing() {
+        use super::free::{FreeMode, FreeReport};
+        let (_, _, f) = small_ftl();
+        for l in 0..64 {
+            f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
+        }
+        f.checkpoint().unwrap();
+        for l in 0..64 {
+            f.write(l, &block_for(l, 2), false, StreamId(2)).unwrap();
+        }
+        let freeable = f.freeable_segments();
+        assert!(freeable >= 1, "stream 1's closed segments died");
+        let (frees, free) = (f.ckpt.frees.load(Ordering::SeqCst), f.free_segments());
+        let r = f.free_dead_unless(FreeMode::Seal, || true).unwrap();
+        assert_eq!(r, FreeReport::default());
+        assert_eq!(f.freeable_segments(), freeable);
+        assert_eq!(f.ckpt.frees.load(Ordering::SeqCst), frees, "no record");
+        assert_eq!(f.free_segments(), free);
+        let r = f.free_dead_unless(FreeMode::Seal, || false).unwrap();
+        assert_eq!(r.segments_freed, freeable, "{r:?}");
     }
 
     /// A stream out of range is an error whatever the write's length (an empty write
