@@ -308,6 +308,14 @@ MUTANTS = [
        """        if false {
             if let Some(x) = t.trims.get_mut(seg as usize) {""")],
      [REBUILD, MODEL]),
+    ("tombstone-1-recovery", "tombstone rule 1: a segment recovery took over goes by its stream (its chunks were not seen sealed)",
+     "ftl/src/segments.rs",
+     [("""        t.seen[seg as usize] = false;
+        self.owner[seg as usize].store(stream, Ordering::SeqCst);""",
+       """        t.seen[seg as usize] = true;
+        t.trims[seg as usize] = false;
+        self.owner[seg as usize].store(stream, Ordering::SeqCst);""")],
+     [REBUILD]),
     ("tombstone-3", "tombstone rule 3: only records older than every other allocated segment are dropped",
      "ftl/src/engine/tombstones.rs",
      [("""                        if oldest.is_some_and(|o| seq > o) {""",

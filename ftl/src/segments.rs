@@ -45,9 +45,10 @@ pub struct SegTableInner {
     /// Segments of the TRIM stream whose records were carried forward
     /// (`engine/tombstones.rs`); cleared when the segment is freed.
     pub carried: Vec<bool>,
-    /// Segments opened in this session (by [`Segments::allocate`]): every chunk sealed
-    /// into them was seen by [`Segments::note_chunk`], so `trims` says whether they hold
-    /// TRIM records. Of the others, any segment of the TRIM stream may.
+    /// Segments opened in this session by [`Segments::allocate`] (not those recovery
+    /// took over, [`Segments::take_for_recovery`]): every chunk sealed into them was
+    /// seen by [`Segments::note_chunk`], so `trims` says whether they hold TRIM records.
+    /// Of the others, any segment of the TRIM stream may.
     pub seen: Vec<bool>,
     /// Of the `seen` segments, those a chunk with TRIM records was sealed into.
     pub trims: Vec<bool>,
@@ -513,8 +514,10 @@ impl Segments {
         i.state = SegState::Open;
         i.stream = stream;
         i.opened_seq = seq;
-        t.seen[seg as usize] = true;
-        t.trims[seg as usize] = false;
+        // Tombstone rule 1: its chunks were written by the last session and replayed,
+        // not seen sealed, so whether it holds TRIM records goes by its stream (it did
+        // say "seen, none", and a TRIM segment taken over here was freed uncarried).
+        t.seen[seg as usize] = false;
         self.owner[seg as usize].store(stream, Ordering::SeqCst);
         true
     }

@@ -981,6 +981,12 @@ fn recovery_fails_loudly_when_a_free_record_outruns_the_log() {
     let poke = |r: FreeRecord| idx.poke(Key::free(r.segment), r.encode());
     // The open fails on record `r`, a corruption naming `why`.
     let refused = |r: FreeRecord, why: &str| {
+        // Alone in the index, so that it is this record the open refuses.
+        idx.commit(vec![
+            ftl::index::Op::Remove(Key::free(seg)),
+            ftl::index::Op::Remove(Key::free(seg + 8)),
+        ])
+        .unwrap();
         poke(r);
         let err = Ftl::open(dev.clone(), idx.clone(), Config::default())
             .err()

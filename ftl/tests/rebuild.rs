@@ -183,6 +183,53 @@ fn a_trimmed_range_stays_trimmed_after_its_trim_segment_is_freed() {
     assert_eq!(observe(5, &b), Observed::Tag(0));
 }
 
+/// Tombstone rule 1 across a restart: a segment recovery takes over (free at the
+/// checkpoint, the TRIM stream's chain continued into it) holds TRIM records the new
+/// session never saw sealed, so it is carried before it is freed, like any TRIM segment
+/// of an earlier session. Found by review: the recovery path marked it as seen in this
+/// session with no TRIM records, and it was freed uncarried.
+#[test]
+fn trim_records_in_a_segment_recovery_took_over_are_carried_before_it_is_freed() {
+    let (dev, idx, f) = tiny_crash();
+    for l in 0..40 {
+        f.write(l, &block_for(l, l + 1), false, StreamId(1))
+            .unwrap();
+    }
+    f.flush().unwrap();
+    f.checkpoint().unwrap();
+    // The TRIM stream opens a segment free at the checkpoint; its records are durable.
+    f.trim(0, 40).unwrap();
+    f.flush().unwrap();
+    let trim_segs = |f: &CrashFtl| -> Vec<u32> {
+        f.segment_snapshot()
+            .into_iter()
+            .filter(|s| s.stream == TRIM_STREAM.0 && s.state != "free" && s.segment != 0)
+            .map(|s| s.segment)
+            .collect()
+    };
+    let before = trim_segs(&f);
+    assert!(!before.is_empty());
+    // A process death (no close), and a reopen that replays the TRIM stream's chunks.
+    drop(f);
+    let (g, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
+    g.close_stream(TRIM_STREAM).unwrap();
+    g.checkpoint().unwrap();
+    g.checkpoint().unwrap();
+    let snap = g.segment_snapshot();
+    assert!(
+        before.iter().any(|&s| snap[s as usize].state == "free"),
+        "the TRIM segment is freed ({before:?})"
+    );
+    assert!(
+        snap.iter().any(|s| s.stream == 1 && s.state != "free"),
+        "the data segment is not freed"
+    );
+    rebuild_agrees(&dev, &g).unwrap();
+    let mut b = vec![0u8; BLOCK_SIZE];
+    g.read(5, &mut b).unwrap();
+    assert_eq!(observe(5, &b), Observed::Tag(0));
+}
+
 /// Checkpoint rule 5: a freed segment's first block is zero on the device, discard or
 /// not, so the walker finds nothing of its old use.
 #[test]

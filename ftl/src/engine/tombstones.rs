@@ -19,9 +19,12 @@
 //! not unmapped, or after it, and wins). A block written since is left out.
 //!
 //! Rules (each tested in `tests/rebuild.rs`):
-//! 1. a segment of the TRIM stream is freeable only once it is carried
+//! 1. a segment that may hold TRIM records is freeable only once it is carried
 //!    (`Segments::dead_closed` leaves the others out): its records are in the log until
-//!    their successors are;
+//!    their successors are. Which segments may: one this session gave a chunk with TRIM
+//!    records (`Segments::note_chunk`), and any segment of the TRIM stream it did not
+//!    open itself (from an earlier session, or taken over by recovery); the TRIM
+//!    stream's data-only segments of this session need no carry;
 //! 2. the open chunk that holds carried records notes the carried segment as one it
 //!    "killed", so a free record seals it (free rule 2) and a checkpoint seals every
 //!    chunk (checkpoint rule 1): the carried records are durable BEFORE the segment they
