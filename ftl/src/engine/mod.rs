@@ -130,6 +130,10 @@ pub(crate) struct Parts<D, I> {
     pub freed: Vec<u32>,
 }
 
+/// How many times one append may find that others freed the space it was about to free
+/// ([`Ftl::append_loop`]) before it stops trying and reports it has none.
+const MAX_OTHERS_ROUNDS: u32 = 4;
+
 impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     pub(crate) fn from_parts(p: Parts<D, I>) -> Self {
         let geo = p.sb.geometry;
@@ -319,6 +323,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         }
         let mut i = 0;
         let mut retried = false;
+        // Times this call found space others freed while it waited (bounded: a
+        // relocation into a stream that keeps the reserve, or a writer without a cleaner,
+        // could otherwise go round as long as others free and someone else takes it).
+        let mut others_rounds = 0u32;
         while i < items {
             let mut out = Vec::new();
             let mut need_space = false;
@@ -407,8 +415,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                         self.checkpoint()?;
                     }
                     // Space someone else freed may be gone again by the next look: this
-                    // thread may still free or checkpoint then.
-                    retried = !others_freed;
+                    // thread may still free or checkpoint then, a few times.
+                    others_rounds += u32::from(others_freed);
+                    retried = !others_freed || others_rounds >= MAX_OTHERS_ROUNDS;
                     continue;
                 }
                 // The cleaner makes space; it must not wait for it.
