@@ -310,10 +310,9 @@ MUTANTS = [
      [REBUILD, MODEL]),
     ("tombstone-1-recovery", "tombstone rule 1: a segment recovery took over goes by its stream (its chunks were not seen sealed)",
      "ftl/src/segments.rs",
-     [("""        t.seen[seg as usize] = false;
+     [("""        t.trims[seg as usize] = None;
         self.owner[seg as usize].store(stream, Ordering::SeqCst);""",
-       """        t.seen[seg as usize] = true;
-        t.trims[seg as usize] = false;
+       """        t.trims[seg as usize] = Some(false);
         self.owner[seg as usize].store(stream, Ordering::SeqCst);""")],
      [REBUILD]),
     ("tombstone-3", "tombstone rule 3: only records older than every other allocated segment are dropped",

@@ -45,13 +45,12 @@ pub struct SegTableInner {
     /// Segments of the TRIM stream whose records were carried forward
     /// (`engine/tombstones.rs`); cleared when the segment is freed.
     pub carried: Vec<bool>,
-    /// Segments opened in this session by [`Segments::allocate`] (not those recovery
-    /// took over, [`Segments::take_for_recovery`]): every chunk sealed into them was
-    /// seen by [`Segments::note_chunk`], so `trims` says whether they hold TRIM records.
-    /// Of the others, any segment of the TRIM stream may.
-    pub seen: Vec<bool>,
-    /// Of the `seen` segments, those a chunk with TRIM records was sealed into.
-    pub trims: Vec<bool>,
+    /// Whether a chunk with TRIM records was sealed into the segment, for those opened in
+    /// this session by [`Segments::allocate`], whose every chunk [`Segments::note_chunk`]
+    /// saw; `None` for the others (an earlier session's, and those recovery took over,
+    /// [`Segments::take_for_recovery`]), of which any segment of the TRIM stream may
+    /// hold some.
+    pub trims: Vec<Option<bool>>,
     /// Free segments not discarded yet (deferred discard, `engine/discard.rs`): when each
     /// was freed, and its key in `free`; `undiscarded` orders them oldest first.
     pub undiscarded: BTreeSet<(Instant, u32)>,
@@ -66,11 +65,7 @@ pub struct SegTableInner {
 impl SegTableInner {
     /// Whether segment `i` may hold TRIM records (see `seen`).
     fn may_hold_trims(&self, i: usize) -> bool {
-        if self.seen[i] {
-            self.trims[i]
-        } else {
-            self.info[i].stream == TRIM_STREAM.0
-        }
+        self.trims[i].unwrap_or(self.info[i].stream == TRIM_STREAM.0)
     }
 }
 
@@ -155,8 +150,7 @@ impl Segments {
         Segments {
             inner: Mutex::new(SegTableInner {
                 carried: vec![false; info.len()],
-                seen: vec![false; info.len()],
-                trims: vec![false; info.len()],
+                trims: vec![None; info.len()],
                 info,
                 free,
                 wear_aware: true,
@@ -266,8 +260,7 @@ impl Segments {
         i.state = SegState::Open;
         i.stream = stream;
         i.opened_seq = seq;
-        t.seen[seg as usize] = true;
-        t.trims[seg as usize] = false;
+        t.trims[seg as usize] = Some(false);
         if let Some(y) = t.young.as_mut() {
             y.insert(seg, Vec::new());
         }
@@ -285,7 +278,7 @@ impl Segments {
         let mut t = self.lock();
         if trims {
             if let Some(x) = t.trims.get_mut(seg as usize) {
-                *x = true;
+                *x = Some(true);
             }
         }
         if let Some(y) = t.young.as_mut() {
@@ -517,7 +510,7 @@ impl Segments {
         // Tombstone rule 1: its chunks were written by the last session and replayed,
         // not seen sealed, so whether it holds TRIM records goes by its stream (it did
         // say "seen, none", and a TRIM segment taken over here was freed uncarried).
-        t.seen[seg as usize] = false;
+        t.trims[seg as usize] = None;
         self.owner[seg as usize].store(stream, Ordering::SeqCst);
         true
     }
