@@ -379,12 +379,19 @@ pub fn render(d: &StatsDocument) -> Result<String, std::fmt::Error> {
         ),
     ]
     .into_iter()
-    .chain(cl.map(|x| {
-        (
-            "throttle_ns_per_block",
-            "The writers' pace set by the cleaner (0: not throttled)",
-            x.throttle_ns_per_block,
-        )
+    .chain(cl.into_iter().flat_map(|x| {
+        [
+            (
+                "throttle_ns_per_block",
+                "The writers' pace set by the cleaner (0: not throttled)",
+                x.throttle_ns_per_block,
+            ),
+            (
+                "headroom_segments",
+                "Free segments the cleaner holds for writers above its floor",
+                x.headroom_segments as u64,
+            ),
+        ]
     }))
     .collect();
     for (name, help, v) in counts {

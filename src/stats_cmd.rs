@@ -282,6 +282,14 @@ pub fn format_stats(d: &StatsDocument) -> String {
                 )
             },
         );
+        row(
+            "space headroom",
+            format!(
+                "{} segments held for writers above the floor (longest wait for space {:.1} ms)",
+                r.headroom_segments,
+                r.longest_space_wait_us as f64 / 1e3
+            ),
+        );
     } else {
         row("cleaner", "off".to_string());
     }
@@ -334,13 +342,16 @@ mod tests {
         with_cleaner["cleaner"] = serde_json::json!({"stats": {
             "cleaner": {"segments_cleaned": 4, "blocks_copied": 96, "slices": 9, "preemptions": 3},
             "foreground_slices": 2, "background_slices": 7, "throttle_ns_per_block": 25000,
-            "clean_rate_blocks_per_s": 30000.0, "errors": 0}});
+            "clean_rate_blocks_per_s": 30000.0, "errors": 0, "headroom_segments": 3,
+            "longest_space_wait_us": 4500}});
         with_cleaner["backing_allocated_bytes"] = serde_json::json!(3u64 << 20);
         let t2 = format_stats(&doc(&with_cleaner));
         for want in [
             "4 segments freed, 96 blocks copied",
             "9 run (2 foreground, 7 background), 3 preempted",
             "writers paced at 40000 blocks/s (cleaner's rate 30000 blocks/s)",
+            "space headroom         3 segments held for writers above the floor (longest wait \
+             for space 4.5 ms)",
             "backing allocated      3.0 MiB",
         ] {
             assert!(t2.contains(want), "missing {want:?} in\n{t2}");

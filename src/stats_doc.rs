@@ -182,6 +182,10 @@ pub struct CleanerRunFigures {
     pub throttle_ns_per_block: u64,
     pub clean_rate_blocks_per_s: f64,
     pub errors: u64,
+    /// Free segments held for writers above the low watermark's floor, and the longest
+    /// wait for a free segment of the last second it was judged by (microseconds).
+    pub headroom_segments: usize,
+    pub longest_space_wait_us: u64,
     /// The fields `ftlblk stats` does not print.
     #[serde(flatten)]
     pub other: Map<String, Value>,

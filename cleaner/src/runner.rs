@@ -17,7 +17,7 @@ use crate::policy::Policy;
 use crate::slice::{Budget, Cleaner, CleanerStats, SliceEnd};
 use crate::trigger::{
     background_interval, checkpoint_urgent, dead_batch, defrag_now, foreground_needed, pace_space,
-    reclaim_now, write_pace, CheckpointInputs, Reclaim, DEFRAG_WINDOWS_PER_TURN,
+    reclaim_now, write_pace, CheckpointInputs, Headroom, Reclaim, DEFRAG_WINDOWS_PER_TURN,
 };
 use ftl::{BlockDevice, FreeMode, Ftl, IndexStore};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,8 +46,10 @@ pub struct CleanerConfig {
     pub slice: Duration,
     /// Clean whole victims at once (the non-preemptive baseline).
     pub non_preemptive: bool,
-    /// Foreground cleaning at or below this many free (or dead) segments (0: reserve + 2
-    /// + a checkpoint's batch of dead segments).
+    /// Foreground cleaning at or below this many free (or dead) segments (0: reserve + 4
+    /// plus a headroom of up to a checkpoint's batch of dead segments less two, which
+    /// shrinks while writers wait for space only briefly and grows after a long wait:
+    /// `trigger::Headroom`). Set, it is fixed.
     pub low_watermark: usize,
     /// MinFree of the background interval formula (0: an eighth of the segments).
     pub min_free: usize,
@@ -55,7 +57,8 @@ pub struct CleanerConfig {
     pub min_interval: Duration,
     /// No foreground request for this long counts as idle.
     pub idle_gap: Duration,
-    /// Throttling starts at this many free segments (0: low watermark + 4).
+    /// Throttling starts at this many free segments (0: low watermark + 4, following the
+    /// headroom).
     pub throttle_start: usize,
     /// Slowest pace the throttle sets (interval between two blocks of all writers).
     pub max_write_pace: Duration,
@@ -119,6 +122,12 @@ pub struct RunnerStats {
     pub defrag_windows: u64,
     pub defrag_moved_blocks: u64,
     pub errors: u64,
+    /// Free segments held above the low watermark's floor for writers now
+    /// (`trigger::Headroom`).
+    pub headroom_segments: usize,
+    /// The longest a writer waited for a free segment in the last second judged, in
+    /// microseconds (what the headroom follows).
+    pub longest_space_wait_us: u64,
 }
 
 /// A running cleaner thread; stops (and detaches from the FTL) on drop.
@@ -219,20 +228,36 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
     // Dead segments count as free space here (a checkpoint frees a batch of them at
     // once), so the watermarks leave room for a batch to gather above the reserve.
     let urgent = reserve + 2;
-    let low = if cfg.low_watermark == 0 {
-        urgent + batch
-    } else {
-        cfg.low_watermark
+    // The low watermark holds a checkpoint's batch of dead segments above `urgent` at
+    // most; all but two of them are headroom that shrinks while writers never wait for
+    // space (`trigger::Headroom`). A low watermark set in the configuration is fixed.
+    let floor = batch.min(2);
+    let mut headroom = Headroom::new(
+        if cfg.low_watermark == 0 {
+            batch - floor
+        } else {
+            0
+        },
+        ftl.foreground_ops(),
+        Instant::now(),
+    );
+    let watermarks = |headroom: usize| {
+        let low = if cfg.low_watermark == 0 {
+            urgent + floor + headroom
+        } else {
+            cfg.low_watermark
+        };
+        let start = if cfg.throttle_start == 0 {
+            low + 4
+        } else {
+            cfg.throttle_start
+        };
+        (low, start)
     };
     let min_free = if cfg.min_free == 0 {
-        (segs / 8).max(low + 1)
+        (segs / 8).max(watermarks(headroom.level()).0 + 1)
     } else {
         cfg.min_free
-    };
-    let throttle_start = if cfg.throttle_start == 0 {
-        low + 4
-    } else {
-        cfg.throttle_start
     };
     let budget = if cfg.non_preemptive {
         Budget::unbounded()
@@ -264,6 +289,11 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
             }
         }
         appended.update(ftl.counters().backing_blocks_written);
+        let (low, throttle_start) = watermarks(headroom.update(
+            ftl.take_longest_space_wait(),
+            ftl.foreground_ops(),
+            Instant::now(),
+        ));
         // Free segments nobody took within the discard delay go back to the backing
         // (`ftl::Config::discard_delay`); those reused sooner are overwritten whole.
         ftl.discard_waiting(false);
@@ -422,6 +452,8 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
             s.clean_rate_blocks_per_s = rate.blocks_per_s;
             s.cleaner = cleaner.stats;
             s.throttle_ns_per_block = delay.as_nanos() as u64;
+            s.headroom_segments = headroom.level();
+            s.longest_space_wait_us = headroom.last_longest().as_micros() as u64;
         }
         if !worked {
             std::thread::sleep(

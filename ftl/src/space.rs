@@ -31,6 +31,8 @@ pub struct SpaceWaiters {
     /// Nanoseconds writers spent in the throttle, and waiting for free segments.
     throttled_ns: AtomicU64,
     space_wait_ns: AtomicU64,
+    /// The longest of those waits since [`SpaceWaiters::take_longest_wait`] last took it.
+    longest_wait_ns: AtomicU64,
 }
 
 impl Default for SpaceWaiters {
@@ -45,6 +47,7 @@ impl Default for SpaceWaiters {
             foreground_ops: AtomicU64::new(0),
             throttled_ns: AtomicU64::new(0),
             space_wait_ns: AtomicU64::new(0),
+            longest_wait_ns: AtomicU64::new(0),
         }
     }
 }
@@ -132,8 +135,9 @@ impl SpaceWaiters {
             g = wait_timeout(&self.cv, g, deadline - now);
         }
         drop(g);
-        self.space_wait_ns
-            .fetch_add(began.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let waited = began.elapsed().as_nanos() as u64;
+        self.space_wait_ns.fetch_add(waited, Ordering::Relaxed);
+        self.longest_wait_ns.fetch_max(waited, Ordering::Relaxed);
         freed
     }
 
@@ -161,6 +165,11 @@ impl SpaceWaiters {
             self.throttled_ns.load(Ordering::Relaxed),
             self.space_wait_ns.load(Ordering::Relaxed),
         )
+    }
+
+    /// The longest wait for free segments since the last call, and starts over.
+    pub fn take_longest_wait(&self) -> Duration {
+        Duration::from_nanos(self.longest_wait_ns.swap(0, Ordering::Relaxed))
     }
 }
 
@@ -196,5 +205,17 @@ mod tests {
         }
         assert!(t.join().unwrap(), "woken by notify");
         assert!(s.wait_ns().1 > 0);
+    }
+
+    #[test]
+    fn the_longest_wait_is_taken_once() {
+        let s = SpaceWaiters::default();
+        s.attach(true);
+        assert!(!s.wait(Duration::from_millis(2)));
+        assert!(!s.wait(Duration::from_millis(15)));
+        let longest = s.take_longest_wait();
+        assert!(longest >= Duration::from_millis(15), "{longest:?}");
+        assert!(s.wait_ns().1 >= (longest + Duration::from_millis(2)).as_nanos() as u64);
+        assert_eq!(s.take_longest_wait(), Duration::ZERO, "starts over");
     }
 }

@@ -157,9 +157,12 @@ struct Monitor {
     /// Writer time spent in the throttle and waiting for free segments, cumulative ms.
     throttled_ms: f64,
     space_wait_ms: f64,
+    /// Free segments the cleaner holds for writers above its floor.
+    headroom_segments: usize,
+    longest_space_wait_us: u64,
 }
 
-fn sample(ftl: &FileFtl, start: Instant) -> Monitor {
+fn sample(ftl: &FileFtl, bg: &Background, start: Instant) -> Monitor {
     let s = ftl.stats();
     Monitor {
         t: start.elapsed().as_secs_f64(),
@@ -171,6 +174,14 @@ fn sample(ftl: &FileFtl, start: Instant) -> Monitor {
         checkpoints: s.checkpoints,
         throttled_ms: s.throttled_ns as f64 / 1e6,
         space_wait_ms: s.space_wait_ns as f64 / 1e6,
+        headroom_segments: bg
+            .cleaner
+            .as_ref()
+            .map_or(0, |c| c.stats().headroom_segments),
+        longest_space_wait_us: bg
+            .cleaner
+            .as_ref()
+            .map_or(0, |c| c.stats().longest_space_wait_us),
     }
 }
 
@@ -250,7 +261,7 @@ fn random_phase(
         let mon = s.spawn(|| {
             let mut out = Vec::new();
             while !done.load(Ordering::Relaxed) {
-                out.push(sample(ftl, start));
+                out.push(sample(ftl, bg, start));
                 std::thread::sleep(SLOT);
             }
             out

@@ -162,6 +162,12 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.space.wait_ns()
     }
 
+    /// The longest a writer waited for a free segment since the last call (one caller:
+    /// the cleaner's runner).
+    pub fn take_longest_space_wait(&self) -> Duration {
+        self.space.take_longest_wait()
+    }
+
     /// Current throttle: the interval between two blocks admitted (zero: none).
     pub fn write_pace(&self) -> Duration {
         self.space.pace()
