@@ -169,8 +169,9 @@ MUTANTS = [
      [MAPLIB]),
     ("free-1", "free rule 1: only segments the last checkpoint recorded closed (or young ones)",
      "ftl/src/engine/free.rs",
-     [("""                } else if !freed.contains(&s) && self.t.segs.is_young(s) {""",
-       """                } else if !freed.is_empty() || true {""")],
+     [("""                } else if (!freed.contains(&s) || recorded.contains_key(&s))
+                    && self.t.segs.is_young(s)""",
+       """                } else if !freed.is_empty() || !recorded.is_empty() || true""")],
      [ORDERINGS, POWER, MODEL]),
     ("free-7", "free rule 7: recovery steps over the chunks of a young segment freed since",
      "ftl/src/recovery.rs",
@@ -193,8 +194,14 @@ MUTANTS = [
      [ORDERINGS]),
     ("free-7-list", "free rule 7: a young segment's record lists its chunks",
      "ftl/src/engine/free.rs",
-     [("""                        self.t.segs.young_chunks(s).unwrap_or_default()""",
-       """                        Vec::new()""")],
+     [("""                        c.extend(self.t.segs.young_chunks(s).unwrap_or_default());""",
+       """                        let _ = &c;""")],
+     [ORDERINGS, POWER]),
+    ("free-7-twice", "free rule 7: a segment freed again since the checkpoint lists the chunks of every life",
+     "ftl/src/engine/free.rs",
+     [("""                        let mut c = recorded.get(&s).cloned().unwrap_or_default();""",
+       """                        let mut c: Vec<u64> = Vec::new();
+                        let _ = &recorded;""")],
      [ORDERINGS, POWER]),
     ("free-2", "free rule 2: open chunks holding a death of a freed segment are sealed first",
      "ftl/src/engine/free.rs",
@@ -226,10 +233,10 @@ MUTANTS = [
      [ORDERINGS, POWER]),
     ("free-freed-first", "a free record's segments are listed for removal BEFORE its commit",
      "ftl/src/engine/free.rs",
-     [("""        lock(&ck.freed).extend_from_slice(&segs);
+     [("""        ck.note_freed(&segs);
         {""", """        {"""),
       ("""        ck.index.commit(ops)?;""", """        ck.index.commit(ops)?;
-        lock(&ck.freed).extend_from_slice(&segs);""")],
+        ck.note_freed(&segs);""")],
      [ORDERINGS]),
     ("checkpoint-failed", "a checkpoint commit that failed leaves nothing freeable by free records",
      "ftl/src/engine/checkpoint.rs",

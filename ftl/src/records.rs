@@ -143,7 +143,9 @@ impl SegmentRecord {
 /// A segment opened after the checkpoint (recorded free there) held chunks of the chain
 /// recovery replays; the record lists their numbers (`chunks`), and recovery steps over
 /// them when they are not found: every entry in them was superseded by durable ones
-/// before the segment died (free rule 7).
+/// before the segment died (free rule 7). A segment freed again before the next
+/// checkpoint (reused and dead again) gets a new record under the same key, listing the
+/// chunks of every life since the checkpoint.
 ///
 /// ```text
 /// offset size field
@@ -155,7 +157,8 @@ impl SegmentRecord {
 ///     16    8 base         next_chunk_seq of the checkpoint it follows
 ///     24    8 chain        next chunk number at the commit: every chunk below is durable
 ///     32    4 erase_count  the segment's erase count after this free
-///     36    4 chunk_count  n: chunk numbers that follow (0: closed at the checkpoint)
+///     36    4 chunk_count  n: chunk numbers that follow (0: closed at the checkpoint,
+///                          freed once)
 ///     40   8n chunks       chain numbers of the segment's chunks since the checkpoint
 ///  40+8n    4 crc32c       of bytes 0..40+8n
 /// ```
@@ -167,7 +170,7 @@ pub struct FreeRecord {
     pub chain: u64,
     pub erase_count: u32,
     /// Chain numbers of the segment's chunks written since the checkpoint (empty when
-    /// the checkpoint recorded it closed).
+    /// the checkpoint recorded it closed and it was freed once).
     pub chunks: Vec<u64>,
 }
 

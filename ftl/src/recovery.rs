@@ -197,18 +197,18 @@ pub(crate) fn load_index<I: IndexStore>(
     for f in &frees {
         let recorded = segments.get(f.segment as usize).map(|r| r.state);
         // Closed at the checkpoint; or open there, or free there and opened since (free
-        // rule 7: its chunks from the checkpoint on, numbered below the record's chain).
+        // rule 7: its chunks from the checkpoint on, numbered below the record's chain);
+        // closed there, freed, opened and freed again (rule 7 as well: the chunks of its
+        // lives since). A segment opened after the checkpoint may have been closed with
+        // no chunk (a relocation whose block moved on left its open chunk empty).
         let in_chain = f
             .chunks
             .iter()
             .all(|&c| c >= checkpoint.next_chunk_seq && c < f.chain);
-        // (A segment opened after the checkpoint may have been closed with no chunk: a
-        // relocation whose block moved on left its open chunk empty.)
-        let follows = match recorded {
-            Some(SegState::Closed) => f.chunks.is_empty(),
-            Some(SegState::Open) | Some(SegState::Free) => in_chain,
-            _ => false,
-        };
+        let follows = matches!(
+            recorded,
+            Some(SegState::Closed) | Some(SegState::Open) | Some(SegState::Free)
+        ) && in_chain;
         if f.segment == 0 || !follows || f.epoch != checkpoint.epoch {
             return Err(Error::Corrupt(format!(
                 "free record of segment {} (epoch {}) does not follow the checkpoint \

@@ -59,6 +59,7 @@ use crate::index::{IndexStore, Key, Op};
 use crate::records::{CheckpointRecord, MapPage, PartialCheckpoint};
 use crate::sync::{lock, AtomicU64, Mutex};
 use std::sync::atomic::Ordering;
+use std::collections::HashMap;
 use std::time::Instant;
 
 /// The index and what checkpoints keep between runs.
@@ -80,6 +81,10 @@ pub(crate) struct Checkpointer<I> {
     /// 6): added before a free record's commit, so a commit that reports a failure but
     /// was applied is removed too.
     pub(super) freed: Mutex<Vec<u32>>,
+    /// Segments freed by a committed free record since the last checkpoint, each with the
+    /// chunk numbers its record listed (free rule 7: freed again, it lists them with those
+    /// of its new life, since the new record takes the old one's key).
+    pub(super) recorded: Mutex<HashMap<u32, Vec<u64>>>,
     /// `next_chunk_seq` of the last committed checkpoint (free records carry it).
     pub(super) base: AtomicU64,
     /// Free records committed since open (each one commit, for any number of segments).
@@ -101,9 +106,21 @@ impl<I> Checkpointer<I> {
             free_times: CheckpointTimes::default(),
             closed: Mutex::new(Vec::new()),
             freed: Mutex::new(freed),
+            recorded: Mutex::new(HashMap::new()),
             base: AtomicU64::new(0),
             frees: AtomicU64::new(0),
             freed_segments: AtomicU64::new(0),
+        }
+    }
+
+    /// Free records for `segs` are about to be committed: the next checkpoint removes
+    /// them (free rule 6; each segment listed once).
+    pub(super) fn note_freed(&self, segs: &[u32]) {
+        let mut freed = lock(&self.freed);
+        for &s in segs {
+            if !freed.contains(&s) {
+                freed.push(s);
+            }
         }
     }
 
@@ -311,6 +328,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         map.committed(&dirty);
         // The lock is held: no free record was added since `superseded` was read.
         lock(&ck.freed).clear();
+        lock(&ck.recorded).clear();
         *lock(&ck.closed) = closed;
         ck.base.store(next_chunk_seq, Ordering::Relaxed);
         self.discard_and_release(&dead);
