@@ -122,23 +122,28 @@ impl SpaceWaiters {
             return false;
         }
         let began = Instant::now();
-        let deadline = began + limit;
-        let mut g = lock(&self.generation);
-        let start = *g;
-        let mut freed = true;
-        while *g == start {
-            let now = Instant::now();
-            if now >= deadline {
-                freed = false;
-                break;
-            }
-            g = wait_timeout(&self.cv, g, deadline - now);
-        }
-        drop(g);
+        let freed = self.wait_for_free(limit);
         let waited = began.elapsed().as_nanos() as u64;
         self.space_wait_ns.fetch_add(waited, Ordering::Relaxed);
         self.longest_wait_ns.fetch_max(waited, Ordering::Relaxed);
         freed
+    }
+
+    /// Waits up to `limit` for segments to be freed, whether or not a cleaner is attached,
+    /// and not counted among the writers' waits (the cleaner's own, `append_loop`). False
+    /// when nothing was freed in time.
+    pub fn wait_for_free(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        let mut g = lock(&self.generation);
+        let start = *g;
+        while *g == start {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            g = wait_timeout(&self.cv, g, deadline - now);
+        }
+        true
     }
 
     /// Wakes writers: segments were freed (or the FTL failed).
