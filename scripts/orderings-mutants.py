@@ -199,9 +199,8 @@ MUTANTS = [
      [ORDERINGS, POWER]),
     ("free-7-twice", "free rule 7: a segment freed again since the checkpoint lists the chunks of every life",
      "ftl/src/engine/free.rs",
-     [("""                        let mut c = recorded.get(&s).cloned().unwrap_or_default();""",
-       """                        let mut c: Vec<u64> = Vec::new();
-                        let _ = &recorded;""")],
+     [("""                        c.extend(recorded.get(&s).into_iter().flatten());""",
+       """                        let _ = &recorded;""")],
      [ORDERINGS, POWER]),
     ("free-2", "free rule 2: open chunks holding a death of a freed segment are sealed first",
      "ftl/src/engine/free.rs",

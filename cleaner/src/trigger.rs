@@ -207,8 +207,12 @@ pub fn dead_batch(segments: usize) -> usize {
 /// longest wait of a writer for a free segment in it: one longer than
 /// [`Headroom::RAISE_ABOVE`] raises it by [`Headroom::RAISE`]; when every wait was shorter
 /// than [`Headroom::LOWER_BELOW`] it falls by one. Uniform overwrites then hold 0-3
-/// segments, zipf:0.99 4-6. A window with fewer than [`Headroom::MIN_OPS`] foreground
-/// requests says nothing (an idle device keeps what it learnt). Counting how many writers
+/// segments, zipf:0.99 4-6. A wait is a writer's whole stall, from the first time it
+/// found no free segment until it had one (woken by every segment freed, it may have
+/// waited several times). A window with fewer than [`Headroom::MIN_OPS`] foreground
+/// requests does not lower it (an idle device keeps what it learnt), but a long wait
+/// raises it whatever the count: writers starved of space send few requests (found by
+/// review). Counting how many writers
 /// waited instead (raise above 1 in 2000 requests) did not tell the two apart: uniform
 /// overwrites stayed at 4-6 too, their waits come in groups of a few milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,7 +236,7 @@ impl Headroom {
     pub const LOWER_BELOW: Duration = Duration::from_millis(4);
     /// Segments added after a long wait.
     pub const RAISE: usize = 2;
-    /// Foreground requests a window needs to be judged.
+    /// Foreground requests a window needs to lower the level.
     pub const MIN_OPS: u64 = 1000;
 
     /// Starts at `max` (no adaptation when `max` is 0), counting requests from the
@@ -265,12 +269,11 @@ impl Headroom {
         if now.saturating_duration_since(self.since) < Self::WINDOW {
             return self.level;
         }
-        if ops.saturating_sub(self.ops) >= Self::MIN_OPS {
-            if self.longest > Self::RAISE_ABOVE {
-                self.level = (self.level + Self::RAISE).min(self.max);
-            } else if self.longest < Self::LOWER_BELOW {
-                self.level = self.level.saturating_sub(1);
-            }
+        if self.longest > Self::RAISE_ABOVE {
+            self.level = (self.level + Self::RAISE).min(self.max);
+        } else if self.longest < Self::LOWER_BELOW && ops.saturating_sub(self.ops) >= Self::MIN_OPS
+        {
+            self.level = self.level.saturating_sub(1);
         }
         *self = Headroom {
             since: now,
@@ -348,15 +351,25 @@ mod tests {
     }
 
     #[test]
-    fn headroom_learns_nothing_from_an_idle_window_or_without_room() {
+    fn headroom_falls_only_under_load_but_rises_after_any_long_wait() {
         let t0 = Instant::now();
         let w = Headroom::WINDOW;
         let mut h = Headroom::new(6, 100, t0);
         let few = 100 + Headroom::MIN_OPS - 1;
         assert_eq!(h.update(Duration::ZERO, few, t0 + w), 6, "too few requests");
-        assert_eq!(h.update(Duration::from_secs(1), few, t0 + 2 * w), 6);
-        let mut fixed = Headroom::new(0, 0, t0);
         let long = Headroom::RAISE_ABOVE * 2;
+        for i in 2..6 {
+            h.update(
+                Duration::ZERO,
+                few + i * Headroom::MIN_OPS,
+                t0 + i as u32 * w,
+            );
+        }
+        assert_eq!(h.level(), 2);
+        // Starved writers send few requests: a long wait still raises it.
+        let few = few + 6 * Headroom::MIN_OPS;
+        assert_eq!(h.update(long, few, t0 + 6 * w), 2 + Headroom::RAISE);
+        let mut fixed = Headroom::new(0, 0, t0);
         assert_eq!(fixed.update(long, Headroom::MIN_OPS, t0 + w), 0);
     }
 

@@ -11,7 +11,8 @@
 //!    summaries);
 //! 5. every mapped block's data matches the crc32c in its map entry (unless skipped);
 //! 6. free segments hold no live block; open segments belong to a stream cursor;
-//! 7. a free record counts one more reuse of its segment than the segment table.
+//! 7. a free record counts more reuses of its segment than the segment table (one more
+//!    for each time it was freed since the checkpoint).
 //!
 //! It checks what the next open would see: recovery, including the replay of what a dead
 //! server left in its staging area when one is given ([`check_staged`]), runs through an

@@ -194,9 +194,12 @@ const FREE_VERSION: u8 = 2;
 /// Encoded size of a version-1 [`FreeRecord`] (and of a version-2 one with no chunks,
 /// plus 4).
 pub const FREE_RECORD_BYTES_V1: usize = 40;
-/// Most chunk numbers a record lists (a segment of 256 MiB has at most 256 chunks of
-/// 1 MiB; anything beyond is damage).
-const FREE_MAX_CHUNKS: usize = 1 << 16;
+/// Most chunk numbers a record lists; anything beyond is damage. A segment's chunks can
+/// be as small as one block (a FLUSH after every write), and a segment freed again before
+/// the next checkpoint lists the chunks of every life since, so the free record of a
+/// segment whose list would be longer is not written: it waits for the checkpoint
+/// (`engine/free.rs`).
+pub const FREE_MAX_CHUNKS: usize = 1 << 16;
 
 impl FreeRecord {
     pub fn encode(&self) -> Vec<u8> {

@@ -31,7 +31,8 @@ pub struct SpaceWaiters {
     /// Nanoseconds writers spent in the throttle, and waiting for free segments.
     throttled_ns: AtomicU64,
     space_wait_ns: AtomicU64,
-    /// The longest of those waits since [`SpaceWaiters::take_longest_wait`] last took it.
+    /// The longest writer's stall for free segments ([`SpaceWaiters::note_stall`]) since
+    /// [`SpaceWaiters::take_longest_wait`] last took it.
     longest_wait_ns: AtomicU64,
 }
 
@@ -125,8 +126,15 @@ impl SpaceWaiters {
         let freed = self.wait_for_free(limit);
         let waited = began.elapsed().as_nanos() as u64;
         self.space_wait_ns.fetch_add(waited, Ordering::Relaxed);
-        self.longest_wait_ns.fetch_max(waited, Ordering::Relaxed);
         freed
+    }
+
+    /// A writer that waited for free segments ([`SpaceWaiters::wait`], maybe several
+    /// times: every segment freed wakes every waiter) has one, or gave up, `stalled` after
+    /// it first found none.
+    pub fn note_stall(&self, stalled: Duration) {
+        self.longest_wait_ns
+            .fetch_max(stalled.as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// Waits up to `limit` for segments to be freed, whether or not a cleaner is attached,
@@ -172,7 +180,7 @@ impl SpaceWaiters {
         )
     }
 
-    /// The longest wait for free segments since the last call, and starts over.
+    /// The longest writer's stall for free segments since the last call, and starts over.
     pub fn take_longest_wait(&self) -> Duration {
         Duration::from_nanos(self.longest_wait_ns.swap(0, Ordering::Relaxed))
     }
@@ -213,14 +221,20 @@ mod tests {
     }
 
     #[test]
-    fn the_longest_wait_is_taken_once() {
+    fn the_longest_stall_is_taken_once() {
         let s = SpaceWaiters::default();
         s.attach(true);
         assert!(!s.wait(Duration::from_millis(2)));
-        assert!(!s.wait(Duration::from_millis(15)));
-        let longest = s.take_longest_wait();
-        assert!(longest >= Duration::from_millis(15), "{longest:?}");
-        assert!(s.wait_ns().1 >= (longest + Duration::from_millis(2)).as_nanos() as u64);
+        assert_eq!(
+            s.take_longest_wait(),
+            Duration::ZERO,
+            "a wait is not a stall"
+        );
+        s.note_stall(Duration::from_millis(3));
+        s.note_stall(Duration::from_millis(15));
+        s.note_stall(Duration::from_millis(4));
+        assert_eq!(s.take_longest_wait(), Duration::from_millis(15));
         assert_eq!(s.take_longest_wait(), Duration::ZERO, "starts over");
+        assert!(s.wait_ns().1 >= Duration::from_millis(2).as_nanos() as u64);
     }
 }

@@ -19,9 +19,12 @@
 //! concurrent crash harness, whose cleaner frees through them):
 //! 1. only a segment the last committed checkpoint recorded `Closed`, or one young to it
 //!    (rule 7: a stream's open segment at its snapshot, or opened since), and not freed
-//!    since except by a committed record, is freed; the others (young with TRIM records,
-//!    or named by a record whose commit reported a failure) wait for the next
-//!    checkpoint. Test: `a_free_record_whose_commit_failed_after_applying_is_superseded`;
+//!    since except by a committed record, is freed; the others wait for the next
+//!    checkpoint: young with TRIM records, named by a record whose commit reported a
+//!    failure (when not freed before it: freed before, the record retried lists what the
+//!    one maybe applied lists, and more), or with more chunks to list than a record holds
+//!    (`records::FREE_MAX_CHUNKS`). Test:
+//!    `a_free_record_whose_commit_failed_after_applying_is_superseded`;
 //! 2. the segment is seen dead (no live block) BEFORE each stream's open chunk is checked,
 //!    under its lock, for an entry that killed one of its blocks, and such a chunk is
 //!    sealed ([`FreeMode::Seal`]) or the segment left for a later record
@@ -65,10 +68,17 @@
 use super::Ftl;
 use crate::error::Result;
 use crate::index::{IndexStore, Key, Op};
-use crate::records::FreeRecord;
+use crate::records::{FreeRecord, FREE_MAX_CHUNKS};
 use crate::sync::lock;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
+
+/// Most chunk numbers a free record lists ([`FREE_MAX_CHUNKS`]; a handful in unit tests,
+/// so that they reach it).
+#[cfg(not(test))]
+const LIST_CAP: usize = FREE_MAX_CHUNKS;
+#[cfg(test)]
+pub(super) const LIST_CAP: usize = 8;
 
 /// Which dead segments a free record frees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,37 +165,45 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
                 report.unsettled = open.len();
             }
         }
-        if freeable.is_empty() {
+        // Rule 7: a young segment's chunks, with those its record listed if it was freed
+        // before since the checkpoint (this record takes that one's key). It is dead and
+        // closed: no chunk is sealed into it any more. A list longer than a record may
+        // hold waits for the checkpoint.
+        let lists: Vec<(u32, Vec<u64>)> = {
+            let recorded = lock(&ck.recorded);
+            freeable
+                .iter()
+                .map(|&(s, closed)| {
+                    let mut c = Vec::new();
+                    if !closed {
+                        c.extend(recorded.get(&s).into_iter().flatten());
+                        c.extend(self.t.segs.young_chunks(s).unwrap_or_default());
+                    }
+                    (s, c)
+                })
+                .filter(|(_, c)| c.len() <= LIST_CAP)
+                .collect()
+        };
+        if lists.is_empty() {
             return Ok(report);
         }
-        let segs = segs_of(&freeable);
+        let segs: Vec<u32> = lists.iter().map(|&(s, _)| s).collect();
         times.add(&times.snapshot, &mut t);
         let chain = self.log.tracker().next_seq();
         // Rule 3.
         self.flush_upto(chain)?;
         times.add(&times.sync, &mut t);
-        let records: Vec<FreeRecord> = {
-            let recorded = lock(&ck.recorded);
-            freeable
-                .iter()
-                .map(|&(s, closed)| FreeRecord {
-                    segment: s,
-                    epoch: self.epoch,
-                    base: ck.base.load(Ordering::Relaxed),
-                    chain,
-                    erase_count: self.t.segs.erase_count(s) + 1,
-                    // Rule 7: with those its record listed if it was freed before since
-                    // the checkpoint (this record takes that one's key).
-                    chunks: if closed {
-                        Vec::new()
-                    } else {
-                        let mut c = recorded.get(&s).cloned().unwrap_or_default();
-                        c.extend(self.t.segs.young_chunks(s).unwrap_or_default());
-                        c
-                    },
-                })
-                .collect()
-        };
+        let records: Vec<FreeRecord> = lists
+            .into_iter()
+            .map(|(s, chunks)| FreeRecord {
+                segment: s,
+                epoch: self.epoch,
+                base: ck.base.load(Ordering::Relaxed),
+                chain,
+                erase_count: self.t.segs.erase_count(s) + 1,
+                chunks,
+            })
+            .collect();
         let ops = records
             .iter()
             .map(|r| Op::Put(Key::free(r.segment), r.encode()))

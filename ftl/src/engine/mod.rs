@@ -362,6 +362,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         // relocation into a stream that keeps the reserve, or a writer without a cleaner,
         // could otherwise go round as long as others free and someone else takes it).
         let mut others_rounds = 0u32;
+        // Since when this writer has waited for free segments (its stall ends when it has
+        // one; the cleaner's runner follows the longest, `Space::note_stall`).
+        let mut stalled: Option<std::time::Instant> = None;
         while i < items {
             let mut out = Vec::new();
             let mut need_space = false;
@@ -373,7 +376,11 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                         .log
                         .ensure_room(&self.t, sid, &mut st, data, relocation, &mut out)
                     {
-                        Ok(Room::Ready) => {}
+                        Ok(Room::Ready) => {
+                            if let Some(t) = stalled.take() {
+                                self.space.note_stall(t.elapsed());
+                            }
+                        }
                         Ok(Room::NeedSpace) => {
                             need_space = true;
                             break;
@@ -463,7 +470,12 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                     continue;
                 }
                 // The cleaner makes space; it must not wait for it.
-                if relocation || !self.space.wait(self.cfg.space_wait) {
+                if relocation {
+                    return Err(Error::NoSpace);
+                }
+                let since = *stalled.get_or_insert_with(std::time::Instant::now);
+                if !self.space.wait(self.cfg.space_wait) {
+                    self.space.note_stall(since.elapsed());
                     return Err(Error::NoSpace);
                 }
                 self.check_poison()?;
@@ -654,6 +666,41 @@ mod tests {
         assert_eq!(f.free_segments(), free);
         let r = f.free_dead_unless(FreeMode::Seal, || false).unwrap();
         assert_eq!(r.segments_freed, freeable, "{r:?}");
+    }
+
+    /// Free rules 1 and 7: a young segment with more chunks than a free record may list
+    /// (`free::LIST_CAP`, a handful in unit tests) is not freed by a record (its list
+    /// would not decode) but by the next checkpoint.
+    #[test]
+    fn a_segment_with_more_chunks_than_a_record_lists_waits_for_a_checkpoint() {
+        let opts = FormatOptions {
+            segment_bytes: Some(256 << 10),
+            ..Default::default()
+        };
+        let (_, _, f) = crate::model::mem_ftl(32 * (256 << 10), &opts);
+        f.write(300, &block_for(300, 1), false, StreamId(3)).unwrap();
+        f.checkpoint().unwrap();
+        // Stream 1's first segment, opened after the checkpoint: one chunk per FUA write.
+        let n = super::free::LIST_CAP as u64 + 2;
+        for l in 0..n {
+            f.write(l, &block_for(l, 1), true, StreamId(1)).unwrap();
+        }
+        f.close_stream(StreamId(1)).unwrap();
+        let geo = *f.geometry();
+        let seg_of = |l: u64| geo.segment_of(f.map_entry(l).unwrap().pba().unwrap() as u64);
+        let seg = seg_of(0);
+        assert!((0..n).all(|l| seg_of(l) == seg), "one segment holds them");
+        assert!(f.t.segs.young_chunks(seg).unwrap().len() as u64 >= n);
+        for l in 0..n {
+            f.write(l, &block_for(l, 2), false, StreamId(2)).unwrap();
+        }
+        assert_eq!(f.segment_valid(seg), 0);
+        assert_eq!(f.freeable_segments(), 1, "young and dead");
+        let r = f.free_dead().unwrap();
+        assert_eq!(r.segments_freed, 0, "{r:?}");
+        assert_eq!(f.segment_snapshot()[seg as usize].state, "closed");
+        f.checkpoint().unwrap();
+        assert_eq!(f.segment_snapshot()[seg as usize].state, "free");
     }
 
     /// A stream out of range is an error whatever the write's length (an empty write
