@@ -78,7 +78,7 @@ use std::time::Instant;
 #[cfg(not(test))]
 const LIST_CAP: usize = FREE_MAX_CHUNKS;
 #[cfg(test)]
-pub(super) const LIST_CAP: usize = 8;
+pub(super) const LIST_CAP: usize = if FREE_MAX_CHUNKS > 8 { 8 } else { FREE_MAX_CHUNKS };
 
 /// Which dead segments a free record frees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
