@@ -100,7 +100,7 @@ pub struct FreeReport {
     pub segments_freed: usize,
     /// Open chunks sealed because they held a death of a freed segment (rule 2).
     pub chunks_sealed: usize,
-    /// Dead segments left for a checkpoint (closed after the last one, rule 1).
+    /// Dead segments left for a checkpoint (those rule 1 leaves to it).
     pub dead_left: usize,
     /// With [`FreeMode::Settled`], freeable segments left because an open chunk killed
     /// one of their blocks.
@@ -184,6 +184,8 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
                 .filter(|(_, c)| c.len() <= LIST_CAP)
                 .collect()
         };
+        // Those left for the checkpoint are dead segments it must still free.
+        report.dead_left += freeable.len() - lists.len();
         if lists.is_empty() {
             return Ok(report);
         }
@@ -260,8 +262,9 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
 
     /// Of the dead segments `dead`, those rules 1 and 7 let a free record free: recorded
     /// closed by the last committed checkpoint, or opened since its snapshot (young), and
-    /// not freed since unless by a committed record (order kept). Each comes with whether the checkpoint recorded it
-    /// closed (its record lists no chunks) or it is young (rule 7: its record lists them).
+    /// not freed since unless by a committed record (order kept). Each comes with whether
+    /// the checkpoint recorded it closed (its record lists no chunks) or it is young (rule
+    /// 7: its record lists them).
     fn freeable_of(&self, dead: &[u32]) -> Vec<(u32, bool)> {
         let closed = lock(&self.ckpt.closed);
         let freed = lock(&self.ckpt.freed);

@@ -698,6 +698,7 @@ mod tests {
         assert_eq!(f.freeable_segments(), 1, "young and dead");
         let r = f.free_dead().unwrap();
         assert_eq!(r.segments_freed, 0, "{r:?}");
+        assert_eq!(r.dead_left, 1, "left for the checkpoint: {r:?}");
         assert_eq!(f.segment_snapshot()[seg as usize].state, "closed");
         f.checkpoint().unwrap();
         assert_eq!(f.segment_snapshot()[seg as usize].state, "free");
