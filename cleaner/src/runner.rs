@@ -290,7 +290,7 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
         }
         appended.update(ftl.counters().backing_blocks_written);
         let (low, throttle_start) = watermarks(headroom.update(
-            ftl.take_longest_space_wait(),
+            ftl.take_longest_space_stall(),
             ftl.foreground_ops(),
             Instant::now(),
         ));

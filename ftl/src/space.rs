@@ -32,8 +32,8 @@ pub struct SpaceWaiters {
     throttled_ns: AtomicU64,
     space_wait_ns: AtomicU64,
     /// The longest writer's stall for free segments ([`SpaceWaiters::note_stall`]) since
-    /// [`SpaceWaiters::take_longest_wait`] last took it.
-    longest_wait_ns: AtomicU64,
+    /// [`SpaceWaiters::take_longest_stall`] last took it.
+    longest_stall_ns: AtomicU64,
 }
 
 impl Default for SpaceWaiters {
@@ -48,7 +48,7 @@ impl Default for SpaceWaiters {
             foreground_ops: AtomicU64::new(0),
             throttled_ns: AtomicU64::new(0),
             space_wait_ns: AtomicU64::new(0),
-            longest_wait_ns: AtomicU64::new(0),
+            longest_stall_ns: AtomicU64::new(0),
         }
     }
 }
@@ -133,7 +133,7 @@ impl SpaceWaiters {
     /// times: every segment freed wakes every waiter) has one, or gave up, `stalled` after
     /// it first found none.
     pub fn note_stall(&self, stalled: Duration) {
-        self.longest_wait_ns
+        self.longest_stall_ns
             .fetch_max(stalled.as_nanos() as u64, Ordering::Relaxed);
     }
 
@@ -181,8 +181,8 @@ impl SpaceWaiters {
     }
 
     /// The longest writer's stall for free segments since the last call, and starts over.
-    pub fn take_longest_wait(&self) -> Duration {
-        Duration::from_nanos(self.longest_wait_ns.swap(0, Ordering::Relaxed))
+    pub fn take_longest_stall(&self) -> Duration {
+        Duration::from_nanos(self.longest_stall_ns.swap(0, Ordering::Relaxed))
     }
 }
 
@@ -226,15 +226,15 @@ mod tests {
         s.attach(true);
         assert!(!s.wait(Duration::from_millis(2)));
         assert_eq!(
-            s.take_longest_wait(),
+            s.take_longest_stall(),
             Duration::ZERO,
             "a wait is not a stall"
         );
         s.note_stall(Duration::from_millis(3));
         s.note_stall(Duration::from_millis(15));
         s.note_stall(Duration::from_millis(4));
-        assert_eq!(s.take_longest_wait(), Duration::from_millis(15));
-        assert_eq!(s.take_longest_wait(), Duration::ZERO, "starts over");
+        assert_eq!(s.take_longest_stall(), Duration::from_millis(15));
+        assert_eq!(s.take_longest_stall(), Duration::ZERO, "starts over");
         assert!(s.wait_ns().1 >= Duration::from_millis(2).as_nanos() as u64);
     }
 }

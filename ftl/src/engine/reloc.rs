@@ -162,10 +162,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.space.wait_ns()
     }
 
-    /// The longest a writer waited for a free segment since the last call (one caller:
-    /// the cleaner's runner).
-    pub fn take_longest_space_wait(&self) -> Duration {
-        self.space.take_longest_wait()
+    /// The longest a writer stalled for a free segment (from its first wait until it had
+    /// one) since the last call (one caller: the cleaner's runner).
+    pub fn take_longest_space_stall(&self) -> Duration {
+        self.space.take_longest_stall()
     }
 
     /// Current throttle: the interval between two blocks admitted (zero: none).
