@@ -278,13 +278,13 @@ step "4. kill -9 of the daemon during fio writes (3 times), recover, verify"
 # re-issues the FLUSH to the recovered daemon, so the write must have survived the death
 # of its process (the staging area on tmpfs).
 KILLS=3
-fio --name=crash --filename="$MNT/fio.dat" --size=12M --rw=randwrite --bs=4k \
+fio --name=crash --filename="$MNT/fio.dat" --size=8M --rw=randwrite --bs=4k \
     --ioengine=psync --direct=1 --sync=1 --numjobs=1 --verify=crc32c --verify_fatal=1 --verify_state_save=0 \
     --do_verify=1 --output="$WORK/fio-crash.log" &
 fiopid=$!
 # Kill once fio is past laying out its file and into the random writes.
 for _ in $(seq 1 300); do
-    [ -s "$MNT/fio.dat" ] && [ "$(stat -c %s "$MNT/fio.dat")" -ge $((12 << 20)) ] && break
+    [ -s "$MNT/fio.dat" ] && [ "$(stat -c %s "$MNT/fio.dat")" -ge $((8 << 20)) ] && break
     sleep 0.1
 done
 # Metrics while fio writes: two scrapes a second apart, the write counters move.
@@ -399,12 +399,12 @@ echo "connected: /dev/$nsdev is /dev/ublkb$NVID over NVMe/TCP"
 NVMNT="$WORK/nvm"; mkdir -p "$NVMNT"
 mkfs.ext4 -q -F "/dev/$nsdev" || fail "mkfs.ext4 on /dev/$nsdev"
 mount "/dev/$nsdev" "$NVMNT" || fail "mount /dev/$nsdev"
-fio --name=nvme --filename="$NVMNT/fio.dat" --size=16M --rw=randwrite --bs=4k --ioengine=psync \
+fio --name=nvme --filename="$NVMNT/fio.dat" --size=8M --rw=randwrite --bs=4k --ioengine=psync \
     --direct=1 --sync=1 --verify=crc32c --verify_fatal=1 --verify_state_save=0 --do_verify=1 \
     --output="$WORK/fio-nvme.log" &
 fiopid=$!
 for _ in $(seq 1 300); do
-    [ -s "$NVMNT/fio.dat" ] && [ "$(stat -c %s "$NVMNT/fio.dat")" -ge $((16 << 20)) ] && break
+    [ -s "$NVMNT/fio.dat" ] && [ "$(stat -c %s "$NVMNT/fio.dat")" -ge $((8 << 20)) ] && break
     sleep 0.1
 done
 sleep 1

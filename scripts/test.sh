@@ -17,7 +17,7 @@
 #    shuttle: tests/shuttle.rs, FTL_SHUTTLE_ITERATIONS schedules per test, default 300);
 # 4. the fuzz crate's tests (every seed and regression input replayed; the `sched`
 #    target's with --features sched), then every cargo-fuzz target for FUZZ_SECONDS
-#    (default 60) with scripts/fuzz.sh;
+#    (default 30 here; scripts/fuzz.sh alone defaults to 60, FUZZ_SECONDS=600 soaks) with scripts/fuzz.sh;
 # 5. the ublk end-to-end tests (scripts/vm-e2e.sh): boots the 6.12 kernel under QEMU and
 #    runs scripts/e2e-guest.sh inside (four file systems, fio verify, discard, kill -9 +
 #    recover, double add, SIGTERM; `ftlblk check` after each). A VM that cannot boot
@@ -70,8 +70,8 @@ filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked" \
     cargo test --manifest-path fuzz/Cargo.toml --release --features sched --test sched \
     || { echo "test.sh: sched fuzz regression tests failed" >&2; tail -40 /tmp/ftlblk-test.log >&2; exit 1; }
 
-echo "== fuzzing: every target ${FUZZ_SECONDS:-60} s from the committed seeds"
-scripts/fuzz.sh "${FUZZ_SECONDS:-60}"
+echo "== fuzzing: every target ${FUZZ_SECONDS:-30} s from the committed seeds"
+scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
 
 echo "== ublk end-to-end tests in the VM"
 : > /tmp/ftlblk-e2e.log
