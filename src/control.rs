@@ -272,8 +272,10 @@ async fn serve(
                 }
                 if checkpoint.as_ref().is_none_or(|h| h.is_finished()) && ftl.checkpoint_due() {
                     let f = ftl.clone();
+                    // Only if still due once it holds the lock: the cleaner's runner
+                    // takes due checkpoints too, and may have just started one.
                     checkpoint = Some(tokio::task::spawn_blocking(move || {
-                        if let Err(e) = f.checkpoint() {
+                        if let Err(e) = f.checkpoint_if_due() {
                             eprintln!("ftlblk: background checkpoint failed: {e}");
                         }
                     }));

@@ -216,12 +216,41 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         Ok(r)
     }
 
+    /// [`Ftl::checkpoint`] if one is due ([`Ftl::checkpoint_due`]) once the checkpoint
+    /// lock is held; `None` when not. A caller that saw one due while another thread's
+    /// checkpoint was about to start (the daemon's control plane polls every second, the
+    /// cleaner's runner every turn) does not run a second one right behind it.
+    pub fn checkpoint_if_due(&self) -> Result<Option<CheckpointReport>> {
+        if !self.checkpoint_due() {
+            return Ok(None);
+        }
+        let t = Instant::now();
+        self.carry_tombstones()?;
+        let one = self.ckpt.lock();
+        if !self.checkpoint_due() {
+            return Ok(None);
+        }
+        let r = self.checkpoint_held(one, t)?;
+        // Outside the checkpoint lock, as after any checkpoint.
+        self.discard_waiting(false);
+        Ok(Some(r))
+    }
+
     fn checkpoint_locked(&self) -> Result<CheckpointReport> {
-        let mut t = Instant::now();
+        let t = Instant::now();
         // Tombstone rule 1: carried segments of the TRIM stream are freeable.
         self.carry_tombstones()?;
+        let one = self.ckpt.lock();
+        self.checkpoint_held(one, t)
+    }
+
+    /// The checkpoint, its lock held (`_one`, taken after carrying tombstones at `t`).
+    pub(super) fn checkpoint_held(
+        &self,
+        _one: crate::sync::MutexGuard<'_, ()>,
+        mut t: Instant,
+    ) -> Result<CheckpointReport> {
         let ck = &self.ckpt;
-        let _one = ck.lock();
         self.check_poison()?;
         let times = &ck.times;
         times.add(&times.lock, &mut t);

@@ -645,6 +645,49 @@ mod tests {
         assert_eq!(after_free_record(false, false, false), Retry);
     }
 
+    /// A checkpoint asked for only if due runs when one is, and not right after another
+    /// (the daemon's control plane and the cleaner's runner both take due checkpoints).
+    #[test]
+    fn a_checkpoint_if_due_does_not_follow_another() {
+        let (_, _, f) = small_ftl();
+        assert!(f.checkpoint_if_due().unwrap().is_none(), "nothing written: not due");
+        let mut l = 0;
+        while !f.checkpoint_due() {
+            f.write(l % 256, &block_for(l, 1), false, StreamId(1)).unwrap();
+            l += 1;
+            assert!(l < 100_000, "never due");
+        }
+        let before = f.stats().checkpoints;
+        // Another caller's checkpoint first: this one is no longer due.
+        f.checkpoint().unwrap();
+        assert!(f.checkpoint_if_due().unwrap().is_none());
+        assert_eq!(f.stats().checkpoints, before + 1);
+        while !f.checkpoint_due() {
+            f.write(l % 256, &block_for(l, 1), false, StreamId(1)).unwrap();
+            l += 1;
+            assert!(l < 200_000, "never due again");
+        }
+        assert!(f.checkpoint_if_due().unwrap().is_some());
+        assert_eq!(f.stats().checkpoints, before + 2);
+        assert!(!f.checkpoint_due());
+        // The race it is for: due when asked, but another checkpoint holds the lock and
+        // takes its snapshot meanwhile. Checked again under the lock, none follows.
+        while !f.checkpoint_due() {
+            f.write(l % 256, &block_for(l, 1), false, StreamId(1)).unwrap();
+            l += 1;
+            assert!(l < 300_000, "never due a third time");
+        }
+        let held = f.ckpt.lock();
+        std::thread::scope(|sc| {
+            let late = sc.spawn(|| f.checkpoint_if_due());
+            // Long enough for it to pass its first look and wait for the lock.
+            std::thread::sleep(Duration::from_millis(50));
+            f.checkpoint_held(held, std::time::Instant::now()).unwrap();
+            assert!(late.join().unwrap().unwrap().is_none(), "a second checkpoint ran");
+        });
+        assert_eq!(f.stats().checkpoints, before + 3);
+    }
+
     #[test]
     fn a_free_record_nobody_needs_any_more_does_nothing() {
         use super::free::{FreeMode, FreeReport};
