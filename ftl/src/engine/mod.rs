@@ -652,31 +652,27 @@ mod tests {
         let (_, _, f) = small_ftl();
         assert!(f.checkpoint_if_due().unwrap().is_none(), "nothing written: not due");
         let mut l = 0;
-        while !f.checkpoint_due() {
-            f.write(l % 256, &block_for(l, 1), false, StreamId(1)).unwrap();
-            l += 1;
-            assert!(l < 100_000, "never due");
-        }
+        let mut write_until_due = || {
+            let limit = l + 100_000;
+            while !f.checkpoint_due() {
+                f.write(l % 256, &block_for(l, 1), false, StreamId(1)).unwrap();
+                l += 1;
+                assert!(l < limit, "never due");
+            }
+        };
+        write_until_due();
         let before = f.stats().checkpoints;
         // Another caller's checkpoint first: this one is no longer due.
         f.checkpoint().unwrap();
         assert!(f.checkpoint_if_due().unwrap().is_none());
         assert_eq!(f.stats().checkpoints, before + 1);
-        while !f.checkpoint_due() {
-            f.write(l % 256, &block_for(l, 1), false, StreamId(1)).unwrap();
-            l += 1;
-            assert!(l < 200_000, "never due again");
-        }
+        write_until_due();
         assert!(f.checkpoint_if_due().unwrap().is_some());
         assert_eq!(f.stats().checkpoints, before + 2);
         assert!(!f.checkpoint_due());
         // The race it is for: due when asked, but another checkpoint holds the lock and
         // takes its snapshot meanwhile. Checked again under the lock, none follows.
-        while !f.checkpoint_due() {
-            f.write(l % 256, &block_for(l, 1), false, StreamId(1)).unwrap();
-            l += 1;
-            assert!(l < 300_000, "never due a third time");
-        }
+        write_until_due();
         let held = f.ckpt.lock();
         std::thread::scope(|sc| {
             let late = sc.spawn(|| f.checkpoint_if_due());
