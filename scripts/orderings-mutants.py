@@ -95,23 +95,19 @@ MUTANTS = [
      [MODEL, POWER, SHUTTLE]),
     ("checkpoint-3", "checkpoint rule 3: the log is synced BEFORE the index commit",
      "ftl/src/engine/checkpoint.rs",
-     [("""        let committed = self.flush_upto(next_chunk_seq).and_then(|()| {
-            times.add(&times.sync, &mut t);""",
-       """        let committed = Ok::<(), crate::error::Error>(()).and_then(|()| {"""),
-      ("""                ck.index.commit(b)?;
-            }
+     [("""            .and_then(|()| self.flush_upto(next_chunk_seq))
+""", ""),
+      ("""            // Rule 4.
             ck.index.commit(ops)
         });""",
-       """                ck.index.commit(b)?;
-            }
+       """            // Rule 4.
             ck.index.commit(ops)?;
             self.flush_upto(next_chunk_seq)
         });""")],
      [MODEL, POWER, SHUTTLE]),
     ("checkpoint-4", "checkpoint rule 4: the commit is durable BEFORE dead segments are freed",
      "ftl/src/engine/checkpoint.rs",
-     [("""        // Rule 3, then rules 7 and 4; on failure the pages stay dirty for the next
-        // checkpoint.""",
+     [("""        // Rule 8: the header's batch, with no free record running.""",
        """        segs.release(&dead, None);
         self.space.notify();""")],
      [SHUTTLE, POWER]),
@@ -150,15 +146,25 @@ MUTANTS = [
      [ORDERINGS]),
     ("checkpoint-6", "checkpoint rule 6: free records are removed in the batch that supersedes them",
      "ftl/src/engine/checkpoint.rs",
-     [("""        for &s in &superseded {
-            ops.push(Op::Remove(Key::free(s)));
-        }""", "")],
+     [("""            for &s in &superseded {
+                ops.push(Op::Remove(Key::free(s)));
+            }""", "")],
      [ORDERINGS]),
     ("checkpoint-7", "checkpoint rule 7: after a cut between page batches the live counts are recounted",
      "ftl/src/recovery.rs",
      [("""    let recount = loaded.partial.is_some();""",
        """    let recount = false && loaded.partial.is_some();""")],
      [ORDERINGS]),
+    ("checkpoint-8", "checkpoint rule 8: the header's batch puts the records committed while it was in flight again with its base",
+     "ftl/src/engine/checkpoint.rs",
+     [("""                ops.push(Op::Put(Key::free(r.segment), r.encode()));""",
+       """                let _ = r;""")],
+     [ORDERINGS, POWER]),
+    ("checkpoint-8-closed", "checkpoint rule 8: a record while a checkpoint is in flight frees only segments both record closed",
+     "ftl/src/engine/free.rs",
+     [("""                    next_closed(s).then_some((s, true))""",
+       """                    { let _ = next_closed; Some((s, true)) }""")],
+     [ORDERINGS, POWER]),
     ("map-2", "map cache rule 2: pages a checkpoint took are not evicted before its commit",
      "ftl/src/map.rs",
      [("""            if s.dirty || s.writing {
@@ -169,7 +175,8 @@ MUTANTS = [
      [MAPLIB]),
     ("free-1", "free rule 1: only segments the last checkpoint recorded closed (or young ones)",
      "ftl/src/engine/free.rs",
-     [("""                } else if (!freed.contains(&s) || recorded.contains_key(&s))
+     [("""                } else if in_flight.is_none()
+                    && (!freed.contains(&s) || recorded.contains_key(&s))
                     && self.t.segs.is_young(s)""",
        """                } else if !freed.is_empty() || !recorded.is_empty() || true""")],
      [ORDERINGS, POWER, MODEL]),

@@ -162,8 +162,8 @@ pub fn format_stats(d: &StatsDocument) -> String {
     row(
         "freed between checkpoints",
         format!(
-            "{} segments by {} free records",
-            s.segments_freed_by_records, s.free_records
+            "{} segments by {} free records ({} while a checkpoint ran)",
+            s.segments_freed_by_records, s.free_records, s.free_records_beside_checkpoints
         ),
     );
     row("epoch (opens)", s.epoch.to_string());

@@ -93,6 +93,8 @@ pub struct FtlFigures {
     pub checkpoints: u64,
     pub free_records: u64,
     pub segments_freed_by_records: u64,
+    /// Of `free_records`, those committed while a checkpoint ran (its map pages).
+    pub free_records_beside_checkpoints: u64,
     pub epoch: u64,
     pub map_ram_bytes: u64,
     pub map_cache: ftl::MapCacheStats,

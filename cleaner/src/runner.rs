@@ -1,10 +1,11 @@
 //! The cleaning thread: ties policies, triggers and slices to a live FTL.
 //!
 //! Each turn it (1) sets the writers' throttle from free space (free segments plus the
-//! dead ones a free record frees at once, [`pace_space`]), (2) on a thread of its own, frees
-//! dead segments with free records as soon as any is freeable, and checkpoints when the
-//! FTL says one is due or, for dead segments no free record may free, when a batch
-//! waits, free space is short or the device went idle ([`reclaim_now`]), (3) cleans in the
+//! dead ones a free record frees at once, [`pace_space`]), (2) on a thread of its own,
+//! frees dead segments with free records as soon as any is freeable (also while a
+//! checkpoint runs), and on another checkpoints when the FTL says one is due or, for dead
+//! segments no free record may free, when a batch waits, free space is short or the
+//! device went idle ([`reclaim_next`]), (3) cleans in the
 //! foreground (the foreground policy, cost-hotness by default; back to back, yielding only
 //! between slices) while free space is at or below the low watermark, (4) otherwise
 //! cleans in the background (the background policy, cost-hotness by default) when
@@ -17,7 +18,7 @@ use crate::policy::Policy;
 use crate::slice::{Budget, Cleaner, CleanerStats, SliceEnd};
 use crate::trigger::{
     background_interval, checkpoint_urgent, dead_batch, defrag_now, foreground_needed, pace_space,
-    reclaim_now, write_pace, CheckpointInputs, Headroom, Reclaim, DEFRAG_WINDOWS_PER_TURN,
+    reclaim_next, write_pace, CheckpointInputs, Headroom, Reclaim, DEFRAG_WINDOWS_PER_TURN,
 };
 use ftl::{BlockDevice, FreeMode, Ftl, IndexStore};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -274,17 +275,21 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
     let mut appended = AppendRate::new(ftl.counters().backing_blocks_written);
     // Recent checkpoint duration (exponential average), for `checkpoint_urgent`.
     let mut checkpoint_took = Duration::ZERO;
+    // A checkpoint and a free record, each on a thread of its own (`reclaim_next`).
     let mut checkpointer: Option<JoinHandle<CheckpointRun>> = None;
+    let mut freer: Option<JoinHandle<CheckpointRun>> = None;
     // Since when some freeable dead segment waits for its killers' chunks to seal.
     let mut unsettled_since: Option<Instant> = None;
     while !stop.load(Ordering::SeqCst) {
-        if checkpointer.as_ref().is_some_and(|h| h.is_finished()) {
-            if let Some(h) = checkpointer.take() {
-                if let Some(took) = finish_checkpoint(h, stats, last_error) {
-                    checkpoint_took = Duration::from_secs_f64(seeded(
-                        checkpoint_took.as_secs_f64(),
-                        took.as_secs_f64(),
-                    ));
+        for slot in [&mut checkpointer, &mut freer] {
+            if slot.as_ref().is_some_and(|h| h.is_finished()) {
+                if let Some(h) = slot.take() {
+                    if let Some(took) = finish_checkpoint(h, stats, last_error) {
+                        checkpoint_took = Duration::from_secs_f64(seeded(
+                            checkpoint_took.as_secs_f64(),
+                            took.as_secs_f64(),
+                        ));
+                    }
                 }
             }
         }
@@ -350,16 +355,21 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
             };
             // On its own thread: cleaning goes on during its device sync and index
             // commit (half of the cleaner's time when it checkpointed in line).
-            let what = match checkpointer {
-                None => reclaim_now(now, cfg.idle_checkpoint),
-                Some(_) => None,
-            };
+            let what = reclaim_next(
+                now,
+                cfg.idle_checkpoint,
+                checkpointer.is_some(),
+                freer.is_some(),
+            );
             if let Some(what) = what {
-                if what == Reclaim::Checkpoint {
+                let slot = if what == Reclaim::Checkpoint {
                     last_checkpoint = Instant::now();
-                }
+                    &mut checkpointer
+                } else {
+                    &mut freer
+                };
                 let f = ftl.clone();
-                checkpointer = Some(
+                *slot = Some(
                     std::thread::Builder::new()
                         .name("ftl-checkpoint".into())
                         .spawn(move || {
@@ -466,7 +476,7 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
             std::thread::yield_now();
         }
     }
-    if let Some(h) = checkpointer {
+    for h in [checkpointer, freer].into_iter().flatten() {
         finish_checkpoint(h, stats, last_error);
     }
 }

@@ -167,13 +167,40 @@ pub enum Reclaim {
 /// thread, about a third of a free record's time) only when free space is down to
 /// `urgent` or one has waited [`SETTLE_WAIT`] for its killers' chunks to fill.
 pub fn reclaim_now(i: CheckpointInputs, idle: Duration) -> Option<Reclaim> {
+    reclaim_next(i, idle, false, false)
+}
+
+/// [`reclaim_now`], given what already runs: a checkpoint (`checkpointing`) and a free
+/// record (`freeing`) each on a thread of their own, at most one of each. A checkpoint
+/// lets free records run while it syncs and commits its map pages (ftl's checkpoint rule
+/// 8; `freeable` then counts only the segments they may free), so while one runs, the
+/// free records go on; a due checkpoint starts while a free record runs (it takes its
+/// snapshot when the record is done), the others wait for it. Under uniform overwrites of a full 2 GiB
+/// device, 90% of the writers' waits for free space fell inside checkpoints (44 ms each)
+/// when one ran at a time.
+pub fn reclaim_next(
+    i: CheckpointInputs,
+    idle: Duration,
+    checkpointing: bool,
+    freeing: bool,
+) -> Option<Reclaim> {
     let waiting = CheckpointInputs {
         dead: i.dead.saturating_sub(i.freeable),
         ..i
     };
     let settled = i.settled.min(i.freeable);
-    if checkpoint_needed(waiting, idle) {
+    // The running record's segments are dead and no longer freeable until it is done:
+    // counted as waiting for a checkpoint they started one after every record (500 a
+    // uniform run against 38). Beside a record, only a due checkpoint starts.
+    let checkpoint = if freeing {
+        i.due
+    } else {
+        checkpoint_needed(waiting, idle)
+    };
+    if checkpoint && !checkpointing {
         Some(Reclaim::Checkpoint)
+    } else if freeing {
+        None
     } else if i.freeable > settled && (i.free <= i.urgent || i.unsettled_for >= SETTLE_WAIT) {
         Some(Reclaim::FreeDead { seal: true })
     } else if settled > 0 {
@@ -506,6 +533,71 @@ mod tests {
         assert_eq!(reclaim_now(idle, s), Some(Reclaim::Checkpoint));
         let nothing = CheckpointInputs { dead: 0, ..none };
         assert_eq!(reclaim_now(nothing, s), None);
+    }
+
+    #[test]
+    fn free_records_go_on_while_a_checkpoint_runs_and_one_of_each_runs_at_most() {
+        let s = Duration::from_secs(1);
+        let due = CheckpointInputs {
+            free: 50,
+            dead: 3,
+            freeable: 1,
+            settled: 1,
+            unsettled_for: Duration::ZERO,
+            urgent: 10,
+            batch: 8,
+            due: true,
+            idle_for: Duration::from_millis(10),
+            since_last: Duration::from_secs(30),
+        };
+        let free = Some(Reclaim::FreeDead { seal: false });
+        assert_eq!(
+            reclaim_next(due, s, false, false),
+            Some(Reclaim::Checkpoint)
+        );
+        assert_eq!(
+            reclaim_next(due, s, true, false),
+            free,
+            "beside the checkpoint"
+        );
+        assert_eq!(
+            reclaim_next(due, s, false, true),
+            Some(Reclaim::Checkpoint),
+            "beside the free record"
+        );
+        assert_eq!(reclaim_next(due, s, true, true), None);
+        let not_due = CheckpointInputs { due: false, ..due };
+        assert_eq!(reclaim_next(not_due, s, false, false), free);
+        assert_eq!(reclaim_next(not_due, s, true, false), free);
+        assert_eq!(
+            reclaim_next(not_due, s, false, true),
+            None,
+            "one record at a time"
+        );
+        // Short of space, with segments only a checkpoint frees: beside a record (whose
+        // own segments look like those), not until it is done.
+        let short = CheckpointInputs {
+            free: 5,
+            dead: 4,
+            ..not_due
+        };
+        assert_eq!(
+            reclaim_next(short, s, false, false),
+            Some(Reclaim::Checkpoint)
+        );
+        assert_eq!(reclaim_next(short, s, false, true), None);
+        // Segments only the running checkpoint frees (dead at its snapshot): none more.
+        let theirs = CheckpointInputs {
+            dead: 12,
+            freeable: 0,
+            settled: 0,
+            ..not_due
+        };
+        assert_eq!(reclaim_next(theirs, s, true, false), None);
+        assert_eq!(
+            reclaim_next(theirs, s, false, false),
+            Some(Reclaim::Checkpoint)
+        );
     }
 
     #[test]

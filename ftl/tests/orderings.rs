@@ -1185,6 +1185,135 @@ fn a_checkpoint_cut_between_its_page_batches_recovers() {
         .any(|(k, _)| k == &ftl::index::Key::partial()));
 }
 
+/// Checkpoint rule 8: a free record committed while a checkpoint syncs and commits its
+/// map pages follows the last checkpoint, and the checkpoint's header batch puts it again
+/// with its own base. The segment (closed at both snapshots, dead in between) is freed
+/// and reused while the checkpoint is held at its pages: a power cut then recovers from
+/// the older checkpoint, one after the checkpoint from the newer, and in both every block
+/// reads what it was given (without the second put the newer table alone calls the
+/// segment closed, and what writers put there since is lost).
+#[test]
+fn a_free_record_during_a_checkpoint_follows_both_checkpoints() {
+    use ftl::index::Key;
+    // No reserve: writers reach the freed segment at the back of the free list.
+    let cfg = Config {
+        gc_reserve_segments: 0,
+        ..Config::default()
+    };
+    let (dev, idx, f) = gated(cfg.clone());
+    let (seg, lbas) = closed_at_checkpoint(&f);
+    let before = checkpoint_base(&idx);
+    let mut tags: HashMap<u64, u64> = lbas.iter().map(|&l| (l, 1)).collect();
+    // A dirty map page, so the checkpoint below has pages to commit.
+    write_tagged(&f, [300], 5, StreamId(3), false, &mut tags);
+    idx.hold_commits_with(Key::MAP_PAGE);
+    let during = std::thread::scope(|sc| {
+        let ck = sc.spawn(|| f.checkpoint());
+        let release = ReleaseOnDrop(&idx);
+        assert!(
+            idx.wait_commit_held(Duration::from_secs(10)),
+            "the checkpoint never reached its map pages"
+        );
+        // Live at the snapshot, dead now.
+        write_tagged(&f, lbas.iter().copied(), 2, StreamId(2), false, &mut tags);
+        assert_eq!(f.segment_valid(seg), 0);
+        let r = f.free_dead().unwrap();
+        assert_eq!(
+            r.segments_freed, 1,
+            "freed while the checkpoint is in flight: {r:?}"
+        );
+        let rec = free_record_of(&idx, seg).expect("its record");
+        assert_eq!(rec.base, before, "it follows the older checkpoint");
+        reuse_on_stream_3(&f, seg, &mut tags);
+        f.flush().unwrap();
+        // A power cut now: the older checkpoint and the record.
+        let cut = idx
+            .snapshot_while(|| dev.inner().power_cut_image(21))
+            .unwrap();
+        drop(release);
+        ck.join().unwrap().unwrap();
+        (cut, tags.clone())
+    });
+    let after = checkpoint_base(&idx);
+    assert!(after > before);
+    let rec = free_record_of(&idx, seg).expect("the checkpoint keeps the record");
+    assert_eq!(
+        rec.base, after,
+        "put again with the newer checkpoint's base"
+    );
+    write_tagged(&f, 320..330, 6, StreamId(3), true, &mut tags);
+    // A power cut after the checkpoint.
+    cut_and_check(f, &dev, &idx, 22, cfg.clone(), &tags);
+    // And the one taken while it was in flight.
+    let ((old_idx, image), old_tags) = during;
+    let old_idx = Arc::new(old_idx);
+    let dev = Arc::new(CrashDevice::from_image(image.unwrap()));
+    checker(dev.clone(), old_idx.clone()).expect("the recovered map is consistent");
+    assert_eq!(checkpoint_base(&old_idx), before);
+    let (f, _) = Ftl::open(dev, old_idx, cfg).unwrap();
+    for (&l, &t) in &old_tags {
+        let mut b = vec![0u8; 4096];
+        f.read(l, &mut b).unwrap();
+        assert_eq!(
+            observe(l, &b),
+            Observed::Tag(t),
+            "lba {l}, cut during the checkpoint"
+        );
+    }
+}
+
+/// Checkpoint rule 8, its other half: a segment dead at the checkpoint's snapshot is the
+/// checkpoint's to free; a free record while the checkpoint is in flight leaves it (freed
+/// twice, it would be on the free list twice and handed to two streams).
+#[test]
+fn a_free_record_during_a_checkpoint_leaves_its_dead_segments_to_it() {
+    use ftl::index::Key;
+    let (_dev, idx, f) = gated(Config::default());
+    let (seg, lbas) = closed_at_checkpoint(&f);
+    kill(&f, &lbas, 2);
+    assert_eq!(f.freeable_segments(), 1);
+    idx.hold_commits_with(Key::MAP_PAGE);
+    std::thread::scope(|sc| {
+        let ck = sc.spawn(|| f.checkpoint());
+        let release = ReleaseOnDrop(&idx);
+        assert!(idx.wait_commit_held(Duration::from_secs(10)));
+        let r = f.free_dead().unwrap();
+        assert_eq!(r.segments_freed, 0, "the checkpoint frees it: {r:?}");
+        assert_eq!(f.freeable_segments(), 0);
+        drop(release);
+        ck.join().unwrap().unwrap();
+    });
+    assert_eq!(f.segment_snapshot()[seg as usize].state, "free");
+    assert!(free_record_of(&idx, seg).is_none());
+    let free = f
+        .segment_snapshot()
+        .iter()
+        .filter(|s| s.state == "free")
+        .count();
+    assert_eq!(free, f.free_segments(), "each free segment listed once");
+}
+
+/// Lets the index's held commits through when dropped, also when a test panics while a
+/// thread is held (its scope would wait for it forever).
+struct ReleaseOnDrop<'a>(&'a MemIndex);
+
+impl Drop for ReleaseOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.release_commits();
+    }
+}
+
+/// The free record the index holds for `seg`, if any.
+fn free_record_of(idx: &MemIndex, seg: u32) -> Option<ftl::records::FreeRecord> {
+    use ftl::index::{IndexStore, Key};
+    idx.load()
+        .unwrap()
+        .into_iter()
+        .filter(|(k, _)| k.first() == Some(&Key::FREE))
+        .map(|(_, v)| ftl::records::FreeRecord::decode(&v).unwrap())
+        .find(|r| r.segment == seg)
+}
+
 /// Chunk writers' admission (`ftl/src/writers.rs`): while as many chunk batches are
 /// handed over and not written as the pool has threads, a writer waits before it appends
 /// (every writer shares the wait, not only the one whose block sealed the next chunk),

@@ -5,8 +5,8 @@
 //! does not supersede yet).
 //!
 //! Owns the index store and what checkpoints keep between runs ([`Checkpointer`]: the
-//! one-at-a-time lock, blocks appended since the last one, the count and the step
-//! times). A checkpoint is a step over every part of the engine (it seals each stream
+//! one-at-a-time lock, the state lock it shares with free records, the checkpoint in
+//! flight, blocks appended since the last one, the count and the step times). A checkpoint is a step over every part of the engine (it seals each stream
 //! under its lock, snapshots the tables, syncs through the device-sync group, frees
 //! segments and wakes writers), so it lives beside the engine as its child. Called by the
 //! engine (open, close, a writer out of space without a cleaner), by the cleaner's
@@ -42,21 +42,35 @@
 //!    checkpoint needs them; never after: a stale record would free a segment the newer
 //!    table says holds data). Test: `tests/orderings.rs`,
 //!    `a_checkpoint_removes_the_free_records_it_supersedes`;
-//! 7. map pages beyond one batch (`Config::checkpoint_page_batch`: one sled batch of all
-//!    of them held several times their size in RAM) are committed in batches AFTER
-//!    rule 3's sync (they name only durable blocks) and BEFORE the batch with the header;
-//!    the first of them puts a [`PartialCheckpoint`] record, the header's batch removes
-//!    it. A crash in between leaves pages newer than the header and its segment records:
-//!    the roll-forward from the old header replays every entry they hold, so the map
-//!    comes out right, and recovery recounts the live counts from the map because the
-//!    record is there. Test: `tests/orderings.rs`,
-//!    `a_checkpoint_cut_between_its_page_batches_recovers`.
+//! 7. the map pages are committed in batches of `Config::checkpoint_page_batch` (one
+//!    sled batch of all of them held several times their size in RAM) AFTER rule 3's
+//!    sync (they name only durable blocks) and BEFORE the batch with the header, which
+//!    holds no page (rule 8 wants it short); the first of them puts a
+//!    [`PartialCheckpoint`] record, the header's batch removes it. A crash in between
+//!    leaves pages newer than the header and its segment records: the roll-forward from
+//!    the old header replays every entry they hold, so the map comes out right, and
+//!    recovery recounts the live counts from the map because the record is there. Test:
+//!    `tests/orderings.rs`, `a_checkpoint_cut_between_its_page_batches_recovers`;
+//! 8. the state lock free records hold is let go from the snapshot until the header's
+//!    batch, so free records run while the pages are synced and committed (under
+//!    uniform overwrites of a full 2 GiB device 90% of the writers' waits for free space
+//!    fell inside checkpoints, which took 44 ms; on a large device, seconds). A record
+//!    committed then follows the last checkpoint (its `base`) and frees only a segment
+//!    both checkpoints record closed (alive at this one's snapshot: the dead ones are
+//!    this checkpoint's to free, and a young segment's chunk list starts at this
+//!    snapshot, not the last one's). The header's batch, built and committed with the
+//!    state lock held again, puts each such record again with the new base, in the
+//!    SAME batch as the segment table that records the segment closed: recovery from
+//!    either checkpoint finds the segment free. Without the second put, the newer table
+//!    alone would say closed a segment writers have overwritten since. Tests:
+//!    `tests/orderings.rs`, `a_free_record_during_a_checkpoint_follows_both_checkpoints`,
+//!    `a_free_record_during_a_checkpoint_leaves_its_dead_segments_to_it`.
 
 use super::Ftl;
 use crate::device::{BlockDevice, BLOCK_SIZE};
 use crate::error::Result;
 use crate::index::{IndexStore, Key, Op};
-use crate::records::{CheckpointRecord, MapPage, PartialCheckpoint};
+use crate::records::{CheckpointRecord, FreeRecord, MapPage, PartialCheckpoint};
 use crate::sync::{lock, AtomicU64, Mutex};
 use std::sync::atomic::Ordering;
 use std::collections::HashMap;
@@ -65,8 +79,14 @@ use std::time::Instant;
 /// The index and what checkpoints keep between runs.
 pub(crate) struct Checkpointer<I> {
     pub(crate) index: I,
-    /// One checkpoint at a time.
+    /// One checkpoint at a time (held for the whole of one).
+    one: Mutex<()>,
+    /// The state lock: a free record holds it throughout, a checkpoint for its snapshot
+    /// and for its header's batch, not while it syncs and commits its map pages (rule 8:
+    /// free records run meanwhile).
     lock: Mutex<()>,
+    /// The checkpoint between its snapshot and its header's batch, if one is.
+    pub(super) in_flight: Mutex<Option<InFlight>>,
     /// Blocks appended since the last checkpoint's snapshot.
     appended: AtomicU64,
     /// Checkpoints completed since open.
@@ -91,6 +111,8 @@ pub(crate) struct Checkpointer<I> {
     pub(super) frees: AtomicU64,
     /// Segments freed by free records since open.
     pub(super) freed_segments: AtomicU64,
+    /// Free records committed while a checkpoint was in flight (rule 8).
+    pub(super) frees_beside: AtomicU64,
 }
 
 impl<I> Checkpointer<I> {
@@ -99,7 +121,9 @@ impl<I> Checkpointer<I> {
     pub(crate) fn new(index: I, freed: Vec<u32>) -> Self {
         Checkpointer {
             index,
+            one: Mutex::new(()),
             lock: Mutex::new(()),
+            in_flight: Mutex::new(None),
             appended: AtomicU64::new(0),
             count: AtomicU64::new(0),
             times: CheckpointTimes::default(),
@@ -110,6 +134,7 @@ impl<I> Checkpointer<I> {
             base: AtomicU64::new(0),
             frees: AtomicU64::new(0),
             freed_segments: AtomicU64::new(0),
+            frees_beside: AtomicU64::new(0),
         }
     }
 
@@ -124,14 +149,19 @@ impl<I> Checkpointer<I> {
         }
     }
 
-    /// One-at-a-time lock shared by checkpoints and free records.
+    /// The state lock shared by checkpoints and free records.
     pub(super) fn lock(&self) -> crate::sync::MutexGuard<'_, ()> {
         lock(&self.lock)
     }
 
-    /// True while a checkpoint or free record holds the lock.
+    /// The one-checkpoint-at-a-time lock.
+    pub(super) fn one(&self) -> crate::sync::MutexGuard<'_, ()> {
+        lock(&self.one)
+    }
+
+    /// True while a checkpoint runs or a free record holds the state lock.
     pub(crate) fn busy(&self) -> bool {
-        self.lock.try_lock().is_err()
+        self.one.try_lock().is_err() || self.lock.try_lock().is_err()
     }
 
     /// `n` blocks were appended (writes and relocations).
@@ -154,6 +184,15 @@ impl<I> Checkpointer<I> {
     pub(crate) fn free_times(&self) -> CheckpointTimesNs {
         self.free_times.get()
     }
+}
+
+/// A checkpoint between its snapshot and its header's batch (rule 8).
+pub(super) struct InFlight {
+    /// Per segment: recorded `Closed` by its segment table (the `closed` it installs).
+    pub(super) closed: Vec<bool>,
+    /// Free records committed meanwhile (with the last checkpoint's base): its header's
+    /// batch puts them again with its own.
+    pub(super) freed: Vec<crate::records::FreeRecord>,
 }
 
 /// Nanoseconds checkpoints spent in each step since open, summed.
@@ -226,7 +265,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         }
         let t = Instant::now();
         self.carry_tombstones()?;
-        let one = self.ckpt.lock();
+        let one = self.ckpt.one();
         if !self.checkpoint_due() {
             return Ok(None);
         }
@@ -240,17 +279,19 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         let t = Instant::now();
         // Tombstone rule 1: carried segments of the TRIM stream are freeable.
         self.carry_tombstones()?;
-        let one = self.ckpt.lock();
+        let one = self.ckpt.one();
         self.checkpoint_held(one, t)
     }
 
-    /// The checkpoint, its lock held (`_one`, taken after carrying tombstones at `t`).
+    /// The checkpoint, its one-at-a-time lock held (`_one`, taken after carrying
+    /// tombstones at `t`).
     pub(super) fn checkpoint_held(
         &self,
         _one: crate::sync::MutexGuard<'_, ()>,
         mut t: Instant,
     ) -> Result<CheckpointReport> {
         let ck = &self.ckpt;
+        let state = ck.lock();
         self.check_poison()?;
         let times = &ck.times;
         times.add(&times.lock, &mut t);
@@ -297,77 +338,114 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         // young to this checkpoint (their chunks from here on are listed).
         segs.young_reset(header.cursors.iter().flatten().map(|&(s, _)| s));
         drop(guards);
-        times.add(&times.snapshot, &mut t);
-        // Writing them under the locks held every writer for up to one chunk write per
-        // stream. Rule 3 below waits for them (and any other chunk below the snapshot).
-        if let Err(e) = self.write_chunks(sealed) {
-            map.uncommitted(&dirty);
-            return Err(e);
-        }
-
-        let pages_written = pages.len();
-        let batch = self.cfg.checkpoint_page_batch.max(1);
-        // Rule 7: pages past one batch go in batches of their own, the last ones with
-        // the header.
-        let split = pages_written.saturating_sub(batch);
-        let mut pages = pages;
-        let last_pages = pages.split_off(split);
-        let mut ops = Vec::with_capacity(last_pages.len() + seg_records.len() + 2);
-        ops.extend(last_pages.into_iter().map(page_op));
-        // Rule 7: also the record an earlier checkpoint that failed between its batches
-        // left.
-        ops.push(Op::Remove(Key::partial()));
-        for r in &seg_records {
-            ops.push(Op::Put(Key::segment(r.segment), r.encode()));
-        }
-        // Rule 6: the free records go in the batch whose segment table supersedes them.
+        // Rule 6: the records committed before the snapshot are those this table
+        // supersedes.
         let superseded = lock(&ck.freed).clone();
-        for &s in &superseded {
-            ops.push(Op::Remove(Key::free(s)));
-        }
-        ops.push(Op::Put(Key::checkpoint(), header.encode()));
-        // Rule 3, then rules 7 and 4; on failure the pages stay dirty for the next
-        // checkpoint.
-        let committed = self.flush_upto(next_chunk_seq).and_then(|()| {
-            times.add(&times.sync, &mut t);
-            let mut marker = Some(PartialCheckpoint {
-                epoch: self.epoch,
-                next_chunk_seq,
+        // Rule 8: free records run while the pages are synced and committed.
+        *lock(&ck.in_flight) = Some(InFlight {
+            closed: closed.clone(),
+            freed: Vec::new(),
+        });
+        drop(state);
+        times.add(&times.snapshot, &mut t);
+        // The sealed chunks are written now: under the stream locks they held every
+        // writer for up to one chunk write per stream. Rule 3's sync waits for them (and
+        // any other chunk below the snapshot); then rule 7. On failure the pages stay
+        // dirty for the next checkpoint.
+        let pages_written = pages.len();
+        let paged = self
+            .write_chunks(sealed)
+            .and_then(|()| self.flush_upto(next_chunk_seq))
+            .and_then(|()| {
+                times.add(&times.sync, &mut t);
+                self.commit_pages(pages, next_chunk_seq)
             });
-            let mut early = pages.into_iter().peekable();
-            while early.peek().is_some() {
-                let mut b: Vec<Op> = early.by_ref().take(batch).map(page_op).collect();
-                if let Some(m) = marker.take() {
-                    b.push(Op::Put(Key::partial(), m.encode()));
-                }
-                ck.index.commit(b)?;
+        // Rule 8: the header's batch, with no free record running.
+        let state = ck.lock();
+        let rebased = lock(&ck.in_flight).take().map(|f| f.freed).unwrap_or_default();
+        let committed = paged.and_then(|()| {
+            let mut ops = Vec::with_capacity(seg_records.len() + superseded.len() + rebased.len() + 2);
+            // Rule 7: also the record an earlier checkpoint that failed between its
+            // batches left.
+            ops.push(Op::Remove(Key::partial()));
+            for r in &seg_records {
+                ops.push(Op::Put(Key::segment(r.segment), r.encode()));
             }
+            // Rule 6: the free records go in the batch whose segment table supersedes
+            // them.
+            for &s in &superseded {
+                ops.push(Op::Remove(Key::free(s)));
+            }
+            // Rule 8: those committed since the snapshot follow this checkpoint too.
+            for r in &rebased {
+                let r = FreeRecord {
+                    base: next_chunk_seq,
+                    ..r.clone()
+                };
+                ops.push(Op::Put(Key::free(r.segment), r.encode()));
+            }
+            ops.push(Op::Put(Key::checkpoint(), header.encode()));
+            // Rule 4.
             ck.index.commit(ops)
         });
         if let Err(e) = committed {
             map.uncommitted(&dirty);
             // The commit may have been applied all the same (an index that fails after
             // writing): its table may record as free segments the old bitmap says are
-            // closed. Nothing is freeable by free records until a checkpoint succeeds.
+            // closed. Nothing is freeable by free records until a checkpoint succeeds
+            // (`freed` keeps every record: the next checkpoint removes them all).
             lock(&ck.closed).clear();
             segs.young_off();
             return Err(e);
         }
         times.add(&times.commit, &mut t);
         map.committed(&dirty);
-        // The lock is held: no free record was added since `superseded` was read.
-        lock(&ck.freed).clear();
-        lock(&ck.recorded).clear();
+        // The state lock is held: no free record was added since `rebased` was taken.
+        // The records this table supersedes are gone; those it rebased stay until the
+        // next one (their segments freed: not closed, listed with no chunk).
+        lock(&ck.freed).retain(|s| !superseded.contains(s));
+        let mut closed = closed;
+        {
+            let mut recorded = lock(&ck.recorded);
+            recorded.clear();
+            for r in &rebased {
+                if let Some(c) = closed.get_mut(r.segment as usize) {
+                    *c = false;
+                }
+                recorded.insert(r.segment, Vec::new());
+            }
+        }
         *lock(&ck.closed) = closed;
         ck.base.store(next_chunk_seq, Ordering::Relaxed);
         self.discard_and_release(&dead);
         times.add(&times.release, &mut t);
         ck.count.fetch_add(1, Ordering::Relaxed);
+        drop(state);
         Ok(CheckpointReport {
             pages_written,
             segments_freed: dead.len(),
             next_chunk_seq,
         })
+    }
+
+    /// Rule 7: the map pages of a checkpoint (snapshot at `next_chunk_seq`), committed in
+    /// batches of `Config::checkpoint_page_batch` BEFORE its header's batch; the first
+    /// also puts the [`PartialCheckpoint`] record, which the header's batch removes.
+    fn commit_pages(&self, pages: Vec<(u64, Vec<u64>)>, next_chunk_seq: u64) -> Result<()> {
+        let batch = self.cfg.checkpoint_page_batch.max(1);
+        let mut marker = Some(PartialCheckpoint {
+            epoch: self.epoch,
+            next_chunk_seq,
+        });
+        let mut pages = pages.into_iter().peekable();
+        while pages.peek().is_some() {
+            let mut b: Vec<Op> = pages.by_ref().take(batch).map(page_op).collect();
+            if let Some(m) = marker.take() {
+                b.push(Op::Put(Key::partial(), m.encode()));
+            }
+            self.ckpt.index.commit(b)?;
+        }
+        Ok(())
     }
 
     /// Rule 5 (and free rule 5): each dead segment is discarded (with no discard delay;

@@ -11,8 +11,10 @@
 //! that hold a death of one of the segments it frees.
 //!
 //! Owns nothing: the state it keeps between runs is the checkpointer's (what the last
-//! checkpoint recorded closed, which free records it does not supersede yet), and it runs
-//! under the checkpointer's lock, so a free and a checkpoint never interleave. Called by
+//! checkpoint recorded closed, which free records it does not supersede yet, the
+//! checkpoint in flight), and it runs under the checkpointer's state lock, which a
+//! checkpoint holds for its snapshot and its header's batch but not while it syncs and
+//! commits its map pages (checkpoint rule 8). Called by
 //! the cleaner's runner and by the append loop of a writer out of space.
 //!
 //! Crash-ordering rules of a free record (tested in `tests/orderings.rs` and by the
@@ -23,7 +25,9 @@
 //!    checkpoint: young with TRIM records, named by a record whose commit reported a
 //!    failure (when not freed before it: freed before, the record retried lists what the
 //!    one maybe applied lists, and more), or with more chunks to list than a record holds
-//!    (`records::FREE_MAX_CHUNKS`). Test:
+//!    (`records::FREE_MAX_CHUNKS`). While a checkpoint is in flight (between its snapshot
+//!    and its header's batch, checkpoint rule 8) only a segment both checkpoints record
+//!    closed is freed, and the checkpoint puts its record again with its own base. Test:
 //!    `a_free_record_whose_commit_failed_after_applying_is_superseded`;
 //! 2. the segment is seen dead (no live block) BEFORE each stream's open chunk is checked,
 //!    under its lock, for an entry that killed one of its blocks, and such a chunk is
@@ -227,9 +231,17 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
         times.add(&times.commit, &mut t);
         {
             let mut recorded = lock(&ck.recorded);
+            let mut in_flight = lock(&ck.in_flight);
             for r in records {
                 self.t.segs.young_forget(r.segment);
-                recorded.insert(r.segment, r.chunks);
+                recorded.insert(r.segment, r.chunks.clone());
+                // Rule 8: the checkpoint in flight puts it again with its base.
+                if let Some(f) = in_flight.as_mut() {
+                    f.freed.push(r);
+                }
+            }
+            if in_flight.is_some() {
+                ck.frees_beside.fetch_add(1, Ordering::Relaxed);
             }
         }
         // Rule 5.
@@ -269,11 +281,19 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
         let closed = lock(&self.ckpt.closed);
         let freed = lock(&self.ckpt.freed);
         let recorded = lock(&self.ckpt.recorded);
+        let in_flight = lock(&self.ckpt.in_flight);
+        // Rule 8: while a checkpoint is in flight, only segments both checkpoints record
+        // closed (the young ones' lists start at its snapshot, not at the last one's).
+        let next_closed = |s: u32| match in_flight.as_ref() {
+            Some(f) => f.closed.get(s as usize).copied().unwrap_or(false),
+            None => true,
+        };
         dead.iter()
             .filter_map(|&s| {
                 if closed.get(s as usize).copied().unwrap_or(false) {
-                    Some((s, true))
-                } else if (!freed.contains(&s) || recorded.contains_key(&s))
+                    next_closed(s).then_some((s, true))
+                } else if in_flight.is_none()
+                    && (!freed.contains(&s) || recorded.contains_key(&s))
                     && self.t.segs.is_young(s)
                 {
                     Some((s, false))

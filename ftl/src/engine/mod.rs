@@ -673,7 +673,7 @@ mod tests {
         // The race it is for: due when asked, but another checkpoint holds the lock and
         // takes its snapshot meanwhile. Checked again under the lock, none follows.
         write_until_due();
-        let held = f.ckpt.lock();
+        let held = f.ckpt.one();
         std::thread::scope(|sc| {
             let late = sc.spawn(|| f.checkpoint_if_due());
             // Long enough for it to pass its first look and wait for the lock.

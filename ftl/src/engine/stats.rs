@@ -25,6 +25,9 @@ pub struct Stats {
     pub free_records: u64,
     /// Segments those freed.
     pub segments_freed_by_records: u64,
+    /// Of `free_records`, those committed while a checkpoint synced and committed its map
+    /// pages (checkpoint rule 8).
+    pub free_records_beside_checkpoints: u64,
     pub counters: Counters,
     /// Backing blocks written / user blocks written (lifetime).
     pub waf: f64,
@@ -78,6 +81,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             checkpoints: self.ckpt.count(),
             free_records: self.ckpt.frees.load(Ordering::Relaxed),
             segments_freed_by_records: self.ckpt.freed_segments.load(Ordering::Relaxed),
+            free_records_beside_checkpoints: self.ckpt.frees_beside.load(Ordering::Relaxed),
             counters,
             waf,
             map_ram_bytes,

@@ -5,7 +5,8 @@ use super::{IndexReader, IndexStore, Op};
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 type Records = Arc<Mutex<BTreeMap<Vec<u8>, Vec<u8>>>>;
 
@@ -19,6 +20,16 @@ pub struct MemIndex {
     pub fail_after_apply: AtomicBool,
     /// Commits still allowed before every later one fails ([`MemIndex::fail_after`]).
     commits_left: std::sync::atomic::AtomicI64,
+    /// Commits held before they apply ([`MemIndex::hold_commits_with`]).
+    gate: Mutex<CommitGate>,
+    gate_cv: Condvar,
+}
+
+/// Which commits [`MemIndex`] holds, and how many are held now.
+#[derive(Default)]
+struct CommitGate {
+    kind: Option<u8>,
+    held: usize,
 }
 
 impl Default for MemIndex {
@@ -28,6 +39,8 @@ impl Default for MemIndex {
             fail_commits: AtomicBool::new(false),
             fail_after_apply: AtomicBool::new(false),
             commits_left: std::sync::atomic::AtomicI64::new(-1),
+            gate: Mutex::default(),
+            gate_cv: Condvar::new(),
         }
     }
 }
@@ -52,12 +65,63 @@ impl MemIndex {
         Ok((
             MemIndex {
                 map: Arc::new(Mutex::new(m.clone())),
-                fail_commits: AtomicBool::new(false),
-                fail_after_apply: AtomicBool::new(false),
-                commits_left: std::sync::atomic::AtomicI64::new(-1),
+                ..MemIndex::default()
             },
             r,
         ))
+    }
+
+    /// From now on a commit that puts or removes a key of `kind` (`Key::MAP_PAGE`, ...)
+    /// blocks before it applies, until [`MemIndex::release_commits`]: a test drives other
+    /// threads through the window of a checkpoint stuck there.
+    pub fn hold_commits_with(&self, kind: u8) {
+        self.gate_state().kind = Some(kind);
+    }
+
+    /// Lets held commits (and later ones) through.
+    pub fn release_commits(&self) {
+        self.gate_state().kind = None;
+        self.gate_cv.notify_all();
+    }
+
+    /// Waits until a commit is held; false on timeout.
+    pub fn wait_commit_held(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut g = self.gate_state();
+        while g.held == 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            g = self
+                .gate_cv
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
+    }
+
+    fn gate_state(&self) -> std::sync::MutexGuard<'_, CommitGate> {
+        self.gate.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Blocks while commits of a kind among `ops` are held.
+    fn pass_gate(&self, ops: &[Op]) {
+        let mut g = self.gate_state();
+        let key = |op: &Op| match op {
+            Op::Put(k, _) | Op::Remove(k) => k.first().copied(),
+        };
+        let held = |g: &CommitGate| g.kind.is_some() && ops.iter().any(|o| key(o) == g.kind);
+        if !held(&g) {
+            return;
+        }
+        g.held += 1;
+        self.gate_cv.notify_all();
+        while held(&g) {
+            g = self.gate_cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+        g.held -= 1;
     }
 
     /// Overwrites one value (for corruption tests).
@@ -96,6 +160,7 @@ impl IndexStore for MemIndex {
         Ok(m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
     }
     fn commit(&self, ops: Vec<Op>) -> Result<()> {
+        self.pass_gate(&ops);
         let left = self
             .commits_left
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
