@@ -482,7 +482,9 @@ impl Recorder for Recorded {
 /// Watches progress: fails when no operation completes for this long.
 const STUCK: Duration = Duration::from_secs(30);
 
-fn power_cut_run(seed: u64) -> Result<String, String> {
+/// One power-cut run: its summary, and the free records it committed while a checkpoint
+/// ran (checkpoint rule 8).
+fn power_cut_run(seed: u64) -> Result<(String, u64), String> {
     let (size, opts) = geometry(seed);
     let dev = Arc::new(CrashDevice::new(size));
     let idx = Arc::new(MemIndex::new());
@@ -530,13 +532,14 @@ fn power_cut_run(seed: u64) -> Result<String, String> {
     let space = space_report(&f, &cleaner);
     drop(cleaner);
     ran.map_err(|e| format!("{e} ({plan:?})\n  space: {space}"))?;
-    let (map, frag) = (f.stats().map_cache, f.stats().fragmentation);
+    let fs = f.stats();
+    let (map, frag) = (fs.map_cache, fs.fragmentation);
     drop(f);
     let dev = Arc::new(CrashDevice::from_image(image));
     let idx = Arc::new(index);
     check_after(&dev, &idx, history, Crash::PowerCut, cap, config(seed))
         .map_err(|e| format!("{e}\n  {plan:?}, {ops} ops, cleaner {stats:?}"))?;
-    Ok(format!(
+    let summary = format!(
         "{ops} ops, {} relocated, {} cleaned, {} checkpoints, {} free records, \
          {} map pages missed, {} evicted, {} windows queued, {} defragmented ({} blocks moved)",
         stats.cleaner.blocks_copied,
@@ -548,7 +551,8 @@ fn power_cut_run(seed: u64) -> Result<String, String> {
         frag.defrag_queued,
         frag.defrag_windows,
         frag.defrag_moved_blocks
-    ))
+    );
+    Ok((summary, fs.free_records_beside_checkpoints))
 }
 
 /// Reopens after a crash: the checker must be clean and every LBA must hold a value the
@@ -594,19 +598,28 @@ fn power_cuts_at_random_instants_lose_nothing_acknowledged() {
     let mut failures = Vec::new();
     let seeds = seeds(CI_POWER_CUTS);
     let mut summary = None;
+    let mut beside = 0;
     for &seed in &seeds {
         match power_cut_run(seed) {
-            Ok(s) => summary = Some(s),
+            Ok((s, b)) => {
+                summary = Some(s);
+                beside += u64::from(b > 0);
+            }
             Err(e) => failures.push(format!("seed {seed}: {e}")),
         }
     }
     eprintln!(
-        "power cuts: {} seeds, {} failed (last run: {})",
+        "power cuts: {} seeds, {} failed, {beside} with free records beside a checkpoint \
+         (last run: {})",
         seeds.len(),
         failures.len(),
         summary.unwrap_or_default()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(
+        seeds.len() < 10 || beside > 0,
+        "no free record ran beside a checkpoint: checkpoint rule 8 was not exercised"
+    );
 }
 
 // ----- process death -----
