@@ -6,9 +6,10 @@
 //!
 //! Owns the index store and what checkpoints keep between runs ([`Checkpointer`]: the
 //! one-at-a-time lock, the state lock it shares with free records, the checkpoint in
-//! flight, blocks appended since the last one, the count and the step times). A checkpoint is a step over every part of the engine (it seals each stream
-//! under its lock, snapshots the tables, syncs through the device-sync group, frees
-//! segments and wakes writers), so it lives beside the engine as its child. Called by the
+//! flight, blocks appended since the last one, the count and the step times). A
+//! checkpoint is a step over every part of the engine (it seals each stream under its
+//! lock, snapshots the tables, syncs through the device-sync group, frees segments and
+//! wakes writers), so it lives beside the engine as its child. Called by the
 //! engine (open, close, a writer out of space without a cleaner), by the cleaner's
 //! runner, and by tools.
 //!
@@ -192,7 +193,7 @@ pub(super) struct InFlight {
     pub(super) closed: Vec<bool>,
     /// Free records committed meanwhile (with the last checkpoint's base): its header's
     /// batch puts them again with its own.
-    pub(super) freed: Vec<crate::records::FreeRecord>,
+    pub(super) freed: Vec<FreeRecord>,
 }
 
 /// Nanoseconds checkpoints spent in each step since open, summed.
