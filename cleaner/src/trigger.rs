@@ -420,20 +420,30 @@ mod tests {
         assert!(defrag_now(3, 20, 10, false, DEFRAG_BUSY_INTERVAL));
     }
 
-    #[test]
-    fn dead_segments_are_checkpointed_when_space_is_short_or_the_device_idle() {
-        let s = Duration::from_secs(1);
-        let busy = CheckpointInputs {
+    /// A busy device with plenty of space: 3 dead segments, one of them freeable and
+    /// settled, no checkpoint due.
+    fn busy() -> CheckpointInputs {
+        CheckpointInputs {
             free: 50,
             dead: 3,
-            freeable: 0,
-            settled: 0,
+            freeable: 1,
+            settled: 1,
             unsettled_for: Duration::ZERO,
             urgent: 10,
             batch: 8,
             due: false,
             idle_for: Duration::from_millis(10),
             since_last: Duration::from_secs(30),
+        }
+    }
+
+    #[test]
+    fn dead_segments_are_checkpointed_when_space_is_short_or_the_device_idle() {
+        let s = Duration::from_secs(1);
+        let busy = CheckpointInputs {
+            freeable: 0,
+            settled: 0,
+            ..busy()
         };
         assert!(!checkpoint_needed(busy, s), "plenty of space, busy device");
         assert!(checkpoint_needed(CheckpointInputs { free: 10, ..busy }, s));
@@ -475,18 +485,7 @@ mod tests {
     #[test]
     fn freeable_segments_are_freed_at_once_and_the_rest_wait_for_a_checkpoint() {
         let s = Duration::from_secs(1);
-        let busy = CheckpointInputs {
-            free: 50,
-            dead: 3,
-            freeable: 1,
-            settled: 1,
-            unsettled_for: Duration::ZERO,
-            urgent: 10,
-            batch: 8,
-            due: false,
-            idle_for: Duration::from_millis(10),
-            since_last: Duration::from_secs(30),
-        };
+        let busy = busy();
         assert_eq!(
             reclaim_now(busy, s),
             Some(Reclaim::FreeDead { seal: false })
@@ -539,16 +538,8 @@ mod tests {
     fn free_records_go_on_while_a_checkpoint_runs_and_one_of_each_runs_at_most() {
         let s = Duration::from_secs(1);
         let due = CheckpointInputs {
-            free: 50,
-            dead: 3,
-            freeable: 1,
-            settled: 1,
-            unsettled_for: Duration::ZERO,
-            urgent: 10,
-            batch: 8,
             due: true,
-            idle_for: Duration::from_millis(10),
-            since_last: Duration::from_secs(30),
+            ..busy()
         };
         let free = Some(Reclaim::FreeDead { seal: false });
         assert_eq!(
@@ -604,16 +595,11 @@ mod tests {
     fn a_free_record_seals_chunks_early_only_when_space_is_short_or_the_wait_is_long() {
         let s = Duration::from_secs(1);
         let busy = CheckpointInputs {
-            free: 50,
-            dead: 3,
             freeable: 3,
-            settled: 1,
             unsettled_for: Duration::from_millis(2),
-            urgent: 10,
-            batch: 8,
-            due: false,
             idle_for: Duration::ZERO,
             since_last: Duration::ZERO,
+            ..busy()
         };
         // The settled one now, the others when their chunks fill.
         assert_eq!(
