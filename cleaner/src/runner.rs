@@ -5,9 +5,9 @@
 //! frees dead segments with free records as soon as any is freeable (also while a
 //! checkpoint runs), and on another checkpoints when the FTL says one is due or, for dead
 //! segments no free record may free, when a batch waits, free space is short or the
-//! device went idle ([`reclaim_next`]), (3) cleans in the
-//! foreground (the foreground policy, cost-hotness by default; back to back, yielding only
-//! between slices) while free space is at or below the low watermark, (4) otherwise
+//! device went idle ([`reclaim_next`]), (3) cleans in the foreground (the foreground
+//! policy, cost-hotness by default; back to back, yielding only between slices) while
+//! free space is at or below the low watermark, (4) otherwise
 //! cleans in the background (the background policy, cost-hotness by default) when
 //! the device is idle and the interval `Ci` has elapsed, yielding as soon as foreground
 //! I/O shows up at the end of a slice; between them, while free space is above the

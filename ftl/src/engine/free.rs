@@ -14,8 +14,8 @@
 //! checkpoint recorded closed, which free records it does not supersede yet, the
 //! checkpoint in flight), and it runs under the checkpointer's state lock, which a
 //! checkpoint holds for its snapshot and its header's batch but not while it syncs and
-//! commits its map pages (checkpoint rule 8). Called by
-//! the cleaner's runner and by the append loop of a writer out of space.
+//! commits its map pages (checkpoint rule 8). Called by the cleaner's runner and by the
+//! append loop of a writer out of space.
 //!
 //! Crash-ordering rules of a free record (tested in `tests/orderings.rs` and by the
 //! concurrent crash harness, whose cleaner frees through them):
