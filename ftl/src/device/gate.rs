@@ -11,7 +11,7 @@ use super::BlockDevice;
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Operation kinds a gate can hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,20 +87,12 @@ impl<D: BlockDevice> GateDevice<D> {
     /// Waits until at least one operation of kind `op` is blocked at the gate; false on
     /// timeout.
     pub fn wait_held(&self, op: GateOp, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        let mut g = self.lock();
-        while g.held[op.index()] == 0 {
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            g = self
-                .cv
-                .wait_timeout(g, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-        true
+        let i = op.index();
+        let (g, _) = self
+            .cv
+            .wait_timeout_while(self.lock(), timeout, |g| g.held[i] == 0)
+            .unwrap_or_else(|p| p.into_inner());
+        g.held[i] > 0
     }
 
     /// Writes issued so far into the range of a discard blocked at the gate.

@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 type Records = Arc<Mutex<BTreeMap<Vec<u8>, Vec<u8>>>>;
 
@@ -86,20 +86,12 @@ impl MemIndex {
 
     /// Waits until a commit is held; false on timeout.
     pub fn wait_commit_held(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        let mut g = self.gate_state();
-        while g.held == 0 {
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            g = self
-                .gate_cv
-                .wait_timeout(g, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-        true
+        let g = self.gate_state();
+        let (g, _) = self
+            .gate_cv
+            .wait_timeout_while(g, timeout, |g| g.held == 0)
+            .unwrap_or_else(|p| p.into_inner());
+        g.held > 0
     }
 
     fn gate_state(&self) -> std::sync::MutexGuard<'_, CommitGate> {
@@ -118,9 +110,10 @@ impl MemIndex {
         }
         g.held += 1;
         self.gate_cv.notify_all();
-        while held(&g) {
-            g = self.gate_cv.wait(g).unwrap_or_else(|p| p.into_inner());
-        }
+        let mut g = self
+            .gate_cv
+            .wait_while(g, |g| held(g))
+            .unwrap_or_else(|p| p.into_inner());
         g.held -= 1;
     }
 
