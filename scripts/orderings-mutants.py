@@ -160,10 +160,28 @@ MUTANTS = [
      [("""                ops.push(Op::Put(Key::free(r.segment), r.encode()));""",
        """                let _ = r;""")],
      [ORDERINGS, POWER]),
-    ("checkpoint-8-closed", "checkpoint rule 8: a record while a checkpoint is in flight frees only segments both record closed",
-     "ftl/src/engine/free.rs",
-     [("""                    next_closed(s).then_some((s, true))""",
-       """                    { let _ = next_closed; Some((s, true)) }""")],
+    ("checkpoint-8-closed", "checkpoint rule 8: a record while a checkpoint is in flight frees only segments both record closed (those dead at its snapshot marked freed before the state lock is let go)",
+     "ftl/src/engine/checkpoint.rs",
+     [("""        ck.note_freed(&own.iter().map(|r| r.segment).collect::<Vec<_>>());""",
+       """        lock(&ck.freed).extend(own.iter().map(|r| r.segment));""")],
+     [ORDERINGS, POWER]),
+    ("checkpoint-9-sync", "checkpoint rule 9: the checkpoint's own free records are committed after its log sync",
+     "ftl/src/engine/checkpoint.rs",
+     [("""            .and_then(|()| self.flush_upto(next_chunk_seq))
+            .and_then(|()| {
+                times.add(&times.sync, &mut t);
+                released = self.free_own(&own);""",
+       """            .and_then(|()| {
+                released = self.free_own(&own);
+                self.flush_upto(next_chunk_seq)
+            })
+            .and_then(|()| {
+                times.add(&times.sync, &mut t);""")],
+     [ORDERINGS, POWER]),
+    ("checkpoint-9-release", "checkpoint rule 9: segments freed by the checkpoint's own records are not released again at its end",
+     "ftl/src/engine/checkpoint.rs",
+     [("""        let rest: Vec<u32> = dead.iter().copied().filter(|s| !released.contains(s)).collect();""",
+       """        let rest: Vec<u32> = { let _ = &released; dead.clone() };""")],
      [ORDERINGS, POWER]),
     ("map-2", "map cache rule 2: pages a checkpoint took are not evicted before its commit",
      "ftl/src/map.rs",
@@ -175,7 +193,7 @@ MUTANTS = [
      [MAPLIB]),
     ("free-1", "free rule 1: only segments the last checkpoint recorded closed (or young ones)",
      "ftl/src/engine/free.rs",
-     [("""                } else if in_flight.is_none()
+     [("""                } else if !in_flight
                     && (!freed.contains(&s) || recorded.contains_key(&s))
                     && self.t.segs.is_young(s)""",
        """                } else if !freed.is_empty() || !recorded.is_empty() || true""")],
@@ -201,13 +219,13 @@ MUTANTS = [
      [ORDERINGS]),
     ("free-7-list", "free rule 7: a young segment's record lists its chunks",
      "ftl/src/engine/free.rs",
-     [("""                        c.extend(self.t.segs.young_chunks(s).unwrap_or_default());""",
-       """                        let _ = &c;""")],
+     [("""                    c.extend(self.t.segs.young_chunks(s).unwrap_or_default());""",
+       """                    let _ = &c;""")],
      [ORDERINGS, POWER]),
     ("free-7-twice", "free rule 7: a segment freed again since the checkpoint lists the chunks of every life",
      "ftl/src/engine/free.rs",
-     [("""                        c.extend(recorded.get(&s).into_iter().flatten());""",
-       """                        let _ = &recorded;""")],
+     [("""                    c.extend(recorded.get(&s).into_iter().flatten());""",
+       """                    let _ = &recorded;""")],
      [ORDERINGS, POWER]),
     ("free-2", "free rule 2: open chunks holding a death of a freed segment are sealed first",
      "ftl/src/engine/free.rs",
@@ -227,8 +245,8 @@ MUTANTS = [
     ("free-4", "free rule 4: the record is durable BEFORE the segment is released",
      "ftl/src/engine/free.rs",
      [("""        // Rule 4.
-        ck.index.commit(ops)?;""", """        self.discard_and_release(&segs);
-        ck.index.commit(ops)?;""")],
+        ck.index.commit(put_ops(&records))?;""", """        self.discard_and_release(&segs);
+        ck.index.commit(put_ops(&records))?;""")],
      [POWER, MODEL, SHUTTLE]),
     ("free-6", "free rule 6: recovery frees recorded segments BEFORE it looks for chunk heads",
      "ftl/src/recovery.rs",
@@ -240,8 +258,9 @@ MUTANTS = [
     ("free-freed-first", "a free record's segments are listed for removal BEFORE its commit",
      "ftl/src/engine/free.rs",
      [("""        ck.note_freed(&segs);
-        {""", """        {"""),
-      ("""        ck.index.commit(ops)?;""", """        ck.index.commit(ops)?;
+        // Rule 4.
+        ck.index.commit(put_ops(&records))?;""", """        // Rule 4.
+        ck.index.commit(put_ops(&records))?;
         ck.note_freed(&segs);""")],
      [ORDERINGS]),
     ("checkpoint-failed", "a checkpoint commit that failed leaves nothing freeable by free records",

@@ -158,7 +158,13 @@ pub fn format_stats(d: &StatsDocument) -> String {
     row("trimmed blocks", c.trimmed_blocks.to_string());
     row("padding", human_bytes(c.padding_bytes));
     row("relocated blocks", c.relocated_blocks.to_string());
-    row("checkpoints", s.checkpoints.to_string());
+    row(
+        "checkpoints",
+        format!(
+            "{} ({} segments freed right after their log sync)",
+            s.checkpoints, s.segments_freed_early_by_checkpoints
+        ),
+    );
     row(
         "freed between checkpoints",
         format!(

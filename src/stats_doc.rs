@@ -95,6 +95,8 @@ pub struct FtlFigures {
     pub segments_freed_by_records: u64,
     /// Of `free_records`, those committed while a checkpoint ran (its map pages).
     pub free_records_beside_checkpoints: u64,
+    /// Segments checkpoints freed right after their log sync (their own free records).
+    pub segments_freed_early_by_checkpoints: u64,
     pub epoch: u64,
     pub map_ram_bytes: u64,
     pub map_cache: ftl::MapCacheStats,

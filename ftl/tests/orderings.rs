@@ -1108,11 +1108,15 @@ fn a_free_record_whose_commit_failed_after_applying_is_superseded() {
 #[test]
 fn after_a_failed_checkpoint_commit_nothing_is_freed_by_free_records() {
     let (dev, idx, f) = gated(Config::default());
-    let (_seg, lbas) = closed_at_checkpoint(&f);
+    let (seg, lbas) = closed_at_checkpoint(&f);
     kill(&f, &lbas, 2);
     idx.fail_after_apply.store(true, Ordering::SeqCst);
     assert!(f.checkpoint().is_err());
     idx.fail_after_apply.store(false, Ordering::SeqCst);
+    // The checkpoint's own free record (its rule 9) failed after applying too: the
+    // segment stays dead, and the next checkpoint removes the record.
+    assert_eq!(free_records(&idx), vec![seg]);
+    assert_eq!(f.segment_snapshot()[seg as usize].state, "closed");
     // Free rule 7: nor a segment opened after the failed checkpoint (young to which?).
     for l in 100..140 {
         f.write(l, &block_for(l, 1), false, S0).unwrap();
@@ -1122,8 +1126,9 @@ fn after_a_failed_checkpoint_commit_nothing_is_freed_by_free_records() {
     assert_eq!(f.segment_valid(young), 0);
     assert_eq!(f.freeable_segments(), 0);
     assert_eq!(f.free_dead().unwrap().segments_freed, 0);
-    assert!(free_records(&idx).is_empty());
+    assert_eq!(free_records(&idx), vec![seg], "no record added");
     assert!(f.checkpoint().unwrap().segments_freed >= 1);
+    assert!(free_records(&idx).is_empty());
     drop(f);
     let f = cut_check_reopen(&dev, &idx, 5, Config::default());
     assert_tags(&f, &lbas, 2);
@@ -1155,6 +1160,10 @@ fn a_checkpoint_cut_between_its_page_batches_recovers() {
     }
     f.trim(lbas[3], 1).unwrap();
     f.flush().unwrap();
+    // Nothing dead left for the checkpoint's own free records (rule 9), whose commit
+    // would come first.
+    f.free_dead().unwrap();
+    assert_eq!(f.freeable_segments(), 0);
     // The first page batch lands, the rest of the checkpoint does not.
     idx.fail_after(1);
     let err = f.checkpoint().unwrap_err();
@@ -1245,13 +1254,138 @@ fn a_free_record_during_a_checkpoint_follows_both_checkpoints() {
     // A power cut after the checkpoint.
     cut_and_check(f, &dev, &idx, 22, cfg.clone(), &tags);
     // And the one taken while it was in flight.
-    let ((old_idx, image), old_tags) = during;
-    let old_idx = Arc::new(old_idx);
+    let (cut, old_tags) = during;
+    check_cut_in_flight(cut, before, cfg, &old_tags);
+}
+
+/// Checkpoint rule 8, its other half, with rule 9: a segment dead at the checkpoint's
+/// snapshot is the checkpoint's to free (by its own record, once its log is synced); a
+/// free record while the checkpoint syncs leaves it (freed twice, it would be on the free
+/// list twice and handed to two streams), and the checkpoint's record is not committed
+/// before the sync (recovery from it would stop short of the record's chain). A power cut
+/// while the sync is held recovers from the older checkpoint.
+#[test]
+fn a_free_record_during_a_checkpoint_leaves_its_dead_segments_to_it() {
+    let cfg = Config::default();
+    let (dev, idx, f) = gated(cfg.clone());
+    let (seg, lbas) = closed_at_checkpoint(&f);
+    let before = checkpoint_base(&idx);
+    let mut tags: HashMap<u64, u64> = (0..64).map(|l| (l, 1)).collect();
+    write_tagged(&f, lbas.iter().copied(), 2, StreamId(2), false, &mut tags);
+    f.flush().unwrap();
+    assert_eq!(f.freeable_segments(), 1);
+    // A write the checkpoint syncs (not flushed: the cut may lose it).
+    write_tagged(&f, [300], 5, StreamId(3), false, &mut HashMap::new());
+    dev.hold(GateOp::Sync);
+    let cut = std::thread::scope(|sc| {
+        let ck = sc.spawn(|| f.checkpoint());
+        let release = GateOnDrop(&dev, GateOp::Sync);
+        assert!(
+            dev.wait_held(GateOp::Sync, Duration::from_secs(10)),
+            "the checkpoint never synced"
+        );
+        assert_eq!(f.freeable_segments(), 0, "the checkpoint frees it");
+        assert!(
+            free_record_of(&idx, seg).is_none(),
+            "the checkpoint's own record before its log sync"
+        );
+        let cut = idx
+            .snapshot_while(|| dev.inner().power_cut_image(25))
+            .unwrap();
+        drop(release);
+        ck.join().unwrap().unwrap();
+        cut
+    });
+    assert_eq!(f.segment_snapshot()[seg as usize].state, "free");
+    assert!(free_record_of(&idx, seg).is_none());
+    let free = f
+        .segment_snapshot()
+        .iter()
+        .filter(|s| s.state == "free")
+        .count();
+    assert_eq!(free, f.free_segments(), "each free segment listed once");
+    check_cut_in_flight(cut, before, cfg, &tags);
+}
+
+/// Checkpoint rule 9: a segment dead at the checkpoint's snapshot is freed by the
+/// checkpoint's own free record right after its log sync, before its map pages: with the
+/// checkpoint held at its page commit the segment is free already, and writers reuse it.
+/// A power cut then recovers from the older checkpoint and that record; one after the
+/// checkpoint from its table (whose batch removed the record), with the segment not
+/// released a second time at the checkpoint's end (it holds the new data).
+#[test]
+fn a_checkpoint_frees_its_dead_segments_before_its_map_pages() {
+    use ftl::index::Key;
+    // No reserve: writers reach the freed segment at the back of the free list.
+    let cfg = Config {
+        gc_reserve_segments: 0,
+        ..Config::default()
+    };
+    let (dev, idx, f) = gated(cfg.clone());
+    let (seg, lbas) = closed_at_checkpoint(&f);
+    let before = checkpoint_base(&idx);
+    let mut tags: HashMap<u64, u64> = (0..64).map(|l| (l, 1)).collect();
+    write_tagged(&f, lbas.iter().copied(), 2, StreamId(2), false, &mut tags);
+    assert_eq!(f.segment_valid(seg), 0);
+    let early = f.stats().segments_freed_early_by_checkpoints;
+    idx.hold_commits_with(Key::MAP_PAGE);
+    let during = std::thread::scope(|sc| {
+        let ck = sc.spawn(|| f.checkpoint());
+        let release = ReleaseOnDrop(&idx);
+        assert!(
+            idx.wait_commit_held(Duration::from_secs(10)),
+            "the checkpoint never reached its map pages"
+        );
+        assert_eq!(
+            f.segment_snapshot()[seg as usize].state,
+            "free",
+            "freed before the map pages"
+        );
+        let rec = free_record_of(&idx, seg).expect("the checkpoint's own record");
+        assert_eq!(rec.base, before, "it follows the older checkpoint");
+        assert!(rec.chunks.is_empty(), "{rec:?}");
+        reuse_on_stream_3(&f, seg, &mut tags);
+        f.flush().unwrap();
+        let cut = idx
+            .snapshot_while(|| dev.inner().power_cut_image(23))
+            .unwrap();
+        drop(release);
+        ck.join().unwrap().unwrap();
+        (cut, tags.clone())
+    });
+    assert!(checkpoint_base(&idx) > before);
+    assert!(
+        free_record_of(&idx, seg).is_none(),
+        "the header's batch removes it"
+    );
+    assert_eq!(f.stats().segments_freed_early_by_checkpoints, early + 1);
+    assert_ne!(
+        f.segment_snapshot()[seg as usize].state,
+        "free",
+        "released again at the checkpoint's end while writers use it"
+    );
+    write_tagged(&f, 320..330, 6, StreamId(3), true, &mut tags);
+    cut_and_check(f, &dev, &idx, 24, cfg.clone(), &tags);
+    let (cut, old_tags) = during;
+    check_cut_in_flight(cut, before, cfg, &old_tags);
+}
+
+/// Recovers `cut`, a power cut (index and device image) taken while a checkpoint was in
+/// flight: the checker is clean, the index holds the older checkpoint (at `base`), and
+/// every block of `tags` reads back.
+fn check_cut_in_flight(
+    cut: (MemIndex, std::io::Result<Vec<u8>>),
+    base: u64,
+    cfg: Config,
+    tags: &HashMap<u64, u64>,
+) {
+    let (idx, image) = cut;
+    let idx = Arc::new(idx);
     let dev = Arc::new(CrashDevice::from_image(image.unwrap()));
-    checker(dev.clone(), old_idx.clone()).expect("the recovered map is consistent");
-    assert_eq!(checkpoint_base(&old_idx), before);
-    let (f, _) = Ftl::open(dev, old_idx, cfg).unwrap();
-    for (&l, &t) in &old_tags {
+    checker(dev.clone(), idx.clone()).expect("the recovered map is consistent");
+    assert_eq!(checkpoint_base(&idx), base);
+    let (f, _) = Ftl::open(dev, idx, cfg).unwrap();
+    for (&l, &t) in tags {
         let mut b = vec![0u8; 4096];
         f.read(l, &mut b).unwrap();
         assert_eq!(
@@ -1262,35 +1396,13 @@ fn a_free_record_during_a_checkpoint_follows_both_checkpoints() {
     }
 }
 
-/// Checkpoint rule 8, its other half: a segment dead at the checkpoint's snapshot is the
-/// checkpoint's to free; a free record while the checkpoint is in flight leaves it (freed
-/// twice, it would be on the free list twice and handed to two streams).
-#[test]
-fn a_free_record_during_a_checkpoint_leaves_its_dead_segments_to_it() {
-    use ftl::index::Key;
-    let (_dev, idx, f) = gated(Config::default());
-    let (seg, lbas) = closed_at_checkpoint(&f);
-    kill(&f, &lbas, 2);
-    assert_eq!(f.freeable_segments(), 1);
-    idx.hold_commits_with(Key::MAP_PAGE);
-    std::thread::scope(|sc| {
-        let ck = sc.spawn(|| f.checkpoint());
-        let release = ReleaseOnDrop(&idx);
-        assert!(idx.wait_commit_held(Duration::from_secs(10)));
-        let r = f.free_dead().unwrap();
-        assert_eq!(r.segments_freed, 0, "the checkpoint frees it: {r:?}");
-        assert_eq!(f.freeable_segments(), 0);
-        drop(release);
-        ck.join().unwrap().unwrap();
-    });
-    assert_eq!(f.segment_snapshot()[seg as usize].state, "free");
-    assert!(free_record_of(&idx, seg).is_none());
-    let free = f
-        .segment_snapshot()
-        .iter()
-        .filter(|s| s.state == "free")
-        .count();
-    assert_eq!(free, f.free_segments(), "each free segment listed once");
+/// Lets the device's held operation through when dropped (as [`ReleaseOnDrop`]).
+struct GateOnDrop<'a>(&'a GateDevice<Arc<CrashDevice>>, GateOp);
+
+impl Drop for GateOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.release(self.1);
+    }
 }
 
 /// Lets the index's held commits through when dropped, also when a test panics while a

@@ -441,6 +441,7 @@ pub fn run(spec: &Spec, run: &Run) -> Result<(serde_json::Value, Timeline), CliE
             "free_records": fs.free_records,
             "segments_freed_by_records": fs.segments_freed_by_records,
             "free_records_beside_checkpoints": fs.free_records_beside_checkpoints,
+            "segments_freed_early_by_checkpoints": fs.segments_freed_early_by_checkpoints,
             "throttled_ns": fs.throttled_ns,
             "space_wait_ns": fs.space_wait_ns,
             "chunk_writer_admit_wait_ns": bg.writers.admit_wait_ns(),

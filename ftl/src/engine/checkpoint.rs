@@ -58,14 +58,30 @@
 //!    fell inside checkpoints, which took 44 ms; on a large device, seconds). A record
 //!    committed then follows the last checkpoint (its `base`) and frees only a segment
 //!    both checkpoints record closed (alive at this one's snapshot: the dead ones are
-//!    this checkpoint's to free, and a young segment's chunk list starts at this
-//!    snapshot, not the last one's). The header's batch, built and committed with the
+//!    this checkpoint's to free, rule 9, marked freed before the state lock is let go;
+//!    and no young one: its chunk list starts at this snapshot, not the last one's). The header's batch, built and committed with the
 //!    state lock held again, puts each such record again with the new base, in the
 //!    SAME batch as the segment table that records the segment closed: recovery from
 //!    either checkpoint finds the segment free. Without the second put, the newer table
 //!    alone would say closed a segment writers have overwritten since. Tests:
 //!    `tests/orderings.rs`, `a_free_record_during_a_checkpoint_follows_both_checkpoints`,
-//!    `a_free_record_during_a_checkpoint_leaves_its_dead_segments_to_it`.
+//!    `a_free_record_during_a_checkpoint_leaves_its_dead_segments_to_it`;
+//! 9. the segments dead at the snapshot that a free record could free then (free rule 1:
+//!    recorded closed by the last checkpoint or young to it, not freed since) are freed
+//!    by the checkpoint's own free records, which follow the last checkpoint and name
+//!    `next_chunk_seq` as their chain: every death of theirs is in a chunk below it (the
+//!    snapshot seals every open chunk, rule 1, which free rule 2 asks). Their chunk
+//!    lists are taken BEFORE the young lists restart at the snapshot; the records are
+//!    committed AFTER rule 3's sync (free rule 3) and BEFORE the segments are released
+//!    (free rule 4), which is then, before the map pages: they no longer wait for the
+//!    header's batch (under uniform overwrites of a full device the writers' long waits
+//!    for space were the checkpoint's page commit). The header's batch removes the
+//!    records (rule 6: its table records the segments free), and the segments are not
+//!    released again at its end. A record whose commit failed leaves its segment to the
+//!    end of the checkpoint. Tests: `tests/orderings.rs`,
+//!    `a_checkpoint_frees_its_dead_segments_before_its_map_pages` and
+//!    `a_free_record_during_a_checkpoint_leaves_its_dead_segments_to_it` (a power cut
+//!    while the sync is held).
 
 use super::Ftl;
 use crate::device::{BlockDevice, BLOCK_SIZE};
@@ -114,6 +130,8 @@ pub(crate) struct Checkpointer<I> {
     pub(super) freed_segments: AtomicU64,
     /// Free records committed while a checkpoint was in flight (rule 8).
     pub(super) frees_beside: AtomicU64,
+    /// Segments checkpoints freed by their own free records (rule 9).
+    pub(super) own_freed: AtomicU64,
 }
 
 impl<I> Checkpointer<I> {
@@ -136,16 +154,23 @@ impl<I> Checkpointer<I> {
             frees: AtomicU64::new(0),
             freed_segments: AtomicU64::new(0),
             frees_beside: AtomicU64::new(0),
+            own_freed: AtomicU64::new(0),
         }
     }
 
     /// Free records for `segs` are about to be committed: the next checkpoint removes
-    /// them (free rule 6; each segment listed once).
+    /// them (free rule 6; each segment listed once), and the segments are no longer
+    /// closed at the last checkpoint (freed since: free rule 1).
     pub(super) fn note_freed(&self, segs: &[u32]) {
+        // In `freeable_of`'s order.
+        let mut closed = lock(&self.closed);
         let mut freed = lock(&self.freed);
         for &s in segs {
             if !freed.contains(&s) {
                 freed.push(s);
+            }
+            if let Some(c) = closed.get_mut(s as usize) {
+                *c = false;
             }
         }
     }
@@ -189,8 +214,6 @@ impl<I> Checkpointer<I> {
 
 /// A checkpoint between its snapshot and its header's batch (rule 8).
 pub(super) struct InFlight {
-    /// Per segment: recorded `Closed` by its segment table (the `closed` it installs).
-    pub(super) closed: Vec<bool>,
     /// Free records committed meanwhile (with the last checkpoint's base): its header's
     /// batch puts them again with its own.
     pub(super) freed: Vec<FreeRecord>,
@@ -319,6 +342,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         let pages = map.take_dirty();
         let dirty: Vec<u64> = pages.iter().map(|p| p.0).collect();
         let dead = segs.dead_closed();
+        // Rule 9: those a free record could free now (before the young lists restart).
+        let own = self.record_lists(&self.freeable_of(&dead));
         let seg_records = segs.records(&dead);
         let closed: Vec<bool> = seg_records
             .iter()
@@ -339,14 +364,17 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         // young to this checkpoint (their chunks from here on are listed).
         segs.young_reset(header.cursors.iter().flatten().map(|&(s, _)| s));
         drop(guards);
+        // Rule 9: the checkpoint's own free records, for the next checkpoint to remove
+        // if this one fails (as free rule 6); their segments no longer closed BEFORE the
+        // state lock is let go (rule 8: a record beside the checkpoint would free them
+        // too).
+        let own = self.free_records(own, next_chunk_seq);
+        ck.note_freed(&own.iter().map(|r| r.segment).collect::<Vec<_>>());
         // Rule 6: the records committed before the snapshot are those this table
-        // supersedes.
+        // supersedes (and its own records).
         let superseded = lock(&ck.freed).clone();
         // Rule 8: free records run while the pages are synced and committed.
-        *lock(&ck.in_flight) = Some(InFlight {
-            closed: closed.clone(),
-            freed: Vec::new(),
-        });
+        *lock(&ck.in_flight) = Some(InFlight { freed: Vec::new() });
         drop(state);
         times.add(&times.snapshot, &mut t);
         // The sealed chunks are written now: under the stream locks they held every
@@ -354,11 +382,14 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         // any other chunk below the snapshot); then rule 7. On failure the pages stay
         // dirty for the next checkpoint.
         let pages_written = pages.len();
+        let mut released = Vec::new();
         let paged = self
             .write_chunks(sealed)
             .and_then(|()| self.flush_upto(next_chunk_seq))
             .and_then(|()| {
                 times.add(&times.sync, &mut t);
+                released = self.free_own(&own);
+                times.add(&times.release, &mut t);
                 self.commit_pages(pages, next_chunk_seq)
             });
         // Rule 8: the header's batch, with no free record running.
@@ -418,7 +449,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         }
         *lock(&ck.closed) = closed;
         ck.base.store(next_chunk_seq, Ordering::Relaxed);
-        self.discard_and_release(&dead);
+        let rest: Vec<u32> = dead.iter().copied().filter(|s| !released.contains(s)).collect();
+        self.discard_and_release(&rest);
         times.add(&times.release, &mut t);
         ck.count.fetch_add(1, Ordering::Relaxed);
         drop(state);
@@ -427,6 +459,20 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             segments_freed: dead.len(),
             next_chunk_seq,
         })
+    }
+
+    /// Rule 9: commits the checkpoint's own free records (its log synced up to their
+    /// chain) and releases their segments; returns those released. A commit that fails
+    /// leaves them to the end of the checkpoint (a record maybe applied all the same
+    /// follows the last checkpoint; the header's batch removes it).
+    fn free_own(&self, own: &[FreeRecord]) -> Vec<u32> {
+        if own.is_empty() || self.ckpt.index.commit(super::free::put_ops(own)).is_err() {
+            return Vec::new();
+        }
+        let segs: Vec<u32> = own.iter().map(|r| r.segment).collect();
+        self.discard_and_release(&segs);
+        self.ckpt.own_freed.fetch_add(segs.len() as u64, Ordering::Relaxed);
+        segs
     }
 
     /// Rule 7: the map pages of a checkpoint (snapshot at `next_chunk_seq`), committed in

@@ -27,7 +27,9 @@
 //!    one maybe applied lists, and more), or with more chunks to list than a record holds
 //!    (`records::FREE_MAX_CHUNKS`). While a checkpoint is in flight (between its snapshot
 //!    and its header's batch, checkpoint rule 8) only a segment both checkpoints record
-//!    closed is freed, and the checkpoint puts its record again with its own base. Test:
+//!    closed is freed (no young one; those dead at its snapshot are its own to free,
+//!    checkpoint rule 9, and no longer closed), and the checkpoint puts its record again
+//!    with its own base. Test:
 //!    `a_free_record_whose_commit_failed_after_applying_is_superseded`;
 //! 2. the segment is seen dead (no live block) BEFORE each stream's open chunk is checked,
 //!    under its lock, for an entry that killed one of its blocks, and such a chunk is
@@ -169,25 +171,8 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
                 report.unsettled = open.len();
             }
         }
-        // Rule 7: a young segment's chunks, with those its record listed if it was freed
-        // before since the checkpoint (this record takes that one's key). It is dead and
-        // closed: no chunk is sealed into it any more. A list longer than a record may
-        // hold waits for the checkpoint.
-        let lists: Vec<(u32, Vec<u64>)> = {
-            let recorded = lock(&ck.recorded);
-            freeable
-                .iter()
-                .map(|&(s, closed)| {
-                    let mut c = Vec::new();
-                    if !closed {
-                        c.extend(recorded.get(&s).into_iter().flatten());
-                        c.extend(self.t.segs.young_chunks(s).unwrap_or_default());
-                    }
-                    (s, c)
-                })
-                .filter(|(_, c)| c.len() <= LIST_CAP)
-                .collect()
-        };
+        // Rule 7: the chunks a young segment's record lists.
+        let lists = self.record_lists(&freeable);
         // Those left for the checkpoint are dead segments it must still free.
         report.dead_left += freeable.len() - lists.len();
         if lists.is_empty() {
@@ -199,35 +184,13 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
         // Rule 3.
         self.flush_upto(chain)?;
         times.add(&times.sync, &mut t);
-        let records: Vec<FreeRecord> = lists
-            .into_iter()
-            .map(|(s, chunks)| FreeRecord {
-                segment: s,
-                epoch: self.epoch,
-                base: ck.base.load(Ordering::Relaxed),
-                chain,
-                erase_count: self.t.segs.erase_count(s) + 1,
-                chunks,
-            })
-            .collect();
-        let ops = records
-            .iter()
-            .map(|r| Op::Put(Key::free(r.segment), r.encode()))
-            .collect();
+        let records = self.free_records(lists, chain);
         // Before the commit, so that one reporting a failure but applied all the same is
         // superseded by the next checkpoint (checkpoint rule 6) and its segments are not
         // freed by a second record.
         ck.note_freed(&segs);
-        {
-            let mut closed = lock(&ck.closed);
-            for &s in &segs {
-                if let Some(c) = closed.get_mut(s as usize) {
-                    *c = false;
-                }
-            }
-        }
         // Rule 4.
-        ck.index.commit(ops)?;
+        ck.index.commit(put_ops(&records))?;
         times.add(&times.commit, &mut t);
         {
             let mut recorded = lock(&ck.recorded);
@@ -254,6 +217,45 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
         Ok(report)
     }
 
+    /// The chunk numbers each free record of `freeable` ([`Ftl::freeable_of`]) lists
+    /// (rule 7): none for a segment the checkpoint recorded closed; a young segment's
+    /// since the snapshot, with those its record listed if it was freed before since
+    /// then (the new record takes that one's key). It is dead and closed: no chunk is
+    /// sealed into it any more. A segment with a longer list than a record may hold is
+    /// left out (it waits for a checkpoint).
+    pub(super) fn record_lists(&self, freeable: &[(u32, bool)]) -> Vec<(u32, Vec<u64>)> {
+        let recorded = lock(&self.ckpt.recorded);
+        freeable
+            .iter()
+            .map(|&(s, closed)| {
+                let mut c = Vec::new();
+                if !closed {
+                    c.extend(recorded.get(&s).into_iter().flatten());
+                    c.extend(self.t.segs.young_chunks(s).unwrap_or_default());
+                }
+                (s, c)
+            })
+            .filter(|(_, c)| c.len() <= LIST_CAP)
+            .collect()
+    }
+
+    /// The free records of `lists` ([`Ftl::record_lists`]), following the last
+    /// checkpoint, their deaths all in chunks below `chain`.
+    pub(super) fn free_records(&self, lists: Vec<(u32, Vec<u64>)>, chain: u64) -> Vec<FreeRecord> {
+        let base = self.ckpt.base.load(Ordering::Relaxed);
+        lists
+            .into_iter()
+            .map(|(s, chunks)| FreeRecord {
+                segment: s,
+                epoch: self.epoch,
+                base,
+                chain,
+                erase_count: self.t.segs.erase_count(s) + 1,
+                chunks,
+            })
+            .collect()
+    }
+
     /// Dead segments a free record may free now (rule 1); the others wait for a
     /// checkpoint.
     pub fn freeable_segments(&self) -> usize {
@@ -277,22 +279,19 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
     /// not freed since unless by a committed record (order kept). Each comes with whether
     /// the checkpoint recorded it closed (its record lists no chunks) or it is young (rule
     /// 7: its record lists them).
-    fn freeable_of(&self, dead: &[u32]) -> Vec<(u32, bool)> {
+    pub(super) fn freeable_of(&self, dead: &[u32]) -> Vec<(u32, bool)> {
         let closed = lock(&self.ckpt.closed);
         let freed = lock(&self.ckpt.freed);
         let recorded = lock(&self.ckpt.recorded);
-        let in_flight = lock(&self.ckpt.in_flight);
-        // Rule 8: while a checkpoint is in flight, only segments both checkpoints record
-        // closed (the young ones' lists start at its snapshot, not at the last one's).
-        let next_closed = |s: u32| match in_flight.as_ref() {
-            Some(f) => f.closed.get(s as usize).copied().unwrap_or(false),
-            None => true,
-        };
+        // Rule 8: while a checkpoint is in flight, no young segment (their lists start at
+        // its snapshot, not at the last one's). Those it found dead are not closed any
+        // more: its own records free them (checkpoint rule 9).
+        let in_flight = lock(&self.ckpt.in_flight).is_some();
         dead.iter()
             .filter_map(|&s| {
                 if closed.get(s as usize).copied().unwrap_or(false) {
-                    next_closed(s).then_some((s, true))
-                } else if in_flight.is_none()
+                    Some((s, true))
+                } else if !in_flight
                     && (!freed.contains(&s) || recorded.contains_key(&s))
                     && self.t.segs.is_young(s)
                 {
@@ -303,6 +302,14 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
             })
             .collect()
     }
+}
+
+/// The index operations that put `records`.
+pub(super) fn put_ops(records: &[FreeRecord]) -> Vec<Op> {
+    records
+        .iter()
+        .map(|r| Op::Put(Key::free(r.segment), r.encode()))
+        .collect()
 }
 
 /// The segments of [`Ftl::freeable_of`]'s list.

@@ -28,6 +28,9 @@ pub struct Stats {
     /// Of `free_records`, those committed while a checkpoint synced and committed its map
     /// pages (checkpoint rule 8).
     pub free_records_beside_checkpoints: u64,
+    /// Segments checkpoints freed by their own free records right after their log sync,
+    /// before their map pages (checkpoint rule 9).
+    pub segments_freed_early_by_checkpoints: u64,
     pub counters: Counters,
     /// Backing blocks written / user blocks written (lifetime).
     pub waf: f64,
@@ -82,6 +85,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             free_records: self.ckpt.frees.load(Ordering::Relaxed),
             segments_freed_by_records: self.ckpt.freed_segments.load(Ordering::Relaxed),
             free_records_beside_checkpoints: self.ckpt.frees_beside.load(Ordering::Relaxed),
+            segments_freed_early_by_checkpoints: self.ckpt.own_freed.load(Ordering::Relaxed),
             counters,
             waf,
             map_ram_bytes,
