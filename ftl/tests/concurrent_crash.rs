@@ -484,7 +484,7 @@ const STUCK: Duration = Duration::from_secs(30);
 
 /// One power-cut run: its summary, and the free records it committed while a checkpoint
 /// ran (checkpoint rule 8).
-fn power_cut_run(seed: u64) -> Result<(String, u64), String> {
+fn power_cut_run(seed: u64) -> Result<(String, u64, u64), String> {
     let (size, opts) = geometry(seed);
     let dev = Arc::new(CrashDevice::new(size));
     let idx = Arc::new(MemIndex::new());
@@ -552,7 +552,11 @@ fn power_cut_run(seed: u64) -> Result<(String, u64), String> {
         frag.defrag_windows,
         frag.defrag_moved_blocks
     );
-    Ok((summary, fs.free_records_beside_checkpoints))
+    Ok((
+        summary,
+        fs.free_records_beside_checkpoints,
+        fs.segments_freed_early_by_checkpoints,
+    ))
 }
 
 /// Reopens after a crash: the checker must be clean and every LBA must hold a value the
@@ -598,19 +602,20 @@ fn power_cuts_at_random_instants_lose_nothing_acknowledged() {
     let mut failures = Vec::new();
     let seeds = seeds(CI_POWER_CUTS);
     let mut summary = None;
-    let mut beside = 0;
+    let (mut beside, mut early) = (0, 0);
     for &seed in &seeds {
         match power_cut_run(seed) {
-            Ok((s, b)) => {
+            Ok((s, b, e)) => {
                 summary = Some(s);
                 beside += u64::from(b > 0);
+                early += u64::from(e > 0);
             }
             Err(e) => failures.push(format!("seed {seed}: {e}")),
         }
     }
     eprintln!(
-        "power cuts: {} seeds, {} failed, {beside} with free records beside a checkpoint \
-         (last run: {})",
+        "power cuts: {} seeds, {} failed, {beside} with free records beside a checkpoint, \
+         {early} with segments freed by a checkpoint's own records (last run: {})",
         seeds.len(),
         failures.len(),
         summary.unwrap_or_default()
@@ -619,6 +624,10 @@ fn power_cuts_at_random_instants_lose_nothing_acknowledged() {
     assert!(
         seeds.len() < 10 || beside > 0,
         "no free record ran beside a checkpoint: checkpoint rule 8 was not exercised"
+    );
+    assert!(
+        seeds.len() < 10 || early > 0,
+        "no checkpoint freed a segment by its own record: checkpoint rule 9 was not exercised"
     );
 }
 
