@@ -1218,11 +1218,7 @@ fn a_free_record_during_a_checkpoint_follows_both_checkpoints() {
     idx.hold_commits_with(Key::MAP_PAGE);
     let during = std::thread::scope(|sc| {
         let ck = sc.spawn(|| f.checkpoint());
-        let release = ReleaseOnDrop(&idx);
-        assert!(
-            idx.wait_commit_held(Duration::from_secs(10)),
-            "the checkpoint never reached its map pages"
-        );
+        let release = held_at_map_pages(&idx);
         // Live at the snapshot, dead now.
         write_tagged(&f, lbas.iter().copied(), 2, StreamId(2), false, &mut tags);
         assert_eq!(f.segment_valid(seg), 0);
@@ -1233,12 +1229,8 @@ fn a_free_record_during_a_checkpoint_follows_both_checkpoints() {
         );
         let rec = free_record_of(&idx, seg).expect("its record");
         assert_eq!(rec.base, before, "it follows the older checkpoint");
-        reuse_on_stream_3(&f, seg, &mut tags);
-        f.flush().unwrap();
-        // A power cut now: the older checkpoint and the record.
-        let cut = idx
-            .snapshot_while(|| dev.inner().power_cut_image(21))
-            .unwrap();
+        // A power cut then: the older checkpoint and the record.
+        let cut = reuse_then_cut(&f, &dev, &idx, seg, &mut tags, 21);
         drop(release);
         ck.join().unwrap().unwrap();
         (cut, tags.clone())
@@ -1347,11 +1339,7 @@ fn frees_its_dead_segments_before_its_map_pages(young: bool) {
     idx.hold_commits_with(Key::MAP_PAGE);
     let during = std::thread::scope(|sc| {
         let ck = sc.spawn(|| f.checkpoint());
-        let release = ReleaseOnDrop(&idx);
-        assert!(
-            idx.wait_commit_held(Duration::from_secs(10)),
-            "the checkpoint never reached its map pages"
-        );
+        let release = held_at_map_pages(&idx);
         assert_eq!(
             f.segment_snapshot()[seg as usize].state,
             "free",
@@ -1360,11 +1348,7 @@ fn frees_its_dead_segments_before_its_map_pages(young: bool) {
         let rec = free_record_of(&idx, seg).expect("the checkpoint's own record");
         assert_eq!(rec.base, before, "it follows the older checkpoint");
         assert_eq!(!rec.chunks.is_empty(), young, "{rec:?}");
-        reuse_on_stream_3(&f, seg, &mut tags);
-        f.flush().unwrap();
-        let cut = idx
-            .snapshot_while(|| dev.inner().power_cut_image(23))
-            .unwrap();
+        let cut = reuse_then_cut(&f, &dev, &idx, seg, &mut tags, 23);
         drop(release);
         ck.join().unwrap().unwrap();
         (cut, tags.clone())
@@ -1384,6 +1368,22 @@ fn frees_its_dead_segments_before_its_map_pages(young: bool) {
     cut_and_check(f, &dev, &idx, 24, cfg.clone(), &tags);
     let (cut, old_tags) = during;
     check_cut_in_flight(cut, before, cfg, &old_tags);
+}
+
+/// Writers take `seg` again (stream 3, flushed); then a power cut (a seeded subset of
+/// unsynced writes kept): the index and device image at one instant.
+fn reuse_then_cut(
+    f: &GateFtl,
+    dev: &GateDevice<Arc<CrashDevice>>,
+    idx: &MemIndex,
+    seg: u32,
+    tags: &mut HashMap<u64, u64>,
+    seed: u64,
+) -> (MemIndex, std::io::Result<Vec<u8>>) {
+    reuse_on_stream_3(f, seg, tags);
+    f.flush().unwrap();
+    idx.snapshot_while(|| dev.inner().power_cut_image(seed))
+        .unwrap()
 }
 
 /// Recovers `cut`, a power cut (index and device image) taken while a checkpoint was in
@@ -1419,6 +1419,17 @@ impl Drop for GateOnDrop<'_> {
     fn drop(&mut self) {
         self.0.release(self.1);
     }
+}
+
+/// Waits until a checkpoint's map-page commit is held (`MemIndex::hold_commits_with`),
+/// and returns the guard that lets it through.
+fn held_at_map_pages(idx: &MemIndex) -> ReleaseOnDrop<'_> {
+    let release = ReleaseOnDrop(idx);
+    assert!(
+        idx.wait_commit_held(Duration::from_secs(10)),
+        "the checkpoint never reached its map pages"
+    );
+    release
 }
 
 /// Lets the index's held commits through when dropped, also when a test panics while a
