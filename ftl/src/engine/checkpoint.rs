@@ -59,10 +59,11 @@
 //!    committed then follows the last checkpoint (its `base`) and frees only a segment
 //!    both checkpoints record closed (alive at this one's snapshot: the dead ones are
 //!    this checkpoint's to free, rule 9, marked freed before the state lock is let go;
-//!    and no young one: its chunk list starts at this snapshot, not the last one's). The header's batch, built and committed with the
-//!    state lock held again, puts each such record again with the new base, in the
-//!    SAME batch as the segment table that records the segment closed: recovery from
-//!    either checkpoint finds the segment free. Without the second put, the newer table
+//!    and no young one: its chunk list starts at this snapshot, not the last one's).
+//!    The header's batch, built and committed with the state lock held again, puts each
+//!    such record again with the new base, in the SAME batch as the segment table that
+//!    records the segment closed: recovery from either checkpoint finds the segment
+//!    free. Without the second put, the newer table
 //!    alone would say closed a segment writers have overwritten since. Tests:
 //!    `tests/orderings.rs`, `a_free_record_during_a_checkpoint_follows_both_checkpoints`,
 //!    `a_free_record_during_a_checkpoint_leaves_its_dead_segments_to_it`;
