@@ -80,6 +80,9 @@ pub struct CleanerStats {
     /// Victims taken from the prefetcher, and nanoseconds the cleaner waited for it.
     pub prefetched: u64,
     pub prefetch_wait_ns: u64,
+    /// Victims the picker thread chose and listed while the one before was read (their
+    /// `pick_ns` was off the cleaner's path).
+    pub chosen_ahead: u64,
 }
 
 /// Where one victim's time went on average, in milliseconds ([`CleanerStats::per_victim`]).
@@ -184,6 +187,7 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
             &self.wear,
             self.window_blocks,
             self.window.len(),
+            crate::pipeline::AHEAD_MAX_AGE,
         )?);
         Ok(())
     }
@@ -249,6 +253,7 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
             self.stats.pick_ns += prepared.pick_ns;
             self.stats.read_ns += prepared.read_ns;
             self.stats.wear_victims += prepared.wear as u64;
+            self.stats.chosen_ahead += prepared.ahead as u64;
             self.stats.wear_extra_blocks = self.wear.spent();
             let bps = self.ftl.geometry().blocks_per_segment();
             self.victim_utilization

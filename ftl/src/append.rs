@@ -272,7 +272,7 @@ impl Appender {
         };
         std::mem::forget(guard);
         // Free rule 7: a young segment's chunks are listed for its free record.
-        t.segs.note_chunk(seg, seq, trims);
+        t.segs.note_chunk(seg, seq, trims, offset);
         let c = &t.counters;
         LiveCounters::add(&c.padding_bytes, pad as u64 * BLOCK_SIZE as u64);
         LiveCounters::add(&c.summary_blocks, 1);

@@ -48,6 +48,10 @@ pub struct SegmentChunks<'a, D: BlockDevice> {
     buf: AlignedBuf,
     /// The segment's first blocks, already read (summaries in it are not read again).
     preloaded: &'a [u8],
+    /// Summary blocks read ahead at known chunk starts ([`SegmentChunks::known`]): the
+    /// offsets, and the blocks in that order.
+    known: Vec<u32>,
+    known_buf: AlignedBuf,
     done: bool,
 }
 
@@ -65,8 +69,41 @@ impl<'a, D: BlockDevice> SegmentChunks<'a, D> {
             last: None,
             buf: AlignedBuf::new(BLOCK_SIZE),
             preloaded: &[],
+            known: Vec::new(),
+            known_buf: AlignedBuf::new(0),
             done: false,
         }
+    }
+
+    /// Reads the blocks at `starts` (where the segment's chunks are believed to start,
+    /// in order: `Segments::chunk_starts`) in one batch, all in flight at once, so that
+    /// the walk does not wait for one read per chunk. A hint: the walk takes a block from
+    /// here only at the offset it reached by the summaries before it, and checks it as
+    /// it checks one it reads; blocks inside the preloaded window are not read again. If
+    /// the batch fails, the walk reads one block at a time (and reports the error then).
+    pub fn known(mut self, starts: &[u32]) -> Self {
+        let window = (self.preloaded.len() / BLOCK_SIZE) as u32;
+        let bps = self.geo.blocks_per_segment();
+        let starts: Vec<u32> = starts
+            .iter()
+            .copied()
+            .filter(|&o| o >= window && o < bps)
+            .collect();
+        if starts.is_empty() {
+            return self;
+        }
+        let mut buf = AlignedBuf::new(starts.len() * BLOCK_SIZE);
+        let base = self.geo.segment_start(self.seg);
+        let mut reqs: Vec<(u64, &mut [u8])> = buf
+            .chunks_mut(BLOCK_SIZE)
+            .zip(&starts)
+            .map(|(b, &o)| ((base + o as u64) * BLOCK_SIZE as u64, b))
+            .collect();
+        if self.dev.read_many(&mut reqs).is_ok() {
+            self.known = starts;
+            self.known_buf = buf;
+        }
+        self
     }
 
     /// Takes the summaries within `window` (the segment's first `window.len()` bytes, as
@@ -87,7 +124,12 @@ impl<D: BlockDevice> Iterator for SegmentChunks<'_, D> {
         }
         let at = (self.geo.segment_start(self.seg) + self.off as u64) * BLOCK_SIZE as u64;
         let within = self.off as usize * BLOCK_SIZE;
-        let block = match self.preloaded.get(within..within + BLOCK_SIZE) {
+        let known = self
+            .known
+            .binary_search(&self.off)
+            .ok()
+            .map(|i| &self.known_buf[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE]);
+        let block = match self.preloaded.get(within..within + BLOCK_SIZE).or(known) {
             Some(b) => b,
             None => {
                 if let Err(e) = self.dev.read_at(at, &mut self.buf) {

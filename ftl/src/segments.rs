@@ -51,6 +51,12 @@ pub struct SegTableInner {
     /// [`Segments::take_for_recovery`]), of which any segment of the TRIM stream may
     /// hold some.
     pub trims: Vec<Option<bool>>,
+    /// Where the chunks sealed into a segment opened in this session start (block offsets
+    /// within it, in order), so that a victim's chunk summaries are read in one batch
+    /// instead of one dependent read each ([`crate::chunks::SegmentChunks::known`]);
+    /// `None` for the others. A hint only: every summary read is checked as the walk
+    /// checks it.
+    pub chunk_starts: Vec<Option<Vec<u32>>>,
     /// Free segments not discarded yet (deferred discard, `engine/discard.rs`): when each
     /// was freed, and its key in `free`; `undiscarded` orders them oldest first.
     pub undiscarded: BTreeSet<(Instant, u32)>,
@@ -151,6 +157,7 @@ impl Segments {
             inner: Mutex::new(SegTableInner {
                 carried: vec![false; info.len()],
                 trims: vec![None; info.len()],
+                chunk_starts: vec![None; info.len()],
                 info,
                 free,
                 wear_aware: true,
@@ -261,6 +268,7 @@ impl Segments {
         i.stream = stream;
         i.opened_seq = seq;
         t.trims[seg as usize] = Some(false);
+        t.chunk_starts[seg as usize] = Some(Vec::new());
         if let Some(y) = t.young.as_mut() {
             y.insert(seg, Vec::new());
         }
@@ -274,8 +282,12 @@ impl Segments {
     /// (a carry drops the records no allocated segment needs for the log walker, but the
     /// checkpoint's map may still point at the block it unmapped). It waits for a
     /// checkpoint instead.
-    pub fn note_chunk(&self, seg: u32, seq: u64, trims: bool) {
+    /// `offset` is where the chunk starts in the segment.
+    pub fn note_chunk(&self, seg: u32, seq: u64, trims: bool, offset: u32) {
         let mut t = self.lock();
+        if let Some(Some(v)) = t.chunk_starts.get_mut(seg as usize) {
+            v.push(offset);
+        }
         if trims {
             if let Some(x) = t.trims.get_mut(seg as usize) {
                 *x = Some(true);
@@ -288,6 +300,12 @@ impl Segments {
                 v.push(seq);
             }
         }
+    }
+
+    /// Where the chunks of `seg` start, when it was opened in this session
+    /// (`SegTableInner::chunk_starts`).
+    pub fn chunk_starts(&self, seg: u32) -> Option<Vec<u32>> {
+        self.lock().chunk_starts.get(seg as usize).cloned().flatten()
     }
 
     /// A checkpoint's snapshot (every stream lock held): the streams' `open` segments and
@@ -341,6 +359,7 @@ impl Segments {
                 let key = if t.wear_aware { e } else { t.released };
                 t.free.insert((key, s));
                 t.carried[s as usize] = false;
+                t.chunk_starts[s as usize] = None;
                 if let Some(at) = undiscarded {
                     t.undiscarded.insert((at, s));
                     t.pending.insert(s, (at, key));
@@ -511,6 +530,7 @@ impl Segments {
         // not seen sealed, so whether it holds TRIM records goes by its stream (it did
         // say "seen, none", and a TRIM segment taken over here was freed uncarried).
         t.trims[seg as usize] = None;
+        t.chunk_starts[seg as usize] = None;
         self.owner[seg as usize].store(stream, Ordering::SeqCst);
         true
     }
@@ -632,8 +652,8 @@ mod tests {
         let t = Segments::from_records(&recs);
         let data = t.allocate(trim, 1, 0, false).expect("a free segment");
         let trims = t.allocate(trim, 2, 0, false).expect("a free segment");
-        t.note_chunk(data, 1, false);
-        t.note_chunk(trims, 2, true);
+        t.note_chunk(data, 1, false, 0);
+        t.note_chunk(trims, 2, true, 0);
         t.close(data);
         t.close(trims);
         assert_eq!(t.uncarried_trim_segments(), vec![trims, 4]);
@@ -651,7 +671,7 @@ mod tests {
             }
         }
         let again = again.expect("the segment is taken again");
-        t.note_chunk(again, 3, false);
+        t.note_chunk(again, 3, false, 0);
         t.close(again);
         assert!(t.uncarried_trim_segments().is_empty());
         assert!(t.dead_closed().contains(&again));

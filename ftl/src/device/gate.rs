@@ -169,6 +169,10 @@ impl<D: BlockDevice> BlockDevice for GateDevice<D> {
         self.pass(GateOp::Read, None);
         self.inner.read_many(reqs)
     }
+    fn read_many_depth(&self, reqs: &mut [(u64, &mut [u8])], depth: usize) -> io::Result<()> {
+        self.pass(GateOp::Read, None);
+        self.inner.read_many_depth(reqs, depth)
+    }
 }
 
 #[cfg(test)]

@@ -58,6 +58,14 @@ pub trait BlockDevice: Send + Sync {
         }
         Ok(())
     }
+    /// [`BlockDevice::read_many`] with at most `depth` reads in flight at once, the next
+    /// issued as each completes: a reader that must not crowd out others at the device
+    /// (the cleaner's victim reads). Implementations without a queue read as
+    /// `read_many` does.
+    fn read_many_depth(&self, reqs: &mut [(u64, &mut [u8])], depth: usize) -> io::Result<()> {
+        let _ = depth;
+        self.read_many(reqs)
+    }
     /// Writes several ranges (durable only after [`BlockDevice::sync`]); implementations
     /// may issue them concurrently, so no order among them is promised. On an error some
     /// may have been written.
@@ -114,6 +122,13 @@ macro_rules! forward_block_device {
             }
             fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> io::Result<()> {
                 (**self).read_many(reqs)
+            }
+            fn read_many_depth(
+                &self,
+                reqs: &mut [(u64, &mut [u8])],
+                depth: usize,
+            ) -> io::Result<()> {
+                (**self).read_many_depth(reqs, depth)
             }
             fn write_many(&self, reqs: &[(u64, &[u8])]) -> io::Result<()> {
                 (**self).write_many(reqs)

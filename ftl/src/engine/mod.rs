@@ -684,6 +684,161 @@ mod tests {
         assert_eq!(f.stats().checkpoints, before + 3);
     }
 
+    /// Counts the reads a walk issues (one at a time, and batches) and the depth the
+    /// last depth-bounded batch asked for.
+    struct CountingReads {
+        inner: Arc<MemDevice>,
+        single: std::sync::atomic::AtomicUsize,
+        batches: std::sync::atomic::AtomicUsize,
+        depth: std::sync::atomic::AtomicUsize,
+    }
+
+    impl CountingReads {
+        fn new(inner: &Arc<MemDevice>) -> Self {
+            CountingReads {
+                inner: inner.clone(),
+                single: 0.into(),
+                batches: 0.into(),
+                depth: 0.into(),
+            }
+        }
+    }
+
+    impl crate::BlockDevice for CountingReads {
+        fn size(&self) -> u64 {
+            self.inner.size()
+        }
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+            self.single.fetch_add(1, Ordering::SeqCst);
+            self.inner.read_at(offset, buf)
+        }
+        fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> std::io::Result<()> {
+            self.batches.fetch_add(1, Ordering::SeqCst);
+            for (offset, buf) in reqs.iter_mut() {
+                self.inner.read_at(*offset, buf)?;
+            }
+            Ok(())
+        }
+        fn read_many_depth(
+            &self,
+            reqs: &mut [(u64, &mut [u8])],
+            depth: usize,
+        ) -> std::io::Result<()> {
+            self.depth.store(depth, Ordering::SeqCst);
+            self.read_many(reqs)
+        }
+        fn write_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+            self.inner.write_at(offset, buf)
+        }
+        fn sync(&self) -> std::io::Result<()> {
+            self.inner.sync()
+        }
+        fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
+            self.inner.discard(offset, len)
+        }
+        fn describe(&self) -> String {
+            "counting reads".into()
+        }
+    }
+
+    /// A victim's live blocks are read at most [`super::reloc::VICTIM_READ_DEPTH`] at a
+    /// time, and land where the window puts them.
+    #[test]
+    fn a_victims_reads_keep_a_bounded_depth() {
+        let (dev, idx, f) = small_ftl();
+        f.close().unwrap();
+        let counting = Arc::new(CountingReads::new(&dev));
+        let (f, _) = super::Ftl::open(counting.clone(), idx, crate::model::test_config()).unwrap();
+        let n = 200;
+        for l in 0..n {
+            f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
+        }
+        for l in (0..n).step_by(3) {
+            f.write(l, &block_for(l, 2), false, StreamId(1)).unwrap();
+        }
+        let victim = f
+            .segment_snapshot()
+            .into_iter()
+            .find(|s| s.segment != 0 && s.state == "closed" && s.valid > 4)
+            .expect("a closed segment with live blocks")
+            .segment;
+        let geo = *f.geometry();
+        let start = geo.segment_start(victim);
+        let live = f.live_blocks(victim).unwrap();
+        let mut window = crate::device::AlignedBuf::new(geo.segment_bytes as usize);
+        f.read_live_window(start, &live, &mut window).unwrap();
+        assert_eq!(
+            counting.depth.load(Ordering::SeqCst),
+            super::reloc::VICTIM_READ_DEPTH
+        );
+        for b in &live {
+            let at = (b.entry.pba().unwrap() as u64 - start) as usize * 4096;
+            assert!(f.verify_block(b.lba, b.entry, &window[at..at + 4096]).unwrap());
+        }
+    }
+
+    /// The segment table notes where each chunk of a segment opened this session starts,
+    /// and a walk given those starts reads every summary in one batch: the same chunks
+    /// as the walk that reads one summary after another. A wrong or partial hint changes
+    /// only the reads, never the chunks found.
+    #[test]
+    fn a_segments_known_chunk_starts_walk_it_as_its_summaries_do() {
+        use crate::chunks::SegmentChunks;
+        let (dev, _, f) = small_ftl();
+        // Chunks of several lengths: a FLUSH after 1, 2, 3, ... blocks, until a segment
+        // of stream 1 is closed.
+        let closed = |f: &crate::model::MemFtl| {
+            f.segment_snapshot()
+                .into_iter()
+                .find(|s| s.segment != 0 && s.state == "closed" && s.stream == 1)
+                .map(|s| s.segment)
+        };
+        let mut l = 0;
+        let seg = loop {
+            if let Some(s) = closed(&f) {
+                break s;
+            }
+            for _ in 0..=(l % 4) {
+                f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
+                l += 1;
+            }
+            f.flush().unwrap();
+            assert!(l < 1000, "no segment of stream 1 closed");
+        };
+        let starts = f.t.segs.chunk_starts(seg).expect("opened in this session");
+        let counting = CountingReads::new(&dev);
+        let reads = || {
+            (
+                counting.single.swap(0, Ordering::SeqCst),
+                counting.batches.swap(0, Ordering::SeqCst),
+            )
+        };
+        let walk = |hint: Option<&[u32]>| {
+            let w = SegmentChunks::new(&counting, *f.geometry(), seg, f.format_id(), (u64::MAX, 0));
+            let w = match hint {
+                Some(h) => w.known(h),
+                None => w,
+            };
+            w.map(|c| c.map(|(off, _)| off)).collect::<crate::Result<Vec<u32>>>()
+        };
+        let plain = walk(None).unwrap();
+        let (single, _) = reads();
+        assert!(plain.len() >= 3, "chunks: {plain:?}");
+        assert!(single >= plain.len(), "one read per summary");
+        assert_eq!(plain, starts, "the table's starts are the summaries' chunks");
+        assert_eq!(walk(Some(&starts)).unwrap(), plain);
+        let (single, batches) = reads();
+        assert_eq!(batches, 1, "the summaries are read in one batch");
+        assert!(single <= 1, "{single} reads besides the batch");
+        let shifted: Vec<u32> = starts.iter().map(|o| o + 1).collect();
+        assert_eq!(walk(Some(&shifted)).unwrap(), plain);
+        assert_eq!(walk(Some(&starts[..1])).unwrap(), plain);
+        assert_eq!(walk(Some(&[])).unwrap(), plain);
+        // The table forgets them when the segment is freed.
+        f.t.segs.release(&[seg], None);
+        assert_eq!(f.t.segs.chunk_starts(seg), None);
+    }
+
     #[test]
     fn a_free_record_nobody_needs_any_more_does_nothing() {
         use super::free::{FreeMode, FreeReport};

@@ -210,6 +210,12 @@ impl FileDevice {
     /// (in batches of the ring size) and waiting for all. Each pair obeys the same rules as
     /// [`BlockDevice::read_at`]; every range is checked before anything is submitted.
     pub fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        self.read_many_depth(reqs, RING_ENTRIES as usize)
+    }
+
+    /// [`FileDevice::read_many`] with at most `depth` reads in flight, the next submitted
+    /// as each completes.
+    pub fn read_many_depth(&self, reqs: &mut [(u64, &mut [u8])], depth: usize) -> io::Result<()> {
         for (offset, buf) in reqs.iter() {
             check_range(self.size, *offset, buf.len())?;
         }
@@ -239,7 +245,7 @@ impl FileDevice {
             }
             // The pointers in `ops` point into `chunk` or `bounces`, both alive and not
             // otherwise accessed until `run` returns.
-            self.run(&mut ops)?;
+            uring::run(&mut ops, &self.path, depth)?;
             for (op, &i) in ops.iter().zip(which.iter()) {
                 if op.eof {
                     match &mut bounces[i] {
@@ -299,7 +305,7 @@ impl FileDevice {
 
     /// Runs `ops` on this thread's ring.
     fn run(&self, ops: &mut [Op]) -> io::Result<()> {
-        uring::run(ops, &self.path)
+        uring::run(ops, &self.path, usize::MAX)
     }
 
     /// Reads into `dst`, which must be suitable for the open mode (aligned under O_DIRECT).
@@ -418,6 +424,10 @@ impl BlockDevice for FileDevice {
 
     fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> io::Result<()> {
         FileDevice::read_many(self, reqs)
+    }
+
+    fn read_many_depth(&self, reqs: &mut [(u64, &mut [u8])], depth: usize) -> io::Result<()> {
+        FileDevice::read_many_depth(self, reqs, depth)
     }
 
     fn write_many(&self, reqs: &[(u64, &[u8])]) -> io::Result<()> {

@@ -329,6 +329,19 @@ fn write_many_writes_everything() {
 
 #[test]
 fn read_many_reads_everything() {
+    reads_everything(None);
+}
+
+/// At most `depth` reads in flight, the next submitted as each completes (the cleaner's
+/// victim reads): the same results, whatever the depth against the ring's size.
+#[test]
+fn read_many_depth_reads_everything() {
+    for depth in [1, 3, 8, 1000] {
+        reads_everything(Some(depth));
+    }
+}
+
+fn reads_everything(depth: Option<usize>) {
     let dir = scratch();
     let dev = create(&dir.path().join("dev"), 4 * MIB);
     // 150 requests: more than two ring batches; mixed sizes and alignment.
@@ -369,7 +382,10 @@ fn read_many_reads_everything() {
             reqs.push((offsets[i], b));
         }
         reqs.push((0, &mut [][..]));
-        dev.read_many(&mut reqs).expect("read_many");
+        match depth {
+            None => dev.read_many(&mut reqs).expect("read_many"),
+            Some(d) => dev.read_many_depth(&mut reqs, d).expect("read_many_depth"),
+        }
     }
     let (mut ai, mut pi) = (0, 0);
     for i in 0..n {

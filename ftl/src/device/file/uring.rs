@@ -25,7 +25,8 @@ thread_local! {
 }
 
 /// Runs `ops` on this thread's ring, creating it on first use.
-pub(super) fn run(ops: &mut [Op], path: &Path) -> io::Result<()> {
+/// Runs `ops` on this thread's ring, at most `depth` in flight at once.
+pub(super) fn run(ops: &mut [Op], path: &Path, depth: usize) -> io::Result<()> {
     if ops.is_empty() {
         return Ok(());
     }
@@ -42,7 +43,7 @@ pub(super) fn run(ops: &mut [Op], path: &Path) -> io::Result<()> {
             Some(r) => r,
             None => return Err(io::Error::other("thread-local io_uring missing")),
         };
-        match run_ops(ring, ops, path) {
+        match run_ops(ring, ops, path, depth) {
             Ok(()) => Ok(()),
             Err(RunError::Io(e)) => Err(e),
             Err(RunError::RingBroken(e)) => {
@@ -189,8 +190,8 @@ enum RunError {
 /// The memory behind each `Op::ptr` must stay valid (and, for reads, unaliased) until this
 /// returns; this function never returns while the kernel may still access it (if the ring
 /// breaks with requests in flight it aborts the process rather than release them).
-fn run_ops(ring: &mut IoUring, ops: &mut [Op], path: &Path) -> Result<(), RunError> {
-    let cap = ring.params().sq_entries() as usize;
+fn run_ops(ring: &mut IoUring, ops: &mut [Op], path: &Path, depth: usize) -> Result<(), RunError> {
+    let cap = (ring.params().sq_entries() as usize).min(depth.max(1));
     let mut next = 0usize;
     let mut resubmit: Vec<usize> = Vec::new();
     let mut in_flight = 0usize;
