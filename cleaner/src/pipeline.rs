@@ -26,7 +26,7 @@
 //! more beside the same writes (`docs/steady.md`, "Not the disk's bandwidth"); the shape of
 //! the cleaner's reads against its writes is what limits it.
 //!
-//! Only [`crate::slice::Cleaner`] uses them (`Cleaner::start_helpers`); both threads end
+//! Only [`crate::slice::Cleaner`] uses them (`Cleaner::start_helpers`); the threads end
 //! when it is dropped.
 
 use crate::policy::{pick_victim, wear_affordable, wear_victim, Policy};

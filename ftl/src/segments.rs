@@ -23,6 +23,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+/// Chunk starts kept per segment at most (`SegTableInner::chunk_starts`): a 4 MiB
+/// segment holds 5-8 chunks under random overwrites; one of 256 MiB, hundreds, and its
+/// walk is left to read them one after another.
+pub const MAX_KNOWN_CHUNKS: usize = 32;
+
 /// Per-segment metadata kept under the table lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SegInfo {
@@ -54,9 +59,11 @@ pub struct SegTableInner {
     /// Where the chunks sealed into a segment opened in this session start (block offsets
     /// within it, in order), so that a victim's chunk summaries are read in one batch
     /// instead of one dependent read each ([`crate::chunks::SegmentChunks::known`]);
-    /// `None` for the others. A hint only: every summary read is checked as the walk
-    /// checks it.
-    pub chunk_starts: Vec<Option<Vec<u32>>>,
+    /// `None` for the others, and for a segment of more than [`MAX_KNOWN_CHUNKS`] chunks
+    /// (memory stays bounded: at most 88 bytes a segment, 5.4 MB for the 61,440 segments
+    /// of 256 MiB of a 15 TiB backing). A hint only: every summary read is checked as the
+    /// walk checks it.
+    pub chunk_starts: Vec<Option<Vec<u16>>>,
     /// Free segments not discarded yet (deferred discard, `engine/discard.rs`): when each
     /// was freed, and its key in `free`; `undiscarded` orders them oldest first.
     pub undiscarded: BTreeSet<(Instant, u32)>,
@@ -285,8 +292,11 @@ impl Segments {
     /// `offset` is where the chunk starts in the segment.
     pub fn note_chunk(&self, seg: u32, seq: u64, trims: bool, offset: u32) {
         let mut t = self.lock();
-        if let Some(Some(v)) = t.chunk_starts.get_mut(seg as usize) {
-            v.push(offset);
+        if let Some(known) = t.chunk_starts.get_mut(seg as usize) {
+            match (known.as_mut(), u16::try_from(offset)) {
+                (Some(v), Ok(o)) if v.len() < MAX_KNOWN_CHUNKS => v.push(o),
+                _ => *known = None,
+            }
         }
         if trims {
             if let Some(x) = t.trims.get_mut(seg as usize) {
@@ -305,7 +315,9 @@ impl Segments {
     /// Where the chunks of `seg` start, when it was opened in this session
     /// (`SegTableInner::chunk_starts`).
     pub fn chunk_starts(&self, seg: u32) -> Option<Vec<u32>> {
-        self.lock().chunk_starts.get(seg as usize).cloned().flatten()
+        let t = self.lock();
+        let v = t.chunk_starts.get(seg as usize)?.as_ref()?;
+        Some(v.iter().map(|&o| u32::from(o)).collect())
     }
 
     /// A checkpoint's snapshot (every stream lock held): the streams' `open` segments and
@@ -675,6 +687,30 @@ mod tests {
         t.close(again);
         assert!(t.uncarried_trim_segments().is_empty());
         assert!(t.dead_closed().contains(&again));
+    }
+
+    /// A segment opened in this session keeps its chunk starts in order, up to
+    /// `MAX_KNOWN_CHUNKS`; past that, and once freed or taken by recovery, none.
+    #[test]
+    fn chunk_starts_are_kept_for_segments_of_few_chunks() {
+        let mut recs = Segments::fresh_records(4);
+        recs[3].state = SegState::Closed;
+        let t = Segments::from_records(&recs);
+        assert_eq!(t.chunk_starts(3), None, "an earlier session's segment");
+        let few = t.allocate(1, 1, 0, false).expect("a free segment");
+        let many = t.allocate(1, 2, 0, false).expect("a free segment");
+        assert_eq!(t.chunk_starts(few), Some(vec![]));
+        for (i, off) in [0u32, 9, 20].into_iter().enumerate() {
+            t.note_chunk(few, i as u64, false, off);
+        }
+        assert_eq!(t.chunk_starts(few), Some(vec![0, 9, 20]));
+        for i in 0..=MAX_KNOWN_CHUNKS as u32 {
+            t.note_chunk(many, 10 + i as u64, false, 3 * i);
+        }
+        assert_eq!(t.chunk_starts(many), None, "more chunks than are kept");
+        t.close(few);
+        t.release(&[few], None);
+        assert_eq!(t.chunk_starts(few), None, "freed");
     }
 
     #[test]
