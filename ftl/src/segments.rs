@@ -538,11 +538,11 @@ impl Segments {
         i.state = SegState::Open;
         i.stream = stream;
         i.opened_seq = seq;
+        t.chunk_starts[seg as usize] = None;
         // Tombstone rule 1: its chunks were written by the last session and replayed,
         // not seen sealed, so whether it holds TRIM records goes by its stream (it did
         // say "seen, none", and a TRIM segment taken over here was freed uncarried).
         t.trims[seg as usize] = None;
-        t.chunk_starts[seg as usize] = None;
         self.owner[seg as usize].store(stream, Ordering::SeqCst);
         true
     }
