@@ -51,7 +51,7 @@ pub struct SegmentChunks<'a, D: BlockDevice> {
     /// Summary blocks read ahead at known chunk starts ([`SegmentChunks::known`]): the
     /// offsets, and the blocks in that order.
     known: Vec<u32>,
-    known_buf: AlignedBuf,
+    known_buf: Option<AlignedBuf>,
     done: bool,
 }
 
@@ -70,14 +70,15 @@ impl<'a, D: BlockDevice> SegmentChunks<'a, D> {
             buf: AlignedBuf::new(BLOCK_SIZE),
             preloaded: &[],
             known: Vec::new(),
-            known_buf: AlignedBuf::new(0),
+            known_buf: None,
             done: false,
         }
     }
 
     /// Reads the blocks at `starts` (where the segment's chunks are believed to start,
-    /// in order: `Segments::chunk_starts`) in one batch, all in flight at once, so that
-    /// the walk does not wait for one read per chunk. A hint: the walk takes a block from
+    /// in order: `Segments::chunk_starts`) in one batch, [`crate::VICTIM_READ_DEPTH`] in
+    /// flight (it runs beside a victim's reads), so that the walk does not wait for one
+    /// read per chunk. A hint: the walk takes a block from
     /// here only at the offset it reached by the summaries before it, and checks it as
     /// it checks one it reads; blocks inside the preloaded window are not read again. If
     /// the batch fails, the walk reads one block at a time (and reports the error then).
@@ -99,9 +100,13 @@ impl<'a, D: BlockDevice> SegmentChunks<'a, D> {
             .zip(&starts)
             .map(|(b, &o)| ((base + o as u64) * BLOCK_SIZE as u64, b))
             .collect();
-        if self.dev.read_many(&mut reqs).is_ok() {
+        if self
+            .dev
+            .read_many_depth(&mut reqs, crate::VICTIM_READ_DEPTH)
+            .is_ok()
+        {
             self.known = starts;
-            self.known_buf = buf;
+            self.known_buf = Some(buf);
         }
         self
     }
@@ -124,11 +129,10 @@ impl<D: BlockDevice> Iterator for SegmentChunks<'_, D> {
         }
         let at = (self.geo.segment_start(self.seg) + self.off as u64) * BLOCK_SIZE as u64;
         let within = self.off as usize * BLOCK_SIZE;
-        let known = self
-            .known
-            .binary_search(&self.off)
-            .ok()
-            .map(|i| &self.known_buf[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE]);
+        let known = match (&self.known_buf, self.known.binary_search(&self.off)) {
+            (Some(b), Ok(i)) => b.get(i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE),
+            _ => None,
+        };
         let block = match self.preloaded.get(within..within + BLOCK_SIZE).or(known) {
             Some(b) => b,
             None => {

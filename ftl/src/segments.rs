@@ -24,8 +24,8 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 /// Chunk starts kept per segment at most (`SegTableInner::chunk_starts`): a 4 MiB
-/// segment holds 5-8 chunks under random overwrites; one of 256 MiB, hundreds, and its
-/// walk is left to read them one after another.
+/// segment holds about 5 chunks under random overwrites; one of 256 MiB, hundreds, and
+/// its walk is left to read them one after another.
 pub const MAX_KNOWN_CHUNKS: usize = 32;
 
 /// Per-segment metadata kept under the table lock.
@@ -61,8 +61,8 @@ pub struct SegTableInner {
     /// instead of one dependent read each ([`crate::chunks::SegmentChunks::known`]);
     /// `None` for the others, and for a segment of more than [`MAX_KNOWN_CHUNKS`] chunks
     /// (memory stays bounded: at most 88 bytes a segment, 5.4 MB for the 61,440 segments
-    /// of 256 MiB of a 15 TiB backing). A hint only: every summary read is checked as the
-    /// walk checks it.
+    /// of 256 MiB the default geometry gives a 15 TiB backing). A hint only: every
+    /// summary read is checked as the walk checks it.
     pub chunk_starts: Vec<Option<Vec<u16>>>,
     /// Free segments not discarded yet (deferred discard, `engine/discard.rs`): when each
     /// was freed, and its key in `free`; `undiscarded` orders them oldest first.
@@ -711,6 +711,13 @@ mod tests {
         t.close(few);
         t.release(&[few], None);
         assert_eq!(t.chunk_starts(few), None, "freed");
+        let again = t.allocate(1, 3, 0, false).expect("a free segment");
+        t.note_chunk(again, 30, false, 0);
+        assert_eq!(t.chunk_starts(again), Some(vec![0]));
+        t.close(again);
+        t.release(&[again], None);
+        assert!(t.take_for_recovery(again, 1, 31), "recovery takes it over");
+        assert_eq!(t.chunk_starts(again), None, "taken over by recovery");
     }
 
     #[test]

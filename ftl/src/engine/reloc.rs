@@ -38,9 +38,10 @@ pub const READ_GAP_BLOCKS: u64 = 2;
 pub const MAX_READ_BYTES: u64 = 1 << 20;
 /// A victim's reads in flight at once. All of them at once (about 28 for a 4 MiB victim
 /// two thirds live) queued the users' reads and the free records' syncs behind them:
-/// with 8, free records took 2.2-3.0 ms against 4.6-6.2, the reads of a 70/30 mix
-/// while cleaning p99.9 4.4-4.7 ms against 5.8, and uniform overwrites ran as fast or
-/// faster (`docs/steady.md`, "The cleaner's reads at a steady depth").
+/// with 8, free records took 2.2-3.1 ms against 4.6-6.2, the reads of a 70/30 mix
+/// while cleaning had p99.9 4.36-4.72 ms against 5.60-6.23, and uniform overwrites ran
+/// -0.5% to +24% against the build before, at the same WAF (`docs/steady.md`, "The
+/// cleaner's reads at a steady depth").
 pub const VICTIM_READ_DEPTH: usize = 8;
 
 /// Ranges `(first, count)` that read every block of `pbas` (sorted, distinct), joining
@@ -287,12 +288,12 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     }
 
     /// Reads the live `blocks` of one window of a victim into `buf`, which holds the
-    /// window: block `pba` lands at `(pba - window_start) * BLOCK_SIZE`. Neighbouring
-    /// live blocks are read together, across gaps of up to [`READ_GAP_BLOCKS`] dead ones
-    /// and up to [`MAX_READ_BYTES`] a read, [`VICTIM_READ_DEPTH`] of them in flight: a
-    /// victim's live blocks are mostly runs, and one large read costs the device about
-    /// what one small one does. Nothing is verified here: [`Ftl::relocate`] checks each block's crc32c
-    /// against the entry it moves.
+    /// window: block `pba` lands at `(pba - window_start) * BLOCK_SIZE`. Neighbouring live
+    /// blocks are read together, across gaps of up to [`READ_GAP_BLOCKS`] dead ones and up
+    /// to [`MAX_READ_BYTES`] a read, [`VICTIM_READ_DEPTH`] of them in flight: a victim's
+    /// live blocks are mostly runs, and one large read costs the device about what one
+    /// small one does. Nothing is verified here: [`Ftl::relocate`] checks each block's
+    /// crc32c against the entry it moves.
     pub fn read_live_window(
         &self,
         window_start: u64,

@@ -333,11 +333,15 @@ fn read_many_reads_everything() {
 }
 
 /// At most `depth` reads in flight, the next submitted as each completes (the cleaner's
-/// victim reads): the same results, whatever the depth against the ring's size.
+/// victim reads): the same results, whatever the depth against the ring's size, and the
+/// ring never holds more than the depth.
 #[test]
 fn read_many_depth_reads_everything() {
     for depth in [1, 3, 8, 1000] {
+        super::uring::MOST_IN_FLIGHT.with(|m| m.set(0));
         reads_everything(Some(depth));
+        let most = super::uring::MOST_IN_FLIGHT.with(|m| m.get());
+        assert_eq!(most, depth.min(RING_ENTRIES as usize), "depth {depth}");
     }
 }
 

@@ -24,8 +24,14 @@ thread_local! {
     static RING: RefCell<Option<IoUring>> = const { RefCell::new(None) };
 }
 
-/// Runs `ops` on this thread's ring, creating it on first use.
-/// Runs `ops` on this thread's ring, at most `depth` in flight at once.
+#[cfg(test)]
+thread_local! {
+    /// The most ops this thread's ring had in flight at once (tests of the depth cap).
+    pub(super) static MOST_IN_FLIGHT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `ops` on this thread's ring (created on first use), at most `depth` in flight
+/// at once.
 pub(super) fn run(ops: &mut [Op], path: &Path, depth: usize) -> io::Result<()> {
     if ops.is_empty() {
         return Ok(());
@@ -183,7 +189,8 @@ enum RunError {
     RingBroken(io::Error),
 }
 
-/// Submits every op (keeping at most a ring's worth in flight), resubmits short transfers
+/// Submits every op (keeping at most a ring's worth, and at most `depth`, in flight: the
+/// next as each completes), resubmits short transfers
 /// and waits until nothing is in flight. On the first failure no new op is started, the
 /// ones in flight are drained, and that failure is returned.
 ///
@@ -218,6 +225,8 @@ fn run_ops(ring: &mut IoUring, ops: &mut [Op], path: &Path, depth: usize) -> Res
                 break;
             }
             in_flight += 1;
+            #[cfg(test)]
+            MOST_IN_FLIGHT.with(|m| m.set(m.get().max(in_flight)));
         }
         if in_flight == 0 {
             break;
