@@ -416,37 +416,38 @@ mod tests {
         }
         let wb = f.geometry().blocks_per_segment() as u64;
         let len = wb as usize * BLOCK_SIZE;
-        let ahead_max_age = Duration::from_secs(60);
-        let mut pf = Prefetcher::spawn(&f, &WearBudget::default(), wb, len, ahead_max_age).unwrap();
         let mut window = AlignedBuf::new(len);
-        pf.request(Policy::Greedy, 0);
-        let a = pf.take(Policy::Greedy, &mut window).expect("a victim");
+        // Two victims asked for in a row under greedy, the second naming the first as
+        // the cleaner's current one.
+        let mut two = |pf: &mut Prefetcher| {
+            pf.request(Policy::Greedy, 0);
+            let a = pf.take(Policy::Greedy, &mut window).expect("a victim");
+            std::thread::sleep(Duration::from_millis(5));
+            pf.request(Policy::Greedy, a.victim);
+            let b = pf
+                .take(Policy::Greedy, &mut window)
+                .expect("a second victim");
+            assert_ne!(b.victim, a.victim);
+            (a, b)
+        };
+        let fresh = Duration::from_secs(60);
+        let mut pf = Prefetcher::spawn(&f, &WearBudget::default(), wb, len, fresh).unwrap();
+        let (a, b) = two(&mut pf);
         assert!(!a.ahead, "the first victim is chosen when asked for");
         assert!(!a.blocks.is_empty());
-        pf.request(Policy::Greedy, a.victim);
-        let b = pf
-            .take(Policy::Greedy, &mut window)
-            .expect("a second victim");
         assert!(b.ahead, "the second was chosen while the first was read");
-        assert_ne!(b.victim, a.victim);
         assert_eq!(b.blocks, f.live_blocks(b.victim).unwrap());
+        // A choice older than the age allowed is made again when asked for.
+        let mut stale =
+            Prefetcher::spawn(&f, &WearBudget::default(), wb, len, Duration::ZERO).unwrap();
+        let (_, b2) = two(&mut stale);
+        assert!(!b2.ahead, "a stale choice was used");
+        // Nor is a choice made under another policy.
         pf.request(Policy::CostBenefit, b.victim);
         let c = pf
             .take(Policy::CostBenefit, &mut window)
             .expect("a third victim");
         assert!(!c.ahead, "chosen ahead under another policy");
         assert_ne!(c.victim, b.victim);
-        // A choice older than the age allowed is made again when asked for.
-        let mut stale =
-            Prefetcher::spawn(&f, &WearBudget::default(), wb, len, Duration::ZERO).unwrap();
-        stale.request(Policy::Greedy, 0);
-        let a = stale.take(Policy::Greedy, &mut window).expect("a victim");
-        std::thread::sleep(Duration::from_millis(5));
-        stale.request(Policy::Greedy, a.victim);
-        let b = stale
-            .take(Policy::Greedy, &mut window)
-            .expect("a second victim");
-        assert!(!b.ahead, "a stale choice was used");
-        assert_ne!(b.victim, a.victim);
     }
 }
