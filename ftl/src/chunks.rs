@@ -78,10 +78,10 @@ impl<'a, D: BlockDevice> SegmentChunks<'a, D> {
     /// Reads the blocks at `starts` (where the segment's chunks are believed to start,
     /// in order: `Segments::chunk_starts`) in one batch, [`crate::VICTIM_READ_DEPTH`] in
     /// flight (it runs beside a victim's reads), so that the walk does not wait for one
-    /// read per chunk. A hint: the walk takes a block from
-    /// here only at the offset it reached by the summaries before it, and checks it as
-    /// it checks one it reads; blocks inside the preloaded window are not read again. If
-    /// the batch fails, the walk reads one block at a time (and reports the error then).
+    /// read per chunk. A hint: the walk takes a block from here only at the offset it
+    /// reached by the summaries before it, and checks it as it checks one it reads;
+    /// blocks inside the preloaded window are not read again. If the batch fails, the
+    /// walk reads one block at a time (and reports the error then).
     pub fn known(mut self, starts: &[u32]) -> Self {
         let window = (self.preloaded.len() / BLOCK_SIZE) as u32;
         let bps = self.geo.blocks_per_segment();

@@ -274,7 +274,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     }
 
     /// Reads `buf.len()` bytes of the log from block `start` (a victim's window, whole:
-    /// summaries and data), in reads of [`MAX_READ_BYTES`] all in flight at once.
+    /// summaries and data), in reads of [`MAX_READ_BYTES`], [`VICTIM_READ_DEPTH`] in
+    /// flight like the victim reads of [`Ftl::read_live_window`].
     pub fn read_window(&self, start: u64, buf: &mut [u8]) -> Result<()> {
         let at = start * BLOCK_SIZE as u64;
         let mut reqs: Vec<(u64, &mut [u8])> = buf
@@ -283,7 +284,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             .map(|(i, b)| (at + i as u64 * MAX_READ_BYTES, b))
             .collect();
         self.dev
-            .read_many(&mut reqs)
+            .read_many_depth(&mut reqs, VICTIM_READ_DEPTH)
             .map_err(|e| Error::io("cleaner read", at, e))
     }
 
