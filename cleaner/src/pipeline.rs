@@ -6,9 +6,10 @@
 //! - its picker (`ftl-picker`): chooses the victim after that one and lists its live
 //!   blocks (one batch of summary reads where the segment table knows the chunk starts)
 //!   while the prefetcher reads, so the prefetcher's turn is its reads alone. With the
-//!   reads kept at [`ftl::VICTIM_READ_DEPTH`] in flight, that took uniform overwrites of
-//!   a full 2 GiB device from 54-69K to 58-78K IOPS in the same minutes, at the same WAF
-//!   (`docs/steady.md`, "The cleaner's reads at a steady depth");
+//!   reads kept at a steady depth in flight ([`ftl::victim_read_depth`]), that took
+//!   uniform overwrites of a full 2 GiB device from 54-69K to 58-78K IOPS in the same
+//!   minutes, at the same WAF (`docs/steady.md`, "The cleaner's reads at a steady
+//!   depth");
 //! - writers ([`ftl::ChunkWriters`], [`GC_WRITERS`] threads): write the chunks
 //!   relocations seal (`Ftl::relocate_deferred`), several in flight, while the cleaner
 //!   appends the next blocks (one writer at a time left the cleaner waiting on it: 9.5
@@ -55,6 +56,8 @@ pub(crate) struct Prepared {
     pub(crate) at: Instant,
     pub(crate) pick_ns: u64,
     pub(crate) read_ns: u64,
+    /// The backing reads and bytes its first window took.
+    pub(crate) reads: ftl::ReadCount,
     /// Picked by static wear levelling, not by the policy.
     pub(crate) wear: bool,
     /// Chosen and listed by the picker thread while the victim before it was read.
@@ -158,12 +161,13 @@ fn finish<D: BlockDevice, I: IndexStore>(
     let first_window = ftl.geometry().segment_start(victim) / window_blocks;
     let mut buf = buf;
     let mut read_ns = 0;
+    let mut reads = ftl::ReadCount::default();
     let mut loaded = None;
     let mut blocks = match (chosen.blocks, buf.as_deref_mut()) {
         (Some(blocks), _) => blocks,
         (None, Some(buf)) => {
             let r = Instant::now();
-            ftl.read_window(first_window * window_blocks, buf)?;
+            reads = ftl.read_window(first_window * window_blocks, buf)?;
             read_ns = r.elapsed().as_nanos() as u64;
             loaded = Some(first_window);
             let within = (ftl.geometry().segment_start(victim) - first_window * window_blocks)
@@ -178,7 +182,7 @@ fn finish<D: BlockDevice, I: IndexStore>(
         let r = Instant::now();
         if let Some(w) = blocks.first().map(window_of).filter(|&w| w != u64::MAX) {
             let n = blocks.iter().take_while(|b| window_of(b) == w).count();
-            ftl.read_live_window(w * window_blocks, &blocks[..n], buf)?;
+            reads = ftl.read_live_window(w * window_blocks, &blocks[..n], buf)?;
             loaded = Some(w);
         }
         read_ns = r.elapsed().as_nanos() as u64;
@@ -191,6 +195,7 @@ fn finish<D: BlockDevice, I: IndexStore>(
         at: Instant::now(),
         pick_ns: chosen.pick_ns + (t.elapsed().as_nanos() as u64).saturating_sub(read_ns),
         read_ns,
+        reads,
         wear: chosen.wear,
         ahead: chosen.ahead,
     })

@@ -77,6 +77,10 @@ pub struct CleanerStats {
     pub pick_ns: u64,
     pub read_ns: u64,
     pub relocate_ns: u64,
+    /// Backing reads of victims' live blocks, and the bytes they read (dead blocks read
+    /// over included).
+    pub victim_reads: u64,
+    pub victim_read_bytes: u64,
     /// Victims taken from the prefetcher, and nanoseconds the cleaner waited for it.
     pub prefetched: u64,
     pub prefetch_wait_ns: u64,
@@ -96,6 +100,9 @@ pub struct VictimTimes {
     pub relocate_ms: f64,
     /// The cleaner waiting for the prefetch thread to hand it over.
     pub waiting_ms: f64,
+    /// Backing reads of its live blocks, and KiB read in all.
+    pub reads: f64,
+    pub read_kib: f64,
 }
 
 impl CleanerStats {
@@ -109,6 +116,8 @@ impl CleanerStats {
             read_ms: self.read_ns as f64 / n,
             relocate_ms: self.relocate_ns as f64 / n,
             waiting_ms: self.prefetch_wait_ns as f64 / n,
+            reads: self.victim_reads as f64 * 1e6 / n,
+            read_kib: self.victim_read_bytes as f64 * 1e6 / n / 1024.0,
         }
     }
 }
@@ -252,6 +261,8 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
             };
             self.stats.pick_ns += prepared.pick_ns;
             self.stats.read_ns += prepared.read_ns;
+            self.stats.victim_reads += prepared.reads.reads;
+            self.stats.victim_read_bytes += prepared.reads.bytes;
             self.stats.wear_victims += prepared.wear as u64;
             self.stats.chosen_ahead += prepared.ahead as u64;
             self.stats.wear_extra_blocks = self.wear.spent();
@@ -306,10 +317,15 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                     .position(|x| x.entry.pba().map(|p| p as u64 / wb) != Some(w))
                     .map_or(ctx.blocks.len(), |k| ctx.next + k);
                 ctx.loaded = None;
-                self.ftl
-                    .read_live_window(w * wb, &ctx.blocks[ctx.next..end], &mut self.window)?;
+                let reads = self.ftl.read_live_window(
+                    w * wb,
+                    &ctx.blocks[ctx.next..end],
+                    &mut self.window,
+                )?;
                 ctx.loaded = Some(w);
                 self.stats.read_ns += t.elapsed().as_nanos() as u64;
+                self.stats.victim_reads += reads.reads;
+                self.stats.victim_read_bytes += reads.bytes;
             }
             ctx.next += 1;
             let t = Instant::now();
@@ -354,6 +370,8 @@ mod tests {
             read_ns: 14_000_000,
             relocate_ns: 8_000_000,
             prefetch_wait_ns: 2_000_000,
+            victim_reads: 100,
+            victim_read_bytes: 4 << 20,
             ..Default::default()
         };
         let t = s.per_victim();
@@ -361,5 +379,6 @@ mod tests {
             (t.pick_ms, t.read_ms, t.relocate_ms, t.waiting_ms),
             (3.0, 3.5, 2.0, 0.5)
         );
+        assert_eq!((t.reads, t.read_kib), (25.0, 1024.0));
     }
 }

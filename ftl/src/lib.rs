@@ -64,7 +64,10 @@ pub use engine::checkpoint::{dead_batch_due, CheckpointReport, CheckpointTimesNs
 pub use engine::defrag::{DefragReport, FragFigures, DEFRAG_SPARE_SEGMENTS};
 pub use engine::free::{FreeMode, FreeReport};
 pub use engine::read::{DeviceBlock, Fragmentation, ReadSpan, ReadSpans, READ_SPAN_GAP_BLOCKS};
-pub use engine::reloc::{LiveBlock, MAX_READ_BYTES, READ_GAP_BLOCKS, VICTIM_READ_DEPTH};
+pub use engine::reloc::{
+    victim_read_depth, LiveBlock, ReadCount, MAX_READ_BYTES, READ_GAP_BLOCKS, VICTIM_READ_DEPTH,
+    VICTIM_READ_DEPTH_BESIDE_READS,
+};
 pub use engine::stats::Stats;
 pub use engine::{BlockLocation, Ftl, READ_RETRIES};
 pub use error::{Error, Result};

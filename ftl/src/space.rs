@@ -28,6 +28,10 @@ pub struct SpaceWaiters {
     clock: Instant,
     /// Foreground requests started (the cleaner compares it across a slice).
     foreground_ops: AtomicU64,
+    /// Users' reads started, and the count the cleaner's last victim read saw
+    /// ([`SpaceWaiters::reads_since_last_look`]).
+    foreground_reads: AtomicU64,
+    reads_seen: AtomicU64,
     /// Nanoseconds writers spent in the throttle, and waiting for free segments.
     throttled_ns: AtomicU64,
     space_wait_ns: AtomicU64,
@@ -46,6 +50,8 @@ impl Default for SpaceWaiters {
             next_slot_ns: AtomicU64::new(0),
             clock: Instant::now(),
             foreground_ops: AtomicU64::new(0),
+            foreground_reads: AtomicU64::new(0),
+            reads_seen: AtomicU64::new(0),
             throttled_ns: AtomicU64::new(0),
             space_wait_ns: AtomicU64::new(0),
             longest_stall_ns: AtomicU64::new(0),
@@ -167,6 +173,19 @@ impl SpaceWaiters {
         self.foreground_ops.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts a user's read (a foreground request too).
+    pub fn note_foreground_read(&self) {
+        self.note_foreground();
+        self.foreground_reads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Users' reads started since the last call (the cleaner asks before each victim
+    /// read, `ftl::victim_read_depth`).
+    pub fn reads_since_last_look(&self) -> u64 {
+        let now = self.foreground_reads.load(Ordering::Relaxed);
+        now.saturating_sub(self.reads_seen.swap(now, Ordering::Relaxed))
+    }
+
     /// Foreground requests started so far.
     pub fn foreground_ops(&self) -> u64 {
         self.foreground_ops.load(Ordering::Relaxed)
@@ -201,6 +220,18 @@ mod tests {
         let b = s.reserve_slots(2);
         assert!(b >= a + Duration::from_micros(1900), "{a:?} then {b:?}");
         assert!(b <= Duration::from_millis(4), "{b:?}");
+    }
+
+    #[test]
+    fn users_reads_are_counted_once_for_each_look() {
+        let s = SpaceWaiters::default();
+        assert_eq!(s.reads_since_last_look(), 0);
+        s.note_foreground_read();
+        s.note_foreground_read();
+        s.note_foreground();
+        assert_eq!(s.foreground_ops(), 3, "reads are foreground requests too");
+        assert_eq!(s.reads_since_last_look(), 2, "writes are not reads");
+        assert_eq!(s.reads_since_last_look(), 0, "seen once");
     }
 
     #[test]

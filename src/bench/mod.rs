@@ -665,11 +665,14 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             let ms = |k: &str| v[k].as_f64().unwrap_or(0.0);
             eprintln!(
                 "{t}: {:.0} IOPS (median of passes), WAF {:.3}; per victim: pick {:.2} ms, \
-                 read {:.2} ms, relocate {:.2} ms, cleaner waiting for the prefetch {:.2} ms",
+                 read {:.2} ms ({:.0} reads, {:.0} KiB), relocate {:.2} ms, cleaner waiting for \
+                 the prefetch {:.2} ms",
                 json["iops"].as_f64().unwrap_or(0.0),
                 json["waf"].as_f64().unwrap_or(0.0),
                 ms("pick_ms"),
                 ms("read_ms"),
+                ms("reads"),
+                ms("read_kib"),
                 ms("relocate_ms"),
                 ms("waiting_ms"),
             );

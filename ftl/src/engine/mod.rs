@@ -742,7 +742,7 @@ mod tests {
     }
 
     /// A victim's live blocks are read at most [`super::reloc::VICTIM_READ_DEPTH`] at a
-    /// time, and land where the window puts them.
+    /// time (fewer after a user's read), and land where the window puts them.
     #[test]
     fn a_victims_reads_keep_a_bounded_depth() {
         let (dev, idx, f) = small_ftl();
@@ -766,6 +766,21 @@ mod tests {
         let start = geo.segment_start(victim);
         let live = f.live_blocks(victim).unwrap();
         let mut window = crate::device::AlignedBuf::new(geo.segment_bytes as usize);
+        let read = f.read_live_window(start, &live, &mut window).unwrap();
+        assert_eq!(
+            counting.depth.load(Ordering::SeqCst),
+            super::reloc::VICTIM_READ_DEPTH
+        );
+        assert!(read.reads >= 1 && read.bytes >= live.len() as u64 * 4096, "{read:?}");
+        // A user's read since the last victim read: the next one keeps fewer in flight,
+        // and the one after that, with no user reads between, as many as before.
+        let mut one = vec![0u8; 4096];
+        f.read(0, &mut one).unwrap();
+        f.read_live_window(start, &live, &mut window).unwrap();
+        assert_eq!(
+            counting.depth.load(Ordering::SeqCst),
+            super::reloc::VICTIM_READ_DEPTH_BESIDE_READS
+        );
         f.read_live_window(start, &live, &mut window).unwrap();
         assert_eq!(
             counting.depth.load(Ordering::SeqCst),

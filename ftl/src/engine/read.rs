@@ -21,7 +21,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     fn locate_as(&self, lba: u64, out: &mut [u8], foreground: bool) -> Result<BlockLocation> {
         self.check_range(lba, 1)?;
         if foreground {
-            self.space.note_foreground();
+            self.space.note_foreground_read();
         }
         let e = self.t.map.get(lba)?;
         let Some(pba) = e.pba() else {
