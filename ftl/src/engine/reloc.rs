@@ -39,8 +39,9 @@ use std::time::Duration;
 /// apart), against the "gaps of up to 2 dead blocks" its callers' docs promised: a 4 MiB
 /// victim two thirds live, its dead blocks scattered by uniform overwrites, took 78 reads
 /// of 43 KiB a victim (the same gap counted as intended: 27 reads of 140 KiB, 12% more
-/// bytes). Uniform overwrites of a full device ran 10-48% faster with the gap as
-/// documented, WAF within 0.5% (`docs/steady.md`, "Victim reads over two dead blocks").
+/// bytes). Uniform overwrites of a full device ran 9-48% faster (median 15%, 8
+/// alternated pairs) with the gap as documented, at a WAF 0.3% higher (medians 2.840
+/// against 2.831; `docs/steady.md`, "Victim reads over two dead blocks").
 pub const READ_GAP_BLOCKS: u64 = 2;
 /// Largest single read of a victim's live blocks.
 pub const MAX_READ_BYTES: u64 = 1 << 20;
