@@ -77,8 +77,8 @@ pub struct CleanerStats {
     pub pick_ns: u64,
     pub read_ns: u64,
     pub relocate_ns: u64,
-    /// Backing reads of victims' live blocks, and the bytes they read (dead blocks read
-    /// over included).
+    /// Backing reads of victims (their live runs, or whole windows of nearly full ones),
+    /// and the bytes they read (dead blocks read over included).
     pub victim_reads: u64,
     pub victim_read_bytes: u64,
     /// Victims taken from the prefetcher, and nanoseconds the cleaner waited for it.
@@ -89,7 +89,8 @@ pub struct CleanerStats {
     pub chosen_ahead: u64,
 }
 
-/// Where one victim's time went on average, in milliseconds ([`CleanerStats::per_victim`]).
+/// Where one victim's time went on average, in milliseconds, and its reads
+/// ([`CleanerStats::per_victim`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct VictimTimes {
     /// Picking it and walking its chunk summaries (on the prefetch thread, mostly).

@@ -77,7 +77,8 @@ impl<'a, D: BlockDevice> SegmentChunks<'a, D> {
 
     /// Reads the blocks at `starts` (where the segment's chunks are believed to start,
     /// in order: `Segments::chunk_starts`) in one batch, [`crate::VICTIM_READ_DEPTH`] in
-    /// flight (it runs beside a victim's reads), so that the walk does not wait for one
+    /// flight (it runs beside a victim's reads; 4 KiB each, a few a segment, so it does
+    /// not follow `victim_read_depth`), so that the walk does not wait for one
     /// read per chunk. A hint: the walk takes a block from here only at the offset it
     /// reached by the summaries before it, and checks it as it checks one it reads;
     /// blocks inside the preloaded window are not read again. If the batch fails, the

@@ -173,17 +173,18 @@ impl SpaceWaiters {
         self.foreground_ops.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts a user's read (a foreground request too).
-    pub fn note_foreground_read(&self) {
-        self.note_foreground();
+    /// Counts a user's read request that reaches the backing (its blocks are counted as
+    /// foreground requests where they are located).
+    pub fn note_user_read(&self) {
         self.foreground_reads.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Users' reads started since the last call (the cleaner asks before each victim
-    /// read, `ftl::victim_read_depth`).
+    /// Users' reads started since the last call by any victim read (the prefetch thread
+    /// and the cleaner's own reads both ask, `ftl::victim_read_depth`). Never counts one
+    /// twice: the mark only moves forward.
     pub fn reads_since_last_look(&self) -> u64 {
         let now = self.foreground_reads.load(Ordering::Relaxed);
-        now.saturating_sub(self.reads_seen.swap(now, Ordering::Relaxed))
+        now.saturating_sub(self.reads_seen.fetch_max(now, Ordering::Relaxed))
     }
 
     /// Foreground requests started so far.
@@ -226,10 +227,9 @@ mod tests {
     fn users_reads_are_counted_once_for_each_look() {
         let s = SpaceWaiters::default();
         assert_eq!(s.reads_since_last_look(), 0);
-        s.note_foreground_read();
-        s.note_foreground_read();
+        s.note_user_read();
+        s.note_user_read();
         s.note_foreground();
-        assert_eq!(s.foreground_ops(), 3, "reads are foreground requests too");
         assert_eq!(s.reads_since_last_look(), 2, "writes are not reads");
         assert_eq!(s.reads_since_last_look(), 0, "seen once");
     }

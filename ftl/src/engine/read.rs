@@ -21,7 +21,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     fn locate_as(&self, lba: u64, out: &mut [u8], foreground: bool) -> Result<BlockLocation> {
         self.check_range(lba, 1)?;
         if foreground {
-            self.space.note_foreground_read();
+            self.space.note_foreground();
         }
         let e = self.t.map.get(lba)?;
         let Some(pba) = e.pba() else {
@@ -106,6 +106,11 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                     entry,
                 }),
             }
+        }
+        // A user's request that reaches the backing: the cleaner reads less deep beside
+        // it (`victim_read_depth`).
+        if foreground && !dev.is_empty() {
+            self.space.note_user_read();
         }
         Ok(dev)
     }

@@ -39,9 +39,10 @@ use std::time::Duration;
 /// apart), against the "gaps of up to 2 dead blocks" its callers' docs promised: a 4 MiB
 /// victim two thirds live, its dead blocks scattered by uniform overwrites, took 78 reads
 /// of 43 KiB a victim (the same gap counted as intended: 27 runs of 140 KiB, 12% more
-/// bytes, now cut at [`MAX_READ_BYTES`] into 45 reads). Uniform overwrites of a full device ran 9-48% faster (median 15%, 8
-/// alternated pairs) with the gap as documented, at a WAF 0.3% higher (medians 2.840
-/// against 2.831; `docs/steady.md`, "Victim reads over two dead blocks").
+/// bytes, now cut at [`MAX_READ_BYTES`] into 45 reads). With reads of up to 1 MiB, 6 in
+/// flight, uniform overwrites of a full device ran 9-48% faster (median 15%, 8 alternated
+/// pairs) at a WAF 0.3% higher; with the 128 KiB cut and 8 in flight, +14%, +11% and -4%
+/// in 3 pairs at the same WAF (`docs/steady.md`, "Victim reads over two dead blocks").
 pub const READ_GAP_BLOCKS: u64 = 2;
 /// Largest single read of a victim's live blocks (or of a window read whole), so that the
 /// bytes of the cleaner's reads at the disk stay under [`VICTIM_READ_DEPTH`] x 128 KiB.
@@ -345,9 +346,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// blocks are read together, across gaps of up to [`READ_GAP_BLOCKS`] dead ones and up
     /// to [`MAX_READ_BYTES`] a read, [`VICTIM_READ_DEPTH`] of them in flight
     /// ([`VICTIM_READ_DEPTH_BESIDE_READS`] when users read since the last victim read): a
-    /// victim's live blocks are mostly runs, and one large read costs the device about
-    /// what one small one does. Nothing is verified here: [`Ftl::relocate`] checks each
-    /// block's crc32c against the entry it moves.
+    /// victim's live blocks are mostly runs, and a read of a few dead blocks more costs
+    /// the device less than a request more. Nothing is verified here: [`Ftl::relocate`]
+    /// checks each block's crc32c against the entry it moves.
     pub fn read_live_window(
         &self,
         window_start: u64,
@@ -432,7 +433,7 @@ mod tests {
     /// before the cut at MAX_READ_BYTES), not the 78 of the rule that read over one dead
     /// block only.
     #[test]
-    fn a_victim_two_thirds_live_is_read_in_about_28_reads() {
+    fn a_victim_two_thirds_live_is_read_in_about_28_runs() {
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
         let mut live = Vec::new();
         for p in 0..1019u64 {
