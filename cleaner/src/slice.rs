@@ -107,6 +107,12 @@ pub struct VictimTimes {
 }
 
 impl CleanerStats {
+    /// Adds a victim read's backing reads and bytes.
+    fn count_reads(&mut self, r: ftl::ReadCount) {
+        self.victim_reads += r.reads;
+        self.victim_read_bytes += r.bytes;
+    }
+
     /// Averages of the time counters over the victims cleaned (zeros before the first):
     /// the split `ftlblk bench` reports for each steady test, to see which step limits
     /// cleaning (`docs/steady.md`).
@@ -262,8 +268,7 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
             };
             self.stats.pick_ns += prepared.pick_ns;
             self.stats.read_ns += prepared.read_ns;
-            self.stats.victim_reads += prepared.reads.reads;
-            self.stats.victim_read_bytes += prepared.reads.bytes;
+            self.stats.count_reads(prepared.reads);
             self.stats.wear_victims += prepared.wear as u64;
             self.stats.chosen_ahead += prepared.ahead as u64;
             self.stats.wear_extra_blocks = self.wear.spent();
@@ -325,8 +330,7 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                 )?;
                 ctx.loaded = Some(w);
                 self.stats.read_ns += t.elapsed().as_nanos() as u64;
-                self.stats.victim_reads += reads.reads;
-                self.stats.victim_read_bytes += reads.bytes;
+                self.stats.count_reads(reads);
             }
             ctx.next += 1;
             let t = Instant::now();

@@ -334,11 +334,17 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             .enumerate()
             .map(|(i, b)| (at + i as u64 * MAX_READ_BYTES, b))
             .collect();
+        self.read_victim(&mut reqs, at)
+    }
+
+    /// Issues a victim's reads, as many in flight as [`victim_read_depth`] says beside the
+    /// users' reads since the last look; `at` names the read in an error.
+    fn read_victim(&self, reqs: &mut [(u64, &mut [u8])], at: u64) -> Result<ReadCount> {
         let depth = victim_read_depth(self.space.reads_since_last_look());
         self.dev
-            .read_many_depth(&mut reqs, depth)
+            .read_many_depth(reqs, depth)
             .map_err(|e| Error::io("cleaner read", at, e))?;
-        Ok(ReadCount::of(&reqs))
+        Ok(ReadCount::of(reqs))
     }
 
     /// Reads the live `blocks` of one window of a victim into `buf`, which holds the
@@ -385,11 +391,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             at = first + count;
         }
         let first = reqs.first().map_or(0, |r| r.0);
-        let depth = victim_read_depth(self.space.reads_since_last_look());
-        self.dev
-            .read_many_depth(&mut reqs, depth)
-            .map_err(|e| Error::io("cleaner read", first, e))?;
-        Ok(ReadCount::of(&reqs))
+        self.read_victim(&mut reqs, first)
     }
 
     /// Closed segments without live blocks, waiting for a checkpoint to become free.
