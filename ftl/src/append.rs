@@ -445,6 +445,13 @@ impl Appender {
             Ok(()) => {
                 // Staging rule 3: free in the staging area before the tracker knows.
                 c.buf.mark_written();
+                // Rule 8: the chunk stops answering reads BEFORE the tracker learns it
+                // is done. From then on a free record may free its segment and a stream
+                // reuse it, while this chunk waits in the in-flight list to be retired
+                // (`write_chunks` retires a batch only after all of its writes); its
+                // buffer would answer reads of the new life's blocks with the old
+                // life's. Test: `engine::tests::a_written_chunk_never_answers_for_its_segments_next_life`.
+                c.mark_written();
                 Ok(())
             }
             Err(e) => {
@@ -484,6 +491,8 @@ impl Appender {
                 }
             }
         }
+        #[cfg(test)]
+        tests::maybe_park_before_retire();
         for c in written {
             let mut st = lock(&self.streams[c.stream as usize]);
             self.retire(t, &mut st, c);
@@ -656,10 +665,25 @@ impl Appender {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use std::cell::Cell;
+    use std::cell::{Cell, RefCell};
+    use std::sync::{Arc, Barrier};
 
     thread_local! {
         pub(crate) static PANIC_IN_SEAL: Cell<bool> = const { Cell::new(false) };
+        /// Test hook: `write_chunks` on this thread waits at the first barrier once its
+        /// chunks are written and marked complete, and at the second before it retires
+        /// them (taken after one use).
+        pub(crate) static PARK_BEFORE_RETIRE: RefCell<Option<(Arc<Barrier>, Arc<Barrier>)>> =
+            const { RefCell::new(None) };
+    }
+
+    /// Test hook: parks between a batch's chunk writes and their retirement on threads
+    /// that asked for it.
+    pub(super) fn maybe_park_before_retire() {
+        if let Some((written, go)) = PARK_BEFORE_RETIRE.with(|p| p.borrow_mut().take()) {
+            written.wait();
+            go.wait();
+        }
     }
 
     /// Test hook: panics inside `seal_open` on threads that asked for it.

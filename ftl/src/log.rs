@@ -13,6 +13,7 @@
 use crate::device::BLOCK_SIZE;
 use crate::staging::ChunkBuf;
 use crate::summary::{ChunkSummary, Entry, MAX_CHUNK_DATA, MAX_ENTRIES};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Data blocks a chunk starting at block `offset` of its segment may hold (one block is
@@ -109,9 +110,22 @@ pub struct SealedChunk {
     pub data_blocks: u16,
     pub total_blocks: u32,
     pub buf: ChunkBuf,
+    /// Its device write returned: the device holds its blocks, and it no longer answers
+    /// reads (engine rule 8, `append.rs`).
+    written: AtomicBool,
 }
 
 impl SealedChunk {
+    /// Its device write returned (engine rule 8: BEFORE the tracker learns it).
+    pub fn mark_written(&self) {
+        self.written.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether its device write returned.
+    pub fn is_written(&self) -> bool {
+        self.written.load(Ordering::SeqCst)
+    }
+
     /// The bytes to write.
     pub fn bytes(&self) -> &[u8] {
         &self.buf[..self.total_blocks as usize * BLOCK_SIZE]
@@ -170,6 +184,7 @@ pub fn seal(mut c: OpenChunk, p: &SealParams) -> crate::error::Result<(SealedChu
             data_blocks: c.data_blocks,
             total_blocks: total,
             buf: c.buf,
+            written: AtomicBool::new(false),
         },
         pad,
     ))
@@ -185,12 +200,18 @@ pub struct StreamLog {
 }
 
 impl StreamLog {
-    /// Buffered contents of `pba`, from the open chunk or an in-flight one.
+    /// Buffered contents of `pba`, from the open chunk or an in-flight one not yet
+    /// written. A written chunk waiting to be retired never answers (engine rule 8): its
+    /// segment may already have been freed and reused, and its buffer hold the blocks of
+    /// the segment's previous life at the offsets of the new one.
     pub fn buffered(&self, pba: u64) -> Option<&[u8]> {
         if let Some(b) = self.chunk.as_ref().and_then(|c| c.data_block(pba)) {
             return Some(b);
         }
-        self.inflight.iter().find_map(|c| c.data_block(pba))
+        self.inflight
+            .iter()
+            .filter(|c| !c.is_written())
+            .find_map(|c| c.data_block(pba))
     }
 }
 

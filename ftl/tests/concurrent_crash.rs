@@ -28,7 +28,9 @@
 //!
 //! CI runs a subset. `FTL_CRASH_SEEDS=N` runs N seeds of each kind (the soak:
 //! `FTL_CRASH_SEEDS=2000 cargo test --release -p ftl --test concurrent_crash`);
-//! `FTL_CRASH_SEED=S` runs seed S alone. A failure names its seed and what it found.
+//! `FTL_CRASH_SEED=S` runs seed S alone; `FTL_CRASH_FIRST_SEED=F` starts the N seeds at F
+//! (soaks in parallel processes: the runs mostly wait on the simulated latencies). A
+//! failure names its seed and what it found.
 
 use ftl::backing::{format_backing, open_backing_staged, StagingPlace};
 use ftl::device::crash::CrashDevice;
@@ -61,7 +63,11 @@ fn seeds(ci: u64) -> Vec<u64> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(ci);
-    (0..n).collect()
+    let first = std::env::var("FTL_CRASH_FIRST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0u64);
+    (first..first + n).collect()
 }
 
 /// What a run reports as it goes: operations issued, completed or failed.
@@ -383,17 +389,21 @@ fn join_all(hs: Vec<std::thread::JoinHandle<Result<(), String>>>) -> Result<(), 
 
 // ----- power cut -----
 
-/// The crash device with real-device latencies: a discard takes up to a few
-/// milliseconds (a hole punch or a TRIM), a sync up to half a millisecond, some writes a
-/// little. Without them the in-memory device completes each operation at once, and the
-/// windows between two threads' steps never open as they do on a disk.
-struct Jittery {
-    dev: Arc<CrashDevice>,
+/// Real-device latencies, drawn from the seed and a call count: each call pauses, with
+/// `chance` percent, for up to `max_us` microseconds.
+struct Jitter {
     seed: u64,
     calls: AtomicU64,
 }
 
-impl Jittery {
+impl Jitter {
+    fn new(seed: u64) -> Self {
+        Jitter {
+            seed,
+            calls: AtomicU64::new(0),
+        }
+    }
+
     fn pause(&self, max_us: u64, chance: u64) {
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
         let x = (n ^ self.seed)
@@ -405,27 +415,67 @@ impl Jittery {
     }
 }
 
+/// The crash device with real-device latencies: a discard takes up to a few
+/// milliseconds (a hole punch or a TRIM), a sync up to half a millisecond, some writes
+/// and reads a little. Without them the in-memory device completes each operation at
+/// once, and the windows between two threads' steps never open as they do on a disk.
+struct Jittery {
+    dev: Arc<CrashDevice>,
+    jitter: Jitter,
+}
+
 impl BlockDevice for Jittery {
     fn size(&self) -> u64 {
         self.dev.size()
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.jitter.pause(100, 10);
         self.dev.read_at(offset, buf)
     }
     fn write_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
-        self.pause(100, 20);
+        self.jitter.pause(100, 20);
         self.dev.write_at(offset, buf)
     }
     fn sync(&self) -> std::io::Result<()> {
-        self.pause(500, 50);
+        self.jitter.pause(500, 50);
         self.dev.sync()
     }
     fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.pause(3000, 80);
+        self.jitter.pause(3000, 80);
         self.dev.discard(offset, len)
     }
     fn describe(&self) -> String {
         self.dev.describe()
+    }
+}
+
+/// The in-memory index with the latency of sled's commits (about a millisecond on the
+/// disk, `docs/steady.md`): a commit waits a little before its batch applies (durable
+/// only once applied) and a little after (durable, its caller not yet told), so the
+/// engine's threads interleave around commits as they do on a disk.
+struct JitteryIndex {
+    idx: Arc<MemIndex>,
+    jitter: Jitter,
+}
+
+impl IndexStore for JitteryIndex {
+    fn load(&self) -> ftl::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.idx.load()
+    }
+    fn load_kind(&self, kind: u8) -> ftl::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.idx.load_kind(kind)
+    }
+    fn reader(&self) -> Arc<dyn ftl::index::IndexReader> {
+        self.idx.reader()
+    }
+    fn commit(&self, ops: Vec<ftl::index::Op>) -> ftl::Result<()> {
+        self.jitter.pause(800, 50);
+        self.idx.commit(ops)?;
+        self.jitter.pause(300, 30);
+        Ok(())
+    }
+    fn clear(&self) -> ftl::Result<()> {
+        self.idx.clear()
     }
 }
 
@@ -491,10 +541,13 @@ fn power_cut_run(seed: u64) -> Result<(String, u64, u64), String> {
     ftl::format(&dev, &idx, &opts, false).map_err(|e| e.to_string())?;
     let jittery = Jittery {
         dev: dev.clone(),
-        seed,
-        calls: AtomicU64::new(0),
+        jitter: Jitter::new(seed),
     };
-    let (f, _) = Ftl::open(jittery, idx.clone(), config(seed)).map_err(|e| format!("open: {e}"))?;
+    let index = JitteryIndex {
+        idx: idx.clone(),
+        jitter: Jitter::new(seed.rotate_left(17)),
+    };
+    let (f, _) = Ftl::open(jittery, index, config(seed)).map_err(|e| format!("open: {e}"))?;
     let cap = f.capacity_blocks();
     let plan = Plan::new(seed, cap, 4000);
     let f = Arc::new(f);

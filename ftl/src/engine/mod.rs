@@ -950,4 +950,84 @@ mod tests {
             "{checkpoint:?}"
         );
     }
+
+    /// Engine rule 8 (`append.rs`): a chunk written but not yet retired (its writer still
+    /// writing the rest of its batch) is complete for the tracker, so a free record may
+    /// free its segment and the GC stream reuse it. Reads of the new life's blocks must
+    /// not be answered from the old chunk's buffer. Without the rule the read of `b`
+    /// returns the block of whichever LBA sat at its offset in the segment's last life.
+    #[test]
+    fn a_written_chunk_never_answers_for_its_segments_next_life() {
+        use crate::append::tests::PARK_BEFORE_RETIRE;
+        use crate::append::PendingChunks;
+        use crate::stream::GC_STREAM;
+        use std::sync::Barrier;
+        let (_, _, f) = small_ftl();
+        let f = Arc::new(f);
+        let geo = *f.geometry();
+        let bps = geo.blocks_per_segment() as u64;
+        let seg_of = |l: u64| geo.segment_of(f.map_entry(l).unwrap().pba().unwrap() as u64);
+        // Users write LBAs 0..=bps; the cleaner relocates them into the GC stream and
+        // leaves the chunks it seals (the first fills segment `s`) to this test.
+        let n = bps + 1;
+        for l in 0..n {
+            f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
+        }
+        f.flush().unwrap();
+        let mut pending = PendingChunks::default();
+        for l in 0..n {
+            let e = f.map_entry(l).unwrap();
+            assert!(f
+                .relocate_deferred(l, e, &block_for(l, 1), GC_STREAM, &mut pending)
+                .unwrap());
+        }
+        assert!(!pending.is_empty(), "a GC chunk was sealed");
+        let s = seg_of(0);
+        let in_s: Vec<u64> = (0..n).filter(|&l| seg_of(l) == s).collect();
+        // Another thread writes them and stops before retiring them.
+        let (written, go) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+        let (f2, w2, g2) = (f.clone(), written.clone(), go.clone());
+        let writer = std::thread::spawn(move || {
+            PARK_BEFORE_RETIRE.with(|p| *p.borrow_mut() = Some((w2, g2)));
+            f2.write_pending(pending)
+        });
+        written.wait();
+        // The GC stream gives up its open segment; users overwrite every block of `s`,
+        // and a free record frees it.
+        f.close_stream(GC_STREAM).unwrap();
+        for &l in &in_s {
+            f.write(l, &block_for(l, 2), false, StreamId(1)).unwrap();
+        }
+        f.flush().unwrap();
+        f.free_dead().unwrap();
+        assert!(
+            f.segment_snapshot()
+                .iter()
+                .any(|x| x.segment == s && x.state == "free"),
+            "segment {s} was freed"
+        );
+        // The next relocation takes the most worn free segment: `s`, at the offset of
+        // the first block of its last life; a FLUSH writes and retires its chunk.
+        let b = n - 1;
+        assert!(!in_s.contains(&b), "lba {b} lives outside {s}");
+        let e = f.map_entry(b).unwrap();
+        assert!(f.relocate(b, e, &block_for(b, 1), GC_STREAM).unwrap());
+        assert_eq!(seg_of(b), s, "the relocation reused segment {s}");
+        f.flush().unwrap();
+        let mut got = vec![0u8; 4096];
+        let read = f.read(b, &mut got);
+        go.wait();
+        writer.join().unwrap().unwrap();
+        read.unwrap();
+        assert!(
+            got == block_for(b, 1),
+            "lba {b} read {:?}, not its own block",
+            crate::model::observe(b, &got)
+        );
+        for l in 0..n {
+            f.read(l, &mut got).unwrap();
+            let tag = if in_s.contains(&l) { 2 } else { 1 };
+            assert!(got == block_for(l, tag), "lba {l} after the batch retired");
+        }
+    }
 }
