@@ -492,7 +492,7 @@ impl Appender {
             }
         }
         #[cfg(test)]
-        tests::maybe_park_before_retire();
+        tests::maybe_park(&tests::PARK_BEFORE_RETIRE);
         for c in written {
             let mut st = lock(&self.streams[c.stream as usize]);
             self.retire(t, &mut st, c);
@@ -673,15 +673,19 @@ pub(crate) mod tests {
         /// Test hook: `write_chunks` on this thread waits at the first barrier once its
         /// chunks are written and marked complete, and at the second before it retires
         /// them (taken after one use).
-        pub(crate) static PARK_BEFORE_RETIRE: RefCell<Option<(Arc<Barrier>, Arc<Barrier>)>> =
-            const { RefCell::new(None) };
+        pub(crate) static PARK_BEFORE_RETIRE: Park = const { RefCell::new(None) };
+        /// Test hook: a read's `locate` on this thread waits at the first barrier right
+        /// after its map lookup, and at the second before it looks in the buffers.
+        pub(crate) static PARK_AFTER_LOOKUP: Park = const { RefCell::new(None) };
     }
 
-    /// Test hook: parks between a batch's chunk writes and their retirement on threads
-    /// that asked for it.
-    pub(super) fn maybe_park_before_retire() {
-        if let Some((written, go)) = PARK_BEFORE_RETIRE.with(|p| p.borrow_mut().take()) {
-            written.wait();
+    /// A parking place: a barrier to say "here", one to wait for "go".
+    pub(crate) type Park = RefCell<Option<(Arc<Barrier>, Arc<Barrier>)>>;
+
+    /// Test hook: parks at `park` (once) on threads that asked for it.
+    pub(crate) fn maybe_park(park: &'static std::thread::LocalKey<Park>) {
+        if let Some((here, go)) = park.with(|p| p.borrow_mut().take()) {
+            here.wait();
             go.wait();
         }
     }

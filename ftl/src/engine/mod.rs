@@ -1030,4 +1030,61 @@ mod tests {
             assert!(got == block_for(l, tag), "lba {l} after the batch retired");
         }
     }
+
+    /// A read that looked `l` up, then found another LBA's block buffered at that place
+    /// (between the lookup and the copy, `l` was relocated, its segment freed and reused
+    /// by the GC stream) checks the copy against the entry it looked up and locates
+    /// again (`locate_as`). Without the check it returns the other LBA's block.
+    #[test]
+    fn a_buffered_block_that_moved_after_the_lookup_is_located_again() {
+        use crate::append::tests::PARK_AFTER_LOOKUP;
+        use crate::stream::GC_STREAM;
+        use std::sync::Barrier;
+        let (_, _, f) = small_ftl();
+        let f = Arc::new(f);
+        let geo = *f.geometry();
+        let bps = geo.blocks_per_segment() as u64;
+        let pba_of = |l: u64| f.map_entry(l).unwrap().pba().unwrap() as u64;
+        // Users fill segment `s`; `l` is its first data block.
+        let n = bps + 1;
+        for x in 0..n {
+            f.write(x, &block_for(x, 1), false, StreamId(1)).unwrap();
+        }
+        f.flush().unwrap();
+        let s = geo.segment_of(pba_of(0));
+        let in_s: Vec<u64> = (0..n).filter(|&x| geo.segment_of(pba_of(x)) == s).collect();
+        let l = in_s[0];
+        let at = pba_of(l);
+        // A reader looks `l` up and stops there.
+        let (here, go) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+        let (f2, h2, g2) = (f.clone(), here.clone(), go.clone());
+        let reader = std::thread::spawn(move || {
+            PARK_AFTER_LOOKUP.with(|p| *p.borrow_mut() = Some((h2, g2)));
+            let mut got = vec![0u8; 4096];
+            f2.read(l, &mut got).map(|()| got)
+        });
+        here.wait();
+        // The cleaner moves every block of `s`; a free record frees it; the GC stream,
+        // its segment closed, reuses `s` (the most worn free segment) for another LBA,
+        // which now sits at `l`'s old place in the GC stream's open chunk.
+        for &x in &in_s {
+            let e = f.map_entry(x).unwrap();
+            assert!(f.relocate(x, e, &block_for(x, 1), GC_STREAM).unwrap());
+        }
+        f.close_stream(GC_STREAM).unwrap();
+        f.flush().unwrap();
+        f.free_dead().unwrap();
+        let other = n - 1;
+        assert!(!in_s.contains(&other), "lba {other} lives outside {s}");
+        let e = f.map_entry(other).unwrap();
+        assert!(f.relocate(other, e, &block_for(other, 1), GC_STREAM).unwrap());
+        assert_eq!(pba_of(other), at, "lba {other} took {l}'s old place");
+        go.wait();
+        let got = reader.join().unwrap().unwrap();
+        assert!(
+            got == block_for(l, 1),
+            "lba {l} read {:?}, not its own block",
+            crate::model::observe(l, &got)
+        );
+    }
 }

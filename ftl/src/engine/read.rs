@@ -23,17 +23,31 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         if foreground {
             self.space.note_foreground();
         }
-        let e = self.t.map.get(lba)?;
-        let Some(pba) = e.pba() else {
-            return Ok(BlockLocation::Zero);
-        };
-        let pba = pba as u64;
-        if self.log.copy_buffered(&self.t, pba, out) {
-            return Ok(BlockLocation::Copied);
+        for _ in 0..READ_RETRIES {
+            let e = self.t.map.get(lba)?;
+            let Some(pba) = e.pba() else {
+                return Ok(BlockLocation::Zero);
+            };
+            let pba = pba as u64;
+            #[cfg(test)]
+            crate::append::tests::maybe_park(&crate::append::tests::PARK_AFTER_LOOKUP);
+            if !self.log.copy_buffered(&self.t, pba, out) {
+                return Ok(BlockLocation::Device {
+                    offset: pba * BLOCK_SIZE as u64,
+                    entry: e,
+                });
+            }
+            // A buffered block is checked against its entry like one read from the
+            // device: between the map lookup and the copy the block may have moved, its
+            // segment been freed and reused, and another LBA's block sit at `pba`. Then
+            // it is located again.
+            if self.verify_block(lba, e, out)? {
+                return Ok(BlockLocation::Copied);
+            }
         }
-        Ok(BlockLocation::Device {
-            offset: pba * BLOCK_SIZE as u64,
-            entry: e,
+        Err(Error::KeptMoving {
+            lba,
+            tries: READ_RETRIES,
         })
     }
 
