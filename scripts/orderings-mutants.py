@@ -33,6 +33,8 @@ PROCESS = "cargo test --release -p ftl --test process_crash"
 MODEL = "cargo test --release -p ftl --test crash_model"
 MAPLIB = "cargo test --release -p ftl --lib map::tests"
 REBUILD = "cargo test --release -p ftl --test rebuild"
+WRITTEN = "cargo test --release -p ftl --lib a_written_chunk_never_answers"
+MOVED = "cargo test --release -p ftl --lib a_buffered_block_that_moved"
 
 # (id, rule, file, [(old text, new text), ...], tests)
 MUTANTS = [
@@ -88,6 +90,17 @@ MUTANTS = [
      [("""        if expect.is_some_and(|e| e != old) {""",
        """        if expect.is_some_and(|e| e != old) && false {""")],
      [POWER, SHUTTLE]),
+    ("engine-8", "engine rule 8: a chunk stops answering reads BEFORE the tracker learns it is written",
+     "ftl/src/append.rs",
+     [("""                c.mark_written();
+                Ok(())""",
+       """                Ok(())""")],
+     [WRITTEN]),
+    ("read-check", "reads check a buffered block against the entry they looked up",
+     "ftl/src/engine/read.rs",
+     [("""            if self.verify_block(lba, e, out)? {""",
+       """            if true {""")],
+     [MOVED]),
     ("checkpoint-1", "checkpoint rule 1: open chunks sealed BEFORE the snapshot",
      "ftl/src/engine/checkpoint.rs",
      [("""        for (sid, guard) in guards.iter_mut().enumerate() {""",
