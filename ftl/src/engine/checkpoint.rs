@@ -86,7 +86,7 @@
 
 use super::Ftl;
 use crate::device::{BlockDevice, BLOCK_SIZE};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::index::{IndexStore, Key, Op};
 use crate::records::{CheckpointRecord, FreeRecord, MapPage, PartialCheckpoint};
 use crate::sync::{lock, AtomicU64, Mutex};
@@ -384,12 +384,15 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         // dirty for the next checkpoint.
         let pages_written = pages.len();
         let mut released = Vec::new();
+        // A freed segment whose first block could not be zeroed: the FTL is poisoned, the
+        // segment stays out of the free list, and the checkpoint, complete, reports it.
+        let mut zero_failed = None;
         let paged = self
             .write_chunks(sealed)
             .and_then(|()| self.flush_upto(next_chunk_seq))
             .and_then(|()| {
                 times.add(&times.sync, &mut t);
-                released = self.free_own(&own);
+                released = self.free_own(&own, &mut zero_failed);
                 times.add(&times.release, &mut t);
                 self.commit_pages(pages, next_chunk_seq)
             });
@@ -451,10 +454,14 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         *lock(&ck.closed) = closed;
         ck.base.store(next_chunk_seq, Ordering::Relaxed);
         let rest: Vec<u32> = dead.iter().copied().filter(|s| !released.contains(s)).collect();
-        self.discard_and_release(&rest);
+        let rest_released = self.discard_and_release(&rest);
         times.add(&times.release, &mut t);
         ck.count.fetch_add(1, Ordering::Relaxed);
         drop(state);
+        if let Some(e) = zero_failed {
+            return Err(e);
+        }
+        rest_released?;
         Ok(CheckpointReport {
             pages_written,
             segments_freed: dead.len(),
@@ -466,12 +473,16 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// chain) and releases their segments; returns those released. A commit that fails
     /// leaves them to the end of the checkpoint (a record maybe applied all the same
     /// follows the last checkpoint; the header's batch removes it).
-    fn free_own(&self, own: &[FreeRecord]) -> Vec<u32> {
+    /// A segment whose first block could not be zeroed stays out of the free list, and
+    /// the failure goes to `zero_failed`.
+    fn free_own(&self, own: &[FreeRecord], zero_failed: &mut Option<Error>) -> Vec<u32> {
         if own.is_empty() || self.ckpt.index.commit(super::free::put_ops(own)).is_err() {
             return Vec::new();
         }
         let segs: Vec<u32> = own.iter().map(|r| r.segment).collect();
-        self.discard_and_release(&segs);
+        if let Err(e) = self.discard_and_release(&segs) {
+            zero_failed.get_or_insert(e);
+        }
         self.ckpt.own_freed.fetch_add(segs.len() as u64, Ordering::Relaxed);
         segs
     }
@@ -499,8 +510,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Rule 5 (and free rule 5): each dead segment is discarded (with no discard delay;
     /// else queued for `engine/discard.rs`) BEFORE it goes back on the free list and
     /// writers are woken. Called with the checkpoint lock held (it keeps any checkpoint
-    /// or free record from recording the segment meanwhile).
-    pub(super) fn discard_and_release(&self, dead: &[u32]) {
+    /// or free record from recording the segment meanwhile). A segment whose first block
+    /// could not be zeroed is not released; the first such failure is returned (the FTL
+    /// is poisoned by then: the backing fails writes).
+    pub(super) fn discard_and_release(&self, dead: &[u32]) -> Result<()> {
         let at_once = self.cfg.discard_delay.is_zero();
         let queued = (self.cfg.discard_freed && !at_once).then(std::time::Instant::now);
         if self.cfg.discard_freed && at_once {
@@ -508,39 +521,48 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 self.discard_segment(s);
             }
         }
-        let zeroed = self.zero_heads(dead);
+        let (zeroed, failed) = self.zero_heads(dead);
         for (&s, ok) in dead.iter().zip(zeroed) {
             if ok {
                 self.t.segs.release(&[s], queued);
                 self.space.notify();
             }
         }
+        failed.map_or(Ok(()), Err)
     }
 
     /// Zeroes the first block of each segment of `segs` (the log walker then sees
     /// nothing of its old use); says for each whether it was. All are written together
     /// (one at a time they took about a millisecond each under load, on the thread that
     /// frees); after a failure, one at a time to find which, and each failure poisons
-    /// the FTL (the backing fails writes).
-    pub(super) fn zero_heads(&self, segs: &[u32]) -> Vec<bool> {
+    /// the FTL (the backing fails writes). Also returns the first failure.
+    pub(super) fn zero_heads(&self, segs: &[u32]) -> (Vec<bool>, Option<Error>) {
         let geo = &self.t.geo;
         let zero = crate::device::AlignedBuf::new(BLOCK_SIZE);
         let head = |s: u32| geo.segment_start(s) * BLOCK_SIZE as u64;
         let heads: Vec<(u64, &[u8])> = segs.iter().map(|&s| (head(s), &zero[..])).collect();
         if self.dev.write_many(&heads).is_ok() {
-            return vec![true; segs.len()];
+            return (vec![true; segs.len()], None);
         }
-        segs.iter()
+        let mut first = None;
+        let zeroed = segs
+            .iter()
             .map(|&s| match self.dev.write_at(head(s), &zero) {
                 Ok(()) => true,
                 Err(e) => {
                     self.set_poison(format!(
                         "zeroing the first block of freed segment {s} failed: {e}"
                     ));
+                    first.get_or_insert(Error::io(
+                        "zeroing a freed segment's first block",
+                        head(s),
+                        e,
+                    ));
                     false
                 }
             })
-            .collect()
+            .collect();
+        (zeroed, first)
     }
 
     /// True when enough has been appended since the last checkpoint, the map cache wants

@@ -208,11 +208,12 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
             }
         }
         // Rule 5.
-        self.discard_and_release(&segs);
+        let released = self.discard_and_release(&segs);
         times.add(&times.release, &mut t);
         ck.frees.fetch_add(1, Ordering::Relaxed);
         ck.freed_segments
             .fetch_add(segs.len() as u64, Ordering::Relaxed);
+        released?;
         report.segments_freed = segs.len();
         Ok(report)
     }
