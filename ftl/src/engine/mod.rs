@@ -951,6 +951,25 @@ mod tests {
         );
     }
 
+    /// Runs `job` on a thread of its own that parks at `park` (a hook of
+    /// `append::tests`); returns once it is parked, with the barrier that lets it go on.
+    fn run_parked<T: Send + 'static>(
+        park: &'static std::thread::LocalKey<crate::append::tests::Park>,
+        job: impl FnOnce() -> T + Send + 'static,
+    ) -> (Arc<std::sync::Barrier>, std::thread::JoinHandle<T>) {
+        let (here, go) = (
+            Arc::new(std::sync::Barrier::new(2)),
+            Arc::new(std::sync::Barrier::new(2)),
+        );
+        let (h2, g2) = (here.clone(), go.clone());
+        let t = std::thread::spawn(move || {
+            park.with(|p| *p.borrow_mut() = Some((h2, g2)));
+            job()
+        });
+        here.wait();
+        (go, t)
+    }
+
     /// Engine rule 8 (`append.rs`): a chunk written but not yet retired (its writer still
     /// writing the rest of its batch) is complete for the tracker, so a free record may
     /// free its segment and the GC stream reuse it. Reads of the new life's blocks must
@@ -961,7 +980,6 @@ mod tests {
         use crate::append::tests::PARK_BEFORE_RETIRE;
         use crate::append::PendingChunks;
         use crate::stream::GC_STREAM;
-        use std::sync::Barrier;
         let (_, _, f) = small_ftl();
         let f = Arc::new(f);
         let geo = *f.geometry();
@@ -985,13 +1003,8 @@ mod tests {
         let s = seg_of(0);
         let in_s: Vec<u64> = (0..n).filter(|&l| seg_of(l) == s).collect();
         // Another thread writes them and stops before retiring them.
-        let (written, go) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
-        let (f2, w2, g2) = (f.clone(), written.clone(), go.clone());
-        let writer = std::thread::spawn(move || {
-            PARK_BEFORE_RETIRE.with(|p| *p.borrow_mut() = Some((w2, g2)));
-            f2.write_pending(pending)
-        });
-        written.wait();
+        let f2 = f.clone();
+        let (go, writer) = run_parked(&PARK_BEFORE_RETIRE, move || f2.write_pending(pending));
         // The GC stream gives up its open segment; users overwrite every block of `s`,
         // and a free record frees it.
         f.close_stream(GC_STREAM).unwrap();
@@ -1039,7 +1052,6 @@ mod tests {
     fn a_buffered_block_that_moved_after_the_lookup_is_located_again() {
         use crate::append::tests::PARK_AFTER_LOOKUP;
         use crate::stream::GC_STREAM;
-        use std::sync::Barrier;
         let (_, _, f) = small_ftl();
         let f = Arc::new(f);
         let geo = *f.geometry();
@@ -1056,14 +1068,11 @@ mod tests {
         let l = in_s[0];
         let at = pba_of(l);
         // A reader looks `l` up and stops there.
-        let (here, go) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
-        let (f2, h2, g2) = (f.clone(), here.clone(), go.clone());
-        let reader = std::thread::spawn(move || {
-            PARK_AFTER_LOOKUP.with(|p| *p.borrow_mut() = Some((h2, g2)));
+        let f2 = f.clone();
+        let (go, reader) = run_parked(&PARK_AFTER_LOOKUP, move || {
             let mut got = vec![0u8; 4096];
             f2.read(l, &mut got).map(|()| got)
         });
-        here.wait();
         // The cleaner moves every block of `s`; a free record frees it; the GC stream,
         // its segment closed, reuses `s` (the most worn free segment) for another LBA,
         // which now sits at `l`'s old place in the GC stream's open chunk.
