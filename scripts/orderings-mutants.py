@@ -155,7 +155,7 @@ MUTANTS = [
      [ORDERINGS, POWER]),
     ("discard-3", "discard rule 3: a segment's first block is zeroed again after its deferred discard",
      "ftl/src/engine/discard.rs",
-     [("""            self.zero_heads(&gone);""", """            let _ = &gone;""")],
+     [("""            let _ = self.zero_heads(&gone);""", """            let _ = &gone;""")],
      [ORDERINGS]),
     ("checkpoint-6", "checkpoint rule 6: free records are removed in the batch that supersedes them",
      "ftl/src/engine/checkpoint.rs",
@@ -183,9 +183,9 @@ MUTANTS = [
      [("""            .and_then(|()| self.flush_upto(next_chunk_seq))
             .and_then(|()| {
                 times.add(&times.sync, &mut t);
-                released = self.free_own(&own);""",
+                released = self.free_own(&own, &mut zero_failed);""",
        """            .and_then(|()| {
-                released = self.free_own(&own);
+                released = self.free_own(&own, &mut zero_failed);
                 self.flush_upto(next_chunk_seq)
             })
             .and_then(|()| {

@@ -290,7 +290,9 @@ async fn read_blocks(
     lba: u64,
     buf: &mut [u8],
 ) -> Result<(), i32> {
-    let dev_blocks = ftl.plan_read(lba, buf).map_err(|e| e.errno())?;
+    // Locating can fail too (a buffered block whose copy matched no entry, or one that
+    // kept moving): logged like a failed device read.
+    let dev_blocks = ftl.plan_read(lba, buf).map_err(|e| read_failed(lba, e))?;
     if dev_blocks.is_empty() {
         return Ok(());
     }
@@ -364,7 +366,7 @@ fn read_failed(lba: u64, e: ftl::Error) -> i32 {
 }
 
 /// Reads one block whose map entry moved during the read: the FTL's one retry path
-/// ([`ftl::Ftl::reread_block`], up to [`ftl::READ_RETRIES`] locates), a synchronous read
+/// ([`ftl::Ftl::reread_block`], up to [`ftl::READ_RETRIES`] attempts), a synchronous read
 /// on this queue's thread (rare: only a block relocated or overwritten mid-read).
 fn reread_block(ftl: &FileFtl, lba: u64, blk: &mut [u8]) -> Result<(), i32> {
     ftl.reread_block(lba, blk).map_err(|e| read_failed(lba, e))

@@ -65,7 +65,9 @@ mod tombstones;
 pub(crate) mod stats;
 
 /// How often a block that keeps moving under a read is located again before the read
-/// fails (every reader: [`Ftl::read`] and the ublk edge, through [`Ftl::reread_block`]).
+/// fails: a buffered block that moved between its lookup and its copy (`Ftl::locate`),
+/// and a device block that moved while it was read ([`Ftl::reread_block`], each of whose
+/// attempts locates). Every reader: [`Ftl::read`] and the ublk edge.
 pub const READ_RETRIES: usize = 16;
 
 /// A log-structured FTL over a backing device `D` with its checkpoints in index `I`.
@@ -974,7 +976,9 @@ mod tests {
     /// writing the rest of its batch) is complete for the tracker, so a free record may
     /// free its segment and the GC stream reuse it. Reads of the new life's blocks must
     /// not be answered from the old chunk's buffer. Without the rule the read of `b`
-    /// returns the block of whichever LBA sat at its offset in the segment's last life.
+    /// copies the block of whichever LBA sat at its offset in the segment's last life:
+    /// the check of copied blocks (`locate_as`) turns that into a checksum error (EIO),
+    /// and without that check too it is silently another LBA's data.
     #[test]
     fn a_written_chunk_never_answers_for_its_segments_next_life() {
         use crate::append::tests::PARK_BEFORE_RETIRE;
