@@ -972,6 +972,19 @@ mod tests {
         (go, t)
     }
 
+    /// A small FTL where users wrote (tag 1, stream 1) and flushed LBAs `0..n`: a
+    /// segment's worth and one more.
+    fn one_segment_and_a_block() -> (Arc<crate::model::MemFtl>, crate::geometry::Geometry, u64) {
+        let (_, _, f) = small_ftl();
+        let geo = *f.geometry();
+        let n = geo.blocks_per_segment() as u64 + 1;
+        for l in 0..n {
+            f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
+        }
+        f.flush().unwrap();
+        (Arc::new(f), geo, n)
+    }
+
     /// Engine rule 8 (`append.rs`): a chunk written but not yet retired (its writer still
     /// writing the rest of its batch) is complete for the tracker, so a free record may
     /// free its segment and the GC stream reuse it. Reads of the new life's blocks must
@@ -984,18 +997,10 @@ mod tests {
         use crate::append::tests::PARK_BEFORE_RETIRE;
         use crate::append::PendingChunks;
         use crate::stream::GC_STREAM;
-        let (_, _, f) = small_ftl();
-        let f = Arc::new(f);
-        let geo = *f.geometry();
-        let bps = geo.blocks_per_segment() as u64;
+        let (f, geo, n) = one_segment_and_a_block();
         let seg_of = |l: u64| geo.segment_of(f.map_entry(l).unwrap().pba().unwrap() as u64);
-        // Users write LBAs 0..=bps; the cleaner relocates them into the GC stream and
-        // leaves the chunks it seals (the first fills segment `s`) to this test.
-        let n = bps + 1;
-        for l in 0..n {
-            f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
-        }
-        f.flush().unwrap();
+        // The cleaner relocates them into the GC stream and leaves the chunks it seals
+        // (the first fills segment `s`) to this test.
         let mut pending = PendingChunks::default();
         for l in 0..n {
             let e = f.map_entry(l).unwrap();
@@ -1056,17 +1061,9 @@ mod tests {
     fn a_buffered_block_that_moved_after_the_lookup_is_located_again() {
         use crate::append::tests::PARK_AFTER_LOOKUP;
         use crate::stream::GC_STREAM;
-        let (_, _, f) = small_ftl();
-        let f = Arc::new(f);
-        let geo = *f.geometry();
-        let bps = geo.blocks_per_segment() as u64;
+        let (f, geo, n) = one_segment_and_a_block();
         let pba_of = |l: u64| f.map_entry(l).unwrap().pba().unwrap() as u64;
-        // Users fill segment `s`; `l` is its first data block.
-        let n = bps + 1;
-        for x in 0..n {
-            f.write(x, &block_for(x, 1), false, StreamId(1)).unwrap();
-        }
-        f.flush().unwrap();
+        // Users filled segment `s`; `l` is its first data block.
         let s = geo.segment_of(pba_of(0));
         let in_s: Vec<u64> = (0..n).filter(|&x| geo.segment_of(pba_of(x)) == s).collect();
         let l = in_s[0];
