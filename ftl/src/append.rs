@@ -666,27 +666,28 @@ impl Appender {
 #[cfg(test)]
 pub(crate) mod tests {
     use std::cell::{Cell, RefCell};
-    use std::sync::{Arc, Barrier};
+    use std::sync::mpsc::{Receiver, Sender};
 
     thread_local! {
         pub(crate) static PANIC_IN_SEAL: Cell<bool> = const { Cell::new(false) };
-        /// Test hook: `write_chunks` on this thread waits at the first barrier once its
-        /// chunks are written and marked complete, and at the second before it retires
-        /// them (taken after one use).
+        /// Test hook: `write_chunks` on this thread says it arrived once its chunks are
+        /// written and marked complete, and waits for "go" before it retires them (taken
+        /// after one use).
         pub(crate) static PARK_BEFORE_RETIRE: Park = const { RefCell::new(None) };
-        /// Test hook: a read's `locate` on this thread waits at the first barrier right
-        /// after its map lookup, and at the second before it looks in the buffers.
+        /// Test hook: a read's `locate` on this thread says it arrived right after its
+        /// map lookup, and waits for "go" before it looks in the buffers.
         pub(crate) static PARK_AFTER_LOOKUP: Park = const { RefCell::new(None) };
     }
 
-    /// A parking place: a barrier to say "here", one to wait for "go".
-    pub(crate) type Park = RefCell<Option<(Arc<Barrier>, Arc<Barrier>)>>;
+    /// A parking place: a channel to say "here", one to wait for "go". A test that
+    /// gives up (its sender dropped while it unwinds) lets the parked thread go on.
+    pub(crate) type Park = RefCell<Option<(Sender<()>, Receiver<()>)>>;
 
     /// Test hook: parks at `park` (once) on threads that asked for it.
     pub(crate) fn maybe_park(park: &'static std::thread::LocalKey<Park>) {
         if let Some((here, go)) = park.with(|p| p.borrow_mut().take()) {
-            here.wait();
-            go.wait();
+            let _ = here.send(());
+            let _ = go.recv();
         }
     }
 

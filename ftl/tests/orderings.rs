@@ -272,6 +272,45 @@ fn a_deferred_discard_leaves_the_segment_head_zeroed() {
     check_tags(&f, &tags, "after the discards");
 }
 
+/// Discard rule 3, its failure: a segment whose first block could not be zeroed after
+/// its deferred discard stays out of the free list (its head may still show its old
+/// use to the log walker), as a checkpoint keeps one out; the FTL is poisoned, the data
+/// still reads.
+#[test]
+fn a_deferred_discard_that_cannot_zero_the_head_keeps_the_segment_out() {
+    let cfg = deferred_discards();
+    let (dev, _idx, f) = gated(cfg);
+    let tags = kill_the_first_segment(&f);
+    f.checkpoint().unwrap();
+    let waiting = f.undiscarded_segments();
+    assert!(
+        waiting > 0,
+        "a dead segment was freed and waits for its discard"
+    );
+    let free_before = f.free_segments();
+    dev.inner().faults.writes.store(true, Ordering::SeqCst);
+    assert_eq!(
+        f.discard_waiting(true),
+        waiting,
+        "the discards themselves succeed"
+    );
+    dev.inner().faults.writes.store(false, Ordering::SeqCst);
+    assert_eq!(f.undiscarded_segments(), 0);
+    assert_eq!(
+        f.free_segments(),
+        free_before - waiting,
+        "no segment with an unzeroed head went back on the free list"
+    );
+    assert!(
+        matches!(
+            f.write(0, &block_for(0, 9), false, StreamId(1)),
+            Err(Error::ReadOnly(_))
+        ),
+        "the failed zeroing poisoned the FTL"
+    );
+    check_tags(&f, &tags, "after the failed zeroing");
+}
+
 /// Engine rule 3: a FLUSH returns only once every write it covers is durable, also when
 /// another thread sealed the chunk holding it and is still writing it (a sync is credited
 /// only with the chunk writes that completed before it started).

@@ -72,9 +72,21 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 .collect();
             done += gone.len();
             // Rule 3. A failure poisons the FTL (the next write or FLUSH reports it);
-            // the discard itself is advisory and reports nothing.
-            let _ = self.zero_heads(&gone);
-            self.t.segs.discarded(&taken);
+            // the discard itself is advisory and reports nothing. A segment whose
+            // first block could not be zeroed stays out of the free list, as in
+            // `discard_and_release`: its head may still show its old use.
+            let (zeroed, _) = self.zero_heads(&gone);
+            let unzeroed: Vec<u32> = gone
+                .iter()
+                .zip(zeroed)
+                .filter_map(|(&s, ok)| (!ok).then_some(s))
+                .collect();
+            let back: Vec<(u32, u32)> = taken
+                .iter()
+                .copied()
+                .filter(|(s, _)| !unzeroed.contains(s))
+                .collect();
+            self.t.segs.discarded(&back);
             self.space.notify();
         }
     }

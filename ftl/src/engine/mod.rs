@@ -954,21 +954,20 @@ mod tests {
     }
 
     /// Runs `job` on a thread of its own that parks at `park` (a hook of
-    /// `append::tests`); returns once it is parked, with the barrier that lets it go on.
+    /// `append::tests`); returns once it is parked, with the sender whose message lets it go on.
     fn run_parked<T: Send + 'static>(
         park: &'static std::thread::LocalKey<crate::append::tests::Park>,
         job: impl FnOnce() -> T + Send + 'static,
-    ) -> (Arc<std::sync::Barrier>, std::thread::JoinHandle<T>) {
-        let (here, go) = (
-            Arc::new(std::sync::Barrier::new(2)),
-            Arc::new(std::sync::Barrier::new(2)),
-        );
-        let (h2, g2) = (here.clone(), go.clone());
+    ) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<T>) {
+        let (here_tx, here) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel();
         let t = std::thread::spawn(move || {
-            park.with(|p| *p.borrow_mut() = Some((h2, g2)));
+            park.with(|p| *p.borrow_mut() = Some((here_tx, go_rx)));
             job()
         });
-        here.wait();
+        // A hook moved or no longer reached fails the test here instead of hanging it.
+        here.recv_timeout(Duration::from_secs(30))
+            .expect("the thread reaches its hook and parks");
         (go, t)
     }
 
@@ -1038,7 +1037,7 @@ mod tests {
         f.flush().unwrap();
         let mut got = vec![0u8; 4096];
         let read = f.read(b, &mut got);
-        go.wait();
+        go.send(()).expect("the parked thread waits for its go");
         writer.join().unwrap().unwrap();
         read.unwrap();
         assert!(
@@ -1089,7 +1088,7 @@ mod tests {
         let e = f.map_entry(other).unwrap();
         assert!(f.relocate(other, e, &block_for(other, 1), GC_STREAM).unwrap());
         assert_eq!(pba_of(other), at, "lba {other} took {l}'s old place");
-        go.wait();
+        go.send(()).expect("the parked thread waits for its go");
         let got = reader.join().unwrap().unwrap();
         assert!(
             got == block_for(l, 1),
