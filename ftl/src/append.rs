@@ -387,13 +387,15 @@ impl Appender {
                     // stream spends it, one victim at a time: a victim's live blocks
                     // fit in the GC stream's open segment and the reserve, and the
                     // victim's segment is dead afterwards.
-                    // A carry of TRIM records (`engine/tombstones.rs`, the only
-                    // "relocation" into the TRIM stream) may take one segment of it: the
-                    // TRIM segments it carries are dead, freed by the checkpoint that
-                    // follows, and on a full device nothing else frees them.
+                    // A carry of TRIM records (`engine/tombstones.rs`: a "relocation"
+                    // of records, no data) may take one segment of it: the TRIM
+                    // segments it carries are dead, freed by the checkpoint that
+                    // follows, and on a full device nothing else frees them. A
+                    // relocation of data into the TRIM stream (the classifier's hottest
+                    // class) keeps the reserve like any other stream's.
                     let keep = if relocation && stream == GC_STREAM.0 {
                         0
-                    } else if relocation && stream == crate::stream::TRIM_STREAM.0 {
+                    } else if relocation && !data && stream == crate::stream::TRIM_STREAM.0 {
                         self.s.gc_reserve.saturating_sub(1)
                     } else {
                         self.s.gc_reserve

@@ -447,6 +447,63 @@ fn at_the_reserve_a_relocation_into_a_class_stream_is_diverted_to_the_gc_stream(
     assert_eq!(observe(b.lba, &back), observe(b.lba, &buf));
 }
 
+/// The same for stream 0, the TRIM stream and the classifier's hottest class: only a
+/// carry of TRIM records may take a reserve segment for it, not a relocation of data
+/// (a relocation into stream 0 took one, leaving the GC stream one segment short of a
+/// victim's live blocks; found by review).
+#[test]
+fn at_the_reserve_a_relocation_into_the_trim_stream_is_diverted_to_the_gc_stream() {
+    let (_, _, f) = mem_ftl(ftl::model::tiny::DEVICE_BYTES, &tiny());
+    let reserve = f.gc_reserve_segments();
+    let s1 = StreamId(1);
+    let mut tag = 1u64;
+    for lba in 0..f.capacity_blocks() {
+        f.write(lba, &block_for(lba, tag), false, s1).unwrap();
+        tag += 1;
+    }
+    f.checkpoint().unwrap();
+    for s in (0..8).filter(|&s| s != 1) {
+        f.close_stream(StreamId(s)).unwrap();
+    }
+    let mut x = 778u64;
+    while f.free_segments() > reserve {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let lba = (x >> 33) % f.capacity_blocks();
+        f.write(lba, &block_for(lba, tag), false, s1).unwrap();
+        tag += 1;
+    }
+    assert_eq!(f.free_segments(), reserve);
+    let victim = f
+        .segment_snapshot()
+        .into_iter()
+        .filter(|s| s.segment != 0 && s.state == "closed" && s.valid > 0)
+        .min_by_key(|s| s.valid)
+        .expect("a victim");
+    let b = f.live_blocks(victim.segment).unwrap()[0];
+    let mut buf = ftl::device::AlignedBuf::new(4096);
+    assert!(f.read_live(&b, &mut buf).unwrap());
+    assert!(f.relocate(b.lba, b.entry, &buf, StreamId(0)).unwrap());
+    assert_eq!(
+        f.relocations_diverted(),
+        1,
+        "stream 0 took a reserve segment (free now {})",
+        f.free_segments()
+    );
+    let geo = *f.geometry();
+    let at = f.map_entry(b.lba).unwrap().pba().expect("mapped") as u64;
+    let seg = f.segment_snapshot()[geo.segment_of(at) as usize];
+    assert_eq!(
+        seg.stream,
+        ftl::GC_STREAM.0,
+        "the block went to the GC stream"
+    );
+    let mut back = vec![0u8; 4096];
+    f.read(b.lba, &mut back).unwrap();
+    assert_eq!(observe(b.lba, &back), observe(b.lba, &buf));
+}
+
 /// Writes every block in stream 0, tagged from 1; returns the next tag.
 fn fill(f: &MemFtl) -> u64 {
     let mut tag = 1u64;
