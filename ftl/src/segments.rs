@@ -382,12 +382,18 @@ impl Segments {
 
     /// Discard rule 1: takes out of the free list up to `max` free segments waiting for
     /// a discard since `cutoff` or before (all with `None`), oldest first, so that no
-    /// allocation can hand one out while it is discarded. Returns them with their keys,
-    /// for [`Segments::discarded`].
-    pub fn take_for_discard(&self, cutoff: Option<Instant>, max: usize) -> Vec<(u32, u32)> {
+    /// allocation can hand one out while it is discarded. Leaves at least `keep` in the
+    /// free list (discard rule 5). Returns them with their keys, for
+    /// [`Segments::discarded`].
+    pub fn take_for_discard(
+        &self,
+        cutoff: Option<Instant>,
+        max: usize,
+        keep: usize,
+    ) -> Vec<(u32, u32)> {
         let mut t = self.lock();
         let mut out = Vec::new();
-        while out.len() < max {
+        while out.len() < max && t.free.len() > keep {
             if t.undiscarded.first().is_none_or(|&(at, _)| cutoff.is_some_and(|c| at > c)) {
                 break;
             }
@@ -633,7 +639,7 @@ mod tests {
         t.release(&[2, 3], Some(later));
         assert_eq!((t.free_count(), t.undiscarded_count()), (4, 3));
         // Only those waiting since the cutoff or before, oldest first.
-        let taken = t.take_for_discard(Some(now), 8);
+        let taken = t.take_for_discard(Some(now), 8, 0);
         assert_eq!(taken.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1]);
         // Rule 1: while it is discarded, allocation cannot hand it out.
         assert_eq!(t.free_count(), 3);
@@ -644,10 +650,30 @@ mod tests {
         assert!(!got.contains(&1), "allocated {got:?} during the discard of 1");
         // Rule 2: 2 and 3 were allocated before their discard: never discarded.
         assert_eq!(t.undiscarded_count(), 0);
-        assert!(t.take_for_discard(None, 8).is_empty());
+        assert!(t.take_for_discard(None, 8, 0).is_empty());
         t.discarded(&taken);
         assert_eq!(t.allocate(0, 3, 0, false), Some(1));
         assert_eq!(t.state(1), Some(SegState::Open));
+    }
+
+    /// Discard rule 5: the discarder leaves `keep` segments in the free list, however
+    /// many wait for a discard.
+    #[test]
+    fn the_discarder_leaves_the_reserve_in_the_free_list() {
+        let t = Segments::from_records(&Segments::fresh_records(6));
+        let now = Instant::now();
+        for s in 1..6 {
+            assert_eq!(t.allocate(0, 1, 0, false), Some(s));
+            t.close(s);
+        }
+        t.release(&[1, 2, 3, 4, 5], Some(now));
+        assert_eq!((t.free_count(), t.undiscarded_count()), (5, 5));
+        let taken = t.take_for_discard(None, 8, 3);
+        assert_eq!(taken.len(), 2);
+        assert_eq!((t.free_count(), t.undiscarded_count()), (3, 3));
+        assert!(t.take_for_discard(None, 8, 3).is_empty());
+        t.discarded(&taken);
+        assert_eq!(t.take_for_discard(None, 8, 3).len(), 2);
     }
 
     /// Tombstone rule 1 applies to the segments that may hold TRIM records: a segment of

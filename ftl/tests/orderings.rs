@@ -272,6 +272,99 @@ fn a_deferred_discard_leaves_the_segment_head_zeroed() {
     check_tags(&f, &tags, "after the discards");
 }
 
+/// Discard rule 5: the discarder leaves the reserve and one segment more in the free
+/// list. Here the last free segment waits for its discard while a writer needs a new
+/// segment and no cleaner runs: the discard (held) must not take it, or the writer
+/// fails with no space while a segment is free.
+#[test]
+fn a_discard_never_takes_the_reserve_from_a_writer() {
+    let (dev, _idx, f) = gated(deferred_discards());
+    let f = Arc::new(f);
+    let mut tags = kill_the_first_segment(&f);
+    f.checkpoint().unwrap();
+    let cap = f.capacity_blocks();
+    let (mut lba, mut tag) = (0u64, 1_000_000u64);
+    let mut write = |f: &GateFtl, tags: &mut HashMap<u64, u64>| {
+        f.write(lba, &block_for(lba, tag), false, S0)?;
+        tags.insert(lba, tag);
+        tag += 1;
+        lba = (lba + 7) % cap;
+        Ok::<(), Error>(())
+    };
+    // Down to one free segment: the one just freed (the most worn is taken last).
+    while f.free_segments() > 1 {
+        write(&f, &mut tags).unwrap();
+    }
+    assert_eq!(
+        f.undiscarded_segments(),
+        1,
+        "the last free segment waits for its discard"
+    );
+    dev.hold(GateOp::Discard);
+    let discarder = {
+        let f = f.clone();
+        std::thread::spawn(move || f.discard_waiting(true))
+    };
+    let took_it = dev.wait_held(GateOp::Discard, Duration::from_millis(300));
+    // The writer runs into the end of its segment and takes the last free one.
+    let open_of_s0 = |f: &GateFtl| {
+        f.segment_snapshot()
+            .into_iter()
+            .find(|x| x.state == "open" && x.stream == S0.0)
+            .map(|x| x.segment)
+    };
+    let first = open_of_s0(&f);
+    let mut failed = None;
+    for _ in 0..2 * f.geometry().blocks_per_segment() {
+        if let Err(e) = write(&f, &mut tags) {
+            failed = Some(e);
+            break;
+        }
+        if open_of_s0(&f) != first {
+            break;
+        }
+    }
+    dev.release(GateOp::Discard);
+    let discarded = discarder.join().unwrap();
+    assert!(failed.is_none(), "a write failed: {failed:?}");
+    assert_ne!(open_of_s0(&f), first, "the writer opened a new segment");
+    assert!(!took_it, "the discarder took the last free segment");
+    assert_eq!(discarded, 0, "nothing discarded");
+    check_tags(&f, &tags, "after the writes");
+}
+
+/// Discard rule 3 after a discard that failed having done part of its work (here: left
+/// 0xA5 bytes, then reported an error): the segment's first block is zeroed all the same
+/// before it goes back on the free list.
+#[test]
+fn a_failed_deferred_discard_still_leaves_the_segment_head_zeroed() {
+    let (dev, _idx, f) = gated(deferred_discards());
+    let tags = kill_the_first_segment(&f);
+    f.checkpoint().unwrap();
+    let waiting: Vec<u32> = f
+        .segment_snapshot()
+        .iter()
+        .filter(|s| s.state == "free" && s.erase_count > 0)
+        .map(|s| s.segment)
+        .collect();
+    assert!(!waiting.is_empty(), "a dead segment was freed");
+    dev.set_discard_fill(Some(0xA5));
+    dev.set_discard_fails(true);
+    assert_eq!(f.discard_waiting(true), 0, "no discard succeeded");
+    assert_eq!(f.undiscarded_segments(), 0);
+    let geo = *f.geometry();
+    let mut b = vec![0u8; 4096];
+    for &s in &waiting {
+        dev.read_at(geo.segment_start(s) * 4096, &mut b).unwrap();
+        assert!(
+            b.iter().all(|&x| x == 0),
+            "segment {s}'s first block after its failed discard: {:#x}",
+            b[0]
+        );
+    }
+    check_tags(&f, &tags, "after the failed discards");
+}
+
 /// Discard rule 3, its failure: a segment whose first block could not be zeroed after
 /// its deferred discard stays out of the free list (its head may still show its old
 /// use to the log walker), as a checkpoint keeps one out; the FTL is poisoned, the data

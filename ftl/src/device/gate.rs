@@ -39,6 +39,9 @@ struct GateState {
     violations: usize,
     /// What a discard leaves in its range instead of the inner device's discard.
     discard_fill: Option<u8>,
+    /// Discards report an error (after leaving their fill, if any: a discard that did
+    /// part of its work).
+    discard_fails: bool,
 }
 
 /// A device whose operations can be held at a gate (see the module docs).
@@ -62,6 +65,11 @@ impl<D: BlockDevice> GateDevice<D> {
     /// does not read back as zeros: it need not), `None` for the inner device's discard.
     pub fn set_discard_fill(&self, fill: Option<u8>) {
         self.lock().discard_fill = fill;
+    }
+
+    /// From now on discards fail (after doing what they do: their fill, if set).
+    pub fn set_discard_fails(&self, fails: bool) {
+        self.lock().discard_fails = fails;
     }
 
     /// The wrapped device.
@@ -150,14 +158,23 @@ impl<D: BlockDevice> BlockDevice for GateDevice<D> {
     }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.pass(GateOp::Discard, Some((offset, len)));
-        let fill = self.lock().discard_fill;
+        let (fill, fails) = {
+            let g = self.lock();
+            (g.discard_fill, g.discard_fails)
+        };
         match fill {
             Some(b) => {
                 let junk = vec![b; usize::try_from(len).map_err(io::Error::other)?];
-                self.inner.write_at(offset, &junk)
+                self.inner.write_at(offset, &junk)?;
             }
-            None => self.inner.discard(offset, len),
+            None => self.inner.discard(offset, len)?,
         }
+        if fails {
+            return Err(io::Error::other(
+                "injected discard error (after part of it)",
+            ));
+        }
+        Ok(())
     }
     fn raw_fd(&self) -> Option<RawFd> {
         None

@@ -29,7 +29,13 @@
 //!    `a_deferred_discard_leaves_the_segment_head_zeroed`;
 //! 4. (the engine's rule 5, unchanged) a segment reaches the free list, and so the
 //!    discard queue, only through a durable checkpoint or free record that records it
-//!    dead.
+//!    dead;
+//! 5. the discarder leaves the cleaner's reserve and one segment more in the free list:
+//!    while a discard runs, the segments it took are out of reach, and with the reserve
+//!    among them a relocation found no segment (and a writer with no cleaner failed with
+//!    ENOSPC) while free segments existed (found by review, 2026-11-27). Tests:
+//!    `segments::tests::the_discarder_leaves_the_reserve_in_the_free_list`,
+//!    `orderings::a_discard_never_takes_the_reserve_from_a_writer`.
 //!
 //! A crash loses the queue: segments freed and not yet discarded stay allocated on the
 //! backing until they are reused. `Ftl::close` discards everything waiting.
@@ -60,23 +66,21 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         };
         let mut done = 0;
         loop {
-            // Rule 1: out of the free list while discarded.
-            let taken = self.t.segs.take_for_discard(cutoff, DISCARD_BATCH);
+            // Rule 1: out of the free list while discarded. Rule 5: never the reserve.
+            let keep = self.cfg.gc_reserve_segments + 1;
+            let taken = self.t.segs.take_for_discard(cutoff, DISCARD_BATCH, keep);
             if taken.is_empty() {
                 return done;
             }
-            let gone: Vec<u32> = taken
-                .iter()
-                .map(|&(s, _)| s)
-                .filter(|&s| self.discard_segment(s))
-                .collect();
-            done += gone.len();
-            // Rule 3. A failure poisons the FTL (the next write or FLUSH reports it);
-            // the discard itself is advisory and reports nothing. A segment whose
+            let segs: Vec<u32> = taken.iter().map(|&(s, _)| s).collect();
+            done += segs.iter().filter(|&&s| self.discard_segment(s)).count();
+            // Rule 3, for every segment taken: a discard that failed may have done part
+            // of its work. A failure poisons the FTL (the next write or FLUSH reports
+            // it); the discard itself is advisory and reports nothing. A segment whose
             // first block could not be zeroed stays out of the free list, as in
             // `discard_and_release`: its head may still show its old use.
-            let (zeroed, _) = self.zero_heads(&gone);
-            let unzeroed: Vec<u32> = gone
+            let (zeroed, _) = self.zero_heads(&segs);
+            let unzeroed: Vec<u32> = segs
                 .iter()
                 .zip(zeroed)
                 .filter_map(|(&s, ok)| (!ok).then_some(s))
