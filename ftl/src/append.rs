@@ -598,7 +598,7 @@ impl Appender {
     /// blocks from `lba` (at most [`STRIPES`]), under their stripe locks, changing no map
     /// entry; the chunk notes `from` as a segment it killed (tombstone rule 2). Returns
     /// the later runs, which a write since split from the first (each needs an entry of
-    /// its own).
+    /// its own), and whether blocks written since were left out (tombstone rule 4).
     pub fn relog_trim(
         &self,
         t: &Tables,
@@ -606,14 +606,16 @@ impl Appender {
         lba: u64,
         count: u32,
         from: u32,
-    ) -> Result<Vec<(u64, u64)>> {
+    ) -> Result<(Vec<(u64, u64)>, bool)> {
         let Some(chunk) = st.chunk.as_mut() else {
             return Err(Error::Corrupt("trim without an open chunk".into()));
         };
         let _guards = self.lock_stripes(lba, count);
         let mut runs: Vec<(u64, u64)> = Vec::new();
+        let mut skipped = false;
         for l in lba..lba + count as u64 {
             if t.map.get(l)?.is_mapped() {
+                skipped = true;
                 continue;
             }
             match runs.last_mut() {
@@ -622,14 +624,14 @@ impl Appender {
             }
         }
         if runs.is_empty() {
-            return Ok(runs);
+            return Ok((runs, skipped));
         }
         let (start, n) = runs.remove(0);
         // Rule 1, as for any TRIM: numbered and recorded under the stripe locks.
         let seq = self.entry_seq.fetch_add(1, Ordering::SeqCst);
         chunk.push_trim(start, seq, n as u32);
         chunk.note_killed(from);
-        Ok(runs)
+        Ok((runs, skipped))
     }
 
     /// Copies `pba` into `out` when a stream still buffers it (its chunk is not yet on

@@ -50,6 +50,9 @@ pub struct SegTableInner {
     /// Segments of the TRIM stream whose records were carried forward
     /// (`engine/tombstones.rs`); cleared when the segment is freed.
     pub carried: Vec<bool>,
+    /// Of the carried ones, those whose carry left out blocks written since their TRIM
+    /// (tombstone rule 4: only a checkpoint may free them); cleared when freed.
+    pub carry_skipped: Vec<bool>,
     /// Whether a chunk with TRIM records was sealed into the segment, for those opened in
     /// this session by [`Segments::allocate`], whose every chunk [`Segments::note_chunk`]
     /// saw; `None` for the others (an earlier session's, and those recovery took over,
@@ -163,6 +166,7 @@ impl Segments {
         Segments {
             inner: Mutex::new(SegTableInner {
                 carried: vec![false; info.len()],
+                carry_skipped: vec![false; info.len()],
                 trims: vec![None; info.len()],
                 chunk_starts: vec![None; info.len()],
                 info,
@@ -371,6 +375,7 @@ impl Segments {
                 let key = if t.wear_aware { e } else { t.released };
                 t.free.insert((key, s));
                 t.carried[s as usize] = false;
+                t.carry_skipped[s as usize] = false;
                 t.chunk_starts[s as usize] = None;
                 if let Some(at) = undiscarded {
                     t.undiscarded.insert((at, s));
@@ -468,12 +473,26 @@ impl Segments {
             .collect()
     }
 
-    /// Marks a TRIM segment carried (tombstone rule 1).
-    pub fn set_carried(&self, seg: u32) {
+    /// Marks a TRIM segment carried (tombstone rule 1); `skipped`: the carry left out
+    /// blocks written since their TRIM (tombstone rule 4).
+    pub fn set_carried(&self, seg: u32, skipped: bool) {
         let mut t = self.lock();
         if let Some(c) = t.carried.get_mut(seg as usize) {
             *c = true;
         }
+        if let Some(c) = t.carry_skipped.get_mut(seg as usize) {
+            *c = skipped;
+        }
+    }
+
+    /// Whether `seg`'s carry left out blocks written since their TRIM: until a checkpoint
+    /// frees it, no free record may (tombstone rule 4).
+    pub fn carry_skipped(&self, seg: u32) -> bool {
+        self.lock()
+            .carry_skipped
+            .get(seg as usize)
+            .copied()
+            .unwrap_or(false)
     }
 
     /// The smallest `opened_seq` of the allocated segments other than `except` (sorted):
@@ -696,8 +715,9 @@ mod tests {
         t.close(trims);
         assert_eq!(t.uncarried_trim_segments(), vec![trims, 4]);
         assert_eq!(t.dead_closed(), vec![data]);
-        t.set_carried(trims);
-        t.set_carried(4);
+        t.set_carried(trims, false);
+        t.set_carried(4, true);
+        assert!(t.carry_skipped(4) && !t.carry_skipped(trims));
         assert_eq!(t.dead_closed(), vec![data, trims, 4]);
         // Freed and opened again with data only: no carry.
         t.release(&[trims], None);

@@ -430,3 +430,88 @@ fn an_index_older_than_the_log_is_refused_and_the_rebuild_recovers() {
         "the rebuild gives the newest state back"
     );
 }
+
+/// Tombstone rule 4: a carry leaves out a block written since the TRIM (the write wins),
+/// so that write must be durable before the carried segment is freed. Here the write is
+/// still in an open chunk of another stream when a free record frees the TRIM segment,
+/// the power is cut (the write, never acknowledged, is lost), and an index rebuild must
+/// still find the TRIM that hides the block's older data. Found by review: the free
+/// record synced only the chunks that killed the segment, the rebuild handed the
+/// trimmed data back.
+#[test]
+fn a_trim_carried_past_a_write_not_yet_durable_still_hides_the_old_block() {
+    let (dev, idx, f) = tiny_crash();
+    let s1 = StreamId(1);
+    // O, stream 1: LBAs 0..8 (trimmed below) and 50..54 (live: O stays allocated).
+    for l in (0..8).chain(50..54) {
+        f.write(l, &block_for(l, 6), false, s1).unwrap();
+    }
+    f.flush().unwrap();
+    // T, the TRIM stream: the TRIM of 0..8, then data until T is full.
+    f.trim(0, 8).unwrap();
+    let open_of = |f: &CrashFtl, stream: u8| {
+        f.segment_snapshot()
+            .into_iter()
+            .find(|s| s.state == "open" && s.stream == stream)
+            .map(|s| s.segment)
+    };
+    let t = open_of(&f, TRIM_STREAM.0).expect("the TRIM stream's segment");
+    let mut l = 100;
+    while open_of(&f, TRIM_STREAM.0) == Some(t) {
+        f.write(l, &block_for(l, 7), false, TRIM_STREAM).unwrap();
+        l += 1;
+    }
+    f.flush().unwrap();
+    // A process death: the reopen's checkpoint records T closed, not carried.
+    drop(f);
+    let g = tiny::open(&dev, &idx).unwrap();
+    // T's data dies; T is then dead but for its TRIM records.
+    for x in 100..l {
+        g.write(x, &block_for(x, 8), false, s1).unwrap();
+    }
+    g.flush().unwrap();
+    // W: LBA 5 written again, in an open chunk of another stream, not flushed.
+    g.write(5, &block_for(5, 9), false, StreamId(2)).unwrap();
+    g.free_dead().unwrap();
+    // A later sync that seals nothing (another free record's) makes anything the record
+    // did durable. Then the power is cut: W, never flushed, is lost. The index is lost
+    // too.
+    dev.sync().unwrap();
+    let rebuilt_after_cut = || {
+        let cut = Arc::new(CrashDevice::from_image(dev.power_cut_image(1).unwrap()));
+        let (idx2, _) = rebuild_into(&cut);
+        let (h, _) = Ftl::open(cut.clone(), idx2, Config::default()).unwrap();
+        let mut b = vec![0u8; BLOCK_SIZE];
+        (0..8)
+            .map(|x| {
+                h.read(x, &mut b).unwrap();
+                observe(x, &b)
+            })
+            .collect::<Vec<_>>()
+    };
+    let seen = rebuilt_after_cut();
+    for (x, o) in seen.iter().enumerate() {
+        assert!(
+            *o == Observed::Tag(0) || (x == 5 && *o == Observed::Tag(9)),
+            "lba {x}, trimmed and flushed, reads {o:?} after the rebuild"
+        );
+    }
+    // Rule 4: T waits for a checkpoint (W is in stream 2's open chunk)...
+    assert_eq!(g.segment_snapshot()[t as usize].state, "closed", "T waits");
+    assert_eq!(g.dead_segments(), 1, "T is dead");
+    // ... which seals and syncs W, then frees T.
+    g.checkpoint().unwrap();
+    assert_eq!(
+        g.segment_snapshot()[t as usize].state,
+        "free",
+        "T was freed"
+    );
+    dev.sync().unwrap();
+    let mut want = vec![Observed::Tag(0); 8];
+    want[5] = Observed::Tag(9);
+    assert_eq!(
+        rebuilt_after_cut(),
+        want,
+        "W is durable, the other TRIMs hold"
+    );
+}

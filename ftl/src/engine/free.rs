@@ -290,7 +290,10 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
         let in_flight = lock(&self.ckpt.in_flight).is_some();
         dead.iter()
             .filter_map(|&s| {
-                if closed.get(s as usize).copied().unwrap_or(false) {
+                // Tombstone rule 4: a carry that left blocks out waits for a checkpoint.
+                if self.t.segs.carry_skipped(s) {
+                    None
+                } else if closed.get(s as usize).copied().unwrap_or(false) {
                     Some((s, true))
                 } else if !in_flight
                     && (!freed.contains(&s) || recorded.contains_key(&s))

@@ -30,7 +30,14 @@
 //!    chunk (checkpoint rule 1): the carried records are durable BEFORE the segment they
 //!    came from is freed;
 //! 3. freed segments are invisible: checkpoint rule 5 zeroes a freed segment's first
-//!    block, so records older than every allocated segment may be dropped.
+//!    block, so records older than every allocated segment may be dropped;
+//! 4. a segment whose carry left out a block written since its TRIM is freed only by a
+//!    checkpoint, never by a free record (`Segments::carry_skipped`): the write that
+//!    left it out may sit in a chunk still open in another stream, which a free record
+//!    of the segment neither seals nor syncs, and if the power is then cut the write is
+//!    lost (it was never acknowledged) while the TRIM that hid the block's older data is
+//!    gone with its segment: a rebuild handed that data back. A checkpoint seals every
+//!    stream's chunk under the locks and syncs before it frees anything.
 //!
 //! After a restart no segment counts as carried: the closed TRIM segments are carried
 //! again (records of blocks still unmapped are logged twice; nothing else changes).
@@ -103,15 +110,18 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                     }
                 }
             }
-            self.relog_unmapped(seg, ranges)?;
-            self.t.segs.set_carried(seg);
+            let skipped = self.relog_unmapped(seg, ranges)?;
+            // Rule 4: a block left out was written since its TRIM, maybe in a chunk
+            // still open in another stream, which no free record of `seg` seals or
+            // syncs; only a checkpoint (it seals every chunk, then syncs) frees `seg`.
+            self.t.segs.set_carried(seg, skipped);
         }
         Ok(todo.len())
     }
 
     /// Logs a TRIM record for each run of still unmapped blocks of `ranges` (rule 2:
-    /// the chunk notes `from`).
-    fn relog_unmapped(&self, from: u32, ranges: Vec<(u64, u64)>) -> Result<()> {
+    /// the chunk notes `from`). Says whether blocks written since were left out.
+    fn relog_unmapped(&self, from: u32, ranges: Vec<(u64, u64)>) -> Result<bool> {
         let stripes = crate::append::STRIPES as u64;
         let end_of = |lba: u64, n: u64| lba.saturating_add(n).min(self.t.geo.exported_blocks);
         let mut pieces: Vec<(u64, u64)> = Vec::new();
@@ -124,17 +134,19 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 l += n;
             }
         }
+        let mut skipped = false;
         while !pieces.is_empty() {
             let mut rest = Vec::new();
             let todo = std::mem::take(&mut pieces);
             self.append_loop(TRIM_STREAM, todo.len() as u64, false, true, None, |st, i| {
                 let (lba, n) = todo[i as usize];
-                let left = self.log.relog_trim(&self.t, st, lba, n as u32, from)?;
+                let (left, left_out) = self.log.relog_trim(&self.t, st, lba, n as u32, from)?;
+                skipped |= left_out;
                 rest.extend(left);
                 Ok(())
             })?;
             pieces = rest;
         }
-        Ok(())
+        Ok(skipped)
     }
 }
