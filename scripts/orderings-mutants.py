@@ -35,6 +35,7 @@ MAPLIB = "cargo test --release -p ftl --lib map::tests"
 REBUILD = "cargo test --release -p ftl --test rebuild"
 WRITTEN = "cargo test --release -p ftl --lib a_written_chunk_never_answers"
 MOVED = "cargo test --release -p ftl --lib a_buffered_block_that_moved"
+NOROOM = "cargo test --release -p ftl --lib a_segment_freed_while_a_writer_finds_no_room"
 
 # (id, rule, file, [(old text, new text), ...], tests)
 MUTANTS = [
@@ -165,6 +166,11 @@ MUTANTS = [
      "ftl/src/engine/discard.rs",
      [("""            let keep = self.cfg.gc_reserve_segments + 1;""", """            let keep = 0;""")],
      [ORDERINGS]),
+    ("space-wait", "a writer waits for space from the generation it saw when it found no room",
+     "ftl/src/engine/mod.rs",
+     [("""                if !self.space.wait(no_room_at, self.cfg.space_wait) {""",
+       """                if !self.space.wait(self.space.generation(), self.cfg.space_wait) {""")],
+     [NOROOM]),
     ("checkpoint-6", "checkpoint rule 6: free records are removed in the batch that supersedes them",
      "ftl/src/engine/checkpoint.rs",
      [("""            for &s in &superseded {

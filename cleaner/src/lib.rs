@@ -34,4 +34,32 @@ pub enum Error {
     UnknownPolicy(String),
     #[error("cannot start a checkpoint thread: {0}")]
     CheckpointThread(std::io::Error),
+    /// Cleaning one victim failed: a block of it did not read back (an I/O error, a
+    /// checksum that does not match) or its summaries are unreadable. The cleaner leaves
+    /// that victim for a while and cleans others (`slice::SHUN_FOR`).
+    #[error("cleaning segment {victim}: {source}")]
+    Victim {
+        victim: u32,
+        #[source]
+        source: ftl::Error,
+    },
+}
+
+impl Error {
+    /// Wraps an FTL error met while cleaning `victim`.
+    pub(crate) fn of_victim(victim: u32) -> impl FnOnce(ftl::Error) -> Error {
+        move |source| Error::Victim { victim, source }
+    }
+
+    /// Whether the error belongs to the victim (so that cleaning others may succeed):
+    /// not running out of space, not a device that no longer takes writes.
+    pub fn victim_at_fault(&self) -> Option<u32> {
+        match self {
+            Error::Victim { victim, source } => match source {
+                ftl::Error::NoSpace | ftl::Error::ReadOnly(_) => None,
+                _ => Some(*victim),
+            },
+            _ => None,
+        }
+    }
 }

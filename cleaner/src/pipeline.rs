@@ -133,7 +133,10 @@ fn choose<D: BlockDevice, I: IndexStore>(
     let blocks = if whole {
         None
     } else {
-        Some(ftl.live_blocks(victim)?)
+        Some(
+            ftl.live_blocks(victim)
+                .map_err(crate::Error::of_victim(victim))?,
+        )
     };
     Ok(Some(Chosen {
         victim,
@@ -163,26 +166,32 @@ fn finish<D: BlockDevice, I: IndexStore>(
     let mut read_ns = 0;
     let mut reads = ftl::ReadCount::default();
     let mut loaded = None;
+    let at_fault = crate::Error::of_victim;
     let mut blocks = match (chosen.blocks, buf.as_deref_mut()) {
         (Some(blocks), _) => blocks,
         (None, Some(buf)) => {
             let r = Instant::now();
-            reads = ftl.read_window(first_window * window_blocks, buf)?;
+            reads = ftl
+                .read_window(first_window * window_blocks, buf)
+                .map_err(at_fault(victim))?;
             read_ns = r.elapsed().as_nanos() as u64;
             loaded = Some(first_window);
             let within = (ftl.geometry().segment_start(victim) - first_window * window_blocks)
                 as usize
                 * BLOCK_SIZE;
-            ftl.live_blocks_in(victim, &buf[within..])?
+            ftl.live_blocks_in(victim, &buf[within..])
+                .map_err(at_fault(victim))?
         }
-        (None, None) => ftl.live_blocks(victim)?,
+        (None, None) => ftl.live_blocks(victim).map_err(at_fault(victim))?,
     };
     blocks.sort_by_key(window_of);
     if let (Some(buf), None) = (buf, loaded) {
         let r = Instant::now();
         if let Some(w) = blocks.first().map(window_of).filter(|&w| w != u64::MAX) {
             let n = blocks.iter().take_while(|b| window_of(b) == w).count();
-            reads = ftl.read_live_window(w * window_blocks, &blocks[..n], buf)?;
+            reads = ftl
+                .read_live_window(w * window_blocks, &blocks[..n], buf)
+                .map_err(at_fault(victim))?;
             loaded = Some(w);
         }
         read_ns = r.elapsed().as_nanos() as u64;
@@ -248,7 +257,8 @@ impl WearBudget {
 /// A request to the prefetch thread, and its answer (with the buffer it was given).
 struct Request {
     policy: Policy,
-    exclude: u32,
+    /// The cleaner's current victim and those it left after a failure.
+    exclude: Vec<u32>,
     buf: AlignedBuf,
 }
 type Answer = (Result<Option<Prepared>, crate::Error>, AlignedBuf);
@@ -299,7 +309,7 @@ impl Prefetcher {
                 // its reads (a choice took 1.4-1.8 ms of dependent summary reads, and
                 // 0.7-1.2 ms in one batch). If the picker cannot be started, every
                 // victim is chosen here when asked for, as before it existed.
-                let (job_tx, job_rx) = mpsc::channel::<(Policy, [u32; 2])>();
+                let (job_tx, job_rx) = mpsc::channel::<(Policy, Vec<u32>)>();
                 let (chosen_tx, chosen_rx) = mpsc::channel::<Choice>();
                 let (pftl, pbudget) = (ftl.clone(), budget.clone());
                 let picker =
@@ -325,15 +335,17 @@ impl Prefetcher {
                     let chosen = match ahead {
                         Some(Ok(Some(c)))
                             if c.policy == r.policy
-                                && c.victim != r.exclude
+                                && !r.exclude.contains(&c.victim)
                                 && c.at.elapsed() <= ahead_max_age =>
                         {
                             Ok(Some(Chosen { ahead: true, ..c }))
                         }
-                        _ => choose(&ftl, &budget, r.policy, &[r.exclude], wb, true, false),
+                        _ => choose(&ftl, &budget, r.policy, &r.exclude, wb, true, false),
                     };
                     if let (Ok(Some(c)), Ok(_)) = (&chosen, &picker) {
-                        asked = job_tx.send((r.policy, [c.victim, r.exclude])).is_ok();
+                        let mut ex = r.exclude.clone();
+                        ex.push(c.victim);
+                        asked = job_tx.send((r.policy, ex)).is_ok();
                     }
                     let p = chosen
                         .and_then(|c| c.map(|c| finish(&ftl, c, wb, Some(&mut r.buf))).transpose());
@@ -379,12 +391,13 @@ impl Prefetcher {
         }
     }
 
-    /// Asks for the best victim under `policy` other than `current`.
-    pub(crate) fn request(&mut self, policy: Policy, current: u32) {
+    /// Asks for the best victim under `policy` other than those of `exclude` (the
+    /// current one, and any the cleaner left after a failure).
+    pub(crate) fn request(&mut self, policy: Policy, exclude: Vec<u32>) {
         if let Some(buf) = self.spare.take() {
             match self.tx.send(Request {
                 policy,
-                exclude: current,
+                exclude,
                 buf,
             }) {
                 Ok(()) => self.pending = true,
@@ -425,10 +438,10 @@ mod tests {
         // Two victims asked for in a row under greedy, the second naming the first as
         // the cleaner's current one.
         let mut two = |pf: &mut Prefetcher| {
-            pf.request(Policy::Greedy, 0);
+            pf.request(Policy::Greedy, vec![0]);
             let a = pf.take(Policy::Greedy, &mut window).expect("a victim");
             std::thread::sleep(Duration::from_millis(5));
-            pf.request(Policy::Greedy, a.victim);
+            pf.request(Policy::Greedy, vec![a.victim]);
             let b = pf
                 .take(Policy::Greedy, &mut window)
                 .expect("a second victim");
@@ -448,7 +461,7 @@ mod tests {
         let (_, b2) = two(&mut stale);
         assert!(!b2.ahead, "a stale choice was used");
         // Nor is a choice made under another policy.
-        pf.request(Policy::CostBenefit, b.victim);
+        pf.request(Policy::CostBenefit, vec![b.victim]);
         let c = pf
             .take(Policy::CostBenefit, &mut window)
             .expect("a third victim");

@@ -14,6 +14,14 @@ use std::time::{Duration, Instant};
 /// Largest window of a victim read at once (smaller segments are read whole).
 const WINDOW_BYTES: u64 = 8 << 20;
 
+/// How long the cleaner leaves a victim whose cleaning failed ([`crate::Error::Victim`]:
+/// a block that does not read back, unreadable summaries) before it tries it again. A
+/// block whose checksum fails stays failed, and the victim, whose live blocks score it
+/// best, was picked again at every turn: the cleaner stopped freeing space and writers
+/// ran into ENOSPC (found by review, 2026-11-27). Its other live blocks stay where they
+/// are meanwhile; an unreadable one reads as EIO, as before.
+pub const SHUN_FOR: Duration = Duration::from_secs(60);
+
 /// How much one slice may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
@@ -84,6 +92,8 @@ pub struct CleanerStats {
     /// Victims taken from the prefetcher, and nanoseconds the cleaner waited for it.
     pub prefetched: u64,
     pub prefetch_wait_ns: u64,
+    /// Victims left after a failure to clean them ([`SHUN_FOR`]).
+    pub victims_abandoned: u64,
     /// Victims the picker thread chose and listed while the one before was read (their
     /// `pick_ns` was off the cleaner's path).
     pub chosen_ahead: u64,
@@ -154,6 +164,8 @@ pub struct Cleaner<D: BlockDevice, I: IndexStore> {
     gc_stream: Box<dyn Fn(u64) -> StreamId + Send>,
     pub stats: CleanerStats,
     wear: crate::pipeline::WearBudget,
+    /// Victims whose cleaning failed, and since when they are left alone ([`SHUN_FOR`]).
+    shunned: Vec<(u32, Instant)>,
     /// Utilisation (live / blocks per segment) of each victim when it was picked.
     pub victim_utilization: Vec<f32>,
 }
@@ -172,6 +184,7 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
             gc_stream: Box::new(|_| GC_STREAM),
             stats: CleanerStats::default(),
             wear: Default::default(),
+            shunned: Vec::new(),
             victim_utilization: Vec::new(),
         }
     }
@@ -208,22 +221,43 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
         Ok(())
     }
 
-    /// The prefetched victim, if one was asked for under `policy` and is recent; its
-    /// buffer becomes the window buffer.
+    /// The prefetched victim, if one was asked for under `policy`, is recent and was not
+    /// left after a failure meanwhile; its buffer becomes the window buffer.
     fn take_prefetched(&mut self, policy: Policy) -> Option<Prepared> {
+        let shunned = self.shunned();
         let pf = self.prefetch.as_mut()?;
         let t = Instant::now();
         let taken = pf.take(policy, &mut self.window);
         self.stats.prefetch_wait_ns += t.elapsed().as_nanos() as u64;
+        let taken = taken.filter(|p| !shunned.contains(&p.victim));
         self.stats.prefetched += u64::from(taken.is_some());
         taken
     }
 
     /// Asks the prefetcher for the victim after `current`.
     fn prefetch_next(&mut self, policy: Policy, current: u32) {
+        let mut exclude = self.shunned();
+        exclude.push(current);
         if let Some(pf) = self.prefetch.as_mut() {
-            pf.request(policy, current);
+            pf.request(policy, exclude);
         }
+    }
+
+    /// The victims left after a failure, those left for [`SHUN_FOR`] dropped.
+    fn shunned(&mut self) -> Vec<u32> {
+        self.shunned.retain(|(_, at)| at.elapsed() < SHUN_FOR);
+        self.shunned.iter().map(|&(v, _)| v).collect()
+    }
+
+    /// Leaves `victim` for [`SHUN_FOR`] after a failure to clean it: its context is
+    /// dropped and no pick takes it meanwhile.
+    fn abandon(&mut self, victim: u32) {
+        if self.ctx.as_ref().is_some_and(|c| c.victim == victim) {
+            self.ctx = None;
+        }
+        self.shunned.retain(|&(v, _)| v != victim);
+        self.shunned.push((victim, Instant::now()));
+        self.stats.victims_abandoned += 1;
     }
 
     /// Sends the chunks relocations sealed to the writer thread (or writes them here).
@@ -247,8 +281,23 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
         self.ctx.as_ref().map(|c| c.victim)
     }
 
-    /// Runs one slice. `foreground_waiting` is asked when the budget is spent.
+    /// Runs one slice. `foreground_waiting` is asked when the budget is spent. A victim
+    /// whose cleaning fails ([`crate::Error::victim_at_fault`]) is left for [`SHUN_FOR`]
+    /// and the error returned; the next slice cleans another.
     pub fn run_slice(
+        &mut self,
+        policy: Policy,
+        budget: Budget,
+        foreground_waiting: &dyn Fn() -> bool,
+    ) -> Result<SliceEnd, crate::Error> {
+        let r = self.slice(policy, budget, foreground_waiting);
+        if let Some(victim) = r.as_ref().err().and_then(|e| e.victim_at_fault()) {
+            self.abandon(victim);
+        }
+        r
+    }
+
+    fn slice(
         &mut self,
         policy: Policy,
         budget: Budget,
@@ -260,7 +309,8 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                 Some(p) => p,
                 None => {
                     let wb = self.window_blocks;
-                    match prepare(&self.ftl, &self.wear, policy, &[], wb, None)? {
+                    let shunned = self.shunned();
+                    match prepare(&self.ftl, &self.wear, policy, &shunned, wb, None)? {
                         Some(p) => p,
                         None => return Ok(SliceEnd::NoVictim),
                     }
@@ -314,6 +364,7 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
             // reads), then relocate each with a compare-and-swap: blocks the user rewrote
             // meanwhile stay.
             let b = ctx.blocks[ctx.next];
+            let victim = ctx.victim;
             let wb = self.window_blocks;
             let window = b.entry.pba().map(|p| p as u64 / wb);
             if let Some(w) = window.filter(|&w| ctx.loaded != Some(w)) {
@@ -323,16 +374,14 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                     .position(|x| x.entry.pba().map(|p| p as u64 / wb) != Some(w))
                     .map_or(ctx.blocks.len(), |k| ctx.next + k);
                 ctx.loaded = None;
-                let reads = self.ftl.read_live_window(
-                    w * wb,
-                    &ctx.blocks[ctx.next..end],
-                    &mut self.window,
-                )?;
+                let reads = self
+                    .ftl
+                    .read_live_window(w * wb, &ctx.blocks[ctx.next..end], &mut self.window)
+                    .map_err(crate::Error::of_victim(victim))?;
                 ctx.loaded = Some(w);
                 self.stats.read_ns += t.elapsed().as_nanos() as u64;
                 self.stats.count_reads(reads);
             }
-            ctx.next += 1;
             let t = Instant::now();
             let moved_now = match (b.entry.pba(), window) {
                 (Some(p), Some(w)) => {
@@ -346,10 +395,15 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                         &mut self.pending,
                     );
                     self.hand_over_pending()?;
-                    moved?
+                    moved.map_err(crate::Error::of_victim(victim))?
                 }
                 _ => false,
             };
+            // Past the block only once it moved or needed no move: a slice that failed
+            // on it (out of space) tries it again.
+            if let Some(ctx) = self.ctx.as_mut() {
+                ctx.next += 1;
+            }
             if moved_now {
                 self.stats.blocks_copied += 1;
                 moved += 1;
@@ -385,5 +439,69 @@ mod tests {
             (3.0, 3.5, 2.0, 0.5)
         );
         assert_eq!((t.reads, t.read_kib), (25.0, 1024.0));
+    }
+
+    /// A victim with a block that does not read back (its checksum fails) is left for
+    /// [`SHUN_FOR`]: the slice fails once, and the next slices clean other victims
+    /// instead of taking it again at every turn (the cleaner stopped freeing space, and
+    /// writers ran into ENOSPC). The block still reads as EIO, its neighbours moved or not.
+    #[test]
+    fn a_victim_with_an_unreadable_block_is_left_and_others_are_cleaned() {
+        use ftl::model::{block_for, mem_ftl};
+        let opts = ftl::FormatOptions {
+            segment_bytes: Some(64 << 10),
+            ..Default::default()
+        };
+        let (dev, _, f) = mem_ftl(64 * (64 << 10), &opts);
+        let f = Arc::new(f);
+        let geo = *f.geometry();
+        let n = 6 * geo.blocks_per_segment() as u64;
+        for l in 0..n {
+            f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
+        }
+        f.flush().unwrap();
+        let seg_of = |l: u64| geo.segment_of(f.map_entry(l).unwrap().pba().unwrap() as u64);
+        // B: every block but x overwritten (the best victim by far), x corrupted.
+        let x = 0;
+        let bad = seg_of(x);
+        let in_b: Vec<u64> = (0..n).filter(|&l| l != x && seg_of(l) == bad).collect();
+        // Others: every other block of the rest overwritten.
+        let halves: Vec<u64> = (0..n).filter(|&l| seg_of(l) != bad && l % 2 == 0).collect();
+        for &l in in_b.iter().chain(&halves) {
+            f.write(l, &block_for(l, 2), false, StreamId(1)).unwrap();
+        }
+        f.flush().unwrap();
+        let pba = f.map_entry(x).unwrap().pba().unwrap() as u64;
+        ftl::BlockDevice::write_at(&*dev, pba * BLOCK_SIZE as u64, &[0xEE; BLOCK_SIZE]).unwrap();
+        let mut c = Cleaner::new(f.clone());
+        let first = c.run_slice(Policy::Greedy, Budget::unbounded(), &|| false);
+        match first {
+            Err(crate::Error::Victim {
+                victim,
+                source: ftl::Error::DataChecksum { lba, .. },
+            }) => assert_eq!((victim, lba), (bad, x)),
+            other => panic!("the bad block fails its victim: {other:?}"),
+        }
+        let mut cleaned = Vec::new();
+        for _ in 0..4 {
+            match c.run_slice(Policy::Greedy, Budget::unbounded(), &|| false) {
+                Ok(SliceEnd::Finished { victim, .. }) => cleaned.push(victim),
+                other => panic!("a slice after the failure: {other:?}"),
+            }
+        }
+        assert!(
+            !cleaned.contains(&bad),
+            "the failed victim was taken again: {cleaned:?}"
+        );
+        assert_eq!(c.stats.victims_abandoned, 1);
+        let mut b = vec![0u8; BLOCK_SIZE];
+        assert!(matches!(
+            f.read(x, &mut b),
+            Err(ftl::Error::DataChecksum { lba: 0, .. })
+        ));
+        for &l in &halves {
+            f.read(l, &mut b).unwrap();
+            assert_eq!(ftl::model::observe(l, &b), ftl::model::Observed::Tag(2));
+        }
     }
 }

@@ -681,6 +681,9 @@ pub(crate) mod tests {
         /// Test hook: a read's `locate` on this thread says it arrived right after its
         /// map lookup, and waits for "go" before it looks in the buffers.
         pub(crate) static PARK_AFTER_LOOKUP: Park = const { RefCell::new(None) };
+        /// Test hook: `append_loop` on this thread says it arrived once it found no
+        /// room and wrote what it sealed, and waits for "go" before it waits for space.
+        pub(crate) static PARK_ON_NO_ROOM: Park = const { RefCell::new(None) };
     }
 
     /// A parking place: a channel to say "here", one to wait for "go". A test that

@@ -122,14 +122,25 @@ impl SpaceWaiters {
         self.cleaner_attached.load(Ordering::SeqCst)
     }
 
-    /// Waits up to `limit` for segments to be freed while a cleaner is attached. False
-    /// when none is, or nothing was freed in time.
-    pub fn wait(&self, limit: Duration) -> bool {
+    /// How many times segments were freed so far (or the FTL failed): a writer that found
+    /// no room notes it under its stream lock, and [`SpaceWaiters::wait`] from it returns
+    /// at once if segments were freed since, however long the writer took to get there.
+    pub fn generation(&self) -> u64 {
+        *lock(&self.generation)
+    }
+
+    /// Waits up to `limit` for segments to be freed after [`SpaceWaiters::generation`]
+    /// said `since`, while a cleaner is attached. False when none is, or nothing was
+    /// freed in time. (Waiting from the generation at the call missed a segment freed
+    /// while the writer, having found no room, wrote the chunks it had sealed: it waited
+    /// for the next one, and with none in `limit` failed with ENOSPC while a segment was
+    /// free; found by review, 2026-11-27.)
+    pub fn wait(&self, since: u64, limit: Duration) -> bool {
         if !self.attached() {
             return false;
         }
         let began = Instant::now();
-        let freed = self.wait_for_free(limit);
+        let freed = self.wait_from(since, limit);
         let waited = began.elapsed().as_nanos() as u64;
         self.space_wait_ns.fetch_add(waited, Ordering::Relaxed);
         freed
@@ -147,9 +158,15 @@ impl SpaceWaiters {
     /// and not counted among the writers' waits (the cleaner's own, `append_loop`). False
     /// when nothing was freed in time.
     pub fn wait_for_free(&self, limit: Duration) -> bool {
+        let start = self.generation();
+        self.wait_from(start, limit)
+    }
+
+    /// Waits up to `limit` for the generation to move past `start`; true at once if it
+    /// already did.
+    fn wait_from(&self, start: u64, limit: Duration) -> bool {
         let deadline = Instant::now() + limit;
         let mut g = lock(&self.generation);
-        let start = *g;
         while *g == start {
             let now = Instant::now();
             if now >= deadline {
@@ -237,25 +254,40 @@ mod tests {
     #[test]
     fn waiting_for_space_needs_a_cleaner_and_ends_on_notify() {
         let s = std::sync::Arc::new(SpaceWaiters::default());
-        assert!(!s.wait(Duration::from_secs(5)), "no cleaner: no wait");
+        assert!(
+            !s.wait(s.generation(), Duration::from_secs(5)),
+            "no cleaner: no wait"
+        );
         s.attach(true);
-        assert!(!s.wait(Duration::from_millis(20)), "nothing freed in time");
+        assert!(
+            !s.wait(s.generation(), Duration::from_millis(20)),
+            "nothing freed in time"
+        );
         let s2 = s.clone();
-        let t = std::thread::spawn(move || s2.wait(Duration::from_secs(30)));
-        // Notified until it returns: a notify before it started waiting is not seen.
+        let t = std::thread::spawn(move || s2.wait(s2.generation(), Duration::from_secs(30)));
+        // Notified until it returns: a notify before it read the generation is not seen.
         while !t.is_finished() {
             s.notify();
             std::thread::sleep(Duration::from_millis(5));
         }
         assert!(t.join().unwrap(), "woken by notify");
         assert!(s.wait_ns().1 > 0);
+        // A notify after the generation was read and before the wait began is seen.
+        let seen = s.generation();
+        s.notify();
+        let began = std::time::Instant::now();
+        assert!(
+            s.wait(seen, Duration::from_secs(30)),
+            "freed since it was seen"
+        );
+        assert!(began.elapsed() < Duration::from_secs(1), "returned at once");
     }
 
     #[test]
     fn the_longest_stall_is_taken_once() {
         let s = SpaceWaiters::default();
         s.attach(true);
-        assert!(!s.wait(Duration::from_millis(2)));
+        assert!(!s.wait(s.generation(), Duration::from_millis(2)));
         assert_eq!(
             s.take_longest_stall(),
             Duration::ZERO,

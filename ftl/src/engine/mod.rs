@@ -367,6 +367,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         // Since when this writer has waited for free segments (its stall ends when it has
         // one; the cleaner's runner follows the longest, `Space::note_stall`).
         let mut stalled: Option<std::time::Instant> = None;
+        // The space generation when this writer last found no room (under the stream
+        // lock), so that a segment freed while it writes its sealed chunks is not missed.
+        let mut no_room_at = 0;
         while i < items {
             let mut out = Vec::new();
             let mut need_space = false;
@@ -385,6 +388,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                         }
                         Ok(Room::NeedSpace) => {
                             need_space = true;
+                            no_room_at = self.space.generation();
                             break;
                         }
                         Ok(Room::NeedBuffer) => {
@@ -407,6 +411,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 }
             }
             emit(out, &mut defer)?;
+            #[cfg(test)]
+            if need_space {
+                crate::append::tests::maybe_park(&crate::append::tests::PARK_ON_NO_ROOM);
+            }
             if need_buffer || need_space {
                 // Rule 7.
                 if let Some(d) = defer.as_deref_mut() {
@@ -476,7 +484,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                     return Err(Error::NoSpace);
                 }
                 let since = *stalled.get_or_insert_with(std::time::Instant::now);
-                if !self.space.wait(self.cfg.space_wait) {
+                if !self.space.wait(no_room_at, self.cfg.space_wait) {
                     self.space.note_stall(since.elapsed());
                     return Err(Error::NoSpace);
                 }
@@ -969,6 +977,57 @@ mod tests {
         here.recv_timeout(Duration::from_secs(30))
             .expect("the thread reaches its hook and parks");
         (go, t)
+    }
+
+    /// A writer that found no room notes the space generation under its stream lock: a
+    /// segment freed while it then writes the chunks it sealed (here: while it is parked
+    /// there) is not missed. Waiting from the generation at the wait, it waited for the
+    /// next segment freed, and with none within `space_wait` failed with ENOSPC while a
+    /// segment was free (found by review).
+    #[test]
+    fn a_segment_freed_while_a_writer_finds_no_room_is_not_missed() {
+        use crate::append::tests::PARK_ON_NO_ROOM;
+        let (dev, idx, f) = small_ftl();
+        f.close().unwrap();
+        drop(f);
+        let cfg = crate::Config {
+            space_wait: Duration::from_secs(1),
+            ..crate::model::test_config()
+        };
+        let (f, _) = super::Ftl::open(dev, idx, cfg).unwrap();
+        f.attach_cleaner(true);
+        let f = Arc::new(f);
+        let cap = f.capacity_blocks();
+        // Written in order, again and again: whole segments die.
+        let mut x = 0u64;
+        let mut next_lba = move || {
+            x += 1;
+            x % cap
+        };
+        while f.free_segments() > f.gc_reserve_segments() {
+            let l = next_lba();
+            f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
+        }
+        let f2 = f.clone();
+        let (go, writer) = run_parked(&PARK_ON_NO_ROOM, move || {
+            // Writes until the write that parked (the hook is taken when used) returns.
+            let started = std::time::Instant::now();
+            loop {
+                let l = next_lba();
+                let r = f2.write(l, &block_for(l, 2), false, StreamId(1));
+                let parked = PARK_ON_NO_ROOM.with(|p| p.borrow().is_none());
+                if r.is_err() || parked {
+                    return (r, started.elapsed());
+                }
+            }
+        });
+        // Parked after it found no room: the test frees dead segments meanwhile.
+        let freed = f.free_dead().unwrap().segments_freed;
+        assert!(freed > 0, "dead segments were freed");
+        go.send(()).expect("the parked thread waits for its go");
+        let (r, took) = writer.join().unwrap();
+        assert!(r.is_ok(), "the write after the free failed: {r:?}");
+        assert!(took < Duration::from_millis(900), "the writer waited {took:?}");
     }
 
     /// A small FTL where users wrote (tag 1, stream 1) and flushed LBAs `0..n`: a
