@@ -560,7 +560,12 @@ impl Appender {
         idx.iter().map(|&i| lock(&self.stripes[i])).collect()
     }
 
-    /// Unmaps at most [`STRIPES`] blocks under their stripe locks and logs one record.
+    /// Unmaps at most [`STRIPES`] blocks under their stripe locks and logs one record,
+    /// unless none of them is mapped: then there is nothing a record could hide (an
+    /// older TRIM record that unmapped them is in the log, and is carried as long as it
+    /// hides something), and nothing is logged. TRIMs of unmapped ranges (a guest's
+    /// repeated discards) filled TRIM segments that nothing freed, since no data died
+    /// and no checkpoint fell due, until writers ran into ENOSPC (found by review).
     pub fn trim_piece(&self, t: &Tables, st: &mut StreamLog, lba: u64, count: u32) -> Result<()> {
         let Some(chunk) = st.chunk.as_mut() else {
             return Err(Error::Corrupt("trim without an open chunk".into()));
@@ -568,6 +573,16 @@ impl Appender {
         let _guards = self.lock_stripes(lba, count);
         // The pages are read in before anything changes (a miss can fail).
         t.map.prefetch(lba, count as u64)?;
+        let mut any = false;
+        for l in lba..lba + count as u64 {
+            if t.map.get(l)?.is_mapped() {
+                any = true;
+                break;
+            }
+        }
+        if !any {
+            return Ok(());
+        }
         // Rule 1, as for data.
         let seq = self.entry_seq.fetch_add(1, Ordering::SeqCst);
         for l in lba..lba + count as u64 {

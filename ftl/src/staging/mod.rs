@@ -36,7 +36,13 @@
 //!    them (and recovery syncs them, with the rest it rolled forward, BEFORE the open
 //!    checkpoint names them); the area is reset for the new session only AFTER that
 //!    checkpoint committed (a crash in between replays the same slots again, with the
-//!    same bytes).
+//!    same bytes);
+//! 5. an area reset in another boot of the machine is ignored: it is the image of a
+//!    volatile cache that a power cut (or any reboot) voided. On tmpfs the file is gone
+//!    after a reboot anyway; elsewhere (`FTLBLK_RUN_DIR` on a disk, a container whose
+//!    `/run` is not tmpfs) a stale copy of it survived, and replaying its slots wrote
+//!    chunks older than the FLUSH-acknowledged ones at the same places over them (found
+//!    by review, 2026-11-27). Test: `process_crash::an_area_from_another_boot_is_ignored`.
 //!
 //! ## Layout (little-endian; the file is `4096 + slots * SLOT_BYTES` bytes)
 //! ```text
@@ -50,7 +56,10 @@
 //!  40  u32      SLOT_BYTES
 //!  44  u32      crc32c of bytes 0..44
 //!  48  u64      next-chunk mark: every chunk number handed out is below it (atomic)
-//!  56  ...      zero
+//!  56  [u8; 16] boot id of the machine when the area was reset (`/proc/sys/kernel/
+//!               random/boot_id`; zero: unknown, as an older build left it), outside
+//!               the crc: rule 5
+//!  72  ...      zero
 //! slot i at 4096 + i * SLOT_BYTES:
 //!   meta, 8192 bytes
 //!     0  u32  state: 0 free, 1 open, 2 sealed (atomic)
@@ -116,6 +125,33 @@ pub mod header_offsets {
     /// crc32c of bytes `0..CRC`.
     pub const CRC: usize = 44;
     pub const NEXT_CHUNK_MARK: usize = 48;
+    /// Rule 5; 16 bytes, not covered by the crc.
+    pub const BOOT_ID: usize = 56;
+}
+
+/// This machine's boot id (`/proc/sys/kernel/random/boot_id`, a UUID), or zeros when it
+/// cannot be read (then no area is taken for another boot's).
+pub fn boot_id() -> [u8; 16] {
+    static ID: std::sync::OnceLock<[u8; 16]> = std::sync::OnceLock::new();
+    *ID.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .ok()
+            .and_then(|t| parse_uuid(t.trim()))
+            .unwrap_or([0; 16])
+    })
+}
+
+/// The 16 bytes of a UUID in its text form (dashes anywhere are skipped).
+fn parse_uuid(t: &str) -> Option<[u8; 16]> {
+    let hex: Vec<u8> = t.bytes().filter(|&b| b != b'-').collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (o, pair) in out.iter_mut().zip(hex.chunks(2)) {
+        *o = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(out)
 }
 use header_offsets as h_at;
 
@@ -392,6 +428,21 @@ impl StagingArea {
         AreaHeader::Owned(AreaOwner { uuid, epoch })
     }
 
+    /// Rule 5: whether the area was reset in another boot of the machine (both boot ids
+    /// known and different).
+    pub fn from_another_boot(&self) -> bool {
+        let recorded = self.bytes(h_at::BOOT_ID, 16);
+        let now = boot_id();
+        recorded.iter().any(|&b| b != 0) && now.iter().any(|&b| b != 0) && recorded != now
+    }
+
+    /// Records `id` as the boot the area was reset in: for tests, an area left by
+    /// another boot (rule 5).
+    #[doc(hidden)]
+    pub fn set_boot_id(&self, id: [u8; 16]) {
+        self.bytes_mut(h_at::BOOT_ID, 16).copy_from_slice(&id);
+    }
+
     /// The owner recorded in the header, if the header is intact and of this layout.
     pub fn owner(&self) -> Option<AreaOwner> {
         match self.header() {
@@ -432,6 +483,7 @@ impl StagingArea {
         put(h, h_at::CRC, &crc.to_le_bytes());
         self.atomic64(h_at::NEXT_CHUNK_MARK)
             .store(next_chunk_seq, Ordering::Release);
+        self.set_boot_id(boot_id());
     }
 
     /// A free slot, if one is left.

@@ -26,7 +26,7 @@ pub struct StagedReport {
     pub open_chunks: u64,
     /// Entries in those chunks.
     pub entries: u64,
-    /// The area belonged to another format or session and was ignored.
+    /// The area belonged to another format, session or boot and was ignored.
     pub ignored_stale: bool,
 }
 
@@ -41,7 +41,9 @@ pub fn replay<D: BlockDevice>(
 ) -> Result<StagedReport> {
     let mut report = StagedReport::default();
     match area.header() {
-        AreaHeader::Owned(o) if o.uuid == sb.uuid && o.epoch == ck_epoch => {}
+        // Rule 5: not an area another boot left.
+        AreaHeader::Owned(o)
+            if o.uuid == sb.uuid && o.epoch == ck_epoch && !area.from_another_boot() => {}
         AreaHeader::Owned(_) => {
             report.ignored_stale = true;
             return Ok(report);

@@ -221,7 +221,10 @@ fn the_named_offsets_are_the_drawn_table() {
     use super::slot_offsets as s;
     let named = [h::MAGIC, h::VERSION, h::SLOTS, h::UUID, h::EPOCH];
     assert_eq!(named, [0, 8, 12, 16, 32]);
-    assert_eq!([h::SLOT_BYTES, h::CRC, h::NEXT_CHUNK_MARK], [40, 44, 48]);
+    assert_eq!(
+        [h::SLOT_BYTES, h::CRC, h::NEXT_CHUNK_MARK, h::BOOT_ID],
+        [40, 44, 48, 56]
+    );
     let named = [
         s::STATE,
         s::COUNT,
@@ -249,7 +252,7 @@ fn the_header_fields_sit_at_their_named_offsets() {
     use super::header_offsets as h;
     let a = StagingArea::in_memory(3).unwrap();
     a.reset(owner(), 9);
-    let b = a.bytes(0, h::NEXT_CHUNK_MARK + 8);
+    let b = a.bytes(0, h::BOOT_ID + 16);
     let at = |off: usize, v: &[u8]| assert_eq!(&b[off..off + v.len()], v, "offset {off}");
     at(h::MAGIC, b"FTLSTAGE");
     at(h::VERSION, &2u16.to_le_bytes());
@@ -259,4 +262,28 @@ fn the_header_fields_sit_at_their_named_offsets() {
     at(h::SLOT_BYTES, &(SLOT_BYTES as u32).to_le_bytes());
     at(h::CRC, &crc32c::crc32c(&b[..h::CRC]).to_le_bytes());
     at(h::NEXT_CHUNK_MARK, &9u64.to_le_bytes());
+    at(h::BOOT_ID, &super::boot_id());
+    assert!(!a.from_another_boot());
+}
+
+/// Rule 5: the boot id is this machine's (read from the kernel, a UUID), and an area
+/// whose recorded boot differs is from another boot; an unknown (zero) one is not.
+#[test]
+fn an_area_knows_the_boot_it_was_reset_in() {
+    assert_eq!(
+        super::parse_uuid("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"),
+        Some([
+            0x0f, 0x1e, 0x2d, 0x3c, 0x4b, 0x5a, 0x69, 0x78, 0x87, 0x96, 0xa5, 0xb4, 0xc3, 0xd2,
+            0xe1, 0xf0
+        ])
+    );
+    assert_eq!(super::parse_uuid("not a uuid"), None);
+    assert_ne!(super::boot_id(), [0; 16], "Linux has a boot id");
+    let a = StagingArea::in_memory(2).unwrap();
+    a.reset(owner(), 1);
+    assert!(!a.from_another_boot());
+    a.set_boot_id([0xAB; 16]);
+    assert!(a.from_another_boot());
+    a.set_boot_id([0; 16]);
+    assert!(!a.from_another_boot(), "unknown: an older build's area");
 }
