@@ -97,12 +97,25 @@ impl SpaceWaiters {
     }
 
     /// Sets the pace: writers together are admitted one block per `interval` (zero: no
-    /// throttle).
+    /// throttle). The slots handed out beyond now are rescaled to the new pace (dropped
+    /// with none): a schedule reserved at a slow pace outlived it, and writers admitted
+    /// after the throttle came back at a fast pace waited out the old one (up to seconds;
+    /// found by review, 2026-11-27).
     pub fn set_pace(&self, interval: Duration) {
-        self.pace_ns.store(
-            interval.as_nanos().min(u64::MAX as u128) as u64,
-            Ordering::Relaxed,
-        );
+        let new = interval.as_nanos().min(u64::MAX as u128) as u64;
+        let old = self.pace_ns.swap(new, Ordering::Relaxed);
+        if old == new || old == 0 {
+            return;
+        }
+        let now = self.clock.elapsed().as_nanos() as u64;
+        let _ = self
+            .next_slot_ns
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |cur| {
+                (cur > now).then(|| {
+                    let owed = (cur - now) as u128 * new as u128 / old as u128;
+                    now.saturating_add(owed.min(u64::MAX as u128) as u64)
+                })
+            });
     }
 
     /// The current pace (zero: none).
@@ -249,6 +262,25 @@ mod tests {
         s.note_foreground();
         assert_eq!(s.reads_since_last_look(), 2, "writes are not reads");
         assert_eq!(s.reads_since_last_look(), 0, "seen once");
+    }
+
+    #[test]
+    fn a_schedule_reserved_at_a_slow_pace_follows_the_pace() {
+        let s = SpaceWaiters::default();
+        s.set_pace(Duration::from_millis(1));
+        let _ = s.reserve_slots(10_000);
+        // Off, then back at a pace a thousand times faster: no wait for the old schedule.
+        s.set_pace(Duration::ZERO);
+        s.set_pace(Duration::from_micros(1));
+        assert!(s.reserve_slots(1) < Duration::from_millis(2));
+        // Slower to faster while the schedule runs ahead: the debt shrinks with the pace.
+        let _ = s.reserve_slots(10_000);
+        s.set_pace(Duration::from_nanos(100));
+        let d = s.reserve_slots(1);
+        assert!(
+            d <= Duration::from_millis(2),
+            "10 ms of slots at 1 us are 1 ms at 100 ns: waited {d:?}"
+        );
     }
 
     #[test]
