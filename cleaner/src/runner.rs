@@ -178,6 +178,19 @@ where
     spawn_with_gc_stream(ftl, cfg, |_| ftl::GC_STREAM)
 }
 
+/// Detaches the cleaner from its FTL when dropped: no writer waits for it or is paced by
+/// it any more. Held by the cleaner's thread, so that a panic there (or any end) leaves
+/// writers freeing space themselves rather than waiting `space_wait` for a cleaner that
+/// is gone and failing with ENOSPC.
+struct Detach<D: BlockDevice, I: IndexStore>(Arc<Ftl<D, I>>);
+
+impl<D: BlockDevice, I: IndexStore> Drop for Detach<D, I> {
+    fn drop(&mut self) {
+        self.0.attach_cleaner(false);
+        self.0.set_write_pace(Duration::ZERO);
+    }
+}
+
 /// [`spawn`], with relocated blocks written to the stream `gc_stream(lba)` picks (GC
 /// output split by age, see `ftl::classify`) instead of the single GC stream.
 pub fn spawn_with_gc_stream<D, I>(
@@ -197,6 +210,9 @@ where
     let thread = std::thread::Builder::new()
         .name("ftl-cleaner".into())
         .spawn(move || {
+            // However the thread ends (a panic included), writers stop waiting for it
+            // and pacing themselves by it: they free space themselves again.
+            let _detach = Detach(ftl.clone());
             let mut cleaner = Cleaner::new(ftl.clone()).with_gc_stream(gc_stream);
             // Without the prefetch thread the cleaner still works, only slower.
             if let Err(e) = cleaner.start_helpers() {
@@ -204,8 +220,6 @@ where
                     Some(format!("no cleaner helper threads: {e}"));
             }
             run(ftl.clone(), cleaner, cfg, &s2, &st2, &e2);
-            ftl.attach_cleaner(false);
-            ftl.set_write_pace(Duration::ZERO);
         })?;
     Ok(CleanerHandle {
         stop,
@@ -628,6 +642,38 @@ fn worth_background<D: BlockDevice, I: IndexStore>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cleaner thread that ends in a panic detaches itself: writers are not paced by
+    /// it, nor wait for it, and free space themselves (sequential overwrites four times
+    /// the device's size, no cleaner; attached, they waited `space_wait` for a cleaner
+    /// that was gone and failed with ENOSPC).
+    #[test]
+    fn a_cleaner_thread_that_ends_in_a_panic_detaches_itself() {
+        use ftl::model::{block_for, mem_ftl};
+        let opts = ftl::FormatOptions {
+            segment_bytes: Some(64 << 10),
+            ..Default::default()
+        };
+        let (_, _, f) = mem_ftl(32 * (64 << 10), &opts);
+        let f = Arc::new(f);
+        f.attach_cleaner(true);
+        f.set_write_pace(Duration::from_millis(1));
+        let g = f.clone();
+        let ended = std::thread::spawn(move || {
+            let _detach = Detach(g);
+            panic!("injected panic in the cleaner's thread");
+        })
+        .join();
+        assert!(ended.is_err());
+        assert_eq!(f.write_pace(), Duration::ZERO);
+        let cap = f.capacity_blocks();
+        for round in 0..4 {
+            for l in 0..cap {
+                f.write(l, &block_for(l, round + 1), false, ftl::StreamId(1))
+                    .unwrap_or_else(|e| panic!("round {round} lba {l}: {e}"));
+            }
+        }
+    }
 
     #[test]
     fn the_clean_rate_waits_for_enough_cleaning_across_windows() {
