@@ -78,19 +78,28 @@ fn read_superblock_inner<D: BlockDevice>(
                 .then(|| read_block(dev, off).map(|b| (off, Superblock::decode(&b))))
                 .transpose()?
         }
+        // Every legal size is probed and the newest format's copy taken: an earlier
+        // format with smaller segments left its copy B where no later format writes
+        // (format does not clear segment 0), and the first one found "repaired" copy A
+        // with the old format (found by review, 2026-11-27).
         Err(_) => {
-            let mut found = None;
+            let mut found: Option<(u64, Superblock)> = None;
             let mut seg = MIN_SEGMENT_BYTES;
             while seg <= MAX_SEGMENT_BYTES && seg <= dev.size() {
                 let off = Geometry::superblock_offset(1, seg);
-                let d = Superblock::decode(&read_block(dev, off)?);
-                if matches!(&d, Ok(sb) if sb.geometry.segment_bytes == seg) {
-                    found = Some((off, d));
-                    break;
+                if off < dev.size() {
+                    if let Ok(sb) = Superblock::decode(&read_block(dev, off)?) {
+                        let newer = found
+                            .as_ref()
+                            .is_none_or(|(_, f)| sb.created_secs > f.created_secs);
+                        if sb.geometry.segment_bytes == seg && newer {
+                            found = Some((off, sb));
+                        }
+                    }
                 }
                 seg *= 2;
             }
-            found
+            found.map(|(off, sb)| (off, Ok(sb)))
         }
     };
     let mut warnings = Vec::new();
@@ -236,6 +245,17 @@ pub fn format<D: BlockDevice, I: IndexStore>(
         let log_start = geometry.segment_bytes;
         // Advisory: a device that cannot discard loses nothing by it.
         let _ = dev.discard(log_start, geometry.backing_bytes - log_start);
+    }
+    // An earlier format with smaller segments left its copy B inside this segment 0,
+    // where nothing else writes: cleared, so that a probe for copy B (copy A lost) finds
+    // only this format's.
+    let zero = AlignedBuf::new(BLOCK_SIZE);
+    let mut seg = MIN_SEGMENT_BYTES;
+    while seg < geometry.segment_bytes {
+        let off = Geometry::superblock_offset(1, seg);
+        dev.write_at(off, &zero)
+            .map_err(|e| Error::io("clearing an old superblock copy", off, e))?;
+        seg *= 2;
     }
     // Rule 2.
     write_sb(

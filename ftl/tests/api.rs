@@ -121,6 +121,32 @@ fn one_damaged_superblock_copy_is_repaired_both_is_an_error() {
     assert!(matches!(e, Error::Corrupt(_)), "{e}");
 }
 
+/// Copy A lost after a re-format with larger segments: the copy B found is the new
+/// format's, not the one the earlier format (smaller segments) left inside segment 0,
+/// and copy A is repaired from it. The re-format clears the old copy, and the probe
+/// takes the newest copy it finds.
+#[test]
+fn copy_a_lost_after_a_reformat_is_repaired_from_the_new_formats_copy() {
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    let idx = Arc::new(MemIndex::new());
+    let small = FormatOptions {
+        segment_bytes: Some(64 << 10),
+        ..FormatOptions::default()
+    };
+    let old = ftl::format(&dev, &idx, &small, false).unwrap();
+    let large = FormatOptions {
+        segment_bytes: Some(128 << 10),
+        ..FormatOptions::default()
+    };
+    let new = ftl::format(&dev, &idx, &large, true).unwrap();
+    assert_ne!(old.uuid, new.uuid);
+    dev.write_at(0, &[0u8; 4096]).unwrap();
+    let (sb, warnings) = ftl::read_superblock(&dev).unwrap();
+    assert_eq!(sb.uuid, new.uuid, "{warnings:?}");
+    let (f, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
+    assert_eq!(f.superblock().uuid, new.uuid);
+}
+
 #[test]
 fn unknown_version_and_shrunk_backing_are_named() {
     let dev = Arc::new(MemDevice::new(64 << 20));
