@@ -36,7 +36,7 @@ use ftl::{BlockDevice, Config, Error as FtlError, FormatOptions};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::UblkDev;
 use libublk::UblkFlags;
-use std::io::Write;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,6 +46,60 @@ pub const DEFAULT_CREATE_SIZE: u64 = 8 << 30;
 
 /// I/O worker threads per queue (see [`crate::offload`]).
 const IO_WORKERS_PER_QUEUE: usize = 4;
+
+/// File descriptors the daemon needs beyond one eventfd per tag: per queue its ring and
+/// the ublk char device, per thread its io_uring (offload workers, chunk writers, the
+/// cleaner's threads), sled, the backing, the staging file, sockets.
+const FDS_BESIDE_TAGS: u64 = 512;
+
+/// The open-file limit a device of `queues` queues of `depth` tags needs, and what to
+/// set the soft limit to, given the current `soft` and `hard` limits: `Ok(None)` when
+/// the soft limit is enough, `Ok(Some(new))` to raise it (to the hard limit), an error
+/// when even the hard limit is too low. Every tag takes an eventfd
+/// ([`crate::offload`]): at depth 128 on 8 queues that is 1024, the usual soft limit, and
+/// tags that could not get one never registered: `add` hung until its start timeout
+/// (found by review, 2026-11-27).
+fn fd_limit_plan(queues: u16, depth: u16, soft: u64, hard: u64) -> Result<Option<u64>, CliError> {
+    let needed = queues as u64 * depth as u64 + FDS_BESIDE_TAGS;
+    if soft >= needed {
+        Ok(None)
+    } else if hard >= needed {
+        Ok(Some(hard))
+    } else {
+        Err(CliError::Device(format!(
+            "{queues} queues of depth {depth} need about {needed} open files (one eventfd              per tag), but the hard limit is {hard}: raise it (`ulimit -Hn`, or              LimitNOFILE= in a systemd unit) or use fewer --queues or a smaller --depth"
+        )))
+    }
+}
+
+/// Raises the soft open-file limit as far as [`fd_limit_plan`] says.
+fn ensure_fd_limit(queues: u16, depth: u16) -> Result<(), CliError> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(CliError::io(
+            "getrlimit(RLIMIT_NOFILE)",
+            io::Error::last_os_error(),
+        ));
+    }
+    if let Some(new) = fd_limit_plan(queues, depth, lim.rlim_cur, lim.rlim_max)? {
+        let raised = libc::rlimit {
+            rlim_cur: new,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads the struct it is given.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(CliError::io(
+                "setrlimit(RLIMIT_NOFILE)",
+                io::Error::last_os_error(),
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// How long the daemon waits for `/dev/ublkbN` to appear after START_DEV.
 const BDEV_WAIT: Duration = Duration::from_secs(10);
@@ -173,6 +227,7 @@ pub fn run(cfg: DaemonConfig) -> Result<(), CliError> {
 
 fn serve_device(cfg: DaemonConfig, notifier: &Arc<Notifier>) -> Result<(), CliError> {
     kctl::require_ublk()?;
+    ensure_fd_limit(cfg.queues, cfg.depth)?;
     runfiles::ensure_run_dir()?;
     if let Mode::Recover { id, .. } = cfg.mode {
         // Before opening the FTL: a live device has nothing to recover.
@@ -366,4 +421,43 @@ fn serve(
         Err(e) => eprintln!("ftlblk: deleting device {id}: {}", describe_ublk(&e)),
     }
     Ok(Some(id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_open_file_limit_is_raised_when_the_tags_need_it() {
+        // 8 queues of 128 tags: 1024 eventfds, more than the usual soft limit.
+        let need = 8 * 128 + FDS_BESIDE_TAGS;
+        assert_eq!(fd_limit_plan(8, 128, 1024, 524_288).unwrap(), Some(524_288));
+        assert_eq!(fd_limit_plan(8, 128, need, need).unwrap(), None);
+        assert_eq!(fd_limit_plan(1, 128, 1024, 1024).unwrap(), None);
+        let e = fd_limit_plan(8, 128, 1024, 1024).unwrap_err().to_string();
+        assert!(
+            e.contains("hard limit is 1024") && e.contains("--queues"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn ensure_fd_limit_leaves_enough_for_the_tags() {
+        let (queues, depth) = (4u16, 1024u16);
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes the struct it is given.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        let need = queues as u64 * depth as u64 + FDS_BESIDE_TAGS;
+        match ensure_fd_limit(queues, depth) {
+            Ok(()) => {
+                // SAFETY: as above.
+                assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+                assert!(lim.rlim_cur >= need, "soft limit {}", lim.rlim_cur);
+            }
+            Err(e) => assert!(lim.rlim_max < need, "{e}"),
+        }
+    }
 }
