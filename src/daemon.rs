@@ -367,11 +367,16 @@ fn serve(
     let tx = control.sender();
     let live_notifier = notifier.clone();
     let live_record = record.clone();
+    // Why the start failed, if it did: the daemon then exits with an error (it exited 0,
+    // and a service manager did not restart it; found by review, 2026-11-27).
+    let start_failed: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+    let failed = start_failed.clone();
     let device_fn = move |d_ctrl: &UblkCtrl| {
         let rec = live_record;
         let stop = |why: String| {
             eprintln!("ftlblk: {why}");
             live_notifier.err(&why);
+            *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
             if let Err(e) = kctl::check(d_ctrl.kill_dev()) {
                 eprintln!("ftlblk: stopping device {}: {}", rec.id, describe_ublk(&e));
             }
@@ -382,8 +387,15 @@ fn serve(
                 rec.block_device.display()
             ));
         }
+        // The record is bookkeeping (`list`, `del`, finding an orphan to re-attach): a
+        // device that serves I/O is not stopped for it. Stopping one being recovered
+        // failed the I/O the kernel held for it, and lost the device.
         if let Err(e) = runfiles::write_record(&rec) {
-            return stop(e.to_string());
+            eprintln!(
+                "ftlblk: warning: device {} runs, but its record could not be written ({e}): \
+                 `ftlblk list` and `ftlblk del` will not find it; stop it with SIGTERM",
+                rec.id
+            );
         }
         let _ = tx.send(Event::Live(Box::new(rec.clone())));
         if let Ok(s) = serde_json::to_string_pretty(&rec) {
@@ -420,7 +432,22 @@ fn serve(
             if n == -libc::ENODEV || n == -libc::ENOENT => {}
         Err(e) => eprintln!("ftlblk: deleting device {id}: {}", describe_ublk(&e)),
     }
-    Ok(Some(id))
+    let failed = start_failed
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
+    start_outcome(id, failed)
+}
+
+/// What serving device `id` comes to once its queues stopped: an error when its start
+/// failed (`why`), so that the daemon exits with a failure status.
+fn start_outcome(id: u32, why: Option<String>) -> Result<Option<u32>, CliError> {
+    match why {
+        None => Ok(Some(id)),
+        Some(why) => Err(CliError::Device(format!(
+            "ublk device {id} failed to start: {why}"
+        ))),
+    }
 }
 
 #[cfg(test)]
@@ -439,6 +466,13 @@ mod tests {
             e.contains("hard limit is 1024") && e.contains("--queues"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_failed_start_is_an_error_not_a_clean_exit() {
+        assert_eq!(start_outcome(3, None).unwrap(), Some(3));
+        let e = start_outcome(3, Some("/dev/ublkb3 did not appear".into())).unwrap_err();
+        assert!(e.to_string().contains("device 3 failed to start"), "{e}");
     }
 
     #[test]
