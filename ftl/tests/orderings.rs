@@ -231,13 +231,15 @@ fn a_segment_reused_before_its_discard_keeps_its_data() {
     check_tags(&f, &tags, "after the discards");
 }
 
-/// Discard rule 3: a segment discarded later has its first block zeroed again after the
-/// discard, which need not leave zeros (here it leaves 0xA5 bytes), so the log walker
-/// sees nothing of its old use.
-#[test]
-fn a_deferred_discard_leaves_the_segment_head_zeroed() {
-    let cfg = deferred_discards();
-    let (dev, _idx, f) = gated(cfg);
+/// A gated FTL with deferred discards whose first segment died and was freed by a
+/// checkpoint: the FTL, the tags written and the freed segments waiting for a discard.
+fn freed_awaiting_discard() -> (
+    Arc<GateDevice<Arc<CrashDevice>>>,
+    GateFtl,
+    HashMap<u64, u64>,
+    Vec<u32>,
+) {
+    let (dev, _idx, f) = gated(deferred_discards());
     let tags = kill_the_first_segment(&f);
     f.checkpoint().unwrap();
     let waiting: Vec<u32> = f
@@ -247,6 +249,15 @@ fn a_deferred_discard_leaves_the_segment_head_zeroed() {
         .map(|s| s.segment)
         .collect();
     assert!(!waiting.is_empty(), "a dead segment was freed");
+    (dev, f, tags, waiting)
+}
+
+/// Discard rule 3: a segment discarded later has its first block zeroed again after the
+/// discard, which need not leave zeros (here it leaves 0xA5 bytes), so the log walker
+/// sees nothing of its old use.
+#[test]
+fn a_deferred_discard_leaves_the_segment_head_zeroed() {
+    let (dev, f, tags, waiting) = freed_awaiting_discard();
     dev.set_discard_fill(Some(0xA5));
     assert!(f.discard_waiting(true) >= waiting.len());
     let geo = *f.geometry();
@@ -338,16 +349,7 @@ fn a_discard_never_takes_the_reserve_from_a_writer() {
 /// before it goes back on the free list.
 #[test]
 fn a_failed_deferred_discard_still_leaves_the_segment_head_zeroed() {
-    let (dev, _idx, f) = gated(deferred_discards());
-    let tags = kill_the_first_segment(&f);
-    f.checkpoint().unwrap();
-    let waiting: Vec<u32> = f
-        .segment_snapshot()
-        .iter()
-        .filter(|s| s.state == "free" && s.erase_count > 0)
-        .map(|s| s.segment)
-        .collect();
-    assert!(!waiting.is_empty(), "a dead segment was freed");
+    let (dev, f, tags, waiting) = freed_awaiting_discard();
     dev.set_discard_fill(Some(0xA5));
     dev.set_discard_fails(true);
     assert_eq!(f.discard_waiting(true), 0, "no discard succeeded");
@@ -509,14 +511,38 @@ fn relocations_over_several_streams_leave_the_reserve_to_the_gc_stream() {
 /// hides it.)
 #[test]
 fn at_the_reserve_a_relocation_into_a_class_stream_is_diverted_to_the_gc_stream() {
+    relocate_at_the_reserve(StreamId(4));
+}
+
+/// The same for stream 0, the TRIM stream and the classifier's hottest class: only a
+/// carry of TRIM records may take a reserve segment for it, not a relocation of data
+/// (a relocation into stream 0 took one, leaving the GC stream one segment short of a
+/// victim's live blocks; found by review).
+#[test]
+fn at_the_reserve_a_relocation_into_the_trim_stream_is_diverted_to_the_gc_stream() {
+    let (f, lba) = relocate_at_the_reserve(StreamId(0));
+    let geo = *f.geometry();
+    let at = f.map_entry(lba).unwrap().pba().expect("mapped") as u64;
+    let seg = f.segment_snapshot()[geo.segment_of(at) as usize];
+    assert_eq!(
+        seg.stream,
+        ftl::GC_STREAM.0,
+        "the block went to the GC stream"
+    );
+}
+
+/// Free segments down to the reserve, no stream with an open segment: the first live
+/// block of the emptiest victim relocated into `into` is diverted to the GC stream and
+/// reads back. Returns the FTL and the block's LBA.
+fn relocate_at_the_reserve(into: StreamId) -> (MemFtl, u64) {
     let (_, _, f) = mem_ftl(ftl::model::tiny::DEVICE_BYTES, &tiny());
     let reserve = f.gc_reserve_segments();
     let mut tag = fill(&f);
     f.checkpoint().unwrap();
-    for s in 1..8 {
+    for s in 0..8 {
         f.close_stream(StreamId(s)).unwrap();
     }
-    // Overwrite in stream 0 until its next segment takes free space down to the reserve.
+    // Overwrite in S0 until its next segment takes free space down to the reserve.
     overwrite_until_free(&f, 777, &mut tag, reserve);
     assert_eq!(f.free_segments(), reserve);
     let victim = f
@@ -528,73 +554,18 @@ fn at_the_reserve_a_relocation_into_a_class_stream_is_diverted_to_the_gc_stream(
     let b = f.live_blocks(victim.segment).unwrap()[0];
     let mut buf = ftl::device::AlignedBuf::new(4096);
     assert!(f.read_live(&b, &mut buf).unwrap());
-    assert!(f.relocate(b.lba, b.entry, &buf, StreamId(4)).unwrap());
+    assert!(f.relocate(b.lba, b.entry, &buf, into).unwrap());
     assert_eq!(
         f.relocations_diverted(),
         1,
-        "stream 4 took a reserve segment (free now {})",
+        "stream {} took a reserve segment (free now {})",
+        into.0,
         f.free_segments()
     );
     let mut back = vec![0u8; 4096];
     f.read(b.lba, &mut back).unwrap();
     assert_eq!(observe(b.lba, &back), observe(b.lba, &buf));
-}
-
-/// The same for stream 0, the TRIM stream and the classifier's hottest class: only a
-/// carry of TRIM records may take a reserve segment for it, not a relocation of data
-/// (a relocation into stream 0 took one, leaving the GC stream one segment short of a
-/// victim's live blocks; found by review).
-#[test]
-fn at_the_reserve_a_relocation_into_the_trim_stream_is_diverted_to_the_gc_stream() {
-    let (_, _, f) = mem_ftl(ftl::model::tiny::DEVICE_BYTES, &tiny());
-    let reserve = f.gc_reserve_segments();
-    let s1 = StreamId(1);
-    let mut tag = 1u64;
-    for lba in 0..f.capacity_blocks() {
-        f.write(lba, &block_for(lba, tag), false, s1).unwrap();
-        tag += 1;
-    }
-    f.checkpoint().unwrap();
-    for s in (0..8).filter(|&s| s != 1) {
-        f.close_stream(StreamId(s)).unwrap();
-    }
-    let mut x = 778u64;
-    while f.free_segments() > reserve {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let lba = (x >> 33) % f.capacity_blocks();
-        f.write(lba, &block_for(lba, tag), false, s1).unwrap();
-        tag += 1;
-    }
-    assert_eq!(f.free_segments(), reserve);
-    let victim = f
-        .segment_snapshot()
-        .into_iter()
-        .filter(|s| s.segment != 0 && s.state == "closed" && s.valid > 0)
-        .min_by_key(|s| s.valid)
-        .expect("a victim");
-    let b = f.live_blocks(victim.segment).unwrap()[0];
-    let mut buf = ftl::device::AlignedBuf::new(4096);
-    assert!(f.read_live(&b, &mut buf).unwrap());
-    assert!(f.relocate(b.lba, b.entry, &buf, StreamId(0)).unwrap());
-    assert_eq!(
-        f.relocations_diverted(),
-        1,
-        "stream 0 took a reserve segment (free now {})",
-        f.free_segments()
-    );
-    let geo = *f.geometry();
-    let at = f.map_entry(b.lba).unwrap().pba().expect("mapped") as u64;
-    let seg = f.segment_snapshot()[geo.segment_of(at) as usize];
-    assert_eq!(
-        seg.stream,
-        ftl::GC_STREAM.0,
-        "the block went to the GC stream"
-    );
-    let mut back = vec![0u8; 4096];
-    f.read(b.lba, &mut back).unwrap();
-    assert_eq!(observe(b.lba, &back), observe(b.lba, &buf));
+    (f, b.lba)
 }
 
 /// Writes every block in stream 0, tagged from 1; returns the next tag.
