@@ -15,7 +15,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-type GateFtl = Ftl<Arc<GateDevice<Arc<CrashDevice>>>, Arc<MemIndex>>;
+type GateDev = Arc<GateDevice<Arc<CrashDevice>>>;
+type GateFtl = Ftl<GateDev, Arc<MemIndex>>;
 
 fn gated(cfg: Config) -> (Arc<GateDevice<Arc<CrashDevice>>>, Arc<MemIndex>, GateFtl) {
     gated_sized(cfg, ftl::model::tiny::DEVICE_BYTES)
@@ -233,12 +234,7 @@ fn a_segment_reused_before_its_discard_keeps_its_data() {
 
 /// A gated FTL with deferred discards whose first segment died and was freed by a
 /// checkpoint: the FTL, the tags written and the freed segments waiting for a discard.
-fn freed_awaiting_discard() -> (
-    Arc<GateDevice<Arc<CrashDevice>>>,
-    GateFtl,
-    HashMap<u64, u64>,
-    Vec<u32>,
-) {
+fn freed_awaiting_discard() -> (GateDev, GateFtl, HashMap<u64, u64>, Vec<u32>) {
     let (dev, _idx, f) = gated(deferred_discards());
     let tags = kill_the_first_segment(&f);
     f.checkpoint().unwrap();
