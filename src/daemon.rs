@@ -67,7 +67,9 @@ fn fd_limit_plan(queues: u16, depth: u16, soft: u64, hard: u64) -> Result<Option
         Ok(Some(hard))
     } else {
         Err(CliError::Device(format!(
-            "{queues} queues of depth {depth} need about {needed} open files (one eventfd              per tag), but the hard limit is {hard}: raise it (`ulimit -Hn`, or              LimitNOFILE= in a systemd unit) or use fewer --queues or a smaller --depth"
+            "{queues} queues of depth {depth} need about {needed} open files (one eventfd \
+             per tag), but the hard limit is {hard}: raise it (`ulimit -Hn`, or \
+             LimitNOFILE= in a systemd unit) or use fewer --queues or a smaller --depth"
         )))
     }
 }
@@ -436,6 +438,10 @@ fn serve(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .take();
+    if failed.is_some() {
+        // Deleted: a record left from an earlier session (recovery) names nothing now.
+        runfiles::remove_record(id);
+    }
     start_outcome(id, failed)
 }
 
@@ -466,6 +472,7 @@ mod tests {
             e.contains("hard limit is 1024") && e.contains("--queues"),
             "{e}"
         );
+        assert!(!e.contains("  "), "one space between words: {e}");
     }
 
     #[test]

@@ -206,13 +206,18 @@ where
     let stats = Arc::new(Mutex::new(RunnerStats::default()));
     let last_error = Arc::new(Mutex::new(None));
     ftl.attach_cleaner(true);
+    // However the thread ends (a panic included), or if it cannot start, writers stop
+    // waiting for it and pacing themselves by it: they free space themselves again.
+    let detach = Detach(ftl.clone());
     let (s2, st2, e2) = (stop.clone(), stats.clone(), last_error.clone());
     let thread = std::thread::Builder::new()
         .name("ftl-cleaner".into())
         .spawn(move || {
-            // However the thread ends (a panic included), writers stop waiting for it
-            // and pacing themselves by it: they free space themselves again.
-            let _detach = Detach(ftl.clone());
+            let _detach = detach;
+            #[cfg(test)]
+            if tests::PANIC_AT_START.swap(false, Ordering::SeqCst) {
+                panic!("injected panic in the cleaner's thread");
+            }
             let mut cleaner = Cleaner::new(ftl.clone()).with_gc_stream(gc_stream);
             // Without the prefetch thread the cleaner still works, only slower.
             if let Err(e) = cleaner.start_helpers() {
@@ -640,8 +645,11 @@ fn worth_background<D: BlockDevice, I: IndexStore>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// Test hook: the next cleaner thread started panics at once.
+    pub(crate) static PANIC_AT_START: AtomicBool = AtomicBool::new(false);
 
     /// A cleaner thread that ends in a panic detaches itself: writers are not paced by
     /// it, nor wait for it, and free space themselves (sequential overwrites four times
@@ -658,13 +666,11 @@ mod tests {
         let f = Arc::new(f);
         f.attach_cleaner(true);
         f.set_write_pace(Duration::from_millis(1));
-        let g = f.clone();
-        let ended = std::thread::spawn(move || {
-            let _detach = Detach(g);
-            panic!("injected panic in the cleaner's thread");
-        })
-        .join();
-        assert!(ended.is_err());
+        PANIC_AT_START.store(true, Ordering::SeqCst);
+        let handle = spawn(f.clone(), CleanerConfig::default()).unwrap();
+        // The thread panicked at its start: the handle joins it.
+        handle.stop();
+        assert!(!PANIC_AT_START.load(Ordering::SeqCst), "the thread ran");
         assert_eq!(f.write_pace(), Duration::ZERO);
         let cap = f.capacity_blocks();
         for round in 0..4 {

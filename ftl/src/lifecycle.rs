@@ -87,8 +87,10 @@ fn read_superblock_inner<D: BlockDevice>(
             let mut seg = MIN_SEGMENT_BYTES;
             while seg <= MAX_SEGMENT_BYTES && seg <= dev.size() {
                 let off = Geometry::superblock_offset(1, seg);
+                // A block that does not read is no copy (the log may hold anything).
                 if off < dev.size() {
-                    if let Ok(sb) = Superblock::decode(&read_block(dev, off)?) {
+                    let block = read_block(dev, off).ok();
+                    if let Some(Ok(sb)) = block.map(|b| Superblock::decode(&b)) {
                         let newer = found
                             .as_ref()
                             .is_none_or(|(_, f)| sb.created_secs > f.created_secs);
@@ -246,15 +248,18 @@ pub fn format<D: BlockDevice, I: IndexStore>(
         // Advisory: a device that cannot discard loses nothing by it.
         let _ = dev.discard(log_start, geometry.backing_bytes - log_start);
     }
-    // An earlier format with smaller segments left its copy B inside this segment 0,
-    // where nothing else writes: cleared, so that a probe for copy B (copy A lost) finds
-    // only this format's.
+    // An earlier format with other segments left its copy B where this one's is not:
+    // inside this segment 0 (smaller segments), where nothing else writes, or in the log
+    // (larger ones), empty at format. Cleared, so that a probe for copy B (copy A lost)
+    // finds only this format's.
     let zero = AlignedBuf::new(BLOCK_SIZE);
     let mut seg = MIN_SEGMENT_BYTES;
-    while seg < geometry.segment_bytes {
+    while seg <= MAX_SEGMENT_BYTES && seg <= dev.size() {
         let off = Geometry::superblock_offset(1, seg);
-        dev.write_at(off, &zero)
-            .map_err(|e| Error::io("clearing an old superblock copy", off, e))?;
+        if seg != geometry.segment_bytes && off + BLOCK_SIZE as u64 <= dev.size() {
+            dev.write_at(off, &zero)
+                .map_err(|e| Error::io("clearing an old superblock copy", off, e))?;
+        }
         seg *= 2;
     }
     // Rule 2.

@@ -370,6 +370,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         // The space generation when this writer last found no room (under the stream
         // lock), so that a segment freed while it writes its sealed chunks is not missed.
         let mut no_room_at = 0;
+        let mut last_try = false;
         while i < items {
             let mut out = Vec::new();
             let mut need_space = false;
@@ -485,6 +486,12 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 }
                 let since = *stalled.get_or_insert_with(std::time::Instant::now);
                 if !self.space.wait(no_room_at, self.cfg.space_wait) {
+                    // A segment freed between the failed allocation and the look at the
+                    // generation moved it already: one more try before giving up.
+                    if !last_try && self.t.segs.free_count() > self.cfg.gc_reserve_segments {
+                        last_try = true;
+                        continue;
+                    }
                     self.space.note_stall(since.elapsed());
                     return Err(Error::NoSpace);
                 }
@@ -588,13 +595,23 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.space.note_foreground();
         // Nothing mapped, nothing to log (`append::trim_piece`), and no segment opened
         // for it. A write that completed before this TRIM began is mapped here; one
-        // racing with it may be ordered after it.
+        // racing with it may be ordered after it. Looked at under the blocks' stripe
+        // locks, as `trim_piece` does: a TRIM of the same blocks still running has
+        // unmapped them but may not have recorded its entry yet, and this one must not
+        // complete before it did (a `kill -9` between the two would lose both; found by
+        // review).
         let mut any = false;
-        for l in lba..lba + blocks {
-            if self.t.map.get(l)?.is_mapped() {
-                any = true;
-                break;
+        let mut l = lba;
+        while l < lba + blocks && !any {
+            let n = (lba + blocks - l).min(STRIPES as u64);
+            let _stripes = self.log.lock_stripes(l, n as u32);
+            for x in l..l + n {
+                if self.t.map.get(x)?.is_mapped() {
+                    any = true;
+                    break;
+                }
             }
+            l += n;
         }
         if !any {
             LiveCounters::add(&self.t.counters.trimmed_blocks, blocks);
