@@ -551,7 +551,11 @@ impl Appender {
 
     /// Locks the stripes of `count` blocks from `lba` (at most [`STRIPES`]), in stripe
     /// order (the one order every multi-stripe holder takes them in).
-    pub(crate) fn lock_stripes(&self, lba: u64, count: u32) -> Vec<crate::sync::MutexGuard<'_, ()>> {
+    pub(crate) fn lock_stripes(
+        &self,
+        lba: u64,
+        count: u32,
+    ) -> Vec<crate::sync::MutexGuard<'_, ()>> {
         let mut idx: Vec<usize> = (lba..lba + count as u64)
             .map(|l| l as usize % STRIPES)
             .collect();
