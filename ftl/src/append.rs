@@ -609,6 +609,8 @@ impl Appender {
                 t.mapped.fetch_sub(1, Ordering::Relaxed);
             }
         }
+        #[cfg(test)]
+        tests::maybe_park(&tests::PARK_IN_TRIM);
         chunk.push_trim(lba, seq, count);
         Ok(())
     }
@@ -700,6 +702,9 @@ pub(crate) mod tests {
         /// Test hook: a read's `locate` on this thread says it arrived right after its
         /// map lookup, and waits for "go" before it looks in the buffers.
         pub(crate) static PARK_AFTER_LOOKUP: Park = const { RefCell::new(None) };
+        /// Test hook: `trim_piece` on this thread says it arrived once it unmapped its
+        /// blocks, and waits for "go" before it records its entry.
+        pub(crate) static PARK_IN_TRIM: Park = const { RefCell::new(None) };
         /// Test hook: `append_loop` on this thread says it arrived once it found no
         /// room and wrote what it sealed, and waits for "go" before it waits for space.
         pub(crate) static PARK_ON_NO_ROOM: Park = const { RefCell::new(None) };

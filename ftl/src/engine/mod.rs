@@ -1034,6 +1034,33 @@ mod tests {
         assert_eq!(crate::model::observe(3, &b), crate::model::Observed::Tag(0));
     }
 
+    /// A TRIM of blocks another TRIM has unmapped but not yet recorded waits for that
+    /// record before it completes: it looks at the map under the blocks' stripe locks.
+    /// Without them it saw nothing mapped and completed at once, and a `kill -9` before
+    /// the first TRIM's record lost both (found by review).
+    #[test]
+    fn a_trim_of_blocks_another_trim_is_unmapping_waits_for_its_record() {
+        use crate::append::tests::PARK_IN_TRIM;
+        let (_, _, f) = small_ftl();
+        let f = Arc::new(f);
+        f.write(5, &block_for(5, 1), false, StreamId(1)).unwrap();
+        f.flush().unwrap();
+        let f1 = f.clone();
+        let (go, first) = run_parked(&PARK_IN_TRIM, move || f1.trim(5, 1));
+        // The first TRIM unmapped lba 5 and is parked before it records its entry.
+        let f2 = f.clone();
+        let second = std::thread::spawn(move || f2.trim(5, 1));
+        std::thread::sleep(Duration::from_millis(200));
+        let done_early = second.is_finished();
+        go.send(()).expect("the parked thread waits for its go");
+        first.join().unwrap().unwrap();
+        second.join().unwrap().unwrap();
+        assert!(!done_early, "the second TRIM completed before the first recorded its entry");
+        let mut b = vec![0u8; 4096];
+        f.read(5, &mut b).unwrap();
+        assert_eq!(crate::model::observe(5, &b), crate::model::Observed::Tag(0));
+    }
+
     /// A writer that found no room notes the space generation under its stream lock: a
     /// segment freed while it then writes the chunks it sealed (here: while it is parked
     /// there) is not missed. Waiting from the generation at the wait, it waited for the
