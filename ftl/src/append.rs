@@ -577,14 +577,7 @@ impl Appender {
         let _guards = self.lock_stripes(lba, count);
         // The pages are read in before anything changes (a miss can fail).
         t.map.prefetch(lba, count as u64)?;
-        let mut any = false;
-        for l in lba..lba + count as u64 {
-            if t.map.get(l)?.is_mapped() {
-                any = true;
-                break;
-            }
-        }
-        if !any {
+        if !any_mapped(t, lba, count as u64)? {
             return Ok(());
         }
         // Rule 1, as for data.
@@ -686,6 +679,17 @@ impl Appender {
         }
         Ok(sealed)
     }
+}
+
+/// Whether any of `count` blocks from `lba` is mapped (the caller holds their stripe
+/// locks when the answer must stand: a TRIM with nothing mapped logs nothing).
+pub(crate) fn any_mapped(t: &Tables, lba: u64, count: u64) -> Result<bool> {
+    for l in lba..lba + count {
+        if t.map.get(l)?.is_mapped() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 #[cfg(test)]

@@ -80,15 +80,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             // first block could not be zeroed stays out of the free list, as in
             // `discard_and_release`: its head may still show its old use.
             let (zeroed, _) = self.zero_heads(&segs);
-            let unzeroed: Vec<u32> = segs
-                .iter()
-                .zip(zeroed)
-                .filter_map(|(&s, ok)| (!ok).then_some(s))
-                .collect();
             let back: Vec<(u32, u32)> = taken
                 .iter()
-                .copied()
-                .filter(|(s, _)| !unzeroed.contains(s))
+                .zip(zeroed)
+                .filter_map(|(&t, ok)| ok.then_some(t))
                 .collect();
             self.t.segs.discarded(&back);
             self.space.notify();

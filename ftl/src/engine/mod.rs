@@ -600,28 +600,30 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         // unmapped them but may not have recorded its entry yet, and this one must not
         // complete before it did (a `kill -9` between the two would lose both; found by
         // review).
-        let mut any = false;
-        let mut l = lba;
-        while l < lba + blocks && !any {
-            let n = (lba + blocks - l).min(STRIPES as u64);
-            let _stripes = self.log.lock_stripes(l, n as u32);
-            for x in l..l + n {
-                if self.t.map.get(x)?.is_mapped() {
-                    any = true;
-                    break;
-                }
+        // The pieces before the first with a mapped block are looked at once, here; the
+        // append loop starts at that one (`trim_piece` looks at each again under its
+        // locks, and logs nothing for one with nothing mapped).
+        let pieces = blocks.div_ceil(STRIPES as u64);
+        let piece = |i: u64| {
+            let start = lba + i * STRIPES as u64;
+            (start, (blocks - i * STRIPES as u64).min(STRIPES as u64))
+        };
+        let mut first = None;
+        for i in 0..pieces {
+            let (start, n) = piece(i);
+            let _stripes = self.log.lock_stripes(start, n as u32);
+            if crate::append::any_mapped(&self.t, start, n)? {
+                first = Some(i);
+                break;
             }
-            l += n;
         }
-        if !any {
+        let Some(first) = first else {
             LiveCounters::add(&self.t.counters.trimmed_blocks, blocks);
             return Ok(());
-        }
-        let pieces = blocks.div_ceil(STRIPES as u64);
-        self.append_loop(TRIM_STREAM, pieces, false, false, None, |st, i| {
-            let start = lba + i * STRIPES as u64;
-            let count = (blocks - i * STRIPES as u64).min(STRIPES as u64);
-            self.log.trim_piece(&self.t, st, start, count as u32)
+        };
+        self.append_loop(TRIM_STREAM, pieces - first, false, false, None, |st, i| {
+            let (start, n) = piece(first + i);
+            self.log.trim_piece(&self.t, st, start, n as u32)
         })?;
         LiveCounters::add(&self.t.counters.trimmed_blocks, blocks);
         self.relieve_map()
