@@ -181,6 +181,18 @@ q="/sys/block/ublkb$ID/queue"
 [ "$(cat "$q/write_zeroes_max_bytes")" -gt 0 ] || fail "WRITE_ZEROES not advertised"
 "$BIN" list | tee /dev/stderr | grep -q "ublkb$ID .*live" || fail "list does not show ublkb$ID live"
 "$BIN" list --json | grep -q "\"daemon_running\": true" || fail "list --json"
+# Every thread of the daemon does I/O the queues wait for (the FTL's writers, workers,
+# cleaner, index): each must be an I/O flusher (PF_MEMALLOC_NOIO, 0x80000, in the flags,
+# field 9 of its stat), not only the queue threads.
+pid="$(daemon_pid)"
+n=0
+for t in /proc/"$pid"/task/*; do
+    fl="$(sed 's/.*) //' "$t/stat" | awk '{print $7}')"
+    [ $(( fl & 0x80000 )) -ne 0 ] || fail "daemon thread $(cat "$t/comm") is not an I/O flusher (flags $fl)"
+    n=$((n + 1))
+done
+[ "$n" -gt 2 ] || fail "the daemon has $n threads"
+echo "all $n daemon threads are I/O flushers"
 
 # ---------------------------------------------------------------------------------------
 for fs in $FILESYSTEMS; do

@@ -19,6 +19,7 @@
 //! Started by [`crate::background`]; the daemon ([`crate::daemon`]) sends it [`Event`]s and
 //! reads [`Shared`]. Uses [`crate::kctl`], [`crate::runfiles`] and [`crate::stats_doc`].
 
+use crate::error::CliError;
 use crate::metrics::Live;
 use crate::runfiles::{self, DeviceRecord};
 use crate::stats_doc::StatsDocument;
@@ -49,6 +50,8 @@ pub enum Event {
 struct StopState {
     live_id: Option<u32>,
     stop_requested: bool,
+    /// A STOP_DEV for the live device succeeded.
+    stop_sent: bool,
 }
 
 /// Stop bookkeeping shared by the signal handler and the main thread.
@@ -75,22 +78,40 @@ impl Shared {
         self.lock().stop_requested
     }
 
+    /// Records that a STOP_DEV for the live device went through: later signals have
+    /// nothing left to do.
+    pub fn mark_stop_sent(&self) {
+        self.lock().stop_sent = true;
+    }
+
     /// Handles a stop signal: stops the live device, or remembers the request.
     fn request_stop(&self, sig: &str) {
+        self.request_stop_with(sig, crate::kctl::kill);
+    }
+
+    /// [`Self::request_stop`] with the STOP_DEV call given. A STOP_DEV that failed is
+    /// tried again by the next signal (before, every later signal said "already stopping"
+    /// and the daemon could no longer be stopped by signal).
+    fn request_stop_with(&self, sig: &str, kill: impl FnOnce(u32) -> Result<(), CliError>) {
         let mut st = self.lock();
-        if st.stop_requested {
+        if st.stop_sent {
             eprintln!("ftlblk: {sig}: already stopping");
             return;
         }
-        st.stop_requested = true;
+        let again = std::mem::replace(&mut st.stop_requested, true);
         let Some(id) = st.live_id else {
-            eprintln!("ftlblk: {sig}: the device is not live yet; stopping as soon as it is");
+            if again {
+                eprintln!("ftlblk: {sig}: already stopping as soon as the device is live");
+            } else {
+                eprintln!("ftlblk: {sig}: the device is not live yet; stopping as soon as it is");
+            }
             return;
         };
         drop(st);
         eprintln!("ftlblk: {sig}: stopping ublk device {id}");
-        if let Err(e) = crate::kctl::kill(id) {
-            eprintln!("ftlblk: {e}");
+        match kill(id) {
+            Ok(()) => self.mark_stop_sent(),
+            Err(e) => eprintln!("ftlblk: {e}; send the signal again to retry"),
         }
     }
 }
@@ -383,6 +404,36 @@ mod tests {
     use ftl::device::BLOCK_SIZE;
     use ftl::{Config, FormatOptions, StreamId};
     use std::io::{Read, Write};
+
+    /// A signal whose STOP_DEV failed leaves the next signal to try again; once one went
+    /// through, later signals send nothing more. A signal before the device is live is
+    /// remembered and sends nothing.
+    #[test]
+    fn a_stop_that_failed_is_tried_again_by_the_next_signal() {
+        let sh = Shared::default();
+        let calls = std::cell::Cell::new(0);
+        let failing = |_| {
+            calls.set(calls.get() + 1);
+            Err(CliError::Device("STOP_DEV refused".into()))
+        };
+        let working = |id| {
+            assert_eq!(id, 7);
+            calls.set(calls.get() + 1);
+            Ok(())
+        };
+        sh.request_stop_with("SIGTERM", failing);
+        assert_eq!(calls.get(), 0, "not live yet: nothing to stop");
+        assert!(
+            sh.mark_live(7),
+            "the early request is reported to the main thread"
+        );
+        sh.request_stop_with("SIGTERM", failing);
+        assert_eq!(calls.get(), 1);
+        sh.request_stop_with("SIGINT", working);
+        assert_eq!(calls.get(), 2, "the failed stop is tried again");
+        sh.request_stop_with("SIGTERM", working);
+        assert_eq!(calls.get(), 2, "a stop that went through is not sent again");
+    }
 
     /// The control plane serves the exposition on its metrics listener: a scrape of a
     /// device that took a write gets 200 and the byte counter; another path gets 404.

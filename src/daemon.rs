@@ -1,7 +1,8 @@
 //! The device server: `ftlblk add --foreground` and `ftlblk recover --foreground`.
 //!
 //! Contract of [`run`]:
-//! 1. Opens the FTL (recovering after a crash). `add` formats a missing backing file
+//! 1. Marks the process an I/O flusher (`PR_SET_IO_FLUSHER`, inherited by every thread
+//!    started after it), then opens the FTL (recovering after a crash). `add` formats a missing backing file
 //!    (created sparse) or a regular file without an ftlblk superblock first; a block
 //!    device is never formatted implicitly. A backing another server holds fails with the
 //!    FTL's `Busy` error and nothing is created in the kernel.
@@ -229,6 +230,8 @@ pub fn run(cfg: DaemonConfig) -> Result<(), CliError> {
 
 fn serve_device(cfg: DaemonConfig, notifier: &Arc<Notifier>) -> Result<(), CliError> {
     kctl::require_ublk()?;
+    // Before any thread starts: every thread the FTL starts does I/O the queues wait for.
+    ublk::set_io_flusher();
     ensure_fd_limit(cfg.queues, cfg.depth)?;
     runfiles::ensure_run_dir()?;
     if let Mode::Recover { id, .. } = cfg.mode {
@@ -379,8 +382,13 @@ fn serve(
             eprintln!("ftlblk: {why}");
             live_notifier.err(&why);
             *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
-            if let Err(e) = kctl::check(d_ctrl.kill_dev()) {
-                eprintln!("ftlblk: stopping device {}: {}", rec.id, describe_ublk(&e));
+            match kctl::check(d_ctrl.kill_dev()) {
+                Ok(_) => shared.mark_stop_sent(),
+                Err(e) => eprintln!(
+                    "ftlblk: stopping device {}: {}; send SIGTERM again to retry",
+                    rec.id,
+                    describe_ublk(&e)
+                ),
             }
         };
         if !wait_for_path(&rec.block_device, BDEV_WAIT) {
@@ -407,8 +415,13 @@ fn serve(
         live_notifier.ok(&rec);
         if shared.mark_live(rec.id) {
             eprintln!("ftlblk: a stop was requested during start-up; stopping");
-            if let Err(e) = kctl::check(d_ctrl.kill_dev()) {
-                eprintln!("ftlblk: stopping device {}: {}", rec.id, describe_ublk(&e));
+            match kctl::check(d_ctrl.kill_dev()) {
+                Ok(_) => shared.mark_stop_sent(),
+                Err(e) => eprintln!(
+                    "ftlblk: stopping device {}: {}; send SIGTERM again to retry",
+                    rec.id,
+                    describe_ublk(&e)
+                ),
             }
         }
     };

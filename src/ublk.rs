@@ -4,7 +4,8 @@
 //! - The device exports the FTL's capacity with 4 KiB logical and physical blocks,
 //!   advertises a volatile write cache and FUA, DISCARD and WRITE_ZEROES (both unmap: the
 //!   range reads back as zeros).
-//! - Each queue thread sets `PR_SET_IO_FLUSHER` itself, then runs one async task per tag
+//! - Each queue thread sets `PR_SET_IO_FLUSHER` itself (as does the daemon before it
+//!   starts the FTL's threads, which inherit it), then runs one async task per tag
 //!   on libublk's per-queue `smol` executor; every task owns a 4 KiB-aligned io buffer.
 //! - READ locates every block in the FTL's map. Buffered blocks are copied, unmapped ones
 //!   zero-filled, device-resident ones read with the queue's io_uring straight into the
@@ -160,8 +161,11 @@ pub fn run_queue(
 }
 
 /// `prctl(PR_SET_IO_FLUSHER, 1)`: this thread serves block I/O, so memory reclaim must not
-/// wait on it (libublk <= 0.4.7 cleared the flag instead of setting it).
-fn set_io_flusher() {
+/// wait on it (libublk <= 0.4.7 cleared the flag instead of setting it). Threads this one
+/// starts afterwards inherit the state: the daemon sets it before it opens the FTL, so
+/// the chunk writers, I/O workers, cleaner and index threads, which do the backing I/O
+/// the queues wait for, have it too (before, only the queue threads had it).
+pub fn set_io_flusher() {
     const PR_SET_IO_FLUSHER: libc::c_int = 57;
     // SAFETY: prctl with integer arguments only.
     let r = unsafe { libc::prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) };
