@@ -25,6 +25,10 @@ pub struct SpaceWaiters {
     pace_ns: AtomicU64,
     /// When (nanoseconds after `clock`) the next block may go.
     next_slot_ns: AtomicU64,
+    /// Notified (under its lock) when the pace changes: writers asleep in the throttle
+    /// follow it.
+    pace_changed: Mutex<()>,
+    pace_cv: Condvar,
     clock: Instant,
     /// Foreground requests started (the cleaner compares it across a slice).
     foreground_ops: AtomicU64,
@@ -48,6 +52,8 @@ impl Default for SpaceWaiters {
             cleaner_attached: AtomicBool::new(false),
             pace_ns: AtomicU64::new(0),
             next_slot_ns: AtomicU64::new(0),
+            pace_changed: Mutex::new(()),
+            pace_cv: Condvar::new(),
             clock: Instant::now(),
             foreground_ops: AtomicU64::new(0),
             foreground_reads: AtomicU64::new(0),
@@ -65,9 +71,15 @@ impl SpaceWaiters {
     /// arrival order with a compare-and-swap on the next free slot, so writers are
     /// spread evenly at the pace instead of each sleeping a fixed delay.
     fn reserve_slots(&self, blocks: u64) -> Duration {
+        self.reserve_slots_at_pace(blocks).0
+    }
+
+    /// [`Self::reserve_slots`], also giving the pace (nanoseconds per block) the wait was
+    /// reserved at.
+    fn reserve_slots_at_pace(&self, blocks: u64) -> (Duration, u64) {
         let pace = self.pace_ns.load(Ordering::Relaxed);
         if pace == 0 {
-            return Duration::ZERO;
+            return (Duration::ZERO, 0);
         }
         let cost = pace.saturating_mul(blocks);
         let now = self.clock.elapsed().as_nanos() as u64;
@@ -80,7 +92,7 @@ impl SpaceWaiters {
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return Duration::from_nanos(start.saturating_sub(now)),
+                Ok(_) => return (Duration::from_nanos(start.saturating_sub(now)), pace),
                 Err(c) => cur = c,
             }
         }
@@ -88,12 +100,47 @@ impl SpaceWaiters {
 
     /// Holds a writer of `blocks` blocks for its slots of the pace.
     pub fn throttle(&self, blocks: u64) {
-        let d = self.reserve_slots(blocks);
+        let (d, pace) = self.reserve_slots_at_pace(blocks);
         if !d.is_zero() {
-            crate::sync::sleep(d);
+            let waited = self.sleep_at_pace(d, pace);
             self.throttled_ns
-                .fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+                .fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
         }
+    }
+
+    /// Sleeps `d`, reserved at `pace` nanoseconds per block. A pace change meanwhile
+    /// scales what is left of the sleep (ends it when the throttle stops), as
+    /// [`Self::set_pace`] scales the slots not yet handed out: a writer already asleep
+    /// when the cleaner caught up slept out the slow pace (up to hundreds of ms with 32
+    /// writers; found by review, 2026-11-27). Returns how long it slept.
+    #[cfg(not(feature = "shuttle"))]
+    fn sleep_at_pace(&self, d: Duration, mut pace: u64) -> Duration {
+        let began = Instant::now();
+        let mut deadline = began + d;
+        let mut g = lock(&self.pace_changed);
+        loop {
+            // Looked at under the lock: a change after this look notifies only once this
+            // thread waits.
+            let now_pace = self.pace_ns.load(Ordering::Relaxed);
+            let now = Instant::now();
+            if now_pace != pace {
+                let left = deadline.saturating_duration_since(now).as_nanos();
+                let left = left * now_pace as u128 / pace as u128;
+                deadline = now + Duration::from_nanos(left.min(u64::MAX as u128) as u64);
+                pace = now_pace;
+            }
+            if now >= deadline || pace == 0 {
+                return began.elapsed();
+            }
+            g = wait_timeout(&self.pace_cv, g, deadline - now);
+        }
+    }
+
+    /// Under shuttle a timed wait never times out: a plain sleep (a scheduling point).
+    #[cfg(feature = "shuttle")]
+    fn sleep_at_pace(&self, d: Duration, _pace: u64) -> Duration {
+        crate::sync::sleep(d);
+        d
     }
 
     /// Sets the pace: writers together are admitted one block per `interval` (zero: no
@@ -107,6 +154,9 @@ impl SpaceWaiters {
         if old == new || old == 0 {
             return;
         }
+        // Writers asleep in the throttle rescale what is left of their sleep.
+        drop(lock(&self.pace_changed));
+        self.pace_cv.notify_all();
         let now = self.clock.elapsed().as_nanos() as u64;
         let _ = self
             .next_slot_ns
@@ -281,6 +331,31 @@ mod tests {
             d <= Duration::from_millis(2),
             "10 ms of slots at 1 us are 1 ms at 100 ns: waited {d:?}"
         );
+    }
+
+    /// A writer already asleep in the throttle follows a pace change: when the throttle
+    /// stops, it wakes at once instead of sleeping out ten seconds of slots reserved at
+    /// the slow pace; at a pace ten times faster, its sleep shrinks tenfold.
+    #[test]
+    fn a_writer_asleep_in_the_throttle_follows_the_pace() {
+        for (new, bound) in [(Duration::ZERO, 3), (Duration::from_micros(100), 3)] {
+            let s = std::sync::Arc::new(SpaceWaiters::default());
+            s.set_pace(Duration::from_millis(1));
+            let _ = s.reserve_slots(10_000);
+            let s2 = s.clone();
+            let t = std::thread::spawn(move || {
+                let began = Instant::now();
+                s2.throttle(1);
+                began.elapsed()
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            s.set_pace(new);
+            let slept = t.join().expect("writer");
+            assert!(
+                slept < Duration::from_secs(bound),
+                "10 s reserved at 1 ms a block, then the pace became {new:?}: slept {slept:?}"
+            );
+        }
     }
 
     #[test]
