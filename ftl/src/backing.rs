@@ -104,7 +104,13 @@ pub fn format_backing(
         discard_log: dev.is_block_device(),
         ..opts.clone()
     };
-    crate::lifecycle::format(&dev, &index, &opts, force)
+    crate::lifecycle::format(&dev, &index, &opts, force).map_err(|e| match e {
+        Error::IndexInUse { uuid, .. } => Error::IndexInUse {
+            index: format!("index {}", index_dir.display()),
+            uuid,
+        },
+        e => e,
+    })
 }
 
 /// Where an opened backing keeps its chunk buffers.

@@ -48,6 +48,14 @@ pub enum Error {
     /// The backing already holds an ftlblk format and `force` was not given.
     #[error("backing {0} is already formatted as ftlblk (use --force to overwrite it and lose its data)")]
     AlreadyFormatted(String),
+    /// The backing holds no ftlblk format but other data (a file system, partition
+    /// table, image, or an ftlblk backing whose superblocks are lost) and `force` was not
+    /// given.
+    #[error("{0} holds data that is not an ftlblk format ({1}): a file system, partition table or disk image? Formatting would destroy it; check the path, or format it with `ftlblk format --force`")]
+    ForeignData(String, String),
+    /// The index directory holds the checkpoint of a backing and `force` was not given.
+    #[error("{index} holds the map of the ftlblk backing {uuid}; formatting would erase it. Give this backing an index of its own (--index), or pass --force")]
+    IndexInUse { index: String, uuid: String },
     /// No valid superblock.
     #[error("no valid ftlblk superblock on {0}: {1}")]
     NotFormatted(String, String),
@@ -108,7 +116,9 @@ impl Error {
             Error::Unsupported(_) => libc::EOPNOTSUPP,
             Error::TooSmall(_) => libc::ENOSPC,
             Error::NoSpace => libc::ENOSPC,
-            Error::AlreadyFormatted(_) => libc::EEXIST,
+            Error::AlreadyFormatted(_) | Error::ForeignData(..) | Error::IndexInUse { .. } => {
+                libc::EEXIST
+            }
             Error::NotFormatted(..) | Error::IndexMismatch { .. } => libc::EINVAL,
             Error::UnsupportedVersion { .. } => libc::EPROTONOSUPPORT,
             Error::Shrunk { .. } => libc::EINVAL,

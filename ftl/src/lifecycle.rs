@@ -217,7 +217,30 @@ fn new_uuid() -> [u8; 16] {
     u
 }
 
-/// Formats `dev` (and resets `index`). Refuses an ftlblk-formatted backing unless `force`.
+/// How much of each end of a backing [`foreign_data`] looks at.
+const BLANK_PROBE_BYTES: u64 = 1 << 20;
+
+/// Where `dev` holds data in its first or last MiB (where file systems, partition tables,
+/// volume managers and disk images keep their signatures, and the ftlblk log its first
+/// and last segments), or `None` when both read as zeros.
+fn foreign_data<D: BlockDevice>(dev: &D) -> Result<Option<String>> {
+    let size = dev.size() / BLOCK_SIZE as u64 * BLOCK_SIZE as u64;
+    let probe = BLANK_PROBE_BYTES.min(size);
+    let mut buf = AlignedBuf::new(probe as usize);
+    for start in [0, size - probe] {
+        dev.read_at(start, &mut buf)
+            .map_err(|e| Error::io("blank probe", start, e))?;
+        if let Some(i) = buf.iter().position(|&b| b != 0) {
+            return Ok(Some(format!("non-zero bytes at offset {}", start + i as u64)));
+        }
+    }
+    Ok(None)
+}
+
+/// Formats `dev` (and resets `index`). Refuses, unless `force`: an ftlblk-formatted
+/// backing, one holding other data in its first or last MiB ([`foreign_data`]), and an
+/// index holding a checkpoint (another backing's map, or this one's with its superblocks
+/// lost).
 pub fn format<D: BlockDevice, I: IndexStore>(
     dev: &D,
     index: &I,
@@ -229,6 +252,20 @@ pub fn format<D: BlockDevice, I: IndexStore>(
         match read_superblock(dev) {
             Err(Error::NotFormatted(..)) => {}
             _ => return Err(Error::AlreadyFormatted(dev.describe())),
+        }
+        // Only a blank backing is formatted without `force` (found by review,
+        // 2026-11-27: `add` of a mistyped path to a disk image formatted over it).
+        if let Some(what) = foreign_data(dev)? {
+            return Err(Error::ForeignData(dev.describe(), what));
+        }
+        if let Some(ck) = index.reader().get(&Key::checkpoint())? {
+            let uuid = CheckpointRecord::decode(&ck)
+                .map(|c| crate::superblock::uuid_string(&c.uuid))
+                .unwrap_or_else(|_| "of unknown uuid".into());
+            return Err(Error::IndexInUse {
+                index: "the index".into(),
+                uuid,
+            });
         }
     }
     let created_secs = std::time::SystemTime::now()

@@ -70,6 +70,7 @@ impl SpaceWaiters {
     /// them (zero when unpaced or the schedule is behind). The slots are handed out in
     /// arrival order with a compare-and-swap on the next free slot, so writers are
     /// spread evenly at the pace instead of each sleeping a fixed delay.
+    #[cfg(test)]
     fn reserve_slots(&self, blocks: u64) -> Duration {
         self.reserve_slots_at_pace(blocks).0
     }
@@ -139,7 +140,7 @@ impl SpaceWaiters {
     /// Under shuttle a timed wait never times out: a plain sleep (a scheduling point).
     #[cfg(feature = "shuttle")]
     fn sleep_at_pace(&self, d: Duration, _pace: u64) -> Duration {
-        crate::sync::sleep(d);
+        shuttle::thread::sleep(d);
         d
     }
 

@@ -51,14 +51,6 @@ pub(crate) fn wait_timeout<'a, T>(
     }
 }
 
-/// Sleeps (the write throttle). Under shuttle: a scheduling point.
-pub(crate) fn sleep(d: Duration) {
-    #[cfg(not(feature = "shuttle"))]
-    std::thread::sleep(d);
-    #[cfg(feature = "shuttle")]
-    shuttle::thread::sleep(d);
-}
-
 /// A point where another thread may run (under shuttle; nothing otherwise): between
 /// stores a dying process could be interrupted between, which no lock or atomic of the
 /// facade separates (the staging area's shared-memory stores).

@@ -80,6 +80,41 @@ fn format_refuses_formatted_backing_without_force() {
     ftl::format(&dev, &idx, &FormatOptions::default(), true).unwrap();
 }
 
+/// Only a blank backing is formatted without `force`: one holding other data at either
+/// end (a file system's superblock, a partition table, a disk image: `add` of a mistyped
+/// path formatted over it) is refused and left as it was, and so is a backing whose index
+/// holds a checkpoint (another backing's map, or this one's with its superblocks lost).
+#[test]
+fn format_refuses_foreign_data_and_an_index_in_use_without_force() {
+    for at in [4096u64, (64 << 20) - 4096] {
+        let dev = Arc::new(MemDevice::new(64 << 20));
+        let sig = vec![0x53u8; 4096];
+        dev.write_at(at, &sig).unwrap();
+        let e = ftl::format(&dev, &MemIndex::new(), &FormatOptions::default(), false).unwrap_err();
+        assert!(matches!(e, Error::ForeignData(..)), "{e}");
+        assert!(e.to_string().contains("--force"), "{e}");
+        let mut back = vec![0u8; 4096];
+        dev.read_at(at, &mut back).unwrap();
+        assert_eq!(back, sig, "the foreign data is left as it was");
+        let mut head = vec![0u8; 4096];
+        dev.read_at(0, &mut head).unwrap();
+        assert!(head.iter().all(|&b| b == 0), "no superblock written");
+        ftl::format(&dev, &MemIndex::new(), &FormatOptions::default(), true).unwrap();
+    }
+
+    // Backing A's index given for a blank backing B.
+    let a = Arc::new(MemDevice::new(64 << 20));
+    let idx = Arc::new(MemIndex::new());
+    let sb = ftl::format(&a, &idx, &FormatOptions::default(), false).unwrap();
+    let b = Arc::new(MemDevice::new(64 << 20));
+    let e = ftl::format(&b, &idx, &FormatOptions::default(), false).unwrap_err();
+    assert!(matches!(e, Error::IndexInUse { .. }), "{e}");
+    assert!(e.to_string().contains(&sb.uuid_string()), "{e}");
+    let (f, _) = Ftl::open(a.clone(), idx.clone(), Config::default()).unwrap();
+    f.close().unwrap();
+    ftl::format(&b, &idx, &FormatOptions::default(), true).unwrap();
+}
+
 #[test]
 fn too_small_backing_is_refused() {
     let dev = MemDevice::new(8 << 20);
