@@ -55,12 +55,10 @@ MUTANTS = [
      "ftl/src/engine/flush.rs",
      [("""        tracker.wait_below(target);
         self.check_poison()?;
-        self.sync
-            .run_to(target, || {""",
+        self.sync.run_to(target, || {""",
        """        self.check_poison()?;
-        self.sync
-            .run_to(target, || {
-                return self.dev.sync().map(|()| target);""")],
+        self.sync.run_to(target, || {
+            return self.dev.sync().map(|()| target).map_err(|e| Error::io("sync", 0, e));""")],
      [ORDERINGS, SHUTTLE, POWER]),
     ("engine-4", "engine rule 4: a failed chunk write poisons BEFORE the tracker learns it",
      "ftl/src/append.rs",
@@ -98,6 +96,12 @@ MUTANTS = [
                 Ok(())""",
        """                Ok(())""")],
      [WRITTEN]),
+    ("engine-9", "engine rule 9: a failed sync poisons BEFORE the sync group's next leader, which checks it",
+     "ftl/src/engine/flush.rs",
+     [("""            // Rule 9: a leader after a failed one fails too (see below).
+            self.check_poison()?;
+""", "")],
+     [ORDERINGS]),
     ("read-check", "reads check a buffered block against the entry they looked up",
      "ftl/src/engine/read.rs",
      [("""            if self.verify_block(lba, e, out)? {""",

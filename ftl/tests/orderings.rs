@@ -1064,6 +1064,46 @@ fn a_settled_free_waits_for_the_open_chunk_that_killed_the_segment() {
     assert_tags(&f, &lbas, 2);
 }
 
+/// Engine rule 9: a failed sync poisons the FTL BEFORE the sync group's next leader
+/// runs. A checkpoint leads the group's sync and a FLUSH queues behind it (checkpoints,
+/// free records and FLUSHes share one sync group); the checkpoint's sync fails. Before
+/// the rule, the FLUSH woke as the failed leader left, led a sync of its own, which
+/// succeeded (an fsync reports a writeback error once; a retried cache flush can succeed
+/// after the cache lost data), and acknowledged writes the failed sync had lost.
+#[test]
+fn a_flush_queued_behind_a_failed_sync_fails_too() {
+    let (dev, _idx, f) = gated(Config::default());
+    let f = Arc::new(f);
+    f.write(1, &block_for(1, 1), false, StreamId(1)).unwrap();
+    dev.hold(GateOp::Sync);
+    let ck = {
+        let f = f.clone();
+        std::thread::spawn(move || f.checkpoint())
+    };
+    assert!(dev.wait_held(GateOp::Sync, Duration::from_secs(10)));
+    f.write(2, &block_for(2, 1), false, StreamId(2)).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    {
+        let f = f.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(f.flush());
+        });
+    }
+    // The FLUSH seals and writes its chunk, then queues behind the held sync.
+    std::thread::sleep(Duration::from_millis(300));
+    dev.fail_next_sync();
+    dev.release(GateOp::Sync);
+    assert!(ck.join().unwrap().is_err(), "the checkpoint's sync failed");
+    let flushed = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the FLUSH returns");
+    assert!(
+        flushed.is_err(),
+        "a FLUSH queued behind a failed sync acknowledged the writes it lost"
+    );
+    assert!(f.flush().is_err(), "the FTL stays poisoned");
+}
+
 /// Free rule 3: the record is committed only after the log sync that makes the deaths
 /// durable.
 #[test]

@@ -42,6 +42,8 @@ struct GateState {
     /// Discards report an error (after leaving their fill, if any: a discard that did
     /// part of its work).
     discard_fails: bool,
+    /// The next sync reports an error (without syncing the inner device).
+    fail_next_sync: bool,
 }
 
 /// A device whose operations can be held at a gate (see the module docs).
@@ -70,6 +72,13 @@ impl<D: BlockDevice> GateDevice<D> {
     /// From now on discards fail (after doing what they do: their fill, if set).
     pub fn set_discard_fails(&self, fails: bool) {
         self.lock().discard_fails = fails;
+    }
+
+    /// The next sync (one that passes the gate after this call) fails with EIO without
+    /// syncing the inner device; later ones sync as usual (a transient cache-flush error,
+    /// or an fsync whose error the kernel reports only once).
+    pub fn fail_next_sync(&self) {
+        self.lock().fail_next_sync = true;
     }
 
     /// The wrapped device.
@@ -154,6 +163,9 @@ impl<D: BlockDevice> BlockDevice for GateDevice<D> {
     }
     fn sync(&self) -> io::Result<()> {
         self.pass(GateOp::Sync, None);
+        if std::mem::take(&mut self.lock().fail_next_sync) {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
         self.inner.sync()
     }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {

@@ -1,4 +1,4 @@
-//! FLUSH and the device-sync group: engine rules 2 and 3 (see `engine/mod.rs`). A FLUSH
+//! FLUSH and the device-sync group: engine rules 2, 3 and 9 (see `engine/mod.rs`). A FLUSH
 //! seals every stream's open chunk, waits for every chunk below its target and syncs
 //! the device once for everyone waiting. Called by the engine's API (FLUSH, FUA writes)
 //! and the checkpoint (`flush_upto`).
@@ -54,19 +54,23 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         let tracker = self.log.tracker();
         tracker.wait_below(target);
         self.check_poison()?;
-        self.sync
-            .run_to(target, || {
-                // Rule 3: a sync makes durable only the chunks whose writes completed
-                // BEFORE it started: the frontier is loaded before the sync, and only it
-                // is credited.
-                let covers = tracker.frontier();
-                self.dev.sync().map(|()| covers)
-            })
-            .map_err(|e| {
+        self.sync.run_to(target, || {
+            // Rule 9: a leader after a failed one fails too (see below).
+            self.check_poison()?;
+            // Rule 3: a sync makes durable only the chunks whose writes completed
+            // BEFORE it started: the frontier is loaded before the sync, and only it
+            // is credited.
+            let covers = tracker.frontier();
+            self.dev.sync().map(|()| covers).map_err(|e| {
                 let err = Error::io("sync", 0, e);
+                // Rule 9: poisoned BEFORE the group's next leader runs (this closure
+                // returns before the group wakes its waiters): a FLUSH queued behind
+                // this sync must not lead a second one, which can succeed (an fsync
+                // reports a writeback error once) and acknowledge what this one lost.
                 self.set_poison(err.to_string());
                 err
-            })?;
+            })
+        })?;
         Ok(())
     }
 }

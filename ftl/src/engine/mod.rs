@@ -13,7 +13,7 @@
 //! table lock. Device I/O is never issued while a stripe or the segment-table lock is held.
 //!
 //! Ordering rules between threads (each a numbered comment where it is carried out:
-//! rules 1, 4, 5 and 6 in `append.rs`, 2 and 3 in `engine/flush.rs`, 7 here; the tests
+//! rules 1, 4, 5, 6 and 8 in `append.rs`, 2, 3 and 9 in `engine/flush.rs`, 7 here; the tests
 //! that break without
 //! each are listed in `docs/orderings.md`):
 //! 1. an entry gets its sequence number under its stream's lock, in the same step that
@@ -31,7 +31,12 @@
 //!    swap under the stripe lock), so a user write landing meanwhile is never undone;
 //! 7. a thread holding chunks whose writes it deferred ([`PendingChunks`]) writes them
 //!    BEFORE it waits for a staging slot, for free space or runs a checkpoint: each of
-//!    those waits for them. Dropped unwritten, they keep rule 5 (poison, then complete).
+//!    those waits for them. Dropped unwritten, they keep rule 5 (poison, then complete);
+//! 8. a chunk stops answering reads once its device write returned, BEFORE the tracker
+//!    learns it is done: a segment freed meanwhile and reused is read from the device;
+//! 9. a failed device sync poisons the FTL BEFORE the sync group's next leader runs, and
+//!    every leader checks the poison before it syncs: a FLUSH, checkpoint or free record
+//!    queued behind the failed sync fails instead of syncing again.
 
 use crate::append::{Appender, PendingChunks, Room, Session, STRIPES};
 use crate::config::Config;
