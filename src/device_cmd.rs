@@ -190,12 +190,28 @@ impl AddArgs {
 
 /// The device of `backing` whose daemon died while the kernel kept the device (user
 /// recovery): `add` re-attaches it rather than creating a second device on the backing.
+/// The backing is matched by identity, not by spelling: a path through a symlink
+/// (`/dev/disk/by-id/...`), `..` or another mount of it created a second device while the
+/// first still held its I/O for `recover` (found by review, 2026-11-27).
 fn orphaned_device_of(backing: &Path) -> Option<u32> {
     runfiles::all_records()
         .into_iter()
-        .find(|r| r.backing == backing && !runfiles::pid_alive(r.pid))
+        .find(|r| same_backing(&r.backing, backing) && !runfiles::pid_alive(r.pid))
         .map(|r| r.id)
         .filter(|&id| runfiles::kernel_has_device(id))
+}
+
+/// Whether two paths name the same backing: the same block device (`st_rdev`) or the
+/// same file (`st_dev`, `st_ino`); equal spellings when neither can be looked at.
+fn same_backing(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) if x.file_type().is_block_device() && y.file_type().is_block_device() => {
+            x.rdev() == y.rdev()
+        }
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => a == b,
+    }
 }
 
 /// `ftlblk add`.
@@ -580,4 +596,30 @@ pub fn unexport(a: UnexportArgs) -> Result<(), CliError> {
         runfiles::bdev_path(a.id).display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A backing named through a symlink or `..` is the same backing as its record's
+    /// path; another file of the same name elsewhere, or a missing one, is not.
+    #[test]
+    fn a_backing_is_matched_by_identity_not_spelling() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let img = d.path().join("disk.img");
+        std::fs::write(&img, b"x").expect("write");
+        std::fs::create_dir(d.path().join("sub")).expect("mkdir");
+        let link = d.path().join("by-id");
+        std::os::unix::fs::symlink(&img, &link).expect("symlink");
+        let dotdot = d.path().join("sub/../disk.img");
+        assert!(same_backing(&img, &link));
+        assert!(same_backing(&img, &dotdot));
+        let other = d.path().join("sub/disk.img");
+        std::fs::write(&other, b"x").expect("write");
+        assert!(!same_backing(&img, &other));
+        let gone = d.path().join("gone.img");
+        assert!(!same_backing(&img, &gone));
+        assert!(same_backing(&gone, &gone));
+    }
 }
