@@ -33,6 +33,12 @@ fn format_write_reopen_and_exclusive_lock() {
         std::fs::metadata(&backing).unwrap().blocks() < 1024,
         "backing stays sparse"
     );
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&backing).unwrap().permissions().mode() & 0o777,
+        0o600,
+        "a new backing holds the device's data: its owner's only"
+    );
 
     let e = format_backing(&backing, &index, None, &FormatOptions::default(), false).unwrap_err();
     assert!(matches!(e, Error::AlreadyFormatted(_)), "{e}");

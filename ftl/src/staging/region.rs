@@ -5,6 +5,7 @@
 
 use crate::error::{Error, Result};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
@@ -57,11 +58,13 @@ impl Region {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| open_err(dir, e))?;
         }
+        // Its owner's only, even when an older build made it 0644: it holds written data.
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(0o600)
             .open(path)
             .map_err(|e| open_err(path, e))?;
         // SAFETY: flock on an fd we own.
@@ -76,6 +79,8 @@ impl Region {
                 open_err(path, e)
             });
         }
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| open_err(path, e))?;
         let have = file.metadata().map_err(|e| open_err(path, e))?.len() as usize;
         let len = have.max(min_len).div_ceil(4096) * 4096;
         if len != have {

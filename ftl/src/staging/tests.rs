@@ -139,6 +139,21 @@ fn a_mapped_file_keeps_its_contents_across_mappings() {
     assert!(!p.exists());
 }
 
+/// The staging file holds written data: its owner's only, also one an older build made
+/// 0644.
+#[test]
+fn a_staging_file_is_readable_by_its_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("area.stage");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    drop(StagingArea::open_file(&p, 1).unwrap());
+    assert_eq!(mode(&p), 0o600);
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+    drop(StagingArea::open_file(&p, 1).unwrap());
+    assert_eq!(mode(&p), 0o600);
+}
+
 /// Rule 2, every prefix of its stores: a process that dies after any of them (while the
 /// tracker lock is held by the thread sealing) loses no completed write.
 #[test]

@@ -96,10 +96,13 @@ impl FileDevice {
                 }
                 // Create without O_DIRECT (a file system refusing O_DIRECT may still create
                 // the file before failing the open); the real open happens below.
+                // Readable by its owner only: it holds the device's data (found by
+                // review, 2026-11-27: 0644 let every local user read a 0660 device).
                 match std::fs::OpenOptions::new()
                     .read(true)
                     .write(true)
                     .create_new(true)
+                    .mode(0o600)
                     .open(path)
                 {
                     Ok(_) => created = true,
