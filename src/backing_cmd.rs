@@ -172,7 +172,8 @@ pub fn check(a: CheckArgs) -> Result<(), CliError> {
     } else {
         None
     };
-    let report = ftl::check::check_staged(&dev, &index, !a.no_data, staging)?;
+    let report = ftl::check::check_staged(&dev, &index, !a.no_data, staging)
+        .map_err(|e| e.naming_index(&dir, &a.backing.backing))?;
     if a.json {
         print_json(&report)?;
     } else {

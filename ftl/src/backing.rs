@@ -61,7 +61,17 @@ pub fn open_device(path: &Path, create_size: Option<u64>) -> Result<FileDevice> 
                 ) =>
             {
                 if std::time::Instant::now() >= deadline {
-                    return Err(Error::Busy(path.display().to_string()));
+                    // EBUSY of O_EXCL on a block device: mounted, or claimed by anyone,
+                    // said as the device said it (it was reported as another ftlblk
+                    // server's lock; found by review, 2026-11-27).
+                    return Err(if e.kind() == io::ErrorKind::ResourceBusy {
+                        Error::Open {
+                            path: path.to_path_buf(),
+                            source: e,
+                        }
+                    } else {
+                        Error::Busy(path.display().to_string())
+                    });
                 }
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
@@ -182,6 +192,7 @@ pub fn open_backing_staged(
     if !index_dir.exists() {
         return Err(Error::IndexMismatch {
             path: index_dir.display().to_string(),
+            backing: path.display().to_string(),
             why: "the directory does not exist (give --index, or the index of this backing was removed)".into(),
         });
     }
@@ -193,7 +204,7 @@ pub fn open_backing_staged(
             StagingArea::open_file(&staging_file(dir, &sb.uuid_string()), DEFAULT_SLOTS)?
         }
     };
-    Ftl::open_staged(dev, index, cfg, staging)
+    Ftl::open_staged(dev, index, cfg, staging).map_err(|e| e.naming_index(index_dir, path))
 }
 
 /// What [`rebuild_backing_index`] did.

@@ -18,7 +18,7 @@ pub enum Error {
         source: io::Error,
     },
     /// Error opening or locking the backing device.
-    #[error("cannot open backing {path}: {source}")]
+    #[error("{}", open_message(.path, .source))]
     Open {
         path: PathBuf,
         #[source]
@@ -79,12 +79,18 @@ pub enum Error {
     #[error("index error: {0}")]
     Index(String),
     /// The index does not belong to this backing.
+    /// (`path` and `backing` are "index" and "BACKING" from code that knows no paths;
+    /// [`Error::naming_index`] fills them in.)
     #[error(
         "index {path} does not match the backing: {why}. If the index of this backing is \
-         lost or damaged, rebuild it from the log: `ftlblk check --backing BACKING \
+         lost or damaged, rebuild it from the log: `ftlblk check --backing {backing} \
          --index {path} --rebuild-index`"
     )]
-    IndexMismatch { path: String, why: String },
+    IndexMismatch {
+        path: String,
+        backing: String,
+        why: String,
+    },
     /// No free segment to write into.
     #[error("device full: no free segment left to write into")]
     NoSpace,
@@ -93,7 +99,34 @@ pub enum Error {
     ReadOnly(String),
 }
 
+/// What [`Error::Open`] says: its source as it is when that already names the path (the
+/// file backend's errors do: "cannot stat backing X: ..."), else prefixed with it.
+fn open_message(path: &std::path::Path, source: &io::Error) -> String {
+    let s = source.to_string();
+    let p = path.display().to_string();
+    if s.contains(&p) {
+        s
+    } else {
+        format!("cannot open {p}: {s}")
+    }
+}
+
 impl Error {
+    /// Names the index directory and the backing in an [`Error::IndexMismatch`] raised by
+    /// code that knows neither (the command it gives was to be run as printed, and a
+    /// literal `--index index` rebuilt a directory of that name; found by review,
+    /// 2026-11-27).
+    pub fn naming_index(self, index_dir: &std::path::Path, backing: &std::path::Path) -> Self {
+        match self {
+            Error::IndexMismatch { why, .. } => Error::IndexMismatch {
+                path: index_dir.display().to_string(),
+                backing: backing.display().to_string(),
+                why,
+            },
+            e => e,
+        }
+    }
+
     /// Wraps a device error with the operation and byte offset.
     pub fn io(op: &'static str, offset: u64, source: io::Error) -> Self {
         Error::Io { op, offset, source }

@@ -124,6 +124,7 @@ pub(crate) fn load_index<I: IndexStore>(
     let geo = &sb.geometry;
     let mismatch = |why: String| Error::IndexMismatch {
         path: what.to_string(),
+        backing: "BACKING".into(),
         why,
     };
     let mut checkpoint = None;
@@ -235,6 +236,7 @@ fn newer_than_index(s: &ChunkSummary, ck_epoch: u64, index_name: &str) -> Result
     if s.epoch > ck_epoch {
         return Err(Error::IndexMismatch {
             path: index_name.to_string(),
+            backing: "BACKING".into(),
             why: format!(
                 "it is older than the log on the backing (its checkpoint is of session {ck_epoch}, \
                  the log holds chunks of session {}): an index restored from a backup?",

@@ -108,6 +108,28 @@ fn missing_index_and_too_small_backing_are_clear_errors() {
         .err()
         .unwrap();
     assert!(matches!(e, Error::IndexMismatch { .. }), "{e}");
+    // Another backing's index: the message's rebuild command names the real paths.
+    let other = dir.path().join("other.img");
+    let other_index = dir.path().join("other.ftlidx");
+    format_backing(
+        &other,
+        &other_index,
+        Some(64 << 20),
+        &FormatOptions::default(),
+        false,
+    )
+    .unwrap();
+    let e = open_backing(&backing, &other_index, Config::default())
+        .err()
+        .unwrap();
+    assert!(matches!(e, Error::IndexMismatch { .. }), "{e}");
+    let msg = e.to_string();
+    let want = format!(
+        "ftlblk check --backing {} --index {} --rebuild-index",
+        backing.display(),
+        other_index.display()
+    );
+    assert!(msg.contains(&want), "{msg}");
     let e = open_backing(&dir.path().join("nope.img"), &index, Config::default())
         .err()
         .unwrap();
