@@ -8,7 +8,8 @@
 //!   daemon's message, or the tail of its log when it died without one).
 //! - `del` stops a device through the kernel (STOP_DEV + DEL_DEV with a fresh control
 //!   handle), waits for its daemon to exit (it checkpoints the FTL and releases the
-//!   backing on the way), and removes the run files.
+//!   backing on the way), and removes the run files. A kernel device without an ftlblk
+//!   record is another server's as far as `del` knows: deleted only with `--force`.
 //! - `list` shows the devices of `/run/ftlblk/*.json` whose daemon is alive or whose
 //!   kernel device still exists.
 //!
@@ -142,6 +143,10 @@ pub struct DelArgs {
     /// Seconds to wait for each daemon to checkpoint and exit.
     #[arg(long, default_value_t = 120)]
     pub timeout: u64,
+    /// Delete the kernel device even without an ftlblk record in /run/ftlblk (it may be
+    /// another ublk server's).
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -388,7 +393,7 @@ pub fn del(a: DelArgs) -> Result<(), CliError> {
     };
     let mut failed = Vec::new();
     for id in ids {
-        match del_one(id, Duration::from_secs(a.timeout)) {
+        match del_one(id, Duration::from_secs(a.timeout), a.force) {
             Ok(msg) => println!("{msg}"),
             Err(e) => {
                 eprintln!("ftlblk: {e}");
@@ -403,7 +408,7 @@ pub fn del(a: DelArgs) -> Result<(), CliError> {
     }
 }
 
-fn del_one(id: u32, timeout: Duration) -> Result<String, CliError> {
+fn del_one(id: u32, timeout: Duration, force: bool) -> Result<String, CliError> {
     // The kernel's NVMe target holds the device open: deleting under it would hang.
     if let Some(e) = crate::nvmet::exports(Path::new(crate::nvmet::CONFIGFS))
         .into_iter()
@@ -435,6 +440,7 @@ fn del_one(id: u32, timeout: Duration) -> Result<String, CliError> {
             (None, _) => Err(CliError::NotFound(id)),
         };
     }
+    owned_or_forced(id, rec.is_some(), force)?;
     kctl::kill_and_delete(id)?;
     if let Some(pid) = daemon {
         let deadline = Instant::now() + timeout;
@@ -450,6 +456,19 @@ fn del_one(id: u32, timeout: Duration) -> Result<String, CliError> {
     }
     runfiles::remove_record(id);
     Ok(format!("deleted ublk device {id}"))
+}
+
+/// A kernel device without an ftlblk record is deleted only with `--force`: a mistyped
+/// number removed another ublk server's disk from under its file system (found by
+/// review, 2026-11-27).
+fn owned_or_forced(id: u32, has_record: bool, force: bool) -> Result<(), CliError> {
+    if has_record || force {
+        return Ok(());
+    }
+    Err(CliError::Device(format!(
+        "ublk device {id} has no ftlblk record ({}): it may be another ublk server's          device. `ftlblk del -n {id} --force` deletes it anyway",
+        runfiles::record_path(id).display()
+    )))
 }
 
 /// One row of `list`.
@@ -621,5 +640,15 @@ mod tests {
         let gone = d.path().join("gone.img");
         assert!(!same_backing(&img, &gone));
         assert!(same_backing(&gone, &gone));
+    }
+
+    /// `del` of a kernel device with no ftlblk record refuses unless forced, and names
+    /// the way to force it.
+    #[test]
+    fn a_device_without_a_record_is_deleted_only_when_forced() {
+        let e = owned_or_forced(3, false, false).unwrap_err().to_string();
+        assert!(e.contains("ftlblk del -n 3 --force"), "{e}");
+        assert!(owned_or_forced(3, true, false).is_ok());
+        assert!(owned_or_forced(3, false, true).is_ok());
     }
 }
