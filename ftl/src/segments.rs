@@ -98,6 +98,8 @@ pub struct Segments {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct SegmentSnapshot {
     pub segment: u32,
+    /// "free", "open", "closing" (closed, some chunk of it still being written: no
+    /// victim yet) or "closed".
     pub state: &'static str,
     pub stream: u8,
     pub valid: u32,
@@ -542,6 +544,13 @@ impl Segments {
                 state: match s.state {
                     SegState::Free => "free",
                     SegState::Open => "open",
+                    // Its last chunks are still being written: not a victim yet (the
+                    // cleaner read blocks not yet on the device, took the checksum
+                    // failure for damage and shunned a healthy victim; found by review,
+                    // 2026-11-27).
+                    SegState::Closed if self.unwritten[i].load(Ordering::SeqCst) > 0 => {
+                        "closing"
+                    }
                     SegState::Closed => "closed",
                 },
                 stream: s.stream,

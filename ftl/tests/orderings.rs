@@ -447,6 +447,42 @@ fn a_flush_waits_for_a_chunk_another_thread_is_writing() {
     );
 }
 
+/// A closed segment whose last chunk is still being written is "closing", no victim:
+/// the cleaner read its blocks before they reached the device, took the checksum
+/// failure for damage and shunned a healthy victim for a minute.
+#[test]
+fn a_segment_whose_last_chunk_is_being_written_is_no_victim_yet() {
+    let (dev, _idx, f) = gated(Config::default());
+    let f = Arc::new(f);
+    let stream = StreamId(1);
+    f.write(1, &block_for(1, 1), false, stream).unwrap();
+    let seg =
+        (f.map_entry(1).unwrap().pba().unwrap() as u64 * 4096 / f.geometry().segment_bytes) as u32;
+    dev.hold(GateOp::Write);
+    let w = {
+        let f = f.clone();
+        std::thread::spawn(move || f.close_stream(stream))
+    };
+    assert!(dev.wait_held(GateOp::Write, Duration::from_secs(10)));
+    let state = |f: &GateFtl| f.segment_snapshot()[seg as usize].state;
+    assert_eq!(state(&f), "closing");
+    let snap = f.segment_snapshot();
+    let bps = (f.geometry().segment_bytes / 4096) as u32;
+    assert_eq!(
+        cleaner::policy::pick_victim(cleaner::policy::Policy::Greedy, &snap, 1 << 20, bps, &[]),
+        None,
+        "the only segment with data is still being written"
+    );
+    dev.release(GateOp::Write);
+    w.join().unwrap().unwrap();
+    assert_eq!(state(&f), "closed");
+    let snap = f.segment_snapshot();
+    assert_eq!(
+        cleaner::policy::pick_victim(cleaner::policy::Policy::Greedy, &snap, 1 << 20, bps, &[]),
+        Some(seg)
+    );
+}
+
 /// The cleaner's reserve is spent by one stream only. Relocations split over several GC
 /// streams (as the daemon's classifier splits them by age) used to open a segment each
 /// down to the last free one, and `close_stream` closed the cleaner's open segment even
