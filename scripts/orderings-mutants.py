@@ -37,6 +37,7 @@ WRITTEN = "cargo test --release -p ftl --lib a_written_chunk_never_answers"
 MOVED = "cargo test --release -p ftl --lib a_buffered_block_that_moved"
 NOROOM = "cargo test --release -p ftl --lib a_segment_freed_while_a_writer_finds_no_room"
 TRIMFAST = "cargo test --release -p ftl --lib a_trim_of_blocks_another_trim_is_unmapping"
+TRIMFAILED = "cargo test --release -p ftl --lib a_trim_waiting_behind_a_failed_trim"
 
 # (id, rule, file, [(old text, new text), ...], tests)
 MUTANTS = [
@@ -102,6 +103,12 @@ MUTANTS = [
             self.check_poison()?;
 """, "")],
      [ORDERINGS]),
+    ("trim-failed", "a TRIM finding nothing mapped checks the poison a failed TRIM set before it released the stripes",
+     "ftl/src/engine/mod.rs",
+     [("""            // before it releases the stripes): not a success then.
+            self.check_poison()?;""",
+       """            // before it releases the stripes): not a success then.""")],
+     [TRIMFAILED]),
     ("read-check", "reads check a buffered block against the entry they looked up",
      "ftl/src/engine/read.rs",
      [("""            if self.verify_block(lba, e, out)? {""",

@@ -578,19 +578,36 @@ impl Appender {
         // The pages are read in before anything changes (a miss can fail).
         t.map.prefetch(lba, count as u64)?;
         if !any_mapped(t, lba, count as u64)? {
-            return Ok(());
+            // Nothing mapped may be a failed TRIM's unmaps (below): not a success then.
+            return self.check_poison();
         }
         // Rule 1, as for data.
         let seq = self.entry_seq.fetch_add(1, Ordering::SeqCst);
         for l in lba..lba + count as u64 {
-            let old = match t
-                .map
-                .update(l, |old| old.is_mapped().then_some(MapEntry::UNMAPPED))
-            {
+            #[cfg(test)]
+            let injected = tests::FAIL_TRIM_AT.with(|f| f.get() == Some(l));
+            #[cfg(not(test))]
+            let injected = false;
+            let updated = if injected {
+                Err(Error::Index("injected map page read error".into()))
+            } else {
+                t.map
+                    .update(l, |old| old.is_mapped().then_some(MapEntry::UNMAPPED))
+            };
+            let old = match updated {
                 Ok(old) => old,
                 Err(e) => {
-                    // A page evicted since the prefetch failed to read back: the map and
-                    // the log disagree now, so nothing more is accepted.
+                    // A page evicted since the prefetch failed to read back. The blocks
+                    // unmapped so far are logged, so the log agrees with the map, and the
+                    // FTL is poisoned before the stripes are released: a TRIM of the same
+                    // blocks waiting for them finds them unmapped and must not report
+                    // success for a FLUSH or a kill -9 to lose (found by review,
+                    // 2026-11-27).
+                    if l > lba {
+                        chunk.push_trim(lba, seq, (l - lba) as u32);
+                    }
+                    #[cfg(test)]
+                    tests::maybe_park(&tests::PARK_IN_TRIM);
                     self.set_poison(format!("trim of lba {l} could not read its map page: {e}"));
                     return Err(e);
                 }
@@ -707,8 +724,12 @@ pub(crate) mod tests {
         /// map lookup, and waits for "go" before it looks in the buffers.
         pub(crate) static PARK_AFTER_LOOKUP: Park = const { RefCell::new(None) };
         /// Test hook: `trim_piece` on this thread says it arrived once it unmapped its
-        /// blocks, and waits for "go" before it records its entry.
+        /// blocks, and waits for "go" before it records its entry (or, when it failed,
+        /// before it poisons the FTL).
         pub(crate) static PARK_IN_TRIM: Park = const { RefCell::new(None) };
+        /// Test hook: `trim_piece` on this thread fails to unmap this lba as if its map
+        /// page could not be read back.
+        pub(crate) static FAIL_TRIM_AT: Cell<Option<u64>> = const { Cell::new(None) };
         /// Test hook: `append_loop` on this thread says it arrived once it found no
         /// room and wrote what it sealed, and waits for "go" before it waits for space.
         pub(crate) static PARK_ON_NO_ROOM: Park = const { RefCell::new(None) };

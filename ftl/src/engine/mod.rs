@@ -623,6 +623,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             }
         }
         let Some(first) = first else {
+            // Nothing mapped may be what a TRIM that failed part way unmapped (it poisons
+            // before it releases the stripes): not a success then.
+            self.check_poison()?;
             LiveCounters::add(&self.t.counters.trimmed_blocks, blocks);
             return Ok(());
         };
@@ -1066,6 +1069,38 @@ mod tests {
         let mut b = vec![0u8; 4096];
         f.read(5, &mut b).unwrap();
         assert_eq!(crate::model::observe(5, &b), crate::model::Observed::Tag(0));
+    }
+
+    /// A TRIM that fails part way (a map page that cannot be read back) logs what it
+    /// unmapped and poisons the FTL before it lets go of the stripes. A TRIM of the same
+    /// blocks that passed its poison check earlier and waited for the stripes found them
+    /// unmapped and reported success, for a record nothing had logged: a kill -9 lost it
+    /// (found by review).
+    #[test]
+    fn a_trim_waiting_behind_a_failed_trim_does_not_report_success() {
+        use crate::append::tests::{FAIL_TRIM_AT, PARK_IN_TRIM};
+        let (_, _, f) = small_ftl();
+        let f = Arc::new(f);
+        for l in 5..9 {
+            f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
+        }
+        f.flush().unwrap();
+        let f1 = f.clone();
+        let (go, first) = run_parked(&PARK_IN_TRIM, move || {
+            FAIL_TRIM_AT.with(|x| x.set(Some(7)));
+            f1.trim(5, 4)
+        });
+        // The first TRIM unmapped lbas 5 and 6, failed at 7 and is parked before it
+        // poisons, holding the stripes; the second waits for them.
+        let f2 = f.clone();
+        let second = std::thread::spawn(move || f2.trim(5, 2));
+        std::thread::sleep(Duration::from_millis(200));
+        go.send(()).expect("the parked thread waits for its go");
+        assert!(first.join().unwrap().is_err());
+        assert!(
+            second.join().unwrap().is_err(),
+            "a TRIM behind a failed one reported success for blocks nothing logged"
+        );
     }
 
     /// A writer that found no room notes the space generation under its stream lock: a
