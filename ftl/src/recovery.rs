@@ -20,6 +20,11 @@
 //! chunks of the chain itself; its record lists their numbers, and the roll-forward
 //! steps over each of them it does not find (free rule 7).
 //!
+//! Rule 3: a data entry whose block fails its checksum is skipped (a power cut tore an
+//! unsynced chunk) unless the staging area shows that only the process died in this
+//! boot (`StagedReport::same_boot`): then every chunk was written whole, and the entry
+//! stays mapped so the damaged block reads as EIO.
+//!
 //! Rule 1: replayed chunks are synced before the open checkpoint names them: when only
 //! the process died they may sit unsynced in the backing's cache. Rule 2: what lies past
 //! the break (the chunk at each stream cursor, chunks heading free segments that were not
@@ -60,6 +65,9 @@ pub struct RecoveryReport {
     pub entries_applied: u64,
     /// Data entries whose block did not match its checksum (unsynced, lost in a crash).
     pub entries_skipped: u64,
+    /// Data entries whose block did not match its checksum after only the process died
+    /// (recovery rule 3): damaged on the device. They stay mapped and read as EIO.
+    pub entries_corrupt: u64,
     /// Chunks past the break, or stale in free segments, whose first block was zeroed.
     pub stale_chunks_zeroed: u64,
     /// Chunks of the chain in young segments freed since the checkpoint, not found and
@@ -401,6 +409,15 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
                     let blk = &data[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE];
                     if crc32c::crc32c(blk) == crc {
                         collected.push((*e, start + 1 + k as u64));
+                    } else if report.staged.same_boot {
+                        // Rule 3: after the death of only the process, every chunk the
+                        // log holds was written whole (the area held and rewrote each
+                        // chunk whose write had not returned). A block that fails its
+                        // checksum is damage: it stays mapped and reads as EIO, instead
+                        // of handing back the block's older data or zeros as if the
+                        // write had never completed (found by review, 2026-11-27).
+                        collected.push((*e, start + 1 + k as u64));
+                        report.entries_corrupt += 1;
                     } else {
                         report.entries_skipped += 1;
                     }

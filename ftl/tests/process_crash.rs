@@ -45,6 +45,34 @@ fn unflushed_writes_survive_the_death_of_the_process() {
     }
 }
 
+/// Recovery rule 3: after the death of only the process, a block that fails its
+/// checksum was damaged on the device (every chunk was written whole: the area held each
+/// one whose write had not returned). It reads as EIO; before, recovery skipped its
+/// entry as if a power cut had torn it, and the block read back its older data.
+#[test]
+fn a_block_damaged_on_the_device_reads_as_an_error_after_the_process_died() {
+    let (dev, idx, f) = tiny_crash();
+    f.write(5, &ftl::model::block_for(5, 1), false, S0).unwrap();
+    f.checkpoint().unwrap();
+    f.write(5, &ftl::model::block_for(5, 2), false, S0).unwrap();
+    f.flush().unwrap();
+    let at = f.map_entry(5).unwrap().pba().unwrap() as u64 * 4096;
+    let mut b = vec![0u8; 4096];
+    dev.read_at(at, &mut b).unwrap();
+    b[100] ^= 0xff;
+    dev.write_at(at, &b).unwrap();
+    let staging = f.staging().clone();
+    drop(f);
+    let (f, rep) = Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), staging).unwrap();
+    assert!(rep.recovery.staged.same_boot, "{:?}", rep.recovery);
+    assert_eq!(
+        (rep.recovery.entries_corrupt, rep.recovery.entries_skipped),
+        (1, 0)
+    );
+    let e = f.read(5, &mut b).unwrap_err();
+    assert!(matches!(e, ftl::Error::DataChecksum { lba: 5, .. }), "{e}");
+}
+
 #[test]
 fn without_the_staging_area_unflushed_writes_are_lost() {
     // The control for the test above: a fresh area (a power cut) gives nothing back.

@@ -436,6 +436,13 @@ impl StagingArea {
         recorded.iter().any(|&b| b != 0) && now.iter().any(|&b| b != 0) && recorded != now
     }
 
+    /// Whether the area was reset in this boot of the machine (both boot ids known and
+    /// equal): only a process died since, the machine did not stop.
+    pub fn same_boot(&self) -> bool {
+        let recorded = self.bytes(h_at::BOOT_ID, 16);
+        recorded.iter().any(|&b| b != 0) && recorded == boot_id()
+    }
+
     /// Records `id` as the boot the area was reset in: for tests, an area left by
     /// another boot (rule 5).
     #[doc(hidden)]

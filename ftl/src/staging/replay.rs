@@ -28,6 +28,12 @@ pub struct StagedReport {
     pub entries: u64,
     /// The area belonged to another format, session or boot and was ignored.
     pub ignored_stale: bool,
+    /// The area was the checkpoint's session's, reset in this boot (both boot ids known):
+    /// only the process died, and every chunk write that had not returned was in the area
+    /// and is rewritten above. Every chunk of the log then reads back as it was written,
+    /// and recovery takes a block that fails its checksum for damage, not for a write a
+    /// power cut tore (recovery rule 3).
+    pub same_boot: bool,
 }
 
 /// Replays `area` into `dev` when it belongs to the session that wrote the checkpoint
@@ -53,6 +59,7 @@ pub fn replay<D: BlockDevice>(
         // rather than start a session that makes them stale.
         AreaHeader::Foreign(why) => return Err(bad_area(area, why)),
     }
+    report.same_boot = area.same_boot();
     let recorded_mark = area.next_chunk_mark();
     let slots: Vec<StagedSlot> = (0..area.slot_count() as u32)
         .map(|slot| area.read_slot(slot))
