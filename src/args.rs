@@ -54,9 +54,11 @@ pub struct GeometryArgs {
 impl GeometryArgs {
     pub fn options(&self) -> Result<FormatOptions, CliError> {
         let op_permille = match self.op_percent {
-            Some(p) if !(0.0..100.0).contains(&p) => {
+            // The range the format accepts (it said 0..100 and the format then refused
+            // what it had let through).
+            Some(p) if !(1.0..=90.0).contains(&p) => {
                 return Err(CliError::BadArgs(format!(
-                    "--op-percent {p} must be in 0..100"
+                    "--op-percent {p} must be in 1..=90"
                 )))
             }
             Some(p) => Some((p * 10.0).round() as u32),
@@ -171,5 +173,13 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(g.options().unwrap().op_permille, Some(75));
+        // The format's own range, 1% .. 90%.
+        for bad in [0.5, 95.0] {
+            let g = GeometryArgs {
+                op_percent: Some(bad),
+                ..Default::default()
+            };
+            assert!(g.options().is_err(), "{bad}");
+        }
     }
 }

@@ -13,6 +13,7 @@ use crate::runfiles;
 use clap::Args;
 use ftl::backing::{format_backing, open_backing_staged, StagingPlace};
 use ftl::Config;
+use std::path::Path;
 
 #[derive(Args, Debug)]
 pub struct FormatArgs {
@@ -134,7 +135,7 @@ fn rebuild_index(a: &CheckArgs) -> Result<(), CliError> {
     let dev = ftl::backing::open_device(&a.backing.backing, None)?;
     let (sb, _) = ftl::read_superblock_readonly(&dev)?;
     let staged_file = ftl::backing::staging_file(&runfiles::run_dir(), &sb.uuid_string());
-    if staged_file.exists() {
+    if a_session_staged_in(&staged_file) {
         eprintln!(
             "note: {} holds what a server of this backing staged when it stopped uncleanly; \
              it belongs to the session of the lost index and is not replayed (writes it \
@@ -143,6 +144,16 @@ fn rebuild_index(a: &CheckArgs) -> Result<(), CliError> {
         );
     }
     Ok(())
+}
+
+/// Whether the staging file at `path` holds an area a session took: an open that failed
+/// before its session began leaves a blank one, which holds nothing (the note about it
+/// was a false alarm; found by review, 2026-11-27). One that cannot be read counts.
+fn a_session_staged_in(path: &Path) -> bool {
+    path.exists()
+        && ftl::staging::StagingArea::open_file_snapshot(path)
+            .map(|a| a.owner().is_some())
+            .unwrap_or(true)
 }
 
 /// `ftlblk check`: runs the checker; fails with [`CliError::CheckFailed`] (exit status 1)
@@ -210,5 +221,28 @@ pub fn check(a: CheckArgs) -> Result<(), CliError> {
         Ok(())
     } else {
         Err(CliError::CheckFailed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A blank staging file (an open that failed before its session began) holds
+    /// nothing; one a session took does; no file holds nothing.
+    #[test]
+    fn only_a_staging_file_a_session_took_holds_writes() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let p = d.path().join("x.stage");
+        assert!(!a_session_staged_in(&p));
+        drop(ftl::staging::StagingArea::open_file(&p, 1).expect("area"));
+        assert!(!a_session_staged_in(&p), "blank");
+        let dev = std::sync::Arc::new(ftl::device::mem::MemDevice::new(64 << 20));
+        let idx = std::sync::Arc::new(ftl::index::mem::MemIndex::new());
+        ftl::format(&dev, &idx, &ftl::FormatOptions::default(), false).expect("format");
+        let area = ftl::staging::StagingArea::open_file(&p, 1).expect("area");
+        let (f, _) = ftl::Ftl::open_staged(dev, idx, Config::default(), area).expect("open");
+        drop(f);
+        assert!(a_session_staged_in(&p), "taken by a session");
     }
 }

@@ -131,6 +131,24 @@ mod tests {
         }
     }
 
+    /// `--config` says every device option: one given beside it is refused, not
+    /// silently dropped (`--depth` was let through and ignored).
+    #[test]
+    fn every_device_option_conflicts_with_config() {
+        for opt in [
+            &["--backing", "b.img"][..],
+            &["--depth", "64"],
+            &["--queues", "2"],
+            &["--io-buf-size", "1M"],
+            &["--map-cache", "1G"],
+        ] {
+            let mut argv = vec!["ftlblk", "add", "--config", "f.toml"];
+            argv.extend_from_slice(opt);
+            assert!(Cli::try_parse_from(&argv).is_err(), "{argv:?} was accepted");
+        }
+        assert!(Cli::try_parse_from(["ftlblk", "add", "--config", "f.toml"]).is_ok());
+    }
+
     #[test]
     fn the_service_unit_runs_a_valid_command() {
         let unit = include_str!("../scripts/systemd/ftlblk@.service");

@@ -30,12 +30,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Options `--config` replaces (a configuration file says them all).
-const CONFIG_KEYS: [&str; 10] = [
+const CONFIG_KEYS: [&str; 11] = [
     "backing",
     "size",
     "index",
     "queues",
     "id",
+    "depth",
     "io_buf_size",
     "no_cleaner",
     "map_cache",
