@@ -169,7 +169,8 @@ pub fn open_backing_in(
 ) -> Result<(FileFtl, OpenReport)> {
     let place = {
         let dev = open_device(path, None)?;
-        let (sb, _) = crate::lifecycle::read_superblock(&dev)?;
+        // A look only: the open below repairs a damaged copy and reports it.
+        let (sb, _) = crate::lifecycle::read_superblock_readonly(&dev)?;
         if staging_file(staging_dir, &sb.uuid_string()).exists() {
             StagingPlace::Dir(staging_dir.to_path_buf())
         } else {
@@ -188,7 +189,9 @@ pub fn open_backing_staged(
     place: &StagingPlace,
 ) -> Result<(FileFtl, OpenReport)> {
     let dev = open_device(path, None)?;
-    let (sb, _) = crate::lifecycle::read_superblock(&dev)?;
+    // Repairs a damaged copy; the open's own read then finds both good, so the report
+    // carries these warnings (they were dropped: a repair went unreported).
+    let (sb, repaired) = crate::lifecycle::read_superblock(&dev)?;
     if !index_dir.exists() {
         return Err(Error::IndexMismatch {
             path: index_dir.display().to_string(),
@@ -204,7 +207,10 @@ pub fn open_backing_staged(
             StagingArea::open_file(&staging_file(dir, &sb.uuid_string()), DEFAULT_SLOTS)?
         }
     };
-    Ftl::open_staged(dev, index, cfg, staging).map_err(|e| e.naming_index(index_dir, path))
+    let (f, mut report) =
+        Ftl::open_staged(dev, index, cfg, staging).map_err(|e| e.naming_index(index_dir, path))?;
+    report.warnings.splice(0..0, repaired);
+    Ok((f, report))
 }
 
 /// What [`rebuild_backing_index`] did.

@@ -110,8 +110,9 @@ fn read_superblock_inner<D: BlockDevice>(
         (Ok(sa), other) => {
             let off = Geometry::superblock_offset(1, sa.geometry.segment_bytes);
             warnings.push(format!(
-                "superblock copy B was damaged ({}); rewritten from copy A",
-                describe(&other)
+                "superblock copy B was damaged ({}); {} from copy A",
+                describe(&other),
+                if repair { "rewritten" } else { "read-only: to be rewritten by the next open" }
             ));
             if repair {
                 write_sb(dev, &sa, off)?;
@@ -120,8 +121,9 @@ fn read_superblock_inner<D: BlockDevice>(
         }
         (Err(ea), Some((_, Ok(sb)))) => {
             warnings.push(format!(
-                "superblock copy A was damaged ({}); rewritten from copy B",
-                describe_err(&ea)
+                "superblock copy A was damaged ({}); {} from copy B",
+                describe_err(&ea),
+                if repair { "rewritten" } else { "read-only: to be rewritten by the next open" }
             ));
             if repair {
                 write_sb(dev, &sb, 0)?;

@@ -103,6 +103,30 @@ fn missing_index_and_too_small_backing_are_clear_errors() {
         false,
     )
     .unwrap();
+    // Copy A lost: the open repairs it from copy B and says so.
+    {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&backing)
+            .unwrap();
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(&[0u8; 4096], 0).unwrap();
+    }
+    let (f, report) = open_backing(&backing, &index, Config::default()).unwrap();
+    assert!(
+        report
+            .warnings
+            .iter()
+            .any(|w| w.contains("copy A") && w.contains("rewritten")),
+        "{:?}",
+        report.warnings
+    );
+    f.close().unwrap();
+    drop(f);
+    let (f, report) = open_backing(&backing, &index, Config::default()).unwrap();
+    assert!(report.warnings.is_empty(), "{:?}", report.warnings);
+    f.close().unwrap();
+    drop(f);
     std::fs::remove_dir_all(&index).unwrap();
     let e = open_backing(&backing, &index, Config::default())
         .err()
