@@ -157,7 +157,7 @@ fn a_session_staged_in(path: &Path) -> bool {
 }
 
 /// `ftlblk check`: runs the checker; fails with [`CliError::CheckFailed`] (exit status 1)
-/// when the backing is not clean.
+/// when the backing is not clean (2 when it could not check).
 pub fn check(a: CheckArgs) -> Result<(), CliError> {
     if a.rebuild_index {
         rebuild_index(&a)?;

@@ -46,8 +46,8 @@ scripts/bench.sh runs them beside raw fio on the same file and writes bench.json
   ftlblk replay --trace cbs.csv --format tencent --volume 1283 --capacity wss --json")]
     Replay(replay_cmd::ReplayArgs),
     /// Verify every invariant of a backing and its index offline (read-only); exits 1
-    /// when a problem is found. With --rebuild-index, first rebuild a lost or damaged
-    /// index from the log.
+    /// when a problem is found, 2 when it cannot check (every command exits 2 on
+    /// failure). With --rebuild-index, first rebuild a lost or damaged index from the log.
     #[command(after_help = "Examples (the device must not be served meanwhile):
   ftlblk check --backing /var/lib/ftlblk/a.img
   ftlblk check --backing /var/lib/ftlblk/a.img --rebuild-index   # the index is lost")]

@@ -4,7 +4,7 @@
 //! - `add` / `recover` check their options, then either serve the device in this process
 //!   (`--foreground`: [`crate::daemon::run`]) or start that same command as a background
 //!   daemon through [`crate::launch`], which waits until it reports the device live (then
-//!   its record is printed as JSON and the command exits 0) or fails (exit 1 with the
+//!   its record is printed as JSON and the command exits 0) or fails (exit 2 with the
 //!   daemon's message, or the tail of its log when it died without one).
 //! - `del` stops a device through the kernel (STOP_DEV + DEL_DEV with a fresh control
 //!   handle), waits for its daemon to exit (it checkpoints the FTL and releases the

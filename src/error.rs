@@ -119,6 +119,16 @@ pub enum CliError {
 }
 
 impl CliError {
+    /// The process's exit status for this error: 1 when `check` found the backing not
+    /// clean, 2 for every failure to do what was asked (a script can tell "could not
+    /// check" from "found problems").
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::CheckFailed => 1,
+            _ => 2,
+        }
+    }
+
     /// An I/O error while doing `context`.
     pub fn io(context: impl Into<String>, source: io::Error) -> Self {
         CliError::Io {
@@ -166,6 +176,17 @@ pub fn describe_ublk(e: &UblkError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `check` finding problems exits 1; every failure to do what was asked exits 2.
+    #[test]
+    fn not_clean_and_could_not_check_exit_differently() {
+        assert_eq!(CliError::CheckFailed.exit_code(), 1);
+        assert_eq!(CliError::BadArgs("x".into()).exit_code(), 2);
+        assert_eq!(
+            CliError::from(ftl::Error::Index("corrupt".into())).exit_code(),
+            2
+        );
+    }
 
     #[test]
     fn messages_read_as_one_line_with_their_context() {

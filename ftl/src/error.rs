@@ -78,11 +78,11 @@ pub enum Error {
     /// The index store (sled) failed.
     #[error("index error: {0}")]
     Index(String),
-    /// The index does not belong to this backing.
+    /// The index does not belong to this backing, or cannot be read.
     /// (`path` and `backing` are "index" and "BACKING" from code that knows no paths;
     /// [`Error::naming_index`] fills them in.)
     #[error(
-        "index {path} does not match the backing: {why}. If the index of this backing is \
+        "index {path} cannot serve this backing: {why}. If the index of this backing is \
          lost or damaged, rebuild it from the log: `ftlblk check --backing {backing} \
          --index {path} --rebuild-index`"
     )]

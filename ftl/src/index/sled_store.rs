@@ -62,6 +62,14 @@ impl SledIndex {
                     }
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
+                // Damaged: say how to get a working one back (it said only sled's words).
+                Err(e @ sled::Error::Corruption { .. }) => {
+                    return Err(Error::IndexMismatch {
+                        path: path.display().to_string(),
+                        backing: "BACKING".into(),
+                        why: format!("it is damaged ({e})"),
+                    })
+                }
                 Err(other) => return Err(err(path, other)),
             }
         }
@@ -137,6 +145,32 @@ impl IndexStore for SledIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A damaged index names the way to a working one (`--rebuild-index`), not only
+    /// sled's words.
+    #[test]
+    fn a_damaged_index_points_at_the_rebuild() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("idx");
+        {
+            let s = SledIndex::open(&p).unwrap();
+            s.commit(vec![Op::Put(b"a".to_vec(), vec![7u8; 300])])
+                .unwrap();
+        }
+        // Its configuration file (a damaged log tail sled takes for a torn write).
+        let conf = p.join("conf");
+        let mut bytes = std::fs::read(&conf).unwrap();
+        for b in bytes.iter_mut().skip(4) {
+            *b ^= 0x5a;
+        }
+        std::fs::write(&conf, &bytes).unwrap();
+        let e = SledIndex::open(&p)
+            .err()
+            .expect("a damaged index does not open");
+        let msg = e.to_string();
+        assert!(matches!(e, Error::IndexMismatch { .. }), "{msg}");
+        assert!(msg.contains("--rebuild-index"), "{msg}");
+    }
 
     #[test]
     fn commit_load_clear_and_exclusive() {
