@@ -106,15 +106,21 @@ pub fn format_backing(
     force: bool,
 ) -> Result<Superblock> {
     let dev = open_device(path, create_size)?;
-    if !force && crate::lifecycle::read_superblock(&dev).is_ok() {
-        return Err(Error::AlreadyFormatted(path.display().to_string()));
-    }
-    let index = open_index(index_dir)?;
     let opts = FormatOptions {
         discard_log: dev.is_block_device(),
         ..opts.clone()
     };
-    crate::lifecycle::format(&dev, &index, &opts, force).map_err(|e| match e {
+    let formatted = crate::lifecycle::formattable(&dev, &opts, force).and_then(|_| {
+        // Only for a backing that can be formatted: a failed format left an index
+        // directory that changed what the next `add` did.
+        let index = open_index(index_dir)?;
+        crate::lifecycle::format(&dev, &index, &opts, force)
+    });
+    if formatted.is_err() && dev.created() {
+        // Removed while still locked: nobody else has it open.
+        let _ = std::fs::remove_file(path);
+    }
+    formatted.map_err(|e| match e {
         Error::IndexInUse { uuid, .. } => Error::IndexInUse {
             index: format!("index {}", index_dir.display()),
             uuid,

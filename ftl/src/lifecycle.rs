@@ -239,6 +239,25 @@ fn foreign_data<D: BlockDevice>(dev: &D) -> Result<Option<String>> {
     Ok(None)
 }
 
+/// What [`format`] checks of `dev` before it changes anything, the index aside: the
+/// geometry fits, and (unless `force`) `dev` holds neither an ftlblk format nor other
+/// data ([`foreign_data`]). Returns the geometry.
+pub fn formattable<D: BlockDevice>(dev: &D, opts: &FormatOptions, force: bool) -> Result<Geometry> {
+    let geometry = Geometry::resolve(dev.size(), opts)?;
+    if !force {
+        match read_superblock_readonly(dev) {
+            Err(Error::NotFormatted(..)) => {}
+            _ => return Err(Error::AlreadyFormatted(dev.describe())),
+        }
+        // Only a blank backing is formatted without `force` (found by review,
+        // 2026-11-27: `add` of a mistyped path to a disk image formatted over it).
+        if let Some(what) = foreign_data(dev)? {
+            return Err(Error::ForeignData(dev.describe(), what));
+        }
+    }
+    Ok(geometry)
+}
+
 /// Formats `dev` (and resets `index`). Refuses, unless `force`: an ftlblk-formatted
 /// backing, one holding other data in its first or last MiB ([`foreign_data`]), and an
 /// index holding a checkpoint (another backing's map, or this one's with its superblocks
@@ -249,17 +268,8 @@ pub fn format<D: BlockDevice, I: IndexStore>(
     opts: &FormatOptions,
     force: bool,
 ) -> Result<Superblock> {
-    let geometry = Geometry::resolve(dev.size(), opts)?;
+    let geometry = formattable(dev, opts, force)?;
     if !force {
-        match read_superblock(dev) {
-            Err(Error::NotFormatted(..)) => {}
-            _ => return Err(Error::AlreadyFormatted(dev.describe())),
-        }
-        // Only a blank backing is formatted without `force` (found by review,
-        // 2026-11-27: `add` of a mistyped path to a disk image formatted over it).
-        if let Some(what) = foreign_data(dev)? {
-            return Err(Error::ForeignData(dev.describe(), what));
-        }
         if let Some(ck) = index.reader().get(&Key::checkpoint())? {
             let uuid = CheckpointRecord::decode(&ck)
                 .map(|c| crate::superblock::uuid_string(&c.uuid))

@@ -93,6 +93,28 @@ fn missing_index_and_too_small_backing_are_clear_errors() {
     )
     .unwrap_err();
     assert!(matches!(e, Error::TooSmall(_)), "{e}");
+    // A failed format leaves nothing behind that changes the next one: the file it
+    // created and the index directory are gone.
+    assert!(
+        !backing.exists(),
+        "the backing the failed format created is left"
+    );
+    assert!(
+        !dir.path().join("i").exists(),
+        "the failed format left an index"
+    );
+    // A file that was there before stays.
+    std::fs::write(&backing, b"").unwrap();
+    assert!(format_backing(
+        &backing,
+        &dir.path().join("i"),
+        None,
+        &FormatOptions::default(),
+        false
+    )
+    .is_err());
+    assert!(backing.exists());
+    std::fs::remove_file(&backing).unwrap();
     let backing = dir.path().join("ok.img");
     let index = dir.path().join("idx");
     format_backing(

@@ -77,17 +77,29 @@ pub struct FileDevice {
     size: u64,
     direct: bool,
     block_device: bool,
+    created: bool,
 }
 
 impl FileDevice {
     /// Opens (or, with [`OpenOptions::create_size`], creates) the backing at `path` and
     /// claims it exclusively. See the module documentation for the contract.
+    /// A file this call created is removed again when the open fails after creating it
+    /// (a failed `format --size 0` left a 0-byte backing, which the next `add` called too
+    /// small instead of creating it; found by review, 2026-11-27).
     pub fn open(path: &Path, opts: &OpenOptions) -> io::Result<FileDevice> {
+        let mut created = false;
+        let r = Self::open_inner(path, opts, &mut created);
+        if r.is_err() && created {
+            let _ = std::fs::remove_file(path);
+        }
+        r
+    }
+
+    fn open_inner(path: &Path, opts: &OpenOptions, created: &mut bool) -> io::Result<FileDevice> {
         let with_path = |e: io::Error, what: &str| {
             io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
         };
 
-        let mut created = false;
         let meta = match std::fs::metadata(path) {
             Ok(m) => m,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -105,7 +117,7 @@ impl FileDevice {
                     .mode(0o600)
                     .open(path)
                 {
-                    Ok(_) => created = true,
+                    Ok(_) => *created = true,
                     // Lost a race with another creator: just open what is there.
                     Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                     Err(e) => return Err(with_path(e, "cannot create backing")),
@@ -165,7 +177,7 @@ impl FileDevice {
         let raw_size = if block_device {
             block_device_size(&file).map_err(|e| with_path(e, "cannot get size of"))?
         } else {
-            if created {
+            if *created {
                 if let Some(len) = opts.create_size {
                     // Only size a file we created and nobody has written to yet.
                     let cur = file
@@ -191,7 +203,13 @@ impl FileDevice {
             size,
             direct,
             block_device,
+            created: *created,
         })
+    }
+
+    /// True when this open created the file.
+    pub fn created(&self) -> bool {
+        self.created
     }
 
     /// True when the backing is a block device (not a regular file).

@@ -75,6 +75,21 @@ fn missing_path_without_create_size_is_not_found() {
     assert!(err.to_string().contains(&path.display().to_string()));
 }
 
+/// An open that created the file and then failed (a size the file system refuses)
+/// removes it again: a 0-byte backing left behind was called too small by the next `add`.
+#[test]
+fn a_file_created_by_a_failed_open_is_removed() {
+    let dir = scratch();
+    let path = dir.path().join("huge");
+    let opts = OpenOptions {
+        create_size: Some(u64::MAX / 2),
+        ..Default::default()
+    };
+    assert!(FileDevice::open(&path, &opts).is_err());
+    assert!(!path.exists());
+    assert!(create(&path, 4096).created());
+}
+
 #[test]
 fn existing_file_is_opened_not_resized() {
     let dir = scratch();
