@@ -39,7 +39,8 @@
 #   8. the same fio IOPS runs through a loop device over the same backing file (which
 #      overwrites it: last), for the ratio (emulated: correctness-grade figures).
 #
-# Knobs: FTLBLK_BIN (default target/release/ftlblk), FTLBLK_E2E_DIR (default
+# Knobs: FTLBLK_BIN (default $CARGO_TARGET_DIR/release/ftlblk, target/release/ftlblk
+# without it), FTLBLK_E2E_DIR (default
 # /tmp/ftlblk-e2e; must be writable in the guest), FTLBLK_E2E_SIZE (backing size, default
 # 640M; xfs needs >= 300 MiB exported), FTLBLK_E2E_FS (default "ext4 xfs btrfs f2fs"),
 # FTLBLK_E2E_FIO_SECONDS (default 5; 0 skips the IOPS runs).
@@ -47,7 +48,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/sbin:/sbin"
 
-BIN="$(pwd)/${FTLBLK_BIN:-target/release/ftlblk}"
+# Where cargo put it (CARGO_TARGET_DIR is passed into the guest): an old binary under
+# ./target was tested instead when it was set.
+BIN="${FTLBLK_BIN:-${CARGO_TARGET_DIR:-target}/release/ftlblk}"
+case "$BIN" in /*) ;; *) BIN="$(pwd)/$BIN" ;; esac
 WORK="${FTLBLK_E2E_DIR:-/tmp/ftlblk-e2e}"
 SIZE="${FTLBLK_E2E_SIZE:-640M}"
 FILESYSTEMS="${FTLBLK_E2E_FS:-ext4 xfs btrfs f2fs}"
@@ -433,7 +437,9 @@ umount "$NVMNT"
 nvme disconnect -n "$nqn" || fail "nvme disconnect"
 "$BIN" unexport -n "$NVID" || fail "unexport -n $NVID"
 [ ! -e "/sys/kernel/config/nvmet/subsystems/$nqn" ] || fail "unexport left the subsystem in configfs"
-"$BIN" list | grep -q "exported over NVMe-oF" && fail "list still shows an export"
+# Looked at in what list printed (a list that failed would show nothing, and pass).
+listed="$("$BIN" list)" || fail "list failed"
+echo "$listed" | grep -q "exported over NVMe-oF" && fail "list still shows an export"
 "$BIN" del -n "$NVID" || fail "del -n $NVID after unexport"
 "$BIN" check --backing "$NV" || fail "check of the exported backing"
 
@@ -495,7 +501,8 @@ done
 [ ! -e "/run/ftlblk/$ID.json" ] || fail "record left after SIGTERM"
 grep -q "FTL checkpointed and closed" "/run/ftlblk/$ID.log" || fail "daemon did not close the FTL"
 if grep -qi "panick" /run/ftlblk/*.log; then fail "a daemon panicked"; fi
-if "$BIN" list | grep -q "ublkb$ID "; then fail "list still shows ublkb$ID"; fi
+listed="$("$BIN" list)" || fail "list failed"
+if echo "$listed" | grep -q "ublkb$ID "; then fail "list still shows ublkb$ID"; fi
 offline_check "SIGTERM"
 add_dev
 grep "ftlblk: opened" "/run/ftlblk/$ID.log" | tail -n1 | grep -q '"chunks_replayed":0' \

@@ -12,7 +12,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/sbin:/sbin"
-BIN="$(pwd)/${FTLBLK_BIN:-target/release/ftlblk}"
+# Where cargo put it (CARGO_TARGET_DIR is passed into the guest): an old binary under
+# ./target was tested instead when it was set.
+BIN="${FTLBLK_BIN:-${CARGO_TARGET_DIR:-target}/release/ftlblk}"
+case "$BIN" in /*) ;; *) BIN="$(pwd)/$BIN" ;; esac
 SIZE="${FTLBLK_RUN_SIZE:-2G}"
 DIR="${FTLBLK_RUN_DIR_DATA:-/var/tmp/ftlblk-run}"
 SECS="${FTLBLK_RUN_FIO_SECONDS:-20}"

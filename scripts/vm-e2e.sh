@@ -28,7 +28,7 @@ cargo build --release
 
 if [ ! -e /dev/ublk-control ]; then
     echo "== host without ublk: the CLI must say so"
-    if msg="$(target/release/ftlblk add --backing /tmp/ftlblk-no-ublk.img --size 64M 2>&1)"; then
+    if msg="$("${CARGO_TARGET_DIR:-target}"/release/ftlblk add --backing /tmp/ftlblk-no-ublk.img --size 64M 2>&1)"; then
         fail "add succeeded on a host without ublk"
     fi
     echo "$msg"

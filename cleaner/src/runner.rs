@@ -155,6 +155,23 @@ impl CleanerHandle {
     pub fn stop(mut self) {
         self.shutdown();
     }
+
+    /// Stops the thread and waits for it; an error when the thread ended in a panic
+    /// (which [`CleanerHandle::stop`] and drop pass over: the runner's own guard has
+    /// detached it, and writers free space themselves).
+    pub fn join(mut self) -> Result<(), String> {
+        self.stop.store(true, Ordering::SeqCst);
+        match self.thread.take().map(|t| t.join()) {
+            Some(Err(p)) => Err(format!(
+                "the cleaner thread panicked: {}",
+                p.downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_default()
+            )),
+            _ => Ok(()),
+        }
+    }
     fn shutdown(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {

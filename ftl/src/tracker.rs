@@ -89,6 +89,8 @@ struct GroupState {
     done: u64,
     /// A leader is working.
     running: bool,
+    /// Callers waiting behind the leader.
+    waiting: usize,
 }
 
 /// Leader/follower group commit: callers that need "everything below N done" share the
@@ -121,6 +123,7 @@ impl GroupCommit {
             inner: Mutex::new(GroupState {
                 done,
                 running: false,
+                waiting: 0,
             }),
             cv: Condvar::new(),
         }
@@ -136,6 +139,11 @@ impl GroupCommit {
         self.lock().done
     }
 
+    /// Callers waiting behind the leader now.
+    pub fn waiting(&self) -> usize {
+        self.lock().waiting
+    }
+
     /// Makes everything below `target` done, leading with `work` (which returns how far
     /// it got) or following another leader. Returns whether this call ran `work`.
     pub fn run_to<E>(&self, target: u64, work: impl Fn() -> Result<u64, E>) -> Result<bool, E> {
@@ -146,7 +154,9 @@ impl GroupCommit {
                 return Ok(led);
             }
             if g.running {
+                g.waiting += 1;
                 g = wait(&self.cv, g);
+                g.waiting -= 1;
                 continue;
             }
             g.running = true;

@@ -583,8 +583,14 @@ fn power_cut_run(seed: u64) -> Result<(String, u64, u64), String> {
     let ran = join_all(threads);
     let stats = cleaner.stats();
     let space = space_report(&f, &cleaner);
-    drop(cleaner);
+    let last_error = cleaner.last_error();
+    let joined = cleaner.join();
     ran.map_err(|e| format!("{e} ({plan:?})\n  space: {space}"))?;
+    // The cleaner's own failures are failures: a victim shunned for a checksum error
+    // (engine rule 8's symptom), a failed turn or checkpoint, a panic (writers free space
+    // themselves then, and every check below would still pass).
+    joined?;
+    cleaner_clean(&stats, last_error)?;
     let fs = f.stats();
     let (map, frag) = (fs.map_cache, fs.fragmentation);
     drop(f);
@@ -610,6 +616,17 @@ fn power_cut_run(seed: u64) -> Result<(String, u64, u64), String> {
         fs.free_records_beside_checkpoints,
         fs.segments_freed_early_by_checkpoints,
     ))
+}
+
+/// The cleaner ran without an error, and set aside no victim.
+fn cleaner_clean(stats: &cleaner::RunnerStats, last_error: Option<String>) -> Result<(), String> {
+    if stats.errors > 0 || stats.cleaner.victims_abandoned > 0 {
+        return Err(format!(
+            "the cleaner failed: {} errors, {} victims set aside, last error {last_error:?}",
+            stats.errors, stats.cleaner.victims_abandoned
+        ));
+    }
+    Ok(())
 }
 
 /// Reopens after a crash: the checker must be clean and every LBA must hold a value the
@@ -763,12 +780,38 @@ fn child_run() {
     // libtest has printed "test child_run ... " without a newline: end that line, or the
     // first report would be glued to it.
     println!();
-    let cleaner = start_cleaner(&f, &plan);
+    let cleaner = Arc::new(start_cleaner(&f, &plan));
+    // The cleaner's own failures end the child too (its report is a FAIL line).
+    {
+        let cleaner = cleaner.clone();
+        std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_millis(20));
+            if let Err(e) = cleaner_clean(&cleaner.stats(), cleaner.last_error()) {
+                println!("FAIL {e}");
+                std::process::exit(3);
+            }
+        });
+    }
     let threads = run_threads(&f, &rec, &plan, &stop);
     // Runs until killed; a failure ends the child early with its reason.
     if let Err(e) = join_all(threads) {
         println!("FAIL {e}; space: {}", space_report(&f, &cleaner));
         std::process::exit(3);
+    }
+}
+
+/// Opens the sled index at `dir`, waiting out the lock its last user lets go of a moment
+/// after its last handle was dropped.
+fn open_index_waiting(dir: &Path) -> Result<ftl::index::sled_store::SledIndex, String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match ftl::index::sled_store::SledIndex::open(dir) {
+            Ok(i) => return Ok(i),
+            Err(e) if Instant::now() < deadline && e.to_string().contains("lock") => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => return Err(format!("index: {e}")),
+        }
     }
 }
 
@@ -883,6 +926,30 @@ fn kill_run(seed: u64) -> Result<KillRun, String> {
     }
     let _ = child.wait();
     result?;
+    // The checker over the killed image and what the child staged, as `ftlblk check`
+    // sees them before anything reopens the backing (read-only).
+    {
+        let dev = ftl::backing::open_device(&img, None).map_err(|e| e.to_string())?;
+        let index = open_index_waiting(&idx)?;
+        let (sb, _) = ftl::read_superblock_readonly(&dev).map_err(|e| e.to_string())?;
+        let staged = ftl::backing::staging_file(&stage, &sb.uuid_string());
+        let area = if staged.exists() {
+            Some(
+                ftl::staging::StagingArea::open_file_snapshot(&staged)
+                    .map_err(|e| format!("staging file: {e}"))?,
+            )
+        } else {
+            None
+        };
+        let report = ftl::check::check_staged(&dev, &index, true, area)
+            .map_err(|e| format!("check of the killed image: {e}"))?;
+        if !report.clean() {
+            return Err(format!(
+                "checker on the killed image: {:#?}",
+                report.problems
+            ));
+        }
+    }
     // Reopen as `ftlblk recover` does: the staging area gives back what the child staged.
     let (f, rep) = open_backing_staged(&img, &idx, config(seed), &StagingPlace::Dir(stage))
         .map_err(|e| format!("reopen after the kill: {e}"))?;
@@ -908,17 +975,7 @@ fn kill_run(seed: u64) -> Result<KillRun, String> {
         ));
     }
     let dev = ftl::backing::open_device(&img, None).map_err(|e| e.to_string())?;
-    // sled lets go of its lock a moment after the last handle is dropped.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let index = loop {
-        match ftl::index::sled_store::SledIndex::open(&idx) {
-            Ok(i) => break i,
-            Err(e) if Instant::now() < deadline && e.to_string().contains("lock") => {
-                std::thread::sleep(Duration::from_millis(50))
-            }
-            Err(e) => return Err(format!("index: {e}")),
-        }
-    };
+    let index = open_index_waiting(&idx)?;
     let report = ftl::check::check(&dev, &index, true).map_err(|e| format!("check: {e}"))?;
     if !report.clean() {
         return Err(format!("checker after the kill: {:#?}", report.problems));

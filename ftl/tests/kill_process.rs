@@ -37,6 +37,13 @@ fn next(x: &mut u64) -> u64 {
 #[ignore = "the child process of kill_during_writes_loses_no_completed_write"]
 fn child_writer() {
     let dir = std::env::var(CHILD_ENV).expect("run by kill_during_writes_loses_no_completed_write");
+    // A writer thread that fails ends the whole child, so the parent sees it end early
+    // (a panic kills only its own thread, and the others kept reporting).
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default_hook(info);
+        std::process::exit(3);
+    }));
     let (img, idx, stage) = paths(Path::new(&dir));
     let (f, _) =
         open_backing_staged(&img, &idx, Config::default(), &StagingPlace::Dir(stage)).unwrap();

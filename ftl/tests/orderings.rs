@@ -1125,8 +1125,16 @@ fn a_flush_queued_behind_a_failed_sync_fails_too() {
             let _ = tx.send(f.flush());
         });
     }
-    // The FLUSH seals and writes its chunk, then queues behind the held sync.
-    std::thread::sleep(Duration::from_millis(300));
+    // The FLUSH seals and writes its chunk, then queues behind the held sync (past its
+    // own poison checks: only the rule can fail it now).
+    let queued = Instant::now();
+    while f.sync_waiters() == 0 {
+        assert!(
+            queued.elapsed() < Duration::from_secs(10),
+            "the FLUSH never queued behind the held sync"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     dev.fail_next_sync();
     dev.release(GateOp::Sync);
     assert!(ck.join().unwrap().is_err(), "the checkpoint's sync failed");

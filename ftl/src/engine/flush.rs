@@ -47,6 +47,12 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         Ok(covers)
     }
 
+    /// Callers (FLUSHes, checkpoints, free records) waiting behind the device sync
+    /// another one leads: a test drives one into that wait before it fails the sync.
+    pub fn sync_waiters(&self) -> usize {
+        self.sync.waiting()
+    }
+
     /// Makes every chunk below `target` durable.
     pub(super) fn flush_upto(&self, target: u64) -> Result<()> {
         // Waiting first saves syncs that could not cover `target` yet (and lets rule 4's
