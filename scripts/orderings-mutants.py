@@ -37,6 +37,7 @@ WRITTEN = "cargo test --release -p ftl --lib a_written_chunk_never_answers"
 MOVED = "cargo test --release -p ftl --lib a_buffered_block_that_moved"
 NOROOM = "cargo test --release -p ftl --lib a_segment_freed_while_a_writer_finds_no_room"
 TRIMFAST = "cargo test --release -p ftl --lib a_trim_of_blocks_another_trim_is_unmapping"
+MAPLIMIT = "cargo test --release -p ftl --test api writers_wait_at_the_map_cache_limit"
 TRIMFAILED = "cargo test --release -p ftl --lib a_trim_waiting_behind_a_failed_trim"
 
 # (id, rule, file, [(old text, new text), ...], tests)
@@ -114,6 +115,11 @@ MUTANTS = [
      [("""                    } else if report.staged.same_boot {""",
        """                    } else if false {""")],
      [PROCESS]),
+    ("map-3-limit", "map rule 3: at half the cache dirty a writer waits for the checkpoint under way",
+     "ftl/src/engine/mod.rs",
+     [("""        if !map.over_bound() || (self.ckpt.busy() && !map.at_limit()) {""",
+       """        if !map.over_bound() || self.ckpt.busy() {""")],
+     [MAPLIMIT]),
     ("read-check", "reads check a buffered block against the entry they looked up",
      "ftl/src/engine/read.rs",
      [("""            if self.verify_block(lba, e, out)? {""",

@@ -219,6 +219,14 @@ impl L2p {
         self.capacity_pages < self.pages && self.dirty_pages() > (self.capacity_pages / 4).max(1)
     }
 
+    /// True when half the cache is dirty: a writer waits for a checkpoint under way
+    /// instead of going on (only a checkpoint makes dirty pages evictable, and writers
+    /// that went on while a slow one ran grew the cache without bound; found by review,
+    /// 2026-11-27).
+    pub fn at_limit(&self) -> bool {
+        self.capacity_pages < self.pages && self.dirty_pages() > (self.capacity_pages / 2).max(2)
+    }
+
     fn shard(&self, page: u64) -> &Mutex<Shard> {
         &self.shards[(page % self.shards.len() as u64) as usize]
     }

@@ -524,6 +524,51 @@ fn flash_pages_above_one_mebibyte_are_refused_at_format_and_open() {
     }
 }
 
+/// Map cache rule 3's limit: while a checkpoint is stuck (its map pages' commit held),
+/// a writer stops once half the cache is dirty instead of going on dirtying pages, which
+/// cannot be evicted (the cache grew without bound while a slow checkpoint ran).
+#[test]
+fn writers_wait_at_the_map_cache_limit_while_a_checkpoint_runs() {
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    let idx = Arc::new(MemIndex::new());
+    ftl::format(&dev, &idx, &FormatOptions::default(), false).unwrap();
+    let cfg = Config {
+        map_cache_bytes: 8 * ftl::map::PAGE_RAM_BYTES,
+        ..Config::default()
+    };
+    let (f, _) = Ftl::open(dev.clone(), idx.clone(), cfg).unwrap();
+    let f = Arc::new(f);
+    f.write(0, &block_for(0, 1), false, S0).unwrap();
+    idx.hold_commits_with(ftl::index::Key::MAP_PAGE);
+    let ck = {
+        let f = f.clone();
+        std::thread::spawn(move || f.checkpoint())
+    };
+    assert!(idx.wait_commit_held(std::time::Duration::from_secs(10)));
+    let cap = f.capacity_blocks();
+    let writer = {
+        let f = f.clone();
+        std::thread::spawn(move || {
+            // Every page of the map, again and again.
+            for i in 0..4000u64 {
+                let lba = (i * 512 + i / 64) % cap;
+                f.write(lba, &block_for(lba, 2), false, S0).unwrap();
+            }
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let s = f.stats().map_cache;
+    let stopped = !writer.is_finished();
+    idx.release_commits();
+    ck.join().unwrap().unwrap();
+    writer.join().unwrap();
+    assert!(
+        stopped,
+        "the writer went on while the checkpoint was stuck: {s:?}"
+    );
+    assert!(s.dirty_pages <= 4 + 1, "{s:?}");
+}
+
 /// Map cache rule 3's back-pressure: with a cache of 2 pages of a 64 MiB device's 32
 /// and no background checkpoints, writers spread over the whole map checkpoint
 /// themselves, so the dirty pages (which cannot be evicted) stay near the bound; every

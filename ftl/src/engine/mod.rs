@@ -577,13 +577,26 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         Ok(())
     }
 
-    /// Map rule 3's back-pressure: a writer that finds more dirty map pages than the
-    /// cache holds takes a checkpoint itself (unless one is under way), so the cache stays
-    /// bounded whether or not a background thread checkpoints.
+    /// Map rule 3's back-pressure: a writer that finds a quarter of the cache dirty takes
+    /// a checkpoint itself unless one is under way; at half the cache it waits for the
+    /// one under way, and takes another if that did not bring the map back under the
+    /// bound. The cache stays bounded whether or not a background thread checkpoints, and
+    /// however slow a checkpoint is. Several writers that saw the bound crossed take one
+    /// checkpoint, not one each.
     fn relieve_map(&self) -> Result<()> {
-        if self.t.map.over_bound() && !self.ckpt.busy() {
-            self.checkpoint()?;
+        let map = &self.t.map;
+        if !map.over_bound() || (self.ckpt.busy() && !map.at_limit()) {
+            return Ok(());
         }
+        let t = std::time::Instant::now();
+        self.carry_tombstones()?;
+        let one = self.ckpt.one();
+        if !map.over_bound() {
+            return Ok(());
+        }
+        self.checkpoint_held(one, t)?;
+        // Outside the checkpoint lock, as after any checkpoint.
+        self.discard_waiting(false);
         Ok(())
     }
 
