@@ -43,6 +43,8 @@ use std::sync::Arc;
 
 /// Number of LBA stripe locks (also the largest TRIM record, in blocks).
 pub(crate) const STRIPES: usize = 4096;
+// A TRIM piece fits one summary entry (`summary::MAX_TRIM_BLOCKS`).
+const _: () = assert!(STRIPES as u32 <= crate::summary::MAX_TRIM_BLOCKS);
 
 /// Why the FTL turned read-only, once it did (shared with [`PendingChunks`]).
 type Poison = Arc<Mutex<Option<String>>>;

@@ -79,6 +79,11 @@ pub const MAX_ENTRIES: usize = (BLOCK_SIZE - 4 - HEADER_BYTES) / ENTRY_BYTES;
 pub const MAX_CHUNK_DATA: usize = MAX_ENTRIES;
 /// Bit set in an entry's LBA field for a TRIM record.
 pub const TRIM_FLAG: u64 = 1 << 63;
+/// The most blocks one TRIM entry covers (a TRIM is logged in pieces of at most the
+/// engine's stripe count). A summary claiming more is corrupt: recovery would unmap, and
+/// dirty the map pages of, whatever range it names (a valid checksum over a count of
+/// 2^32 - 1 dirtied the whole map; found by review, 2026-11-27).
+pub const MAX_TRIM_BLOCKS: u32 = 4096;
 
 /// One record of a chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -230,6 +235,11 @@ impl ChunkSummary {
                 .ok_or_else(|| Error::Corrupt("entry seq overflows".into()))?;
             let last = r.seek(at + o::ENTRY_CRC_OR_COUNT)?.u32()?;
             if raw & TRIM_FLAG != 0 {
+                if last == 0 || last > MAX_TRIM_BLOCKS {
+                    return Err(Error::Corrupt(format!(
+                        "chunk summary entry {i}: a TRIM of {last} blocks (1..={MAX_TRIM_BLOCKS})"
+                    )));
+                }
                 entries.push(Entry::Trim {
                     lba: raw & !TRIM_FLAG,
                     seq,
@@ -345,6 +355,19 @@ mod tests {
         at(second + o::ENTRY_SEQ_DELTA, &1u32.to_le_bytes());
         at(second + o::ENTRY_CRC_OR_COUNT, &9u32.to_le_bytes());
         at(o::CRC, &crc32c::crc32c(&b[..o::CRC]).to_le_bytes());
+    }
+
+    /// A TRIM entry of more blocks than one TRIM piece (or of none) is corrupt.
+    #[test]
+    fn a_trim_entry_past_the_piece_size_is_corrupt() {
+        for (count, ok) in [(1, true), (MAX_TRIM_BLOCKS, true), (MAX_TRIM_BLOCKS + 1, false), (0, false), (u32::MAX, false)] {
+            let mut s = sample();
+            s.entries = vec![Entry::Trim { lba: 9, seq: 1000, count }];
+            s.data_blocks = 0;
+            let mut b = vec![0u8; BLOCK_SIZE];
+            s.encode_into(&mut b).unwrap();
+            assert_eq!(ChunkSummary::decode(&b).is_ok(), ok, "count {count}");
+        }
     }
 
     #[test]
