@@ -513,14 +513,18 @@ impl Segments {
             .min()
     }
 
-    /// Records for a checkpoint; `dead` segments are recorded as free.
+    /// Records for a checkpoint; `dead` segments (sorted, as [`Segments::dead_closed`]
+    /// gives them) are recorded as free. Looked up by binary search: a linear `contains`
+    /// made this segments x dead under the checkpoint's stream locks (tens of thousands
+    /// squared on a large disk; found by review, 2026-11-27).
     pub fn records(&self, dead: &[u32]) -> Vec<SegmentRecord> {
+        debug_assert!(dead.windows(2).all(|w| w[0] < w[1]), "dead segments unsorted");
         let t = self.lock();
         t.info
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let is_dead = dead.contains(&(i as u32));
+                let is_dead = dead.binary_search(&(i as u32)).is_ok();
                 SegmentRecord {
                     segment: i as u32,
                     state: if is_dead { SegState::Free } else { s.state },
