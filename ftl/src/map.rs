@@ -219,6 +219,11 @@ impl L2p {
         self.capacity_pages < self.pages && self.dirty_pages() > (self.capacity_pages / 4).max(1)
     }
 
+    /// True when the cache is smaller than the map (misses read the index).
+    pub fn partial(&self) -> bool {
+        self.capacity_pages < self.pages
+    }
+
     /// True when half the cache is dirty: a writer waits for a checkpoint under way
     /// instead of going on (only a checkpoint makes dirty pages evictable, and writers
     /// that went on while a slow one ran grew the cache without bound; found by review,

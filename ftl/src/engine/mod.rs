@@ -543,6 +543,12 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         if let Some(w) = writers {
             w.admit();
         }
+        // A miss reads the index: here, not under the stream lock, where it held every
+        // writer of the stream (and a checkpoint taking the locks) for a sled read
+        // (found by review, 2026-11-27). A hint: a page evicted meanwhile is read again.
+        if self.t.map.partial() {
+            self.t.map.prefetch(lba, n)?;
+        }
         let mut pending = PendingChunks::default();
         let appended = self.append_loop(
             stream,
