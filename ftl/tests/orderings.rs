@@ -116,6 +116,10 @@ fn writers_stay_out_of_a_held_discard(
         std::thread::sleep(Duration::from_millis(10));
     }
     let violations = dev.writes_into_held_discards();
+    assert!(
+        writes.load(Ordering::SeqCst) > 0,
+        "the writer wrote nothing: the test tested nothing"
+    );
     dev.release(GateOp::Discard);
     ck.join().unwrap().unwrap();
     w.join().unwrap();
@@ -312,7 +316,22 @@ fn a_discard_never_takes_the_reserve_from_a_writer() {
         let f = f.clone();
         std::thread::spawn(move || f.discard_waiting(true))
     };
-    let took_it = dev.wait_held(GateOp::Discard, Duration::from_millis(300));
+    // The discarder either takes the segment (and is held at the gate) or leaves it and
+    // returns: waited for, not timed (a discarder not yet scheduled after a fixed wait
+    // let the mutant pass).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let took_it = loop {
+        if dev.wait_held(GateOp::Discard, Duration::from_millis(10)) {
+            break true;
+        }
+        if discarder.is_finished() {
+            break false;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the discarder neither returned nor reached a discard"
+        );
+    };
     // The writer runs into the end of its segment and takes the last free one.
     let open_of_s0 = |f: &GateFtl| {
         f.segment_snapshot()
