@@ -378,18 +378,20 @@ fn serve(
     let failed = start_failed.clone();
     let device_fn = move |d_ctrl: &UblkCtrl| {
         let rec = live_record;
+        // STOP_DEV; one that fails leaves the next signal to try again.
+        let send_stop = || match kctl::check(d_ctrl.kill_dev()) {
+            Ok(_) => shared.mark_stop_sent(),
+            Err(e) => eprintln!(
+                "ftlblk: stopping device {}: {}; send SIGTERM again to retry",
+                rec.id,
+                describe_ublk(&e)
+            ),
+        };
         let stop = |why: String| {
             eprintln!("ftlblk: {why}");
             live_notifier.err(&why);
             *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
-            match kctl::check(d_ctrl.kill_dev()) {
-                Ok(_) => shared.mark_stop_sent(),
-                Err(e) => eprintln!(
-                    "ftlblk: stopping device {}: {}; send SIGTERM again to retry",
-                    rec.id,
-                    describe_ublk(&e)
-                ),
-            }
+            send_stop();
         };
         if !wait_for_path(&rec.block_device, BDEV_WAIT) {
             return stop(format!(
@@ -415,14 +417,7 @@ fn serve(
         live_notifier.ok(&rec);
         if shared.mark_live(rec.id) {
             eprintln!("ftlblk: a stop was requested during start-up; stopping");
-            match kctl::check(d_ctrl.kill_dev()) {
-                Ok(_) => shared.mark_stop_sent(),
-                Err(e) => eprintln!(
-                    "ftlblk: stopping device {}: {}; send SIGTERM again to retry",
-                    rec.id,
-                    describe_ublk(&e)
-                ),
-            }
+            send_stop();
         }
     };
     eprintln!(
