@@ -461,6 +461,8 @@ impl Appender {
             Err(e) => {
                 let err = Error::io("chunk write", offset, e);
                 self.set_poison(err.to_string());
+                // Recovery rule 3: the device may have lost what it had taken.
+                self.staging.mark_device_error();
                 Err(err)
             }
         };

@@ -337,8 +337,14 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         cfg: Config,
         staging: Arc<StagingArea>,
     ) -> Result<(Self, OpenReport)> {
-        let (sb, warnings) = read_superblock(&dev)?;
+        let (sb, mut warnings) = read_superblock(&dev)?;
         let (parts, recovery) = recover(dev, index, sb, cfg, "index", staging)?;
+        if recovery.entries_corrupt > 0 {
+            warnings.push(format!(
+                "{} blocks written before the server died fail their checksum: damaged on                  the backing, they read as I/O errors (recovery rule 3)",
+                recovery.entries_corrupt
+            ));
+        }
         let ftl = Ftl::from_parts(parts);
         ftl.start_session()?;
         Ok((ftl, OpenReport { recovery, warnings }))

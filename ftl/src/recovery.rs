@@ -22,8 +22,9 @@
 //!
 //! Rule 3: a data entry whose block fails its checksum is skipped (a power cut tore an
 //! unsynced chunk) unless the staging area shows that only the process died in this
-//! boot (`StagedReport::same_boot`): then every chunk was written whole, and the entry
-//! stays mapped so the damaged block reads as EIO.
+//! boot and its session saw no device write or sync fail (`StagedReport::same_boot`):
+//! then every chunk was written whole, and the entry stays mapped so the damaged block
+//! reads as EIO.
 //!
 //! Rule 1: replayed chunks are synced before the open checkpoint names them: when only
 //! the process died they may sit unsynced in the backing's cache. Rule 2: what lies past

@@ -1165,6 +1165,10 @@ fn a_flush_queued_behind_a_failed_sync_fails_too() {
         "a FLUSH queued behind a failed sync acknowledged the writes it lost"
     );
     assert!(f.flush().is_err(), "the FTL stays poisoned");
+    assert!(
+        f.staging().device_error(),
+        "the staging area records the device error for recovery rule 3"
+    );
 }
 
 /// Free rule 3: the record is committed only after the log sync that makes the deaths

@@ -71,6 +71,46 @@ fn a_block_damaged_on_the_device_reads_as_an_error_after_the_process_died() {
     );
     let e = f.read(5, &mut b).unwrap_err();
     assert!(matches!(e, ftl::Error::DataChecksum { lba: 5, .. }), "{e}");
+    assert!(
+        rep.warnings
+            .iter()
+            .any(|w| w.contains("fail their checksum")),
+        "{:?}",
+        rep.warnings
+    );
+}
+
+/// Recovery rule 3 holds only when the session saw no device error: a device write or
+/// sync that failed may mean the device lost writes that had returned (a cache lost
+/// without a reboot), and a block failing its checksum is then skipped as after a power
+/// cut, not read as EIO.
+#[test]
+fn after_a_device_error_a_block_failing_its_checksum_is_skipped() {
+    let (dev, idx, f) = tiny_crash();
+    f.write(5, &ftl::model::block_for(5, 1), false, S0).unwrap();
+    f.checkpoint().unwrap();
+    f.write(5, &ftl::model::block_for(5, 2), false, S0).unwrap();
+    f.flush().unwrap();
+    let at = f.map_entry(5).unwrap().pba().unwrap() as u64 * 4096;
+    let mut b = vec![0u8; 4096];
+    dev.read_at(at, &mut b).unwrap();
+    b[100] ^= 0xff;
+    dev.write_at(at, &b).unwrap();
+    let staging = f.staging().clone();
+    staging.mark_device_error();
+    drop(f);
+    let (f, rep) = Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), staging).unwrap();
+    assert!(!rep.recovery.staged.same_boot, "{:?}", rep.recovery);
+    assert_eq!(
+        (rep.recovery.entries_corrupt, rep.recovery.entries_skipped),
+        (0, 1)
+    );
+    f.read(5, &mut b).unwrap();
+    assert_eq!(
+        ftl::model::observe(5, &b),
+        ftl::model::Observed::Tag(1),
+        "the version before the lost write"
+    );
 }
 
 #[test]

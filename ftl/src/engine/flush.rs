@@ -74,6 +74,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 // this sync must not lead a second one, which can succeed (an fsync
                 // reports a writeback error once) and acknowledge what this one lost.
                 self.set_poison(err.to_string());
+                // Recovery rule 3: the device may have lost writes that returned.
+                self.log.staging().mark_device_error();
                 err
             })
         })?;

@@ -59,7 +59,11 @@
 //!  56  [u8; 16] boot id of the machine when the area was reset (`/proc/sys/kernel/
 //!               random/boot_id`; zero: unknown, as an older build left it), outside
 //!               the crc: rule 5
-//!  72  ...      zero
+//!  72  u32      device error: non-zero once a device write or sync failed in the
+//!               owning session (zero from an older build), outside the crc; recovery
+//!               rule 3 then takes a block that fails its checksum for one the device
+//!               lost, not for damage
+//!  76  ...      zero
 //! slot i at 4096 + i * SLOT_BYTES:
 //!   meta, 8192 bytes
 //!     0  u32  state: 0 free, 1 open, 2 sealed (atomic)
@@ -127,6 +131,9 @@ pub mod header_offsets {
     pub const NEXT_CHUNK_MARK: usize = 48;
     /// Rule 5; 16 bytes, not covered by the crc.
     pub const BOOT_ID: usize = 56;
+    /// u32, not covered by the crc: non-zero once a device write or sync failed in the
+    /// owning session (recovery rule 3).
+    pub const DEVICE_ERROR: usize = 72;
 }
 
 /// This machine's boot id (`/proc/sys/kernel/random/boot_id`, a UUID), or zeros when it
@@ -437,7 +444,7 @@ impl StagingArea {
     }
 
     /// Whether the area was reset in this boot of the machine (both boot ids known and
-    /// equal): only a process died since, the machine did not stop.
+    /// equal): the machine did not stop since.
     pub fn same_boot(&self) -> bool {
         let recorded = self.bytes(h_at::BOOT_ID, 16);
         recorded.iter().any(|&b| b != 0) && recorded == boot_id()
@@ -491,6 +498,22 @@ impl StagingArea {
         self.atomic64(h_at::NEXT_CHUNK_MARK)
             .store(next_chunk_seq, Ordering::Release);
         self.set_boot_id(boot_id());
+        self.atomic32(h_at::DEVICE_ERROR)
+            .store(0, Ordering::Release);
+    }
+
+    /// Records that a device write or sync failed in this session: the device may have
+    /// lost writes that returned (a cache lost with no reboot: an enclosure that lost
+    /// power, a network target that restarted), so recovery rule 3 must not take a block
+    /// failing its checksum for damage (found by review, 2026-11-27).
+    pub fn mark_device_error(&self) {
+        self.atomic32(h_at::DEVICE_ERROR)
+            .store(1, Ordering::Release);
+    }
+
+    /// Whether [`Self::mark_device_error`] was called in the owning session.
+    pub fn device_error(&self) -> bool {
+        self.atomic32(h_at::DEVICE_ERROR).load(Ordering::Acquire) != 0
     }
 
     /// A free slot, if one is left.

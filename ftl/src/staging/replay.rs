@@ -28,9 +28,9 @@ pub struct StagedReport {
     pub entries: u64,
     /// The area belonged to another format, session or boot and was ignored.
     pub ignored_stale: bool,
-    /// The area was the checkpoint's session's, reset in this boot (both boot ids known):
-    /// only the process died, and every chunk write that had not returned was in the area
-    /// and is rewritten above. Every chunk of the log then reads back as it was written,
+    /// The area was the checkpoint's session's, reset in this boot (both boot ids known),
+    /// and that session saw no device write or sync fail: only the process died, and
+    /// every chunk write that had not returned was in the area and is rewritten above. Every chunk of the log then reads back as it was written,
     /// and recovery takes a block that fails its checksum for damage, not for a write a
     /// power cut tore (recovery rule 3).
     pub same_boot: bool,
@@ -59,7 +59,9 @@ pub fn replay<D: BlockDevice>(
         // rather than start a session that makes them stale.
         AreaHeader::Foreign(why) => return Err(bad_area(area, why)),
     }
-    report.same_boot = area.same_boot();
+    // Rule 3 of recovery needs both: no reboot, and no device error that may have lost
+    // writes that returned.
+    report.same_boot = area.same_boot() && !area.device_error();
     let recorded_mark = area.next_chunk_mark();
     let slots: Vec<StagedSlot> = (0..area.slot_count() as u32)
         .map(|slot| area.read_slot(slot))
