@@ -173,7 +173,8 @@ pub fn check(a: CheckArgs) -> Result<(), CliError> {
             dir.display()
         )));
     }
-    let index = ftl::index::sled_store::SledIndex::open(&dir)?;
+    let index = ftl::index::sled_store::SledIndex::open(&dir)
+        .map_err(|e| e.naming_index(&dir, &a.backing.backing))?;
     // What a dead server of this backing staged is part of what the next open sees: check
     // it too (a private view; the file is left as it is).
     let (sb, _) = ftl::read_superblock_readonly(&dev)?;

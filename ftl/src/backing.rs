@@ -205,7 +205,7 @@ pub fn open_backing_staged(
             why: "the directory does not exist (give --index, or the index of this backing was removed)".into(),
         });
     }
-    let index = open_index(index_dir)?;
+    let index = open_index(index_dir).map_err(|e| e.naming_index(index_dir, path))?;
     // Opened only once the backing is locked: one server per staging file.
     let staging = match place {
         StagingPlace::Memory => StagingArea::in_memory(DEFAULT_SLOTS)?,

@@ -54,7 +54,7 @@ pub enum Error {
     #[error("{0} holds data that is not an ftlblk format ({1}): a file system, partition table or disk image? Formatting would destroy it; check the path, or format it with `ftlblk format --force`")]
     ForeignData(String, String),
     /// The index directory holds the checkpoint of a backing and `force` was not given.
-    #[error("{index} holds the map of the ftlblk backing {uuid}; formatting would erase it. Give this backing an index of its own (--index), or pass --force")]
+    #[error("{index} holds the map of the ftlblk backing {uuid}; formatting would erase it. Give this backing an index of its own (--index), remove that index if its backing is gone, or format anyway with `ftlblk format --force`")]
     IndexInUse { index: String, uuid: String },
     /// No valid superblock.
     #[error("no valid ftlblk superblock on {0}: {1}")]

@@ -270,14 +270,21 @@ pub fn format<D: BlockDevice, I: IndexStore>(
 ) -> Result<Superblock> {
     let geometry = formattable(dev, opts, force)?;
     if !force {
+        // A checkpoint of epoch 0 is a format's own, never opened: nothing was written
+        // through it (a format that failed after its index commit, or was interrupted,
+        // left one, and the next format refused the index for a backing that exists
+        // nowhere; found by review, 2026-11-27).
         if let Some(ck) = index.reader().get(&Key::checkpoint())? {
-            let uuid = CheckpointRecord::decode(&ck)
-                .map(|c| crate::superblock::uuid_string(&c.uuid))
-                .unwrap_or_else(|_| "of unknown uuid".into());
-            return Err(Error::IndexInUse {
-                index: "the index".into(),
-                uuid,
-            });
+            let ck = CheckpointRecord::decode(&ck);
+            if ck.as_ref().map_or(true, |c| c.epoch > 0) {
+                let uuid = ck
+                    .map(|c| crate::superblock::uuid_string(&c.uuid))
+                    .unwrap_or_else(|_| "of unknown uuid".into());
+                return Err(Error::IndexInUse {
+                    index: "the index".into(),
+                    uuid,
+                });
+            }
         }
     }
     let created_secs = std::time::SystemTime::now()

@@ -102,16 +102,22 @@ fn format_refuses_foreign_data_and_an_index_in_use_without_force() {
         ftl::format(&dev, &MemIndex::new(), &FormatOptions::default(), true).unwrap();
     }
 
-    // Backing A's index given for a blank backing B.
+    // Backing A's index given for a blank backing B: refused once A was opened (a
+    // format's own checkpoint, never opened, holds nothing: a format that failed after
+    // its index commit left one, and it does not stand in the way).
     let a = Arc::new(MemDevice::new(64 << 20));
     let idx = Arc::new(MemIndex::new());
-    let sb = ftl::format(&a, &idx, &FormatOptions::default(), false).unwrap();
+    ftl::format(&a, &idx, &FormatOptions::default(), false).unwrap();
+    let b = Arc::new(MemDevice::new(64 << 20));
+    ftl::format(&b, &idx, &FormatOptions::default(), false).unwrap();
+    let sb = ftl::format(&a, &idx, &FormatOptions::default(), true).unwrap();
+    let (f, _) = Ftl::open(a.clone(), idx.clone(), Config::default()).unwrap();
+    f.close().unwrap();
     let b = Arc::new(MemDevice::new(64 << 20));
     let e = ftl::format(&b, &idx, &FormatOptions::default(), false).unwrap_err();
     assert!(matches!(e, Error::IndexInUse { .. }), "{e}");
     assert!(e.to_string().contains(&sb.uuid_string()), "{e}");
-    let (f, _) = Ftl::open(a.clone(), idx.clone(), Config::default()).unwrap();
-    f.close().unwrap();
+    assert!(e.to_string().contains("ftlblk format --force"), "{e}");
     ftl::format(&b, &idx, &FormatOptions::default(), true).unwrap();
 }
 
