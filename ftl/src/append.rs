@@ -734,6 +734,9 @@ pub(crate) mod tests {
         /// Test hook: `trim_piece` on this thread fails to unmap this lba as if its map
         /// page could not be read back.
         pub(crate) static FAIL_TRIM_AT: Cell<Option<u64>> = const { Cell::new(None) };
+        /// Test hook: `Ftl::trim` on this thread says it arrived once past its first
+        /// poison check, and waits for "go".
+        pub(crate) static PARK_AFTER_TRIM_CHECK: Park = const { RefCell::new(None) };
         /// Test hook: `append_loop` on this thread says it arrived once it found no
         /// room and wrote what it sealed, and waits for "go" before it waits for space.
         pub(crate) static PARK_ON_NO_ROOM: Park = const { RefCell::new(None) };

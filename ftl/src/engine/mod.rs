@@ -616,6 +616,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     pub fn trim(&self, lba: u64, blocks: u64) -> Result<()> {
         self.check_range(lba, blocks)?;
         self.check_poison()?;
+        #[cfg(test)]
+        crate::append::tests::maybe_park(&crate::append::tests::PARK_AFTER_TRIM_CHECK);
         self.space.note_foreground();
         // Nothing mapped, nothing to log (`append::trim_piece`), and no segment opened
         // for it. A write that completed before this TRIM began is mapped here; one
@@ -1097,7 +1099,7 @@ mod tests {
     /// (found by review).
     #[test]
     fn a_trim_waiting_behind_a_failed_trim_does_not_report_success() {
-        use crate::append::tests::{FAIL_TRIM_AT, PARK_IN_TRIM};
+        use crate::append::tests::{FAIL_TRIM_AT, PARK_AFTER_TRIM_CHECK, PARK_IN_TRIM};
         let (_, _, f) = small_ftl();
         let f = Arc::new(f);
         for l in 5..9 {
@@ -1110,10 +1112,11 @@ mod tests {
             f1.trim(5, 4)
         });
         // The first TRIM unmapped lbas 5 and 6, failed at 7 and is parked before it
-        // poisons, holding the stripes; the second waits for them.
+        // poisons, holding the stripes. The second is past its first poison check (parked
+        // there, so it cannot meet the poison early), then goes for the stripes.
         let f2 = f.clone();
-        let second = std::thread::spawn(move || f2.trim(5, 2));
-        std::thread::sleep(Duration::from_millis(200));
+        let (go2, second) = run_parked(&PARK_AFTER_TRIM_CHECK, move || f2.trim(5, 2));
+        go2.send(()).expect("the second TRIM waits for its go");
         go.send(()).expect("the parked thread waits for its go");
         assert!(first.join().unwrap().is_err());
         assert!(
