@@ -21,7 +21,9 @@ pub struct FormatArgs {
     pub backing: BackingArgs,
     #[command(flatten)]
     pub geometry: GeometryArgs,
-    /// Overwrite an existing ftlblk format (its data is lost).
+    /// Format anyway: over an existing ftlblk format, over other data (a file system,
+    /// partition table or image in the first or last MiB) and over an index that holds
+    /// another backing's map. Whatever was there is lost.
     #[arg(long)]
     pub force: bool,
 }

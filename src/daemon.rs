@@ -2,10 +2,12 @@
 //!
 //! Contract of [`run`]:
 //! 1. Marks the process an I/O flusher (`PR_SET_IO_FLUSHER`, inherited by every thread
-//!    started after it), then opens the FTL (recovering after a crash). `add` formats a missing backing file
-//!    (created sparse) or a regular file without an ftlblk superblock first; a block
-//!    device is never formatted implicitly. A backing another server holds fails with the
-//!    FTL's `Busy` error and nothing is created in the kernel.
+//!    started after it), then opens the FTL (recovering after a crash). `add` formats a
+//!    missing backing file (created sparse) or a blank regular file without an ftlblk
+//!    superblock first (first and last MiB zero, no other backing's map in its index); a
+//!    block device is never formatted implicitly. A backing another server holds fails
+//!    with the FTL's `Busy` error (a block device mounted or claimed otherwise: its EBUSY)
+//!    and nothing is created in the kernel.
 //! 2. Starts the write-time stream classifier, the cleaner thread (unless disabled; its
 //!    output split by age through the classifier) and the control plane ([`Control`](crate::control::Control):
 //!    signals, checkpoint timer, stats socket).

@@ -54,9 +54,10 @@ A backing whose daemon died while its device stayed in the kernel is re-attached
 (as `ftlblk recover`) instead of getting a second device.")]
 pub struct AddArgs {
     /// Backing file or block device. A missing file is created sparse (see --size) and
-    /// formatted; an existing regular file without an ftlblk format is formatted; a
-    /// formatted backing is opened, recovering after a crash. A block device is never
-    /// formatted implicitly (use `ftlblk format`).
+    /// formatted; an existing regular file without an ftlblk format is formatted only
+    /// when its first and last MiB read as zeros and its index holds no other backing's
+    /// map (else: `ftlblk format --force`); a formatted backing is opened, recovering
+    /// after a crash. A block device is never formatted implicitly (use `ftlblk format`).
     #[arg(long, required_unless_present = "config")]
     pub backing: Option<PathBuf>,
     /// Read the device's options from this TOML file (keys: backing, index, size,
@@ -467,7 +468,8 @@ fn owned_or_forced(id: u32, has_record: bool, force: bool) -> Result<(), CliErro
         return Ok(());
     }
     Err(CliError::Device(format!(
-        "ublk device {id} has no ftlblk record ({}): it may be another ublk server's          device. `ftlblk del -n {id} --force` deletes it anyway",
+        "ublk device {id} has no ftlblk record ({}): it may be another ublk server's \
+         device. `ftlblk del -n {id} --force` deletes it anyway",
         runfiles::record_path(id).display()
     )))
 }

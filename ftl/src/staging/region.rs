@@ -79,8 +79,8 @@ impl Region {
                 open_err(path, e)
             });
         }
-        file.set_permissions(std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| open_err(path, e))?;
+        // Best effort: a file system without modes (vfat, some FUSE) still holds the area.
+        let _ = file.set_permissions(std::fs::Permissions::from_mode(0o600));
         let have = file.metadata().map_err(|e| open_err(path, e))?.len() as usize;
         let len = have.max(min_len).div_ceil(4096) * 4096;
         if len != have {
