@@ -56,24 +56,26 @@ fn fetch_stats(id: u32) -> Result<String, CliError> {
     let s = match UnixStream::connect(&sock) {
         Ok(s) => s,
         Err(e) => {
-            return Err(match runfiles::read_record(id).ok().flatten() {
-                Some(r) if !runfiles::pid_alive(r.pid) => CliError::Device(format!(
+            return Err(match runfiles::read_record(id) {
+                // A record that cannot be read is not a missing one: say why.
+                Err(re) => re,
+                Ok(Some(r)) if !runfiles::pid_alive(r.pid) => CliError::Device(format!(
                     "the daemon of device {id} (pid {}) is not running; if /dev/ublkb{id} still \
                      exists, re-attach it with `ftlblk recover -n {id}`",
                     r.pid
                 )),
-                Some(_) => CliError::io(
+                Ok(Some(_)) => CliError::io(
                     format!(
                         "cannot reach the daemon of device {id} at {}",
                         sock.display()
                     ),
                     e,
                 ),
-                None => CliError::Device(format!(
+                Ok(None) => CliError::Device(format!(
                     "ublk device {id} not found (no {}; is it served by ftlblk?)",
                     runfiles::record_path(id).display()
                 )),
-            })
+            });
         }
     };
     read_document(s, &sock)

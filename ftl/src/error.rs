@@ -60,11 +60,19 @@ pub enum Error {
     #[error("no valid ftlblk superblock on {0}: {1}")]
     NotFormatted(String, String),
     /// Superblock from a newer or unknown version.
-    #[error("superblock version {found} is not supported (this build knows version {supported})")]
-    UnsupportedVersion { found: u32, supported: u32 },
+    #[error("{backing} holds an ftlblk superblock of version {found}; this build knows version {supported}: a newer ftlblk formatted it, serve it with that one")]
+    UnsupportedVersion {
+        backing: String,
+        found: u32,
+        supported: u32,
+    },
     /// Backing smaller now than when it was formatted.
-    #[error("backing shrunk: formatted with {formatted} bytes, now {now} bytes")]
-    Shrunk { formatted: u64, now: u64 },
+    #[error("{backing} is smaller than when it was formatted ({formatted} bytes, now {now}): the end of its log is missing; give it back its size (a file: truncate -s {formatted})")]
+    Shrunk {
+        backing: String,
+        formatted: u64,
+        now: u64,
+    },
     /// A checksum or structural check failed on persisted metadata.
     #[error("corrupt metadata: {0}")]
     Corrupt(String),

@@ -132,6 +132,7 @@ fn read_superblock_inner<D: BlockDevice>(
         }
         (Err(SbDecode::Version(v)), _) => {
             return Err(Error::UnsupportedVersion {
+                backing: name,
                 found: v,
                 supported: SB_VERSION,
             })
@@ -159,6 +160,7 @@ fn read_superblock_inner<D: BlockDevice>(
     }
     if dev.size() < sb.geometry.backing_bytes {
         return Err(Error::Shrunk {
+            backing: name,
             formatted: sb.geometry.backing_bytes,
             now: dev.size(),
         });

@@ -207,6 +207,10 @@ fn unknown_version_and_shrunk_backing_are_named() {
         matches!(e, Error::UnsupportedVersion { found: 9, .. }),
         "{e}"
     );
+    assert!(
+        e.to_string().contains(&dev.describe()),
+        "names the backing: {e}"
+    );
 
     // Same image on a smaller device.
     let big = MemDevice::new(64 << 20);
@@ -215,6 +219,7 @@ fn unknown_version_and_shrunk_backing_are_named() {
     let mut blk = vec![0u8; 4096];
     big.read_at(0, &mut blk).unwrap();
     small.write_at(0, &blk).unwrap();
+    let name = small.describe();
     let e = Ftl::open(small, MemIndex::new(), Config::default())
         .err()
         .unwrap();
@@ -223,6 +228,8 @@ fn unknown_version_and_shrunk_backing_are_named() {
         "{e} (formatted {})",
         sb.geometry.backing_bytes
     );
+    let msg = e.to_string();
+    assert!(msg.contains(&name) && msg.contains("truncate -s"), "{msg}");
 }
 
 #[test]
