@@ -350,7 +350,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         let (parts, recovery) = recover(dev, index, sb, cfg, "index", staging)?;
         if recovery.entries_corrupt > 0 {
             warnings.push(format!(
-                "{} blocks written before the server died fail their checksum: damaged on                  the backing, they read as I/O errors (recovery rule 3)",
+                "{} blocks written before the server died fail their checksum: damaged on \
+                 the backing, they read as I/O errors (recovery rule 3)",
                 recovery.entries_corrupt
             ));
         }

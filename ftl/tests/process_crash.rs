@@ -45,12 +45,10 @@ fn unflushed_writes_survive_the_death_of_the_process() {
     }
 }
 
-/// Recovery rule 3: after the death of only the process, a block that fails its
-/// checksum was damaged on the device (every chunk was written whole: the area held each
-/// one whose write had not returned). It reads as EIO; before, recovery skipped its
-/// entry as if a power cut had torn it, and the block read back its older data.
-#[test]
-fn a_block_damaged_on_the_device_reads_as_an_error_after_the_process_died() {
+/// Lba 5 written twice (a checkpoint between), flushed, its second version damaged on
+/// the device; then the process dies (its staging area kept, marked with a device error
+/// when `device_error`) and the backing is reopened.
+fn reopen_with_lba_5_damaged(device_error: bool) -> (CrashFtl, ftl::OpenReport) {
     let (dev, idx, f) = tiny_crash();
     f.write(5, &ftl::model::block_for(5, 1), false, S0).unwrap();
     f.checkpoint().unwrap();
@@ -62,8 +60,21 @@ fn a_block_damaged_on_the_device_reads_as_an_error_after_the_process_died() {
     b[100] ^= 0xff;
     dev.write_at(at, &b).unwrap();
     let staging = f.staging().clone();
+    if device_error {
+        staging.mark_device_error();
+    }
     drop(f);
-    let (f, rep) = Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), staging).unwrap();
+    Ftl::open_staged(dev, idx, Config::default(), staging).unwrap()
+}
+
+/// Recovery rule 3: after the death of only the process, a block that fails its
+/// checksum was damaged on the device (every chunk was written whole: the area held each
+/// one whose write had not returned). It reads as EIO; before, recovery skipped its
+/// entry as if a power cut had torn it, and the block read back its older data.
+#[test]
+fn a_block_damaged_on_the_device_reads_as_an_error_after_the_process_died() {
+    let (f, rep) = reopen_with_lba_5_damaged(false);
+    let mut b = vec![0u8; 4096];
     assert!(rep.recovery.staged.same_boot, "{:?}", rep.recovery);
     assert_eq!(
         (rep.recovery.entries_corrupt, rep.recovery.entries_skipped),
@@ -74,7 +85,7 @@ fn a_block_damaged_on_the_device_reads_as_an_error_after_the_process_died() {
     assert!(
         rep.warnings
             .iter()
-            .any(|w| w.contains("fail their checksum")),
+            .any(|w| w.contains("fail their checksum: damaged on the backing")),
         "{:?}",
         rep.warnings
     );
@@ -86,20 +97,8 @@ fn a_block_damaged_on_the_device_reads_as_an_error_after_the_process_died() {
 /// cut, not read as EIO.
 #[test]
 fn after_a_device_error_a_block_failing_its_checksum_is_skipped() {
-    let (dev, idx, f) = tiny_crash();
-    f.write(5, &ftl::model::block_for(5, 1), false, S0).unwrap();
-    f.checkpoint().unwrap();
-    f.write(5, &ftl::model::block_for(5, 2), false, S0).unwrap();
-    f.flush().unwrap();
-    let at = f.map_entry(5).unwrap().pba().unwrap() as u64 * 4096;
+    let (f, rep) = reopen_with_lba_5_damaged(true);
     let mut b = vec![0u8; 4096];
-    dev.read_at(at, &mut b).unwrap();
-    b[100] ^= 0xff;
-    dev.write_at(at, &b).unwrap();
-    let staging = f.staging().clone();
-    staging.mark_device_error();
-    drop(f);
-    let (f, rep) = Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), staging).unwrap();
     assert!(!rep.recovery.staged.same_boot, "{:?}", rep.recovery);
     assert_eq!(
         (rep.recovery.entries_corrupt, rep.recovery.entries_skipped),
