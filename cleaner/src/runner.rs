@@ -153,36 +153,33 @@ impl CleanerHandle {
     }
     /// Stops the thread and waits for it.
     pub fn stop(mut self) {
-        self.shutdown();
+        let _ = self.shutdown();
     }
 
     /// Stops the thread and waits for it; an error when the thread ended in a panic
     /// (which [`CleanerHandle::stop`] and drop pass over: the runner's own guard has
     /// detached it, and writers free space themselves).
     pub fn join(mut self) -> Result<(), String> {
-        self.stop.store(true, Ordering::SeqCst);
-        match self.thread.take().map(|t| t.join()) {
-            Some(Err(p)) => Err(format!(
+        self.shutdown().map_err(|p| {
+            format!(
                 "the cleaner thread panicked: {}",
                 p.downcast_ref::<&str>()
                     .map(|s| s.to_string())
                     .or_else(|| p.downcast_ref::<String>().cloned())
                     .unwrap_or_default()
-            )),
-            _ => Ok(()),
-        }
+            )
+        })
     }
-    fn shutdown(&mut self) {
+    /// Stops the thread and waits for it; the thread's end (`Err`: it panicked).
+    fn shutdown(&mut self) -> std::thread::Result<()> {
         self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.thread.take().map_or(Ok(()), |t| t.join())
     }
 }
 
 impl Drop for CleanerHandle {
     fn drop(&mut self) {
-        self.shutdown();
+        let _ = self.shutdown();
     }
 }
 

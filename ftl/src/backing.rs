@@ -120,13 +120,7 @@ pub fn format_backing(
         // Removed while still locked: nobody else has it open.
         let _ = std::fs::remove_file(path);
     }
-    formatted.map_err(|e| match e {
-        Error::IndexInUse { uuid, .. } => Error::IndexInUse {
-            index: format!("index {}", index_dir.display()),
-            uuid,
-        },
-        e => e,
-    })
+    formatted.map_err(|e| e.naming_index(index_dir, path))
 }
 
 /// Where an opened backing keeps its chunk buffers.

@@ -120,8 +120,8 @@ fn open_message(path: &std::path::Path, source: &io::Error) -> String {
 }
 
 impl Error {
-    /// Names the index directory and the backing in an [`Error::IndexMismatch`] raised by
-    /// code that knows neither (the command it gives was to be run as printed, and a
+    /// Names the index directory and the backing in an [`Error::IndexMismatch`] (the
+    /// directory in an [`Error::IndexInUse`]) raised by code that knows neither (the command it gives was to be run as printed, and a
     /// literal `--index index` rebuilt a directory of that name; found by review,
     /// 2026-11-27).
     pub fn naming_index(self, index_dir: &std::path::Path, backing: &std::path::Path) -> Self {
@@ -130,6 +130,10 @@ impl Error {
                 path: index_dir.display().to_string(),
                 backing: backing.display().to_string(),
                 why,
+            },
+            Error::IndexInUse { uuid, .. } => Error::IndexInUse {
+                index: format!("index {}", index_dir.display()),
+                uuid,
             },
             e => e,
         }

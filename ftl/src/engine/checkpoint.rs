@@ -285,13 +285,19 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// checkpoint was about to start (the daemon's control plane polls every second, the
     /// cleaner's runner every turn) does not run a second one right behind it.
     pub fn checkpoint_if_due(&self) -> Result<Option<CheckpointReport>> {
-        if !self.checkpoint_due() {
+        self.checkpoint_if(|| self.checkpoint_due())
+    }
+
+    /// A checkpoint if `needed` holds before and, once the checkpoint lock is held (a
+    /// checkpoint under way is waited for), still holds after; `None` when not.
+    pub(super) fn checkpoint_if(&self, needed: impl Fn() -> bool) -> Result<Option<CheckpointReport>> {
+        if !needed() {
             return Ok(None);
         }
         let t = Instant::now();
         self.carry_tombstones()?;
         let one = self.ckpt.one();
-        if !self.checkpoint_due() {
+        if !needed() {
             return Ok(None);
         }
         let r = self.checkpoint_held(one, t)?;

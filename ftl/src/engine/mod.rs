@@ -591,19 +591,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// checkpoint, not one each.
     fn relieve_map(&self) -> Result<()> {
         let map = &self.t.map;
-        if !map.over_bound() || (self.ckpt.busy() && !map.at_limit()) {
+        if self.ckpt.busy() && !map.at_limit() {
             return Ok(());
         }
-        let t = std::time::Instant::now();
-        self.carry_tombstones()?;
-        let one = self.ckpt.one();
-        if !map.over_bound() {
-            return Ok(());
-        }
-        self.checkpoint_held(one, t)?;
-        // Outside the checkpoint lock, as after any checkpoint.
-        self.discard_waiting(false);
-        Ok(())
+        self.checkpoint_if(|| map.over_bound()).map(|_| ())
     }
 
     /// Writes chunks a [`Ftl::relocate_deferred`] or [`Ftl::write_via`] sealed, then
