@@ -5,6 +5,11 @@ that should catch it: every rule must have at least one test that fails without 
 Usage: scripts/orderings-mutants.py [MUTANT_ID ...]      (default: all)
        scripts/orderings-mutants.py --list
        scripts/orderings-mutants.py --check     (only: is every mutant's text in place?)
+       scripts/orderings-mutants.py --no-baseline MUTANT_ID ...
+
+Before any mutant, each test command the chosen mutants name runs once on the unmutated
+tree (the baseline): it must pass and run at least one test, or a failure under a mutant
+would prove nothing (`--no-baseline` skips it).
 
 Works in a scratch git worktree of HEAD (/tmp/ftlblk-mutants, its own target dir), so the
 checkout you work in is never touched. For each mutant it applies one textual change (it
@@ -39,6 +44,7 @@ NOROOM = "cargo test --release -p ftl --lib a_segment_freed_while_a_writer_finds
 TRIMFAST = "cargo test --release -p ftl --lib a_trim_of_blocks_another_trim_is_unmapping"
 MAPLIMIT = "cargo test --release -p ftl --test api writers_wait_at_the_map_cache_limit"
 TRIMFAILED = "cargo test --release -p ftl --lib a_trim_waiting_behind_a_failed_trim"
+RULE7 = "cargo test --release -p ftl --test orderings a_write_sealing_more_chunks_than"
 
 # (id, rule, file, [(old text, new text), ...], tests)
 MUTANTS = [
@@ -98,6 +104,14 @@ MUTANTS = [
                 Ok(())""",
        """                Ok(())""")],
      [WRITTEN]),
+    ("engine-7", "engine rule 7: a writer holding deferred chunks writes them BEFORE it waits for a staging slot",
+     "ftl/src/engine/mod.rs",
+     [("""                if let Some(d) = defer.as_deref_mut() {
+                    self.write_chunks(d.take())?;
+                }""",
+       """                if let Some(_d) = defer.as_deref_mut() {
+                }""")],
+     [RULE7]),
     ("engine-9", "engine rule 9: a failed sync poisons BEFORE the sync group's next leader, which checks it",
      "ftl/src/engine/flush.rs",
      [("""            // Rule 9: a leader after a failed one fails too (see below).
@@ -457,10 +471,39 @@ def check_texts(root):
 
 
 def sh(cmd, cwd, timeout=3600):
+    """Runs `cmd`: its exit status (124 when it ran past `timeout`), output and seconds."""
     t = time.time()
-    p = subprocess.run(cmd, shell=True, cwd=cwd, stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, timeout=timeout)
-    return p.returncode, p.stdout.decode(errors="replace"), time.time() - t
+    try:
+        p = subprocess.run(cmd, shell=True, cwd=cwd, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=timeout, start_new_session=True)
+        return p.returncode, p.stdout.decode(errors="replace"), time.time() - t
+    except subprocess.TimeoutExpired as e:
+        return 124, (e.output or b"").decode(errors="replace") + "\n(timed out)", time.time() - t
+
+
+def tests_run(out):
+    """How many tests the output of one `cargo test` command says it ran."""
+    n = 0
+    for ln in out.splitlines():
+        ln = ln.strip()
+        if ln.startswith("running ") and ln.endswith((" tests", " test")):
+            n += int(ln.split()[1])
+    return n
+
+
+def baseline(cmds, cwd):
+    """Runs each test command on the unmutated tree: a command that fails there, or runs
+    no test, would count as a catch (or miss) for reasons other than the mutant."""
+    bad = []
+    for cmd in cmds:
+        rc, out, secs = sh(cmd, cwd)
+        n = tests_run(out)
+        short = cmd.split("cargo test")[-1].strip()
+        print(f"  baseline: {short}: {'FAILED' if rc else 'passed'}, {n} tests ({secs:.0f} s)",
+              flush=True)
+        if rc or n == 0:
+            bad.append(short)
+    return bad
 
 
 def main():
@@ -482,6 +525,12 @@ def main():
     subprocess.check_call(["git", "worktree", "add", "--detach", WT, "HEAD"], cwd=root)
     missed = []
     try:
+        cmds = list(dict.fromkeys(c for m in mutants for c in m[4]))
+        if "--no-baseline" not in sys.argv:
+            bad = baseline(cmds, WT)
+            if bad:
+                print("these commands fail or run no test without any mutant:", "; ".join(bad))
+                return 2
         for mid, rule, path, edits, tests in mutants:
             f = os.path.join(WT, path)
             src = open(f).read()

@@ -1761,3 +1761,39 @@ fn writers_wait_while_the_chunk_writers_are_behind() {
         assert_eq!(buf, block_for(l, l + 1), "block {l}");
     }
 }
+
+/// Engine rule 7: a writer holding chunks it deferred to the chunk writers
+/// ([`Ftl::write_via`]) writes them itself BEFORE it waits for a staging slot, since each
+/// of them holds one. Without the rule, one write sealing more chunks than the staging
+/// area has slots waits for the slots it holds, for ever.
+#[test]
+fn a_write_sealing_more_chunks_than_there_are_staging_slots_does_not_wait_for_itself() {
+    let dev = Arc::new(CrashDevice::new(ftl::model::tiny::DEVICE_BYTES));
+    let idx = Arc::new(MemIndex::new());
+    ftl::format(&dev, &idx, &tiny(), false).unwrap();
+    let area = ftl::staging::StagingArea::in_memory(2).unwrap();
+    let (f, _) = Ftl::open_staged(dev, idx, Config::default(), area).unwrap();
+    let f = Arc::new(f);
+    let pool = Arc::new(ftl::ChunkWriters::spawn(&f, 1, "rule-7-test").expect("pool"));
+    // 32 blocks: 8 chunks of the tiny geometry's 16 KiB pages, in one write.
+    const BLOCKS: u64 = 32;
+    let data: Vec<u8> = (0..BLOCKS).flat_map(|l| block_for(l, l + 7)).collect();
+    let (tx, rx) = std::sync::mpsc::channel();
+    {
+        let (f, pool) = (f.clone(), pool.clone());
+        std::thread::spawn(move || {
+            let r = f.write_via(0, &data, false, S0, &pool);
+            let _ = tx.send(r.map_err(|e| e.to_string()));
+        });
+    }
+    match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(r) => r.expect("the write"),
+        Err(_) => panic!("a write of {BLOCKS} blocks through 2 staging slots did not complete"),
+    }
+    f.flush().expect("flush");
+    let mut buf = vec![0u8; ftl::device::BLOCK_SIZE];
+    for l in 0..BLOCKS {
+        f.read(l, &mut buf).expect("read");
+        assert_eq!(buf, block_for(l, l + 7), "block {l}");
+    }
+}
