@@ -260,6 +260,22 @@ MUTANTS = [
                 continue;
             }""")],
      [MAPLIB]),
+    ("map-1", "map cache rule 1: a dirty page is never evicted",
+     "ftl/src/map.rs",
+     [("""            if s.dirty || s.writing {
+                continue;
+            }""", """            if s.writing {
+                continue;
+            }""")],
+     [MAPLIB]),
+    ("map-4", "map cache rule 4: a miss reads the index under its shard's lock",
+     "ftl/src/map.rs",
+     [("""        self.read_into(page, &mut entries)?;
+        let slot = Slot {""", """        drop(sh);
+        self.read_into(page, &mut entries)?;
+        let mut sh = lock(self.shard(page));
+        let slot = Slot {""")],
+     [MAPLIB]),
     ("free-1", "free rule 1: only segments the last checkpoint recorded closed (or young ones)",
      "ftl/src/engine/free.rs",
      [("""                } else if !in_flight

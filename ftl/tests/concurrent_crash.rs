@@ -32,6 +32,9 @@
 //! (soaks in parallel processes: the runs mostly wait on the simulated latencies). A
 //! failure names its seed and what it found.
 
+mod common;
+
+use common::Watchdog;
 use ftl::backing::{format_backing, open_backing_staged, StagingPlace};
 use ftl::device::crash::CrashDevice;
 use ftl::index::mem::MemIndex;
@@ -51,6 +54,9 @@ use std::time::{Duration, Instant};
 const CI_POWER_CUTS: u64 = 80;
 /// Process deaths per CI run (a child process each, about 1 s).
 const CI_KILLS: u64 = 30;
+/// A run still going after this long is a hang (runs take about a second): the watchdog
+/// fails the test with its seed rather than letting it wait for CI's limit.
+const RUN_LIMIT: Duration = Duration::from_secs(240);
 
 fn seeds(ci: u64) -> Vec<u64> {
     if let Some(s) = std::env::var("FTL_CRASH_SEED")
@@ -674,6 +680,7 @@ fn power_cuts_at_random_instants_lose_nothing_acknowledged() {
     let mut summary = None;
     let (mut beside, mut early) = (0, 0);
     for &seed in &seeds {
+        let _watchdog = Watchdog::arm(format!("power-cut run of seed {seed}"), RUN_LIMIT);
         match power_cut_run(seed) {
             Ok((s, b, e)) => {
                 summary = Some(s);
@@ -760,6 +767,10 @@ fn child_run() {
     let dir = std::env::var(CHILD_DIR).expect("run by the kill test");
     let seed: u64 = std::env::var(CHILD_SEED).unwrap().parse().unwrap();
     let (img, idx, stage) = child_paths(Path::new(&dir));
+    // Dies with the parent (a test process aborted by its watchdog must not leave a
+    // child writing on, holding cargo's output pipe open).
+    // SAFETY: prctl(2) with plain integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) };
     // The parent formatted the index a moment ago; sled lets go of its lock a moment
     // after the last handle is dropped.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -891,6 +902,8 @@ fn kill_run(seed: u64) -> Result<KillRun, String> {
         .stderr(Stdio::inherit())
         .spawn()
         .map_err(|e| e.to_string())?;
+    let watchdog = Watchdog::arm(format!("process-death run of seed {seed}"), RUN_LIMIT);
+    watchdog.kill_on_expiry(child.id());
     let stdout = child.stdout.take().ok_or("no child stdout")?;
     let mut lines = BufReader::new(stdout).lines();
     let mut r = SmallRng::seed_from_u64(seed ^ 0x4b11);
