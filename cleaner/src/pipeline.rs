@@ -60,6 +60,8 @@ pub(crate) struct Prepared {
     pub(crate) reads: ftl::ReadCount,
     /// Picked by static wear levelling, not by the policy.
     pub(crate) wear: bool,
+    /// What its pick spent of the wear budget (given back if it is not cleaned).
+    pub(crate) wear_spent: u64,
     /// Chosen and listed by the picker thread while the victim before it was read.
     pub(crate) ahead: bool,
 }
@@ -75,6 +77,7 @@ pub(crate) struct Chosen {
     at: Instant,
     pick_ns: u64,
     wear: bool,
+    wear_spent: u64,
     /// Chosen by the picker thread before it was asked for.
     ahead: bool,
 }
@@ -114,11 +117,14 @@ fn choose<D: BlockDevice, I: IndexStore>(
             }
             None
         } else {
-            w.filter(|&w| budget.spend(policy, extra(w), user))
+            w.map(|w| (w, extra(w)))
+                .filter(|&(_, x)| budget.spend(policy, x, user))
         }
     } else {
         None
     };
+    let wear_spent = wear.map_or(0, |(_, x)| x);
+    let wear = wear.map(|(w, _)| w);
     let Some(victim) = wear.or(picked) else {
         return Ok(None);
     };
@@ -145,6 +151,7 @@ fn choose<D: BlockDevice, I: IndexStore>(
         at: Instant::now(),
         pick_ns: t.elapsed().as_nanos() as u64,
         wear: wear.is_some(),
+        wear_spent,
         ahead: false,
     }))
 }
@@ -206,8 +213,22 @@ fn finish<D: BlockDevice, I: IndexStore>(
         read_ns,
         reads,
         wear: chosen.wear,
+        wear_spent: chosen.wear_spent,
         ahead: chosen.ahead,
     })
+}
+
+/// [`finish`], giving back what the pick spent of the wear budget if it fails: only a
+/// victim that is cleaned spends it.
+fn finish_or_refund<D: BlockDevice, I: IndexStore>(
+    ftl: &Ftl<D, I>,
+    budget: &WearBudget,
+    chosen: Chosen,
+    window_blocks: u64,
+    buf: Option<&mut AlignedBuf>,
+) -> Result<Prepared, crate::Error> {
+    let spent = chosen.wear_spent;
+    finish(ftl, chosen, window_blocks, buf).inspect_err(|_| budget.refund(spent))
 }
 
 /// Picks a victim under `policy` (not one of `exclude`) and lists its live blocks in
@@ -223,7 +244,7 @@ pub(crate) fn prepare<D: BlockDevice, I: IndexStore>(
 ) -> Result<Option<Prepared>, crate::Error> {
     let given = buf.is_some();
     match choose(ftl, budget, policy, exclude, window_blocks, given, false)? {
-        Some(c) => finish(ftl, c, window_blocks, buf).map(Some),
+        Some(c) => finish_or_refund(ftl, budget, c, window_blocks, buf).map(Some),
         None => Ok(None),
     }
 }
@@ -246,6 +267,18 @@ impl WearBudget {
         }
         self.0.fetch_add(extra, Ordering::Relaxed);
         true
+    }
+
+    /// Gives back `extra` spent for a victim that was not cleaned after all (a stale or
+    /// failed prefetch): without it every stale prefetch of a wear victim spent its
+    /// copies twice, once more when the cleaner picked it again, and wear levelling got
+    /// about half its budget (found by review, 2026-11-27).
+    pub(crate) fn refund(&self, extra: u64) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(extra))
+            });
     }
 
     /// Extra copies spent so far.
@@ -272,6 +305,8 @@ pub(crate) struct Prefetcher {
     rx: mpsc::Receiver<Answer>,
     pending: bool,
     spare: Option<AlignedBuf>,
+    /// Shared with the cleaner: an answer dropped here gives back its wear spending.
+    budget: WearBudget,
 }
 
 /// A prefetched victim older than this is picked again (the device moved on).
@@ -299,6 +334,7 @@ impl Prefetcher {
         let (tx, req_rx) = mpsc::channel::<Request>();
         let (ans_tx, rx) = mpsc::channel::<Answer>();
         let ftl = ftl.clone();
+        let kept = budget.clone();
         let budget = budget.clone();
         let wb = window_blocks;
         std::thread::Builder::new()
@@ -347,8 +383,10 @@ impl Prefetcher {
                         ex.push(c.victim);
                         asked = job_tx.send((r.policy, ex)).is_ok();
                     }
-                    let p = chosen
-                        .and_then(|c| c.map(|c| finish(&ftl, c, wb, Some(&mut r.buf))).transpose());
+                    let p = chosen.and_then(|c| {
+                        c.map(|c| finish_or_refund(&ftl, &budget, c, wb, Some(&mut r.buf)))
+                            .transpose()
+                    });
                     if ans_tx.send((p, r.buf)).is_err() {
                         break;
                     }
@@ -365,6 +403,7 @@ impl Prefetcher {
             rx,
             pending: false,
             spare: Some(AlignedBuf::new(buf_len)),
+            budget: kept,
         })
     }
 
@@ -384,7 +423,10 @@ impl Prefetcher {
                 self.spare = Some(std::mem::replace(window, buf));
                 Some(p)
             }
-            _ => {
+            other => {
+                if let Ok(Some(p)) = other {
+                    self.budget.refund(p.wear_spent);
+                }
                 self.spare = Some(buf);
                 None
             }
@@ -410,12 +452,70 @@ impl Prefetcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::wear_victim;
     use ftl::model::{block_for, mem_ftl};
     use ftl::{FormatOptions, StreamId};
 
     /// The picker chooses and lists the next victim while the one handed over is read:
     /// the second request is answered with a victim chosen ahead, not the one before it.
     /// A request under another policy is not answered with a choice made under the first.
+    /// A wear-levelling victim the prefetcher picked and the cleaner then dropped (stale)
+    /// gives its spending back: only the victim the cleaner cleans spends the budget
+    /// (each stale prefetch spent it twice, once more when the cleaner picked the victim
+    /// again).
+    #[test]
+    fn a_dropped_wear_victim_gives_its_budget_back() {
+        let opts = FormatOptions {
+            segment_bytes: Some(64 << 10),
+            ..Default::default()
+        };
+        let (_, _, f) = mem_ftl(64 * (64 << 10), &opts);
+        let f = Arc::new(f);
+        let bps = f.geometry().blocks_per_segment() as u64;
+        // Cold data, never rewritten, and a segment half overwritten (the policy's pick).
+        let cold = 20 * bps;
+        for l in 0..cold + bps {
+            f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
+        }
+        for l in (cold..cold + bps).step_by(2) {
+            f.write(l, &block_for(l, 2), false, StreamId(1)).unwrap();
+        }
+        // A hot segment's worth rewritten until the free segments are worn far past the
+        // cold ones (their segments die whole and are freed and reused).
+        let hot = cold + 2 * bps;
+        for round in 0..600u64 {
+            for l in hot..hot + bps {
+                f.write(l, &block_for(l, round + 3), false, StreamId(2))
+                    .unwrap();
+            }
+        }
+        let snap = f.segment_snapshot();
+        let w = wear_victim(&snap, &[]).expect("a wear spread wide enough for a wear victim");
+        let wb = bps;
+        let len = wb as usize * BLOCK_SIZE;
+        let budget = WearBudget::default();
+        let mut window = AlignedBuf::new(len);
+        let mut pf = Prefetcher::spawn(&f, &budget, wb, len, Duration::from_secs(60)).unwrap();
+        pf.request(Policy::Greedy, vec![]);
+        std::thread::sleep(PREFETCH_MAX_AGE + Duration::from_millis(30));
+        assert!(
+            pf.take(Policy::Greedy, &mut window).is_none(),
+            "a stale prefetch is dropped"
+        );
+        assert_eq!(
+            budget.spent(),
+            0,
+            "the dropped wear victim {w} kept its spending"
+        );
+        // The cleaner picks it in line: now it spends, once.
+        let p = prepare(&f, &budget, Policy::Greedy, &[], wb, None)
+            .unwrap()
+            .expect("a victim");
+        assert!(p.wear, "the wear victim {w} is picked, not {}", p.victim);
+        assert!(p.wear_spent > 0);
+        assert_eq!(budget.spent(), p.wear_spent);
+    }
+
     #[test]
     fn the_victim_after_the_one_handed_over_is_chosen_ahead() {
         let opts = FormatOptions {

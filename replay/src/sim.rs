@@ -237,10 +237,7 @@ pub fn simulate(
     // Summary and padding blocks: the log's own metadata.
     let metadata =
         |c: &ftl::Counters| c.summary_blocks + c.padding_bytes / ftl::device::BLOCK_SIZE as u64;
-    let mut hist = [0u64; 10];
-    for u in &cleaner.victim_utilization {
-        hist[((u * 10.0) as usize).min(9)] += 1;
-    }
+    let hist = cleaner.victim_utilization;
     let mut per_stream: Vec<StreamFigures> = (0..8u8)
         .map(|s| {
             let (user, gc) = (
