@@ -214,7 +214,8 @@ pub fn check_staged<D: BlockDevice, I: IndexStore>(
     let format_id = sb.format_id();
     let map = &parts.map;
     let segs = &parts.segs;
-    let mut summary_lba: HashMap<u64, u64> = HashMap::new();
+    // Block -> the LBA and checksum its summary entry names.
+    let mut summary_lba: HashMap<u64, (u64, u32)> = HashMap::new();
     for seg in 1..geo.segment_count {
         let state = segs.state(seg);
         if state == Some(SegState::Free) {
@@ -226,8 +227,8 @@ pub fn check_staged<D: BlockDevice, I: IndexStore>(
             let (off, s) = chunk?;
             let mut k = 0u64;
             for e in &s.entries {
-                if let Entry::Data { lba, .. } = *e {
-                    summary_lba.insert(start + off as u64 + 1 + k, lba);
+                if let Entry::Data { lba, crc, .. } = *e {
+                    summary_lba.insert(start + off as u64 + 1 + k, (lba, crc));
                     k += 1;
                 }
             }
@@ -253,8 +254,18 @@ pub fn check_staged<D: BlockDevice, I: IndexStore>(
             _ => {}
         }
         match summary_lba.get(&pba) {
-            Some(&l) if l == lba => {}
-            Some(&l) => problems.push(Problem::new(
+            // The checksum too: a map entry whose crc is not its block's reads as EIO
+            // (without data verification nothing else would notice; found by review,
+            // 2026-11-27).
+            Some(&(l, crc)) if l == lba && crc == e.crc() => {}
+            Some(&(l, crc)) if l == lba => problems.push(Problem::new(
+                "map vs summaries",
+                format!(
+                    "lba {lba} -> block {pba} with crc32c {:08x}, whose summary says {crc:08x}",
+                    e.crc()
+                ),
+            )),
+            Some(&(l, _)) => problems.push(Problem::new(
                 "map vs summaries",
                 format!("lba {lba} -> block {pba}, whose summary names lba {l}"),
             )),

@@ -117,6 +117,33 @@ pub struct ChunkSummary {
     pub entries: Vec<Entry>,
 }
 
+/// Whether a TRIM entry of `count` blocks is one the engine writes (1..=MAX_TRIM_BLOCKS).
+pub fn trim_count_valid(count: u32) -> bool {
+    (1..=MAX_TRIM_BLOCKS).contains(&count)
+}
+
+/// Why `entries` cannot make a summary that decodes, if they cannot: more than
+/// [`MAX_ENTRIES`], sequence numbers below the first or 2^32 past it, a TRIM count
+/// outside `1..=MAX_TRIM_BLOCKS`. For entries from outside the engine (the staging area),
+/// checked before anything is written from them.
+pub fn entries_invalid(entries: &[Entry]) -> Option<String> {
+    if entries.len() > MAX_ENTRIES {
+        return Some(format!("{} entries (at most {MAX_ENTRIES})", entries.len()));
+    }
+    let base = entries.first().map_or(0, Entry::seq);
+    for (i, e) in entries.iter().enumerate() {
+        if e.seq().checked_sub(base).is_none_or(|d| d > u32::MAX as u64) {
+            return Some(format!("entry {i}: seq {} not within 2^32 above {base}", e.seq()));
+        }
+        if let Entry::Trim { count, .. } = *e {
+            if !trim_count_valid(count) {
+                return Some(format!("entry {i}: a TRIM of {count} blocks"));
+            }
+        }
+    }
+    None
+}
+
 impl ChunkSummary {
     /// Blocks the chunk occupies: summary + data + padding.
     pub fn total_blocks(&self) -> u32 {
@@ -235,7 +262,7 @@ impl ChunkSummary {
                 .ok_or_else(|| Error::Corrupt("entry seq overflows".into()))?;
             let last = r.seek(at + o::ENTRY_CRC_OR_COUNT)?.u32()?;
             if raw & TRIM_FLAG != 0 {
-                if last == 0 || last > MAX_TRIM_BLOCKS {
+                if !trim_count_valid(last) {
                     return Err(Error::Corrupt(format!(
                         "chunk summary entry {i}: a TRIM of {last} blocks (1..={MAX_TRIM_BLOCKS})"
                     )));

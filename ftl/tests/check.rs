@@ -132,6 +132,39 @@ fn a_chunk_of_an_earlier_format_covers_no_map_entry() {
     );
 }
 
+/// A map entry whose checksum is not the one its block's summary recorded: every read
+/// of the LBA fails (EIO). The checker compared only the LBA the summary names, so
+/// without data verification (`--no-data`) it called such an index clean (found by
+/// review, 2026-11-27).
+#[test]
+fn a_map_entry_with_a_checksum_its_summary_does_not_hold_is_reported() {
+    let (dev, idx, f) = tiny_crash();
+    for l in 0..40u64 {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+    }
+    f.close().unwrap();
+    let mut entries = vec![u64::MAX; 393usize.min(ftl::records::PAGE_ENTRIES)];
+    for l in 0..40u64 {
+        entries[l as usize] = f.map_entry(l).unwrap().0;
+    }
+    drop(f);
+    assert!(check(&*dev, &*idx, false).unwrap().clean());
+    let e = ftl::MapEntry(entries[7]);
+    entries[7] = ftl::MapEntry::new(e.pba().unwrap(), e.crc() ^ 1).0;
+    idx.poke(
+        ftl::index::Key::map_page(0),
+        ftl::records::MapPage { page: 0, entries }.encode(),
+    );
+    let r = check(&*dev, &*idx, false).unwrap();
+    assert!(
+        r.problems
+            .iter()
+            .any(|p| p.check == "map vs summaries" && p.detail.contains("lba 7 ")),
+        "{:#?}",
+        r.problems
+    );
+}
+
 /// Bug 6 of issue 14: after the server died, the checker reported "clean" while
 /// completed writes existed only in its staging file. Given the file, it checks what the
 /// next open will see, and changes neither the file nor the backing.

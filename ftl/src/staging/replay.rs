@@ -115,6 +115,17 @@ pub fn replay<D: BlockDevice>(
             .iter()
             .filter(|e| matches!(e, Entry::Data { .. }))
             .count();
+        // Entries carry their own checksums, but a summary the roll-forward would refuse
+        // ends the chain there and loses every acknowledged write behind it; and `seal`
+        // failing below, after earlier chunks were written, would change the log (found
+        // by review, 2026-11-27).
+        if let Some(why) = crate::summary::entries_invalid(&s.entries) {
+            return Err(bad(
+                area,
+                slot,
+                format!("its entries cannot be logged: {why}"),
+            ));
+        }
         let capacity = chunk_capacity(bps, p.offset);
         if p.seg == 0
             || p.seg >= geo.segment_count

@@ -302,3 +302,58 @@ fn an_area_knows_the_boot_it_was_reset_in() {
     a.set_boot_id([0; 16]);
     assert!(!a.from_another_boot(), "unknown: an older build's area");
 }
+
+/// A staged entry the summary format refuses (here a TRIM of more blocks than the
+/// engine logs in one entry, with a valid entry checksum) makes the area damaged before
+/// anything is written: replayed, it made a summary the roll-forward refused, which ended
+/// the chain there and lost the acknowledged writes behind it.
+#[test]
+fn a_staged_entry_no_summary_can_hold_refuses_the_area_and_writes_nothing() {
+    use crate::device::mem::MemDevice;
+    use crate::index::mem::MemIndex;
+    use crate::model::block_for;
+    use crate::summary::{Entry, MAX_TRIM_BLOCKS};
+    use crate::{BlockDevice, Config, FormatOptions, Ftl, StreamId};
+    let dev = Arc::new(MemDevice::new(32 * (64 << 10)));
+    let idx = Arc::new(MemIndex::new());
+    let opts = FormatOptions {
+        segment_bytes: Some(64 << 10),
+        flash_page_bytes: Some(16 << 10),
+        ..Default::default()
+    };
+    crate::format(&dev, &idx, &opts, false).unwrap();
+    let (f, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
+    for lba in 0..2u64 {
+        f.write(lba, &block_for(lba, 7), false, StreamId(1))
+            .unwrap();
+    }
+    {
+        let log = f.appender();
+        let mut st = log.stream(StreamId(1)).unwrap();
+        let chunk = st.chunk.as_mut().unwrap();
+        let k = chunk.entries.len();
+        let seq = chunk.entries[k - 1].seq() + 1;
+        chunk.buf.record(
+            k,
+            &Entry::Trim {
+                lba: 8,
+                seq,
+                count: MAX_TRIM_BLOCKS + 1,
+            },
+        );
+    }
+    let staging = f.staging().clone();
+    drop(f);
+    let image = |d: &MemDevice| {
+        let mut b = vec![0u8; d.size() as usize];
+        d.read_at(0, &mut b).unwrap();
+        b
+    };
+    let before = image(&dev);
+    let err = match Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), staging) {
+        Ok(_) => panic!("an area holding an entry no summary can hold was replayed"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("cannot be logged"), "{err}");
+    assert!(image(&dev) == before, "the backing changed");
+}
