@@ -131,6 +131,13 @@ fn rebuild_index(a: &CheckArgs) -> Result<(), CliError> {
             eprintln!("the old index is kept as {}", old.display());
         }
     }
+    if r.chunks_out_of_range > 0 {
+        eprintln!(
+            "warning: {} chunks of the log hold epochs or chunk numbers out of range \
+             (damage) and were left out",
+            r.chunks_out_of_range
+        );
+    }
     for w in &r.warnings {
         eprintln!("warning: {w}");
     }

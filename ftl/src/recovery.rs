@@ -96,6 +96,11 @@ pub(crate) struct LoadedIndex {
 }
 
 /// The reader of map pages over `index` for the geometry of `sb`.
+/// Sequence numbers, chunk numbers and epochs only ever count up from small values;
+/// anything at or past this is damage (and would overflow when a session continues).
+/// Recovery and the index rebuild both refuse or skip it.
+pub(crate) const SANE: u64 = u64::MAX / 4;
+
 pub(crate) fn page_reader<I: IndexStore>(index: &I, sb: &Superblock) -> IndexPages {
     let geo = &sb.geometry;
     IndexPages::new(
@@ -241,8 +246,10 @@ pub(crate) fn load_index<I: IndexStore>(
 /// so the index is older than the log, restored from a backup or copied from another
 /// day. Opening it would roll back to its state and then overwrite what came after
 /// (and recovery rule 2 would zero it), so nothing is changed.
+/// An epoch out of range ([`SANE`]) is damage, not a later session: such a chunk is
+/// left to the rules for stale chunks (the rebuild skips it too).
 fn newer_than_index(s: &ChunkSummary, ck_epoch: u64, index_name: &str) -> Result<()> {
-    if s.epoch > ck_epoch {
+    if s.epoch > ck_epoch && s.epoch < SANE {
         return Err(Error::IndexMismatch {
             path: index_name.to_string(),
             backing: "BACKING".into(),
@@ -268,9 +275,6 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
     let geo = sb.geometry;
     let loaded = load_index(&index, &sb, index_name)?;
     let ck = loaded.checkpoint;
-    // Sequence numbers and epochs only ever count up from small values; anything near the
-    // top of the range is damage (and would overflow when the session continues).
-    const SANE: u64 = u64::MAX / 4;
     if ck.epoch >= SANE || ck.next_chunk_seq >= SANE || ck.next_entry_seq >= SANE {
         return Err(Error::Corrupt(format!(
             "checkpoint counters out of range: epoch {}, next chunk {}, next entry {}",

@@ -515,3 +515,66 @@ fn a_trim_carried_past_a_write_not_yet_durable_still_hides_the_old_block() {
         "W is durable, the other TRIMs hold"
     );
 }
+
+/// A chunk summary with a valid checksum but an impossible epoch (u64::MAX), or one
+/// entry with an impossible sequence number: the rebuild skips and counts it, as recovery
+/// does. Taken, the epoch made `max_epoch + 1` wrap to 0 and the entry won its LBA over
+/// every later write; the rebuilt counters were out of the range every open accepts.
+#[test]
+fn summaries_with_counters_out_of_range_are_skipped_by_the_rebuild() {
+    for field in ["epoch", "seq"] {
+        let (dev, _idx, f) = tiny_crash();
+        for l in 0..8u64 {
+            f.write(l, &block_for(l, 1), false, S0).unwrap();
+        }
+        f.flush().unwrap();
+        // The first chunk of the segment version 1 went to (offset 0) holds only
+        // version-1 blocks: version 2 goes to another stream.
+        let pba = f.map_entry(0).unwrap().pba().unwrap() as u64;
+        let seg = f.geometry().segment_of(pba);
+        assert_eq!(pba, f.geometry().segment_start(seg) + 1);
+        for l in 0..8u64 {
+            f.write(l, &block_for(l, 2), false, StreamId(2)).unwrap();
+        }
+        f.close().unwrap();
+        let want = read_all(&f);
+        drop(f);
+        let at = tiny::SEGMENT_BYTES * seg as u64;
+        let mut blk = AlignedBuf::new(BLOCK_SIZE);
+        dev.read_at(at, &mut blk).unwrap();
+        let mut s = ftl::summary::ChunkSummary::decode(&blk).unwrap().unwrap();
+        match field {
+            "epoch" => s.epoch = u64::MAX,
+            _ => {
+                // One entry alone, so the summary still encodes (seqs within 2^32).
+                s.entries.truncate(1);
+                s.data_blocks = 1;
+                if let ftl::summary::Entry::Data { seq, .. } = &mut s.entries[0] {
+                    *seq = u64::MAX - 1;
+                }
+            }
+        }
+        s.encode_into(&mut blk).unwrap();
+        dev.write_at(at, &blk).unwrap();
+        let (idx, r) = rebuild_into(&dev);
+        match field {
+            "epoch" => assert_eq!(r.chunks_out_of_range, 1, "{r:?}"),
+            _ => assert!(r.entries_skipped >= 1, "{r:?}"),
+        }
+        assert!(
+            r.epoch < u64::MAX / 4 && r.next_entry_seq < u64::MAX / 4,
+            "{r:?}"
+        );
+        let (f, _) = Ftl::open(dev.clone(), idx, Config::default())
+            .unwrap_or_else(|e| panic!("{field}: reopen of the rebuilt index: {e}"));
+        let got = read_all(&f);
+        let differ: Vec<u64> = (0..want.len() as u64)
+            .filter(|&l| got[l as usize] != want[l as usize])
+            .collect();
+        assert!(
+            differ.is_empty(),
+            "{field}: the rebuilt index reads other data at {differ:?} ({:?})",
+            differ.first().map(|&l| observe(l, &got[l as usize]))
+        );
+    }
+}
