@@ -180,7 +180,11 @@ for name, t in ftl.items():
     per = ", ".join(f"{p['iops'] / 1000:.1f}K" for p in t["passes"])
     print(f"{name:<11}{per:>28}{t['waf']:>7.3f}{b / 1000:>7.1f}K{t['ratio_to_bound']:>8.2f}{t['ratio_to_raw_randwrite']:>7.2f}"
           f"{w['p50_ms']:>7.2f}{w['p99_ms']:>7.2f}{w['p999_ms']:>8.2f}{w['max_ms']:>8.1f}")
-print("(IOPS: the median pass; latency: over all passes, the first included)")
+print("(IOPS and WAF: the median of the passes after the first, which starts on a fresh fill; "
+      "latency: over all passes, the first included)")
+for name, t in res["tests"].items():
+    if "settled" in t and not t["settled"]:
+        print(f"{name:<11}NOT SETTLED: its last two passes differ by more than 10%; run more --passes")
 for name, t in res["tests"].items():
     v = t.get("cleaner_per_victim")
     if v:
@@ -394,10 +398,12 @@ echo "-- reads: FTL randwrite, then $READ_PAIRS pairs of $PAIR_OPS reads" >&2
 "$BIN" bench --backing "$IMG" --index "$IDX" --size "$SIZE" --jobs 32 --tests randwrite \
     --settle "$SETTLE" > /dev/null
 raw_reads() { # pair
-    fio_json "pairread-$1" --rw=randread --io_size=$((PAIR_OPS * 4096))
+    # Each pair reads its own offsets on both sides (fio's default randrepeat read the
+    # same ones in every pair, the FTL other ones per --seed).
+    fio_json "pairread-$1" --rw=randread --io_size=$((PAIR_OPS * 4096)) --randseed="$1"
     # Also two jobs of QD16 (the FTL reads with one ring per CPU, as the ublk queues do);
     # the better raw figure is the one compared against.
-    fio_json "pairread2-$1" --rw=randread --io_size=$((PAIR_OPS * 4096 / 2)) --numjobs=2 --iodepth=16
+    fio_json "pairread2-$1" --rw=randread --io_size=$((PAIR_OPS * 4096 / 2)) --numjobs=2 --iodepth=16 --randseed="$1"
 }
 ftl_reads() { # pair
     "$BIN" bench --backing "$IMG" --index "$IDX" --tests randread --qd 32 --read-ops "$PAIR_OPS" \
@@ -414,8 +420,10 @@ import glob, statistics
 rounds = sorted(int(p.rsplit("-", 1)[1].split(".")[0]) for p in glob.glob(f"{d}/ftl-*.json"))
 ftl_runs = [json.load(open(f"{d}/ftl-{r}.json")) for r in rounds]
 def median_run(runs, t):
+    # The middle run; of an even count the lower one of the middle two (a real run,
+    # not the faster one).
     runs = sorted(runs, key=lambda x: x["iops"])
-    m = dict(runs[len(runs) // 2])
+    m = dict(runs[(len(runs) - 1) // 2])
     m["all_iops"] = [x["iops"] for x in runs]
     return m
 ftl = {t: median_run([x[t] for x in ftl_runs], t) for t in ftl_runs[0]}

@@ -154,6 +154,8 @@ pub struct Sampler {
 #[derive(Debug, Clone)]
 enum Kind {
     Uniform,
+    /// Uniform over the LBAs in `perm` (a list given, [`Sampler::of_list`]).
+    List,
     /// Cumulative rank weights of Zipf; the last one is the total.
     Zipf(Vec<f64>),
     HotCold {
@@ -167,6 +169,16 @@ impl Sampler {
     /// [`generate`]). `None` for `seqmix`.
     pub fn new(w: &Workload, logical: u64, seed: u64) -> Option<Sampler> {
         Self::from_layout(w, logical, layout_of(w, logical, seed).1)
+    }
+
+    /// Uniform over `lbas` (say, the blocks a benchmark wrote: reads of unwritten blocks
+    /// never reach the device). `None` when `lbas` is empty.
+    pub fn of_list(lbas: Vec<u64>) -> Option<Sampler> {
+        (!lbas.is_empty()).then(|| Sampler {
+            kind: Kind::List,
+            logical: lbas.len() as u64,
+            perm: lbas,
+        })
     }
 
     fn from_layout(w: &Workload, logical: u64, perm: Vec<u64>) -> Option<Sampler> {
@@ -201,6 +213,7 @@ impl Sampler {
     pub fn sample(&self, rng: &mut impl Rng) -> u64 {
         match &self.kind {
             Kind::Uniform => rng.gen_range(0..self.logical),
+            Kind::List => self.perm[rng.gen_range(0..self.perm.len())],
             Kind::Zipf(cdf) => {
                 // Inverse-CDF sampling over the ranks; rank r lives at perm[r].
                 let total = cdf.last().copied().unwrap_or(0.0);
@@ -289,6 +302,18 @@ mod tests {
             "the error names its own form: {e}"
         );
         assert!("random".parse::<Workload>().is_err());
+    }
+
+    #[test]
+    fn a_list_sampler_draws_only_the_listed_lbas() {
+        assert!(Sampler::of_list(Vec::new()).is_none());
+        let s = Sampler::of_list(vec![7, 1 << 40, 3]).unwrap();
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..200 {
+            seen.insert(s.sample(&mut rng));
+        }
+        assert_eq!(seen.into_iter().collect::<Vec<_>>(), vec![3, 7, 1 << 40]);
     }
 
     #[test]
