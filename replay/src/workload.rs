@@ -174,7 +174,10 @@ impl Sampler {
     /// Uniform over `lbas` (say, the blocks a benchmark wrote: reads of unwritten blocks
     /// never reach the device). `None` when `lbas` is empty.
     pub fn of_list(lbas: Vec<u64>) -> Option<Sampler> {
-        (!lbas.is_empty()).then(|| Sampler {
+        if lbas.is_empty() {
+            return None;
+        }
+        Some(Sampler {
             kind: Kind::List,
             logical: lbas.len() as u64,
             perm: lbas,
