@@ -247,14 +247,14 @@ for c in C:
 for w in ["hotcold:90/10", "zipf:0.99"]:
     base = waf(w, "none", "greedy")
     print(f"\n**{w}**: online cuts WAF by >= 35% against one stream, and stays within 1.25x of the oracle.\n")
-    print("| policy | online | vs one stream, same policy | vs one stream, greedy | online / oracle "
+    print("| policy | online | vs one stream, same policy | online with this policy vs one stream under greedy (policy and placement together) | online / oracle "
           "| frequency: same policy, vs greedy | oracle: same policy, vs greedy |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for p in P:
         o, one = waf(w, "online", p), waf(w, "none", p)
         same, g, ratio = o / one - 1, o / base - 1, o / waf(w, "oracle", p)
         fq, orc = waf(w, "frequency", p), waf(w, "oracle", p)
-        print(f"| {p} | {o:.3f} | {same:+.1%} {ok(same <= -0.35)} | {g:+.1%} {ok(g <= -0.35)} | "
+        print(f"| {p} | {o:.3f} | {same:+.1%} {ok(same <= -0.35)} | {g:+.1%} | "
               f"{ratio:.2f}x {ok(ratio <= 1.25)} | {fq / one - 1:+.1%}, {fq / base - 1:+.1%} "
               f"| {orc / one - 1:+.1%}, {orc / base - 1:+.1%} |")
     fq_best = min((waf(w, "frequency", p) / base - 1, p) for p in P)
@@ -279,7 +279,7 @@ print("The default geometry aims at 512 segments of 1 MiB .. 256 MiB. Cleaning s
       "open chunk; per user block, second half) weighs more. The last row per workload is "
       f"the main table's capacity cut into 64 segments, the default before.\n")
 print("| workload | capacity | segment | segments (with segment 0, metadata) | one stream, greedy | "
-      "online, cost-hotness | vs one stream | frequency, cost-hotness | vs one stream | metadata (online) |")
+      "online, cost-hotness | vs one stream greedy (policy and placement) | frequency, cost-hotness | vs one stream greedy | metadata (online) |")
 print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for w in ["zipf:0.99", "hotcold:90/10"]:
     sizes = [(c, (lambda c: lambda cl, p: rows[key("cap", c, w, cl, p)])(c))
@@ -292,7 +292,7 @@ for w in ["zipf:0.99", "hotcold:90/10"]:
         cut = on["waf_steady"] / one["waf_steady"] - 1
         cutf = fq["waf_steady"] / one["waf_steady"] - 1
         print(f"| {w} | {c} | {geo['segment_bytes'] >> 20}M | {geo['segment_count']} | "
-              f"{one['waf_steady']:.3f} | {on['waf_steady']:.3f} | {cut:+.1%} {ok(cut <= -0.35)} | "
+              f"{one['waf_steady']:.3f} | {on['waf_steady']:.3f} | {cut:+.1%} | "
               f"{fq['waf_steady']:.3f} | {cutf:+.1%} | {on['metadata_per_user_block_steady']:.4f} |")
 print()
 print(open(f"{d}/low-spare.md").read())
