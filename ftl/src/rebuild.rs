@@ -43,7 +43,7 @@ use crate::map::MapEntry;
 use crate::records::{CheckpointRecord, Counters, SegState, SegmentRecord, PAGE_ENTRIES};
 use crate::recovery::SANE;
 use crate::stream::STREAMS;
-use crate::summary::Entry;
+use crate::summary::{ChunkSummary, Entry};
 use std::collections::BTreeMap;
 
 /// What a rebuild found and wrote.
@@ -61,6 +61,9 @@ pub struct RebuildReport {
     pub entries_skipped: u64,
     /// Chunks whose summary holds an epoch or chunk number out of range (damage).
     pub chunks_out_of_range: u64,
+    /// Chunks left out because a damaged summary before them in their segment ended
+    /// its walk (each segment with some has a warning).
+    pub chunks_hidden: u64,
     /// Chunks of a crashed session numbered past its break (never part of the log).
     pub chunks_past_break: u64,
     pub mapped_blocks: u64,
@@ -134,9 +137,13 @@ pub fn rebuild<D: BlockDevice, I: IndexStore>(
         let walk =
             SegmentChunks::new(dev, geo, seg, format_id, (u64::MAX, u64::MAX)).preloaded(&window);
         let mut any = false;
+        // Where the walk ends, and the last chunk it took.
+        let (mut end, mut last) = (0u32, None);
         for c in walk {
             let (off, s) = c?;
             any = true;
+            end = off + s.total_blocks();
+            last = Some((s.epoch, s.chunk_seq));
             // A checksummed summary with an impossible epoch or chunk number (recovery
             // refuses such counters): taken, it would win every LBA it names, and the
             // rebuilt checkpoint's counters would overflow or make every open refuse it
@@ -190,6 +197,27 @@ pub fn rebuild<D: BlockDevice, I: IndexStore>(
             });
         }
         report.segments_with_chunks += any as u32;
+        // A summary that does not decode ends the walk: chunks after it in this segment
+        // are not rebuilt (their LBAs read older data, or none). Say so (found by
+        // review, 2026-11-27): later summaries in place and newer than the last taken.
+        let hidden = (end + 1..bps as u32)
+            .filter(|&k| {
+                let b = &window[k as usize * BLOCK_SIZE..(k as usize + 1) * BLOCK_SIZE];
+                ChunkSummary::decode(b).ok().flatten().is_some_and(|h| {
+                    h.in_place(seg, k, format_id, bps as u32)
+                        && h.epoch < SANE
+                        && last.is_none_or(|l| (h.epoch, h.chunk_seq) > l)
+                })
+            })
+            .count() as u64;
+        if hidden > 0 {
+            report.chunks_hidden += hidden;
+            report.warnings.push(format!(
+                "segment {seg}: the summary at block {end} of the segment does not decode, \
+                 and {hidden} later chunks of the segment were left out with it: their \
+                 blocks read older data or zeros"
+            ));
+        }
     }
     progress.scanned(geo.segment_count - 1, geo.segment_count - 1);
 

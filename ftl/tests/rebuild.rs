@@ -578,3 +578,49 @@ fn summaries_with_counters_out_of_range_are_skipped_by_the_rebuild() {
         );
     }
 }
+
+/// A summary damaged in the middle of a segment ends the rebuild's walk of it: the
+/// chunks after it are left out (their LBAs read older data). The rebuild warned of
+/// nothing; now it counts them and names the segment.
+#[test]
+fn chunks_after_a_damaged_summary_are_reported_by_the_rebuild() {
+    let (dev, _idx, f) = tiny_crash();
+    // Small chunks, each flushed: lba 0..1, 2..3, 4..5, 6..7 (one flash page each).
+    for l in 0..8u64 {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+        if l % 2 == 1 {
+            f.flush().unwrap();
+        }
+    }
+    f.close().unwrap();
+    let geo = *f.geometry();
+    let seg_of = |l: u64| geo.segment_of(f.map_entry(l).unwrap().pba().unwrap() as u64);
+    let seg = seg_of(4);
+    assert_eq!(seg_of(6), seg, "a chunk after lba 4's in the same segment");
+    // The summary of the chunk holding lba 4 (not the segment's first), one byte flipped.
+    let off = SegmentChunks::new(&dev, geo, seg, f.format_id(), (u64::MAX, u64::MAX))
+        .map(|c| c.unwrap())
+        .find(|(_, s)| {
+            s.entries
+                .iter()
+                .any(|e| matches!(e, ftl::summary::Entry::Data { lba: 4, .. }))
+        })
+        .map(|(off, _)| off)
+        .unwrap();
+    assert!(off > 0);
+    drop(f);
+    let at = (geo.segment_start(seg) + off as u64) * BLOCK_SIZE as u64;
+    let mut blk = AlignedBuf::new(BLOCK_SIZE);
+    dev.read_at(at, &mut blk).unwrap();
+    blk[100] ^= 0xff;
+    dev.write_at(at, &blk).unwrap();
+    let (_, r) = rebuild_into(&dev);
+    assert!(r.chunks_hidden >= 1, "{r:?}");
+    assert!(
+        r.warnings
+            .iter()
+            .any(|w| w.contains(&format!("segment {seg}:"))),
+        "{:?}",
+        r.warnings
+    );
+}
