@@ -161,7 +161,11 @@ impl Superblock {
             && segment_count as u64 >= crate::geometry::MIN_SEGMENTS
             && Some(backing_bytes) == (segment_count as u64).checked_mul(segment_bytes)
             && exported_blocks > 0
-            && exported_blocks < backing_bytes / BLOCK_SIZE as u64;
+            && exported_blocks < backing_bytes / BLOCK_SIZE as u64
+            // What format allows: past it a block number does not fit a map entry, and a
+            // damaged count of 2^32 segments had the open allocate per segment (160 GiB)
+            // before anything else could notice (found by review, 2026-11-27).
+            && backing_bytes / BLOCK_SIZE as u64 <= crate::geometry::MAX_PHYSICAL_BLOCKS;
         if !sane {
             return Err(SbDecode::Corrupt(format!(
                 "superblock geometry is inconsistent: {geometry:?}"
@@ -279,6 +283,20 @@ mod tests {
         assert!(matches!(Superblock::decode(&v2), Err(SbDecode::Version(2))));
         assert!(matches!(
             Superblock::decode(&b[..100]),
+            Err(SbDecode::Corrupt(_))
+        ));
+    }
+
+    /// A superblock with a valid checksum claiming more blocks than a map entry
+    /// addresses (2^32 segments) is damage, as format would never write it.
+    #[test]
+    fn a_geometry_past_what_format_allows_is_corrupt() {
+        let mut sb = sample();
+        let g = &mut sb.geometry;
+        g.segment_count = u32::MAX;
+        g.backing_bytes = u32::MAX as u64 * g.segment_bytes;
+        assert!(matches!(
+            Superblock::decode(&sb.encode()),
             Err(SbDecode::Corrupt(_))
         ));
     }
