@@ -175,9 +175,16 @@ pub fn check(a: CheckArgs) -> Result<(), CliError> {
     // Not an ftlblk backing at all: say so before anything about its index.
     ftl::read_superblock_readonly(&dev)?;
     let dir = a.backing.index_dir();
-    if !dir.exists() {
+    // An empty directory too: opening it created a sled database there, and the check
+    // then reported an index with no checkpoint (found by review, 2026-11-27).
+    if !ftl::index::sled_store::SledIndex::exists_at(&dir) {
+        let what = if dir.exists() {
+            "holds no index"
+        } else {
+            "does not exist"
+        };
         return Err(CliError::BadArgs(format!(
-            "index {} does not exist (give --index; if the index of this backing is lost, \
+            "index {} {what} (give --index; if the index of this backing is lost, \
              rebuild it from the log with --rebuild-index)",
             dir.display()
         )));
@@ -237,6 +244,40 @@ pub fn check(a: CheckArgs) -> Result<(), CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `check` of a directory that holds no index says so and leaves it empty (opening
+    /// it created a sled database there).
+    #[test]
+    fn check_of_an_empty_index_directory_creates_nothing_in_it() {
+        use clap::Parser;
+        let d = tempfile::tempdir().expect("tempdir");
+        let (img, idx) = (d.path().join("b.img"), d.path().join("b.idx"));
+        ftl::backing::format_backing(
+            &img,
+            &idx,
+            Some(64 << 20),
+            &ftl::FormatOptions::default(),
+            false,
+        )
+        .expect("format");
+        let empty = d.path().join("empty");
+        std::fs::create_dir(&empty).expect("mkdir");
+        let argv = [
+            "ftlblk",
+            "check",
+            "--backing",
+            img.to_str().unwrap(),
+            "--index",
+            empty.to_str().unwrap(),
+        ];
+        let crate::cli::Cmd::Check(a) = crate::cli::Cli::try_parse_from(argv).expect("argv").cmd
+        else {
+            panic!("not a check")
+        };
+        let e = check(a).expect_err("an empty index directory was checked");
+        assert!(e.to_string().contains("holds no index"), "{e}");
+        assert_eq!(std::fs::read_dir(&empty).expect("read_dir").count(), 0);
+    }
 
     /// A blank staging file (an open that failed before its session began) holds
     /// nothing; one a session took does; no file holds nothing.

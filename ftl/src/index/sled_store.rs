@@ -37,6 +37,12 @@ fn err(path: &Path, e: sled::Error) -> Error {
 }
 
 impl SledIndex {
+    /// Whether directory `path` holds a sled database (its config and data files): the
+    /// read-only tools refuse a directory without one instead of creating one in it.
+    pub fn exists_at(path: &Path) -> bool {
+        path.join("conf").is_file() || path.join("db").is_file()
+    }
+
     /// Opens (creating if needed) the index in directory `path`. Another process (or
     /// handle) holding it is [`Error::Busy`]; sled lets go of its lock a moment after
     /// the last handle of a database is dropped, so a lock held for less than
