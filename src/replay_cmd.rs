@@ -158,7 +158,14 @@ pub fn run(a: ReplayArgs) -> Result<(), CliError> {
                 capacity = (ws.blocks as f64 * 100.0 / a.utilization).ceil() as u64;
                 once = ws.ops;
             } else {
-                remap_dense(&mut once, capacity);
+                let (dense, folded) = remap_dense(once, capacity);
+                once = dense;
+                if folded > 0 {
+                    eprintln!(
+                        "warning: the trace touches {folded} more 1 MiB extents than the \
+                         device holds; they share blocks with others (use --capacity wss)"
+                    );
+                }
             }
             let mut ops = Vec::with_capacity(once.len() * a.loops.max(1) as usize);
             for _ in 0..a.loops.max(1) {

@@ -76,6 +76,9 @@ impl std::str::FromStr for Format {
 
 const BS: u64 = 4096;
 
+/// The largest request a trace line may hold: 1 GiB (Linux splits requests far below).
+pub const MAX_REQUEST_BLOCKS: u32 = 1 << 18;
+
 fn blocks_of(offset: u64, len: u64) -> Option<(u64, u32)> {
     if len == 0 {
         return None;
@@ -191,9 +194,24 @@ pub fn parse_reader<R: BufRead>(
             }
         };
         let Some(op) = op else { continue };
+        if op.range().1 > MAX_REQUEST_BLOCKS {
+            // One damaged line would have the working-set remap number billions of
+            // blocks (found by review, 2026-11-27).
+            return Err(err(format!(
+                "a request of {} MiB: larger than any block request (at most {} MiB)",
+                (op.range().1 as u64 * BS) >> 20,
+                (MAX_REQUEST_BLOCKS as u64 * BS) >> 20
+            )));
+        }
         if let Some(v) = vol {
             volumes.note(&v, &op);
             if volume.is_some_and(|want| want != v) {
+                continue;
+            }
+            // Without --volume, a second volume is an error at the end: only the counts
+            // it names are kept from here (a cloud trace of many volumes was read whole
+            // into memory first; found by review, 2026-11-27).
+            if volume.is_none() && volumes.written.len() > 1 {
                 continue;
             }
         }
@@ -392,28 +410,53 @@ fn parse_blkparse(line: &str) -> Result<(Option<TraceOp>, String), String> {
 
 /// Maps trace LBAs densely into `[0, capacity)` when the trace's address space is larger
 /// than the device: 1 MiB extents in first-seen order (keeping sequential runs
-/// sequential), wrapping if even the touched extents do not fit.
-pub fn remap_dense(ops: &mut [TraceOp], capacity: u64) {
+/// sequential), wrapping if even the touched extents do not fit. A request is split at
+/// extent boundaries and each piece mapped by its own extent (pieces landing next to each
+/// other stay one request): mapped by its first block only, a request crossing a
+/// boundary spilled into another trace extent's place (found by review, 2026-11-27).
+/// Returns the requests and how many extents were folded onto others (distinct data then
+/// shares blocks: the caller warns).
+pub fn remap_dense(ops: Vec<TraceOp>, capacity: u64) -> (Vec<TraceOp>, u64) {
     let max_end = ops
         .iter()
         .map(|o| o.range().0 + o.range().1 as u64)
         .max()
         .unwrap_or(0);
-    if max_end <= capacity {
-        return;
+    if max_end <= capacity || capacity == 0 {
+        return (ops, 0);
     }
-    const EXT: u64 = 256;
-    let extents = (capacity / EXT).max(1);
+    let ext_blocks = 256u64.min(capacity);
+    let extents = capacity / ext_blocks;
     let mut map: HashMap<u64, u64> = HashMap::new();
-    for op in ops.iter_mut() {
+    let mut out = Vec::with_capacity(ops.len());
+    for op in ops {
         let (lba, blocks) = op.range();
-        let ext = lba / EXT;
-        let next = map.len() as u64;
-        let dense = *map.entry(ext).or_insert(next % extents);
-        let new_lba = dense * EXT + lba % EXT;
-        let blocks = (blocks as u64).min(capacity - new_lba) as u32;
-        *op = op.with_range(new_lba, blocks);
+        let end = lba + blocks as u64;
+        let mut at = lba;
+        let mut run: Option<(u64, u32)> = None;
+        while at < end {
+            let ext = at / ext_blocks;
+            let piece_end = end.min((ext + 1) * ext_blocks);
+            let next = map.len() as u64;
+            let dense = *map.entry(ext).or_insert(next % extents);
+            let new_lba = dense * ext_blocks + at % ext_blocks;
+            let n = (piece_end - at) as u32;
+            run = match run {
+                Some((l, b)) if l + b as u64 == new_lba => Some((l, b + n)),
+                Some((l, b)) => {
+                    out.push(op.with_range(l, b));
+                    Some((new_lba, n))
+                }
+                None => Some((new_lba, n)),
+            };
+            at = piece_end;
+        }
+        if let Some((l, b)) = run {
+            out.push(op.with_range(l, b));
+        }
     }
+    let folded = (map.len() as u64).saturating_sub(extents);
+    (out, folded)
 }
 
 /// A trace mapped onto its working set: see [`remap_working_set`].
@@ -528,7 +571,7 @@ mod tests {
 
     #[test]
     fn remap_keeps_everything_in_range() {
-        let mut ops = vec![
+        let ops = vec![
             TraceOp::Write {
                 lba: 1 << 40,
                 blocks: 8,
@@ -539,7 +582,8 @@ mod tests {
                 blocks: 1,
             },
         ];
-        remap_dense(&mut ops, 1024);
+        let (ops, folded) = remap_dense(ops, 1024);
+        assert_eq!(folded, 0);
         assert_eq!(ops[0], TraceOp::Write { lba: 0, blocks: 8 });
         assert_eq!(
             ops[1],
@@ -549,6 +593,53 @@ mod tests {
             }
         );
         assert_eq!(ops[2], TraceOp::Write { lba: 1, blocks: 1 });
+    }
+
+    /// A request crossing a 1 MiB extent boundary: each piece goes where its own extent
+    /// does, so block 256 of the trace has one place whichever request writes it.
+    #[test]
+    fn a_request_across_an_extent_boundary_is_mapped_piece_by_piece() {
+        let w = |lba, blocks| TraceOp::Write { lba, blocks };
+        let (ops, folded) = remap_dense(vec![w(255, 2), w(1 << 30, 1), w(256, 1)], 1024);
+        assert_eq!(folded, 0);
+        // Extents 0 and 1 are seen first (device 0 and 1), 1<<30's third: block 256 is
+        // at 256 both times, and the first request stays whole.
+        assert_eq!(ops, vec![w(255, 2), w(512, 1), w(256, 1)]);
+        // Extent 1 seen first: the request's pieces land apart, and each is its own.
+        let (ops, _) = remap_dense(vec![w(256, 1), w(1 << 30, 1), w(255, 2)], 1024);
+        assert_eq!(ops, vec![w(0, 1), w(256, 1), w(767, 1), w(0, 1)]);
+        // More extents than the device holds: folded, and said so.
+        let many: Vec<TraceOp> = (0..6u64).map(|e| w(e << 30, 1)).collect();
+        assert_eq!(remap_dense(many, 1024).1, 2);
+        // A device smaller than one extent.
+        let (small, _) = remap_dense(vec![w(1 << 20, 4)], 100);
+        assert!(small
+            .iter()
+            .all(|o| o.range().0 + o.range().1 as u64 <= 100));
+    }
+
+    #[test]
+    fn a_line_with_a_request_past_any_block_size_is_an_error() {
+        let ali = "device_id,opcode,offset,length,timestamp\n\
+                   3,W,0,17592186040320,1577808000000056\n";
+        let e = parse_reader(ali.as_bytes(), Format::Alibaba, "a", None).unwrap_err();
+        assert!(
+            e.to_string().contains("larger than any block request"),
+            "{e}"
+        );
+    }
+
+    /// Without --volume, a trace of several volumes fails, naming them (that the second
+    /// volume's requests are no longer kept on the way is not visible from here).
+    #[test]
+    fn a_trace_of_two_volumes_without_volume_is_an_error() {
+        let mut t = String::from("device_id,opcode,offset,length,timestamp\n");
+        t.push_str("1,W,0,4096,1\n");
+        for i in 0..1000 {
+            t.push_str(&format!("2,W,{},4096,{}\n", i * 4096, i + 2));
+        }
+        let e = parse_reader(t.as_bytes(), Format::Alibaba, "a", None).unwrap_err();
+        assert!(e.to_string().contains("holds 2 volumes"), "{e}");
     }
 
     #[test]
