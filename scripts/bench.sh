@@ -183,7 +183,9 @@ for name, t in ftl.items():
 print("(IOPS and WAF: the median of the passes after the first, which starts on a fresh fill; "
       "latency: over all passes, the first included)")
 for name, t in res["tests"].items():
-    if "settled" in t and not t["settled"]:
+    if t.get("direct_io") is False:
+        print(f"{name:<11}BUFFERED: the backing refused O_DIRECT; not comparable with raw fio")
+    if t.get("settled") is False:
         print(f"{name:<11}NOT SETTLED: its last two passes differ by more than 10%; run more --passes")
 for name, t in res["tests"].items():
     v = t.get("cleaner_per_victim")

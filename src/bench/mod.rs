@@ -682,7 +682,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             let v = &json["cleaner_per_victim"];
             let ms = |k: &str| v[k].as_f64().unwrap_or(0.0);
             eprintln!(
-                "{t}: {:.0} IOPS (median of passes), WAF {:.3}; per victim: pick {:.2} ms, \
+                "{t}: {:.0} IOPS (median of the passes after the first), WAF {:.3}; per victim: pick {:.2} ms, \
                  read {:.2} ms ({:.0} reads, {:.0} KiB), relocate {:.2} ms, cleaner waiting for \
                  the prefetch {:.2} ms",
                 json["iops"].as_f64().unwrap_or(0.0),

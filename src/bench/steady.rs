@@ -398,12 +398,12 @@ fn steady_passes(passes: usize) -> std::ops::Range<usize> {
     }
 }
 
-/// Whether the last two passes' IOPS agree within `SETTLED_PCT` percent (one pass:
-/// nothing to compare, so no).
-fn settled(iops: &[f64]) -> bool {
+/// Whether the last two passes' IOPS agree within `SETTLED_PCT` percent; `None` with
+/// one pass (the mix's: nothing to compare).
+fn settled(iops: &[f64]) -> Option<bool> {
     match iops {
-        [.., a, b] => (a - b).abs() <= SETTLED_PCT / 100.0 * a.max(*b),
-        _ => false,
+        [.., a, b] => Some((a - b).abs() <= SETTLED_PCT / 100.0 * a.max(*b)),
+        _ => None,
     }
 }
 
@@ -480,6 +480,9 @@ pub fn run(spec: &Spec, run: &Run) -> Result<(serde_json::Value, Timeline), CliE
         });
         let json = serde_json::json!({
             "fill_pct": spec.fill_pct,
+            // False when the file system refused O_DIRECT and the backing fell back to
+            // the page cache: the figures are then not comparable with raw fio's.
+            "direct_io": ftl.device().is_direct(),
             "workload": spec.workload,
             "read_pct": spec.read_pct,
             "jobs": run.jobs,
@@ -536,9 +539,9 @@ mod tests {
         assert_eq!(steady_passes(3), 1..3);
         let iops = [76.2, 66.4, 60.0];
         assert_eq!(median(&mut iops[steady_passes(3)].to_vec()), 63.2);
-        assert!(settled(&iops));
-        assert!(!settled(&[183.7, 120.6, 106.0]));
-        assert!(!settled(&[60.0]));
-        assert!(settled(&[100.0, 95.0]));
+        assert_eq!(settled(&iops), Some(true));
+        assert_eq!(settled(&[183.7, 120.6, 106.0]), Some(false));
+        assert_eq!(settled(&[60.0]), None);
+        assert_eq!(settled(&[100.0, 95.0]), Some(true));
     }
 }
