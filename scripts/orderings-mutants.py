@@ -20,6 +20,7 @@ exits non-zero if any mutant is caught by none of its tests. docs/orderings.md l
 results. Takes about an hour for all of them (release builds plus the crash harnesses).
 """
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -489,12 +490,17 @@ def check_texts(root):
 def sh(cmd, cwd, timeout=3600):
     """Runs `cmd`: its exit status (124 when it ran past `timeout`), output and seconds."""
     t = time.time()
+    p = subprocess.Popen(cmd, shell=True, cwd=cwd, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        p = subprocess.run(cmd, shell=True, cwd=cwd, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, timeout=timeout, start_new_session=True)
-        return p.returncode, p.stdout.decode(errors="replace"), time.time() - t
-    except subprocess.TimeoutExpired as e:
-        return 124, (e.output or b"").decode(errors="replace") + "\n(timed out)", time.time() - t
+        out, _ = p.communicate(timeout=timeout)
+        return p.returncode, out.decode(errors="replace"), time.time() - t
+    except subprocess.TimeoutExpired:
+        # The whole group: cargo and the test binary it runs, not only the shell, or
+        # they go on with the mutated code and hold the build lock for the next one.
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        return 124, out.decode(errors="replace") + "\n(timed out)", time.time() - t
 
 
 def tests_run(out):

@@ -139,10 +139,13 @@ fn choose<D: BlockDevice, I: IndexStore>(
     let blocks = if whole {
         None
     } else {
-        Some(
-            ftl.live_blocks(victim)
-                .map_err(crate::Error::of_victim(victim))?,
-        )
+        match ftl.live_blocks(victim) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                budget.refund(wear_spent);
+                return Err(crate::Error::of_victim(victim)(e));
+            }
+        }
     };
     Ok(Some(Chosen {
         victim,
@@ -218,8 +221,9 @@ fn finish<D: BlockDevice, I: IndexStore>(
     })
 }
 
-/// [`finish`], giving back what the pick spent of the wear budget if it fails: only a
-/// victim that is cleaned spends it.
+/// [`finish`], giving back what the pick spent of the wear budget if it fails. A victim
+/// dropped before its cleaning starts (failed, stale, or left after a failure) gives its
+/// spending back; one whose cleaning fails part way keeps it (some copies were made).
 fn finish_or_refund<D: BlockDevice, I: IndexStore>(
     ftl: &Ftl<D, I>,
     budget: &WearBudget,

@@ -137,21 +137,25 @@ pub fn rebuild<D: BlockDevice, I: IndexStore>(
         let walk =
             SegmentChunks::new(dev, geo, seg, format_id, (u64::MAX, u64::MAX)).preloaded(&window);
         let mut any = false;
-        // Where the walk ends, and the last chunk it took.
-        let (mut end, mut last) = (0u32, None);
+        // Where the walk ends, the last chunk in range it took, and whether the last
+        // one it took was out of range (the walker then refuses every chunk after it).
+        let (mut end, mut last, mut ended_out_of_range) = (0u32, None, false);
         for c in walk {
             let (off, s) = c?;
             any = true;
             end = off + s.total_blocks();
-            last = Some((s.epoch, s.chunk_seq));
             // A checksummed summary with an impossible epoch or chunk number (recovery
             // refuses such counters): taken, it would win every LBA it names, and the
             // rebuilt checkpoint's counters would overflow or make every open refuse it
-            // (found by review, 2026-11-27).
-            if s.epoch >= SANE || s.chunk_seq >= SANE {
+            // (found by review, 2026-11-27). The new checkpoint counts one past the
+            // largest taken, which must itself be in range.
+            ended_out_of_range =
+                s.epoch.saturating_add(1) >= SANE || s.chunk_seq.saturating_add(1) >= SANE;
+            if ended_out_of_range {
                 report.chunks_out_of_range += 1;
                 continue;
             }
+            last = Some((s.epoch, s.chunk_seq));
             let first = recs.len();
             let mut k = 0usize;
             for e in &s.entries {
@@ -160,7 +164,9 @@ pub fn rebuild<D: BlockDevice, I: IndexStore>(
                         let blk = off as usize + 1 + k;
                         k += 1;
                         let data = &window[blk * BLOCK_SIZE..(blk + 1) * BLOCK_SIZE];
-                        if lba >= geo.exported_blocks || seq >= SANE || crc32c::crc32c(data) != crc
+                        if lba >= geo.exported_blocks
+                            || seq.saturating_add(1) >= SANE
+                            || crc32c::crc32c(data) != crc
                         {
                             report.entries_skipped += 1;
                             continue;
@@ -174,7 +180,9 @@ pub fn rebuild<D: BlockDevice, I: IndexStore>(
                             crc_or_count: crc,
                         });
                     }
-                    Entry::Trim { seq, .. } if seq >= SANE => report.entries_skipped += 1,
+                    Entry::Trim { seq, .. } if seq.saturating_add(1) >= SANE => {
+                        report.entries_skipped += 1
+                    }
                     Entry::Trim { lba, seq, count } => {
                         report.trim_entries += 1;
                         recs.push(Rec {
@@ -197,25 +205,38 @@ pub fn rebuild<D: BlockDevice, I: IndexStore>(
             });
         }
         report.segments_with_chunks += any as u32;
-        // A summary that does not decode ends the walk: chunks after it in this segment
-        // are not rebuilt (their LBAs read older data, or none). Say so (found by
-        // review, 2026-11-27): later summaries in place and newer than the last taken.
-        let hidden = (end + 1..bps as u32)
+        // A damaged summary ends the walk: one that carries the magic but fails its
+        // checksum, or one out of range (the walker refuses the chunks after it). The
+        // chunks after it in this segment are not rebuilt (their LBAs read older data,
+        // or none). Say so (found by review, 2026-11-27): later summaries in place, in
+        // range and newer than the last taken. A walk that ended at a block without the
+        // magic (a freed segment's zeroed head, a chunk past a crash's break that
+        // recovery zeroed, the end of what was written) hid nothing.
+        let at_end = |k: u32| &window[k as usize * BLOCK_SIZE..(k as usize + 1) * BLOCK_SIZE];
+        let damaged_at_end = (end as usize) < bps && ChunkSummary::decode(at_end(end)).is_err();
+        let from = if ended_out_of_range { end } else { end + 1 };
+        let hidden = (from..bps as u32)
+            .filter(|_| damaged_at_end || ended_out_of_range)
             .filter(|&k| {
                 let b = &window[k as usize * BLOCK_SIZE..(k as usize + 1) * BLOCK_SIZE];
                 ChunkSummary::decode(b).ok().flatten().is_some_and(|h| {
                     h.in_place(seg, k, format_id, bps as u32)
-                        && h.epoch < SANE
+                        && h.epoch.saturating_add(1) < SANE
+                        && h.chunk_seq.saturating_add(1) < SANE
                         && last.is_none_or(|l| (h.epoch, h.chunk_seq) > l)
                 })
             })
             .count() as u64;
         if hidden > 0 {
             report.chunks_hidden += hidden;
+            let what = if ended_out_of_range {
+                format!("a chunk before block {end} holds an epoch or chunk number out of range")
+            } else {
+                format!("the summary at block {end} fails its checksum")
+            };
             report.warnings.push(format!(
-                "segment {seg}: the summary at block {end} of the segment does not decode, \
-                 and {hidden} later chunks of the segment were left out with it: their \
-                 blocks read older data or zeros"
+                "segment {seg}: {what}, and {hidden} later chunks of the segment were left \
+                 out with it: their blocks read older data or zeros"
             ));
         }
     }

@@ -95,11 +95,12 @@ pub(crate) struct LoadedIndex {
     pub partial: Option<PartialCheckpoint>,
 }
 
-/// The reader of map pages over `index` for the geometry of `sb`.
 /// Sequence numbers, chunk numbers and epochs only ever count up from small values;
 /// anything at or past this is damage (and would overflow when a session continues).
 /// Recovery and the index rebuild both refuse or skip it.
 pub(crate) const SANE: u64 = u64::MAX / 4;
+
+/// The reader of map pages over `index` for the geometry of `sb`.
 
 pub(crate) fn page_reader<I: IndexStore>(index: &I, sb: &Superblock) -> IndexPages {
     let geo = &sb.geometry;
@@ -249,7 +250,7 @@ pub(crate) fn load_index<I: IndexStore>(
 /// An epoch out of range ([`SANE`]) is damage, not a later session: such a chunk is
 /// left to the rules for stale chunks (the rebuild skips it too).
 fn newer_than_index(s: &ChunkSummary, ck_epoch: u64, index_name: &str) -> Result<()> {
-    if s.epoch > ck_epoch && s.epoch < SANE {
+    if s.epoch > ck_epoch && s.epoch.saturating_add(1) < SANE {
         return Err(Error::IndexMismatch {
             path: index_name.to_string(),
             backing: "BACKING".into(),

@@ -937,6 +937,8 @@ fn kill_run(seed: u64) -> Result<KillRun, String> {
             result = result.and(Err(e));
         }
     }
+    // Reaped below: its pid may be reused, so the watchdog no longer kills it.
+    watchdog.kill_on_expiry(0);
     let _ = child.wait();
     result?;
     // The checker over the killed image and what the child staged, as `ftlblk check`

@@ -267,6 +267,12 @@ fn a_freed_segment_shows_nothing_to_the_walker() {
         assert_eq!(walk.count(), 0, "segment {s} shows no chunk");
     }
     assert!(seen > 0, "some dead segment was freed");
+    // Their old chunks after the zeroed head are no damage: the rebuild warns of nothing.
+    f.close().unwrap();
+    drop(f);
+    let (_, r) = rebuild_into(&dev);
+    assert_eq!(r.chunks_hidden, 0, "{r:?}");
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
 }
 
 /// Recovery rule 2: a chunk past the break (here: stream 2's chunk, sealed after stream
@@ -522,7 +528,7 @@ fn a_trim_carried_past_a_write_not_yet_durable_still_hides_the_old_block() {
 /// every later write; the rebuilt counters were out of the range every open accepts.
 #[test]
 fn summaries_with_counters_out_of_range_are_skipped_by_the_rebuild() {
-    for field in ["epoch", "seq"] {
+    for field in ["epoch", "epoch-1", "seq"] {
         let (dev, _idx, f) = tiny_crash();
         for l in 0..8u64 {
             f.write(l, &block_for(l, 1), false, S0).unwrap();
@@ -545,6 +551,8 @@ fn summaries_with_counters_out_of_range_are_skipped_by_the_rebuild() {
         let mut s = ftl::summary::ChunkSummary::decode(&blk).unwrap().unwrap();
         match field {
             "epoch" => s.epoch = u64::MAX,
+            // One below the bound: the rebuilt checkpoint's next epoch would reach it.
+            "epoch-1" => s.epoch = u64::MAX / 4 - 1,
             _ => {
                 // One entry alone, so the summary still encodes (seqs within 2^32).
                 s.entries.truncate(1);
@@ -558,7 +566,7 @@ fn summaries_with_counters_out_of_range_are_skipped_by_the_rebuild() {
         dev.write_at(at, &blk).unwrap();
         let (idx, r) = rebuild_into(&dev);
         match field {
-            "epoch" => assert_eq!(r.chunks_out_of_range, 1, "{r:?}"),
+            "epoch" | "epoch-1" => assert_eq!(r.chunks_out_of_range, 1, "{r:?}"),
             _ => assert!(r.entries_skipped >= 1, "{r:?}"),
         }
         assert!(

@@ -76,7 +76,8 @@ impl std::str::FromStr for Format {
 
 const BS: u64 = 4096;
 
-/// The largest request a trace line may hold: 1 GiB (Linux splits requests far below).
+/// The largest read or write a trace line may hold: 1 GiB (Linux splits them far below;
+/// a discard can be larger, 4 GiB from mkfs or fstrim, and is not limited).
 pub const MAX_REQUEST_BLOCKS: u32 = 1 << 18;
 
 fn blocks_of(offset: u64, len: u64) -> Option<(u64, u32)> {
@@ -194,7 +195,7 @@ pub fn parse_reader<R: BufRead>(
             }
         };
         let Some(op) = op else { continue };
-        if op.range().1 > MAX_REQUEST_BLOCKS {
+        if op.range().1 > MAX_REQUEST_BLOCKS && !matches!(op, TraceOp::Trim { .. }) {
             // One damaged line would have the working-set remap number billions of
             // blocks (found by review, 2026-11-27).
             return Err(err(format!(
@@ -616,6 +617,23 @@ mod tests {
         assert!(small
             .iter()
             .all(|o| o.range().0 + o.range().1 as u64 <= 100));
+    }
+
+    #[test]
+    fn a_large_discard_is_a_trim_not_an_error() {
+        let ops = parse(
+            "8,0 0 1 0.0 1 Q D 0 + 8388608 [mkfs]\n",
+            Format::Blkparse,
+            "b",
+        )
+        .unwrap();
+        assert_eq!(
+            ops,
+            vec![TraceOp::Trim {
+                lba: 0,
+                blocks: 1 << 20
+            }]
+        );
     }
 
     #[test]

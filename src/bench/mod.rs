@@ -65,7 +65,8 @@ pub struct BenchArgs {
     /// RAM for the map's page cache (as `ftlblk add --map-cache`).
     #[arg(long, value_parser = parse_size, default_value = "256M")]
     pub map_cache: u64,
-    /// Writes and then reads of the scale test, spread over the whole capacity.
+    /// Writes of the scale test, spread over the whole capacity, then as many reads of
+    /// the blocks written.
     #[arg(long, default_value_t = 200_000)]
     pub scale_ops: u64,
     /// Passes over the filled region of the write-only steady tests.

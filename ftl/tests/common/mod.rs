@@ -75,7 +75,8 @@ impl Watchdog {
         }
     }
 
-    /// Kills process `pid` before the abort, should the run hang.
+    /// Kills process `pid` before the abort, should the run hang (0: none, as once the
+    /// child was reaped).
     pub fn kill_on_expiry(&self, pid: u32) {
         self.child
             .store(pid as i32, std::sync::atomic::Ordering::SeqCst);
