@@ -101,7 +101,6 @@ pub(crate) struct LoadedIndex {
 pub(crate) const SANE: u64 = u64::MAX / 4;
 
 /// The reader of map pages over `index` for the geometry of `sb`.
-
 pub(crate) fn page_reader<I: IndexStore>(index: &I, sb: &Superblock) -> IndexPages {
     let geo = &sb.geometry;
     IndexPages::new(
