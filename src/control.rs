@@ -254,7 +254,9 @@ async fn serve(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut listener: Option<(UnixListener, PathBuf)> = None;
     let mut record: Option<DeviceRecord> = None;
+    // The background job under way: a checkpoint, or discards of freed segments.
     let mut checkpoint: Option<tokio::task::JoinHandle<()>> = None;
+    let failures = Arc::new(Repeats::default());
     let mut plans_seen = classifier.plans();
     loop {
         tokio::select! {
@@ -291,14 +293,30 @@ async fn serve(
                         }
                     });
                 }
-                if checkpoint.as_ref().is_none_or(|h| h.is_finished()) && ftl.checkpoint_due() {
+                let idle = checkpoint.as_ref().is_none_or(|h| h.is_finished());
+                if idle && ftl.checkpoint_due() {
                     let f = ftl.clone();
                     // Only if still due once it holds the lock: the cleaner's runner
                     // takes due checkpoints too, and may have just started one.
+                    let warn = failures.clone();
                     checkpoint = Some(tokio::task::spawn_blocking(move || {
-                        if let Err(e) = f.checkpoint_if_due() {
-                            eprintln!("ftlblk: background checkpoint failed: {e}");
+                        match f.checkpoint_if_due() {
+                            Ok(_) => warn.ok(),
+                            Err(e) => {
+                                warn.failed(&format!("background checkpoint failed: {e}"));
+                            }
                         }
+                    }));
+                } else if idle && ftl.undiscarded_segments() > 0 {
+                    // Freed segments go back to the backing once they waited the discard
+                    // delay. The cleaner's turns and each checkpoint do it too, but
+                    // without a cleaner (or with one that died) an idle device runs no
+                    // checkpoint, and segments a checkpoint freed younger than the delay
+                    // stayed allocated until the daemon stopped (found by review,
+                    // 2026-11-27).
+                    let f = ftl.clone();
+                    checkpoint = Some(tokio::task::spawn_blocking(move || {
+                        f.discard_waiting(false);
                     }));
                 }
             }
@@ -307,7 +325,7 @@ async fn serve(
                     let (p, rec) = (parts.clone(), record.clone());
                     tokio::spawn(serve_metrics(stream, p, rec));
                 }
-                Err(e) => eprintln!("ftlblk: metrics listener accept: {e}"),
+                Err(e) => accept_failed("metrics listener", &e).await,
             },
             conn = accept(&listener) => match conn {
                 Ok(mut stream) => {
@@ -317,7 +335,7 @@ async fn serve(
                         let _ = stream.shutdown().await;
                     });
                 }
-                Err(e) => eprintln!("ftlblk: stats socket accept: {e}"),
+                Err(e) => accept_failed("stats socket", &e).await,
             },
         }
     }
@@ -326,6 +344,55 @@ async fn serve(
     }
     if let Some((_, path)) = listener {
         let _ = std::fs::remove_file(path);
+    }
+}
+
+/// After a failed accept: says so and waits a little. An error such as EMFILE repeats at
+/// once (nothing is taken off the queue), and the loop spun at full CPU filling the log,
+/// on tmpfs beside the staging file (found by review, 2026-11-27).
+async fn accept_failed(what: &str, e: &io::Error) {
+    eprintln!("ftlblk: {what} accept: {e}");
+    tokio::time::sleep(ACCEPT_BACKOFF).await;
+}
+
+/// How long the control plane waits after a failed accept.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(250);
+
+/// Rate limit of a message that repeats every tick (a background checkpoint failing while
+/// the FTL is poisoned): the first failure, then one line per [`REPEAT_EVERY`] failures,
+/// and a line when it works again. The log lives in /run, on tmpfs.
+#[derive(Default)]
+struct Repeats {
+    failed: std::sync::atomic::AtomicU64,
+}
+
+/// See [`Repeats`]: about ten minutes of one-second ticks.
+const REPEAT_EVERY: u64 = 600;
+
+impl Repeats {
+    /// One more failure, printed if it is one to print (says whether).
+    fn failed(&self, msg: &str) -> bool {
+        let n = self
+            .failed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let print = n % REPEAT_EVERY == 0;
+        if print {
+            let more = if n > 0 {
+                format!(" ({} times so far)", n + 1)
+            } else {
+                String::new()
+            };
+            eprintln!("ftlblk: {msg}{more}");
+        }
+        print
+    }
+
+    /// It worked: the next failure prints again.
+    fn ok(&self) {
+        let n = self.failed.swap(0, std::sync::atomic::Ordering::Relaxed);
+        if n > 0 {
+            eprintln!("ftlblk: background checkpoints work again after {n} failures");
+        }
     }
 }
 
@@ -433,6 +500,68 @@ mod tests {
         assert_eq!(calls.get(), 2, "the failed stop is tried again");
         sh.request_stop_with("SIGTERM", working);
         assert_eq!(calls.get(), 2, "a stop that went through is not sent again");
+    }
+
+    /// A failure that repeats every tick is printed once, then once every
+    /// [`REPEAT_EVERY`] times, and again at once after it worked.
+    #[test]
+    fn a_repeating_failure_is_printed_rarely() {
+        let r = Repeats::default();
+        let printed = (0..2 * REPEAT_EVERY).filter(|_| r.failed("x")).count();
+        assert_eq!(printed, 2);
+        r.ok();
+        assert!(r.failed("x"), "the first failure after a success prints");
+    }
+
+    /// Freed segments go back to the backing on an idle device with no cleaner: the
+    /// control plane's tick discards those that waited the discard delay (a checkpoint
+    /// discards only those already past it, and an idle device runs no checkpoint).
+    #[test]
+    fn an_idle_device_without_a_cleaner_discards_its_freed_segments() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (img, idx) = (dir.path().join("d.img"), dir.path().join("d.idx"));
+        let opts = FormatOptions {
+            segment_bytes: Some(1 << 20),
+            ..Default::default()
+        };
+        format_backing(&img, &idx, Some(64 << 20), &opts, false).expect("format");
+        let cfg = Config {
+            discard_delay: Duration::from_millis(300),
+            ..Config::default()
+        };
+        let (f, _) = open_backing(&img, &idx, cfg).expect("open");
+        let blocks = 8 * 256u64;
+        let data = vec![7u8; BLOCK_SIZE * 256];
+        for lba in (0..blocks).step_by(256) {
+            f.write(lba, &data, false, StreamId(1)).expect("write");
+        }
+        f.trim(0, blocks).expect("trim");
+        f.checkpoint().expect("checkpoint");
+        assert!(
+            f.undiscarded_segments() > 0,
+            "the checkpoint freed segments younger than the delay"
+        );
+        let ftl = Arc::new(f);
+        let classifier = Arc::new(Classifier::new(ftl.capacity_blocks()));
+        let c = Control::spawn(
+            ftl.clone(),
+            None,
+            classifier,
+            Arc::new(Live::default()),
+            None,
+            false,
+        )
+        .expect("control plane");
+        let t = std::time::Instant::now();
+        while ftl.undiscarded_segments() > 0 && t.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        c.shutdown();
+        assert_eq!(
+            ftl.undiscarded_segments(),
+            0,
+            "freed segments were left undiscarded"
+        );
     }
 
     /// The control plane serves the exposition on its metrics listener: a scrape of a

@@ -406,6 +406,13 @@ pub fn render(d: &StatsDocument) -> Result<String, std::fmt::Error> {
         "Write amplification since the device was formatted",
         ConstGauge::new(s.waf),
     );
+    if let Some(c) = &d.cleaner {
+        r.register(
+            "cleaner_up",
+            "1 while the cleaner's thread runs, 0 once it ended (nothing cleans then)",
+            ConstGauge::new(i64::from(!c.stopped)),
+        );
+    }
     if let Some(w) = d.waf_last_minute {
         r.register(
             "waf_last_minute",
@@ -500,6 +507,22 @@ mod tests {
         assert!(w.p999_us >= 29_000, "{}", w.p999_us);
         assert_eq!(f.read.buckets[BUCKETS_S.len()], 1, "above 10 s: +Inf");
         assert_eq!(f.flush.count, 0);
+    }
+
+    /// A cleaner whose thread ended shows as down (its figures alone stay frozen and
+    /// look like an idle cleaner's).
+    #[test]
+    fn a_stopped_cleaner_is_down_in_the_exposition() {
+        let mut d = StatsDocument::default();
+        d.stats.block_size = 4096;
+        assert!(
+            !render(&d).unwrap().contains("cleaner_up"),
+            "no cleaner, no gauge"
+        );
+        d.cleaner = Some(Default::default());
+        assert!(render(&d).unwrap().contains("\nftlblk_cleaner_up 1\n"));
+        d.cleaner.as_mut().unwrap().stopped = true;
+        assert!(render(&d).unwrap().contains("\nftlblk_cleaner_up 0\n"));
     }
 
     #[test]

@@ -263,6 +263,14 @@ pub fn format_stats(d: &StatsDocument) -> String {
     }
     if let Some(cl) = &d.cleaner {
         let r = &cl.stats;
+        if cl.stopped {
+            row(
+                "cleaner",
+                "STOPPED: its thread ended (see the daemon's log); nothing cleans, and the \
+                 figures below are its last"
+                    .to_string(),
+            );
+        }
         row(
             "cleaner",
             format!(

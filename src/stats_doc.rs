@@ -10,7 +10,7 @@
 //! `bytes_per_block`): `device` (the [`DeviceRecord`], `null` before the device is live),
 //! `stats` ([`ftl::Stats`]), `backing_allocated_bytes` (`null` unless the backing
 //! is a regular file), `classifier` (`bytes_per_block`, `plans`, `idle_streams`) and
-//! `cleaner` (`stats`: [`cleaner::RunnerStats`], `last_error`; `null` without a cleaner).
+//! `cleaner` (`stats`: [`cleaner::RunnerStats`], `last_error`, `stopped`; `null` without a cleaner).
 //! Objects are written with their keys sorted, as the document always was: it is
 //! rendered through a `serde_json::Value`, whose maps are sorted.
 //!
@@ -173,6 +173,9 @@ pub struct CleanerFigures {
     pub stats: CleanerRunFigures,
     /// The last error the cleaner thread hit (it keeps running).
     pub last_error: Option<String>,
+    /// The cleaner's thread has ended (a panic, in a running daemon): nothing cleans,
+    /// and the figures above are its last.
+    pub stopped: bool,
 }
 
 /// [`cleaner::RunnerStats`] as the document carries it.
@@ -240,6 +243,9 @@ impl StatsDocument {
             ClassifierFigures::of(classifier),
             cleaner.map(|c| (c.stats(), c.last_error())),
         )?;
+        if let (Some(fig), Some(c)) = (doc.cleaner.as_mut(), cleaner) {
+            fig.stopped = !c.running();
+        }
         // The same windows every time (a fixed seed), so successive figures compare.
         doc.map_fragmentation = ftl
             .fragmentation_sample(SAMPLE_WINDOWS, SAMPLE_WINDOW_BLOCKS, 1)
@@ -269,6 +275,7 @@ impl StatsDocument {
                 Some((stats, last_error)) => Some(CleanerFigures {
                     stats: mirror(&stats)?,
                     last_error,
+                    stopped: false,
                 }),
                 None => None,
             },
@@ -367,6 +374,7 @@ mod tests {
             "cleaner": cleaner.map(|(s, e)| serde_json::json!({
                 "stats": s,
                 "last_error": e,
+                "stopped": false,
             })),
         });
         serde_json::to_string_pretty(&doc).expect("json")

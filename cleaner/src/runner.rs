@@ -144,6 +144,12 @@ impl CleanerHandle {
     pub fn stats(&self) -> RunnerStats {
         *self.stats.lock().unwrap_or_else(|p| p.into_inner())
     }
+    /// Whether the cleaner's thread still runs. It ends only when stopped, or by a
+    /// panic: writers then free space themselves, but nothing cleans, and its figures
+    /// stay as they were (found by review, 2026-11-27).
+    pub fn running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
     /// The last error the thread hit, if any (it keeps running).
     pub fn last_error(&self) -> Option<String> {
         self.last_error
