@@ -375,7 +375,7 @@ impl Repeats {
         let n = self
             .failed
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let print = n % REPEAT_EVERY == 0;
+        let print = n.is_multiple_of(REPEAT_EVERY);
         if print {
             let more = if n > 0 {
                 format!(" ({} times so far)", n + 1)
