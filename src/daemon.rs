@@ -263,7 +263,7 @@ fn serve_device(cfg: DaemonConfig, notifier: &Arc<Notifier>) -> Result<(), CliEr
         .map_err(|e| CliError::ftl_at("closing the FTL", e));
     match (&result, &closed) {
         (Ok(Some(id)), _) => {
-            runfiles::remove_record(*id);
+            runfiles::remove_record_of(*id, std::process::id());
             eprintln!(
                 "ftlblk: device {id} removed, FTL {}",
                 if closed.is_ok() {
@@ -449,8 +449,12 @@ fn serve(
         .unwrap_or_else(|p| p.into_inner())
         .take();
     if failed.is_some() {
-        // Deleted: a record left from an earlier session (recovery) names nothing now.
-        runfiles::remove_record(id);
+        // Deleted: a record left from an earlier session (recovery) names nothing now
+        // (unless another daemon took the freed id meanwhile).
+        match runfiles::read_record(id) {
+            Ok(Some(r)) if r.pid != std::process::id() && runfiles::pid_alive(r.pid) => {}
+            _ => runfiles::remove_record(id),
+        }
     }
     start_outcome(id, failed)
 }

@@ -429,8 +429,8 @@ fn del_one(id: u32, timeout: Duration, force: bool) -> Result<String, CliError> 
         .filter(|&p| runfiles::pid_alive(p));
     if !runfiles::kernel_has_device(id) {
         return match (rec, daemon) {
-            (Some(_), None) => {
-                runfiles::remove_record(id);
+            (Some(r), None) => {
+                runfiles::remove_record_of(id, r.pid);
                 Ok(format!(
                     "ublk device {id} was already gone; removed its stale record"
                 ))
@@ -456,7 +456,13 @@ fn del_one(id: u32, timeout: Duration, force: bool) -> Result<String, CliError> 
             std::thread::sleep(Duration::from_millis(50));
         }
     }
-    runfiles::remove_record(id);
+    // Only the record of the daemon stopped here: the freed id may already be another
+    // device's, whose `add` wrote its own record.
+    if let Some(r) = &rec {
+        runfiles::remove_record_of(id, r.pid);
+    } else {
+        runfiles::remove_record(id);
+    }
     Ok(format!("deleted ublk device {id}"))
 }
 

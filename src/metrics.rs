@@ -312,11 +312,6 @@ pub fn render(d: &StatsDocument) -> Result<String, std::fmt::Error> {
             s.free_records,
         ),
         (
-            "throttle_seconds",
-            "Seconds writers spent in the cleaner's throttle, summed over writers",
-            s.throttled_ns / 1_000_000_000,
-        ),
-        (
             "recoveries",
             "Times the device was recovered after its daemon died",
             d.device.as_ref().map_or(0, |r| u64::from(r.recoveries)),
@@ -401,6 +396,12 @@ pub fn render(d: &StatsDocument) -> Result<String, std::fmt::Error> {
             ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX)),
         );
     }
+    // Fractional: in whole seconds a light throttle read 0 for ever.
+    r.register(
+        "throttle_seconds",
+        "Seconds writers spent in the cleaner's throttle, summed over writers",
+        ConstCounter::new(s.throttled_ns as f64 / 1e9),
+    );
     r.register(
         "waf",
         "Write amplification since the device was formatted",
@@ -554,6 +555,7 @@ mod tests {
         d.stats.waf = 1.5;
         d.stats.free_segments = 9;
         d.stats.stream_blocks_written = vec![0, 70, 30];
+        d.stats.throttled_ns = 250_000_000;
         let live = Live::default();
         live.latencies.record(Op::Write, Duration::from_micros(80));
         live.latencies.record(Op::Write, Duration::from_millis(3));
@@ -569,6 +571,7 @@ mod tests {
             "ftlblk_metadata_bytes_total 12288",
             "ftlblk_waf 1.5",
             "ftlblk_waf_last_minute 2.5",
+            "ftlblk_throttle_seconds_total 0.25",
             "ftlblk_free_segments 9",
             "ftlblk_stream_blocks_written_total{stream=\"1\"} 70",
             "ftlblk_request_latency_seconds_count{op=\"write\"} 2",

@@ -144,6 +144,21 @@ pub fn remove_record(id: u32) {
     let _ = std::fs::remove_file(socket_path(id));
 }
 
+/// Removes `N.json` and `N.sock` if the record still names daemon `pid` (or none is
+/// left to read). Once a device is deleted in the kernel its id is free: an `add` may
+/// take it and write its own record while the old daemon still closes its FTL, and the
+/// old daemon's (or `del`'s) cleanup removed the new device's record (found by review,
+/// 2026-11-27). Says whether it removed them.
+pub fn remove_record_of(id: u32, pid: u32) -> bool {
+    match read_record(id) {
+        Ok(Some(r)) if r.pid != pid => false,
+        _ => {
+            remove_record(id);
+            true
+        }
+    }
+}
+
 /// Whether `pid` is a live (not zombie) ftlblk process.
 pub fn pid_alive(pid: u32) -> bool {
     if pid == 0 {
@@ -196,7 +211,12 @@ mod tests {
         assert_eq!(read_record(7).unwrap(), Some(rec.clone()));
         assert_eq!(read_record(8).unwrap(), None);
         std::fs::write(dir.path().join("junk.json"), "{").unwrap();
-        assert_eq!(all_records(), vec![rec]);
+        assert_eq!(all_records(), vec![rec.clone()]);
+        // Another daemon's record is left; its own daemon's goes.
+        assert!(!remove_record_of(7, rec.pid + 1));
+        assert!(read_record(7).unwrap().is_some());
+        assert!(remove_record_of(7, rec.pid));
+        assert_eq!(read_record(7).unwrap(), None);
         remove_record(7);
         assert_eq!(read_record(7).unwrap(), None);
         std::env::remove_var("FTLBLK_RUN_DIR");

@@ -274,7 +274,7 @@ pub fn format_stats(d: &StatsDocument) -> String {
         row(
             "cleaner",
             format!(
-                "{} segments freed, {} blocks copied, {} errors",
+                "{} segments emptied, {} blocks copied, {} errors",
                 r.cleaner.segments_cleaned, r.cleaner.blocks_copied, r.errors
             ),
         );
@@ -363,7 +363,7 @@ mod tests {
         with_cleaner["backing_allocated_bytes"] = serde_json::json!(3u64 << 20);
         let t2 = format_stats(&doc(&with_cleaner));
         for want in [
-            "4 segments freed, 96 blocks copied",
+            "4 segments emptied, 96 blocks copied",
             "9 run (2 foreground, 7 background), 3 preempted",
             "writers paced at 40000 blocks/s (cleaner's rate 30000 blocks/s)",
             "space headroom         3 segments held for writers above the floor (longest wait \
