@@ -58,7 +58,7 @@ impl Background {
         } else {
             None
         };
-        let live = Arc::new(Live::default());
+        let live = Arc::new(Live::opened_with(ftl.stats().counters));
         let control = Control::spawn(
             ftl.clone(),
             cleaner.clone(),

@@ -170,13 +170,27 @@ impl LatencyFigures {
 pub struct Live {
     pub latencies: Latencies,
     pub waf: WafWindow,
+    /// The FTL's lifetime counters when this daemon opened the device.
+    pub at_open: Option<ftl::Counters>,
 }
 
 impl Live {
+    /// The figures of a daemon that opened its FTL with these lifetime counters.
+    pub fn opened_with(at_open: ftl::Counters) -> Self {
+        Live {
+            at_open: Some(at_open),
+            ..Default::default()
+        }
+    }
+
     /// Adds these figures to a stats document.
     pub fn fill(&self, d: &mut StatsDocument) {
         d.latency = Some(self.latencies.snapshot());
         d.waf_last_minute = self.waf.last_minute();
+        d.counters_at_open = self
+            .at_open
+            .as_ref()
+            .and_then(|c| serde_json::from_value(serde_json::to_value(c).ok()?).ok());
     }
 }
 
@@ -264,6 +278,12 @@ impl EncodeMetric for CounterFamily {
 /// The OpenMetrics text exposition of `d` (what Prometheus scrapes).
 pub fn render(d: &StatsDocument) -> Result<String, std::fmt::Error> {
     let (s, c) = (&d.stats, &d.stats.counters);
+    // The byte and request counters count from this daemon's open, as a Prometheus
+    // counter must: the FTL's lifetime counters are restored from the last checkpoint
+    // after a crash, below what was scraped, and a counter going down is read as a
+    // reset (a rate() spike of the whole lifetime; found by review, 2026-11-27).
+    let base = d.counters_at_open.clone().unwrap_or_default();
+    let since = |v: u64, b: u64| v.saturating_sub(b);
     let bs = s.block_size.max(1);
     let cl = d.cleaner.as_ref().map(|c| &c.stats);
     let mut r = Registry::with_prefix("ftlblk");
@@ -271,36 +291,44 @@ pub fn render(d: &StatsDocument) -> Result<String, std::fmt::Error> {
     let counters: Vec<(&str, &str, u64)> = [
         (
             "user_bytes",
-            "Bytes users wrote",
-            c.user_blocks_written * bs,
+            "Bytes users wrote since the daemon started",
+            since(c.user_blocks_written, base.user_blocks_written) * bs,
         ),
         (
             "backing_bytes",
-            "Bytes written to the backing (data, relocation, metadata, padding)",
-            c.backing_blocks_written * bs,
+            "Bytes written to the backing (data, relocation, metadata, padding) since the daemon started",
+            since(c.backing_blocks_written, base.backing_blocks_written) * bs,
         ),
         (
             "relocated_bytes",
-            "Bytes the cleaner and defragmentation relocated",
-            c.relocated_blocks * bs,
+            "Bytes the cleaner and defragmentation relocated since the daemon started",
+            since(c.relocated_blocks, base.relocated_blocks) * bs,
         ),
         (
             "metadata_bytes",
-            "Bytes of chunk summaries written to the backing",
-            c.summary_blocks * bs,
+            "Bytes of chunk summaries written to the backing since the daemon started",
+            since(c.summary_blocks, base.summary_blocks) * bs,
         ),
         (
             "padding_bytes",
-            "Bytes of padding FLUSH and FUA wrote to fill flash pages",
-            c.padding_bytes,
+            "Bytes of padding FLUSH and FUA wrote to fill flash pages since the daemon started",
+            since(c.padding_bytes, base.padding_bytes),
         ),
         (
             "discarded_bytes",
-            "Bytes discarded (TRIMmed) on the backing",
-            c.discarded_bytes,
+            "Bytes discarded (TRIMmed) on the backing since the daemon started",
+            since(c.discarded_bytes, base.discarded_bytes),
         ),
-        ("trimmed_blocks", "Blocks users trimmed", c.trimmed_blocks),
-        ("flushes", "FLUSH requests", c.flushes),
+        (
+            "trimmed_blocks",
+            "Blocks users trimmed since the daemon started",
+            since(c.trimmed_blocks, base.trimmed_blocks),
+        ),
+        (
+            "flushes",
+            "FLUSH requests since the daemon started",
+            since(c.flushes, base.flushes),
+        ),
         (
             "checkpoints",
             "Checkpoints since the daemon started",
@@ -557,6 +585,8 @@ mod tests {
         d.stats.stream_blocks_written = vec![0, 70, 30];
         d.stats.throttled_ns = 250_000_000;
         let live = Live::default();
+        let mut at_open = ftl::Counters::default();
+        at_open.flushes = 2;
         live.latencies.record(Op::Write, Duration::from_micros(80));
         live.latencies.record(Op::Write, Duration::from_millis(3));
         live.latencies.record(Op::Flush, Duration::from_millis(20));
@@ -565,6 +595,24 @@ mod tests {
         live.waf.sample(t + Duration::from_secs(1), 10, 25);
         live.fill(&mut d);
         let text = render(&d).expect("render");
+        // From a daemon that opened the device with 40 blocks and 2 FLUSHes written:
+        // the counters count from there.
+        d.stats.counters.flushes = 5;
+        let mut opened = d.clone();
+        Live::opened_with(ftl::Counters {
+            user_blocks_written: 40,
+            ..at_open
+        })
+        .fill(&mut opened);
+        let since = render(&opened).expect("render");
+        assert!(
+            since.lines().any(|l| l == "ftlblk_user_bytes_total 245760"),
+            "{since}"
+        );
+        assert!(
+            since.lines().any(|l| l == "ftlblk_flushes_total 3"),
+            "{since}"
+        );
         for want in [
             "ftlblk_user_bytes_total 409600",
             "ftlblk_backing_bytes_total 614400",

@@ -55,6 +55,10 @@ pub struct StatsDocument {
     /// Latencies of the requests completed at the ublk edge (absent outside a daemon).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub latency: Option<crate::metrics::LatencyFigures>,
+    /// The FTL's lifetime counters when this daemon opened the device (absent outside a
+    /// daemon): the metrics' counters count from them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub counters_at_open: Option<CounterFigures>,
     /// Backing blocks written per user block over the last minute (absent without user
     /// writes in it).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -281,6 +285,7 @@ impl StatsDocument {
             },
             map_fragmentation: None,
             latency: None,
+            counters_at_open: None,
             waf_last_minute: None,
         })
     }
