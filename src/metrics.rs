@@ -585,8 +585,10 @@ mod tests {
         d.stats.stream_blocks_written = vec![0, 70, 30];
         d.stats.throttled_ns = 250_000_000;
         let live = Live::default();
-        let mut at_open = ftl::Counters::default();
-        at_open.flushes = 2;
+        let at_open = ftl::Counters {
+            flushes: 2,
+            ..Default::default()
+        };
         live.latencies.record(Op::Write, Duration::from_micros(80));
         live.latencies.record(Op::Write, Duration::from_millis(3));
         live.latencies.record(Op::Flush, Duration::from_millis(20));
