@@ -81,8 +81,9 @@ pub struct CheckArgs {
     pub json: bool,
     /// Rebuild a lost, damaged or foreign index from the log on the backing (every chunk
     /// summary names its blocks' LBAs, sequence numbers and checksums), then check the
-    /// result. The old index, if any, is kept as INDEX.old-SECONDS. Counters and erase
-    /// counts start again from zero. Example:
+    /// result. The old index, if any, is kept as INDEX.old-SECONDS. Counters start again
+    /// from zero; erase counts are kept where the old index's records can still be read.
+    /// Example:
     /// `ftlblk check --backing /var/lib/ftl.img --rebuild-index`
     #[arg(long)]
     pub rebuild_index: bool,

@@ -242,7 +242,7 @@ pub fn rebuild_backing_index(
         if usable.is_ok() {
             return Err(Error::InvalidParameters(format!(
                 "index {} matches the backing and loads: give --force to replace it with one \
-                 rebuilt from the log (counters and erase counts start again from zero)",
+                 rebuilt from the log (counters start again from zero; erase counts are kept)",
                 index_dir.display()
             )));
         }
@@ -260,13 +260,23 @@ pub fn rebuild_backing_index(
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(io_err(&tmp))?;
     }
+    // The old index's wear history, if it can still be read (a sled database that
+    // opens; records that do not decode count nothing).
+    let wear = if exists {
+        SledIndex::open(index_dir)
+            .map(|old| crate::rebuild::erase_counts_of(&old, sb.geometry.segment_count))
+            .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
     let report = {
         let idx = open_index(&tmp)?;
-        crate::rebuild::rebuild(
+        crate::rebuild::rebuild_keeping_wear(
             &dev,
             &idx,
             Config::default().checkpoint_page_batch,
             progress,
+            &wear,
         )?
     };
     let mut moved = None;

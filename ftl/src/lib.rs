@@ -75,7 +75,7 @@ pub use geometry::{FormatOptions, Geometry};
 pub use index::IndexStore;
 pub use lifecycle::{format, read_superblock, read_superblock_readonly, OpenReport};
 pub use map::{MapCacheStats, MapEntry, DEFAULT_CACHE_BYTES as DEFAULT_MAP_CACHE_BYTES};
-pub use rebuild::{rebuild, RebuildProgress, RebuildReport};
+pub use rebuild::{erase_counts_of, rebuild, rebuild_keeping_wear, RebuildProgress, RebuildReport};
 pub use records::Counters;
 pub use recovery::RecoveryReport;
 pub use segments::{SegmentSnapshot, WearFigures};

@@ -23,8 +23,9 @@
 //!
 //! The rebuilt index is a checkpoint of a new epoch (above every epoch on the backing)
 //! with every segment that holds a chunk closed and every stream cursor empty: the next
-//! open replays nothing and writes into fresh segments. Counters (user bytes, WAF) and
-//! erase counts start again from zero.
+//! open replays nothing and writes into fresh segments. Counters (user bytes, WAF) start
+//! again from zero; erase counts too, unless the old index's segment and free records can
+//! still be read ([`erase_counts_of`]: the largest count each names is kept).
 //!
 //! Crash-ordering rule of a rebuild:
 //! 1. the map pages and segment records are committed BEFORE the checkpoint record, in
@@ -115,6 +116,43 @@ pub fn rebuild<D: BlockDevice, I: IndexStore>(
     index: &I,
     batch: usize,
     progress: &mut dyn RebuildProgress,
+) -> Result<RebuildReport> {
+    rebuild_keeping_wear(dev, index, batch, progress, &[])
+}
+
+/// The erase counts the segment and free records of `old` (an index being replaced)
+/// still name, by segment: the largest each segment has. Records that do not decode
+/// count nothing; an index that cannot be read gives none. The wear history is what
+/// wear-aware allocation and static wear levelling balance; a rebuild that dropped it
+/// made every segment look unworn (found by review, 2026-11-27).
+pub fn erase_counts_of<I: IndexStore>(old: &I, segments: u32) -> Vec<u32> {
+    let mut counts = vec![0u32; segments as usize];
+    let mut note = |seg: u32, n: u32| {
+        if let Some(c) = counts.get_mut(seg as usize) {
+            *c = (*c).max(n);
+        }
+    };
+    for (_, v) in old.load_kind(Key::SEGMENT).unwrap_or_default() {
+        if let Ok(r) = SegmentRecord::decode(&v) {
+            note(r.segment, r.erase_count);
+        }
+    }
+    for (_, v) in old.load_kind(Key::FREE).unwrap_or_default() {
+        if let Ok(r) = crate::records::FreeRecord::decode(&v) {
+            note(r.segment, r.erase_count);
+        }
+    }
+    counts
+}
+
+/// [`rebuild`], with each segment's erase count taken from `wear` (by segment; those
+/// past its end start at zero), as [`erase_counts_of`] read it from the old index.
+pub fn rebuild_keeping_wear<D: BlockDevice, I: IndexStore>(
+    dev: &D,
+    index: &I,
+    batch: usize,
+    progress: &mut dyn RebuildProgress,
+    wear: &[u32],
 ) -> Result<RebuildReport> {
     let (sb, warnings) = crate::lifecycle::read_superblock_readonly(dev)?;
     let geo = sb.geometry;
@@ -322,7 +360,7 @@ pub fn rebuild<D: BlockDevice, I: IndexStore>(
                 segment: s,
                 state,
                 stream,
-                erase_count: 0,
+                erase_count: wear.get(i).copied().unwrap_or(0),
                 opened_seq: if opened[i] == u64::MAX { 0 } else { opened[i] },
                 valid: if state == SegState::Closed {
                     valid[i]

@@ -632,3 +632,29 @@ fn chunks_after_a_damaged_summary_are_reported_by_the_rebuild() {
         r.warnings
     );
 }
+
+/// A rebuild keeps the erase counts the old index's records still name: wear-aware
+/// allocation and static wear levelling balance that history, and a rebuild that reset
+/// it made every segment look unworn.
+#[test]
+fn a_rebuild_keeps_the_erase_counts_the_old_index_names() {
+    let (dev, idx, f) = tiny_crash();
+    overwrite_rounds(&f, 40, |_| {
+        f.checkpoint().unwrap();
+    });
+    f.close().unwrap();
+    let before: Vec<u32> = f.segment_snapshot().iter().map(|s| s.erase_count).collect();
+    assert!(
+        before.iter().any(|&c| c > 1),
+        "segments were reused: {before:?}"
+    );
+    let segments = f.geometry().segment_count;
+    drop(f);
+    let wear = ftl::erase_counts_of(&*idx, segments);
+    assert_eq!(wear, before);
+    let fresh = Arc::new(MemIndex::new());
+    ftl::rebuild_keeping_wear(&dev, &fresh, 16, &mut |_, _| {}, &wear).unwrap();
+    let (f, _) = Ftl::open(dev.clone(), fresh, Config::default()).unwrap();
+    let after: Vec<u32> = f.segment_snapshot().iter().map(|s| s.erase_count).collect();
+    assert_eq!(after, before);
+}
