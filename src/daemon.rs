@@ -345,7 +345,7 @@ fn serve(
         recoveries,
         map_cache_bytes: cfg.map_cache_bytes,
         metrics_listen: cfg.metrics_listen.clone(),
-        discard_delay_ms: Some(cfg.discard_delay.as_millis() as u64),
+        discard_delay_ms: Some(record_ms(cfg.discard_delay)),
     };
     let backing_fd = ftl.device().raw_fd().ok_or(CliError::NoBackingFd)?;
 
@@ -470,9 +470,24 @@ fn start_outcome(id: u32, why: Option<String>) -> Result<Option<u32>, CliError> 
     }
 }
 
+/// A delay as the device record keeps it, in milliseconds, rounded up: a delay under a
+/// millisecond recorded as 0 made `recover` discard at once, a different mode (found by
+/// review, 2026-11-27).
+fn record_ms(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_delay_under_a_millisecond_is_not_recorded_as_none() {
+        use std::time::Duration;
+        assert_eq!(record_ms(Duration::ZERO), 0);
+        assert_eq!(record_ms(Duration::from_micros(500)), 1);
+        assert_eq!(record_ms(Duration::from_millis(2000)), 2000);
+    }
 
     #[test]
     fn the_open_file_limit_is_raised_when_the_tags_need_it() {
