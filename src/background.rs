@@ -41,6 +41,9 @@ impl Background {
         signals: bool,
         metrics: Option<std::net::TcpListener>,
     ) -> Result<Self, CliError> {
+        // The lifetime counters before any thread below writes, relocates or checkpoints:
+        // the metrics count from here.
+        let live = Arc::new(Live::opened_with(ftl.stats().counters));
         // Write-time stream classification (in memory, rebuilt from scratch at each start).
         let classifier = Arc::new(Classifier::new(ftl.capacity_blocks()));
         let writers = Arc::new(
@@ -58,7 +61,6 @@ impl Background {
         } else {
             None
         };
-        let live = Arc::new(Live::opened_with(ftl.stats().counters));
         let control = Control::spawn(
             ftl.clone(),
             cleaner.clone(),

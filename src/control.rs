@@ -9,12 +9,15 @@
 //!   [`Shared::mark_live`] tells the main thread to stop the device itself.
 //! - **Checkpoints.** Every second, when [`ftl::Ftl::checkpoint_due`], a checkpoint runs
 //!   on tokio's blocking pool (one at a time); [`Control::shutdown`] waits for it.
+//! - **Discards.** On the same tick, when freed segments wait for their discard, one job
+//!   at a time discards those past the delay ([`ftl::Ftl::discard_waiting`]) beside any
+//!   checkpoint; [`Control::shutdown`] waits for it too.
 //! - **Streams.** On the same tick, when the classifier has made a new stream plan, the
 //!   streams it no longer uses are closed ([`ftl::Ftl::close_stream`]) on the blocking pool.
 //! - **Stats.** Once told the device is live ([`Event::Live`]), the runtime serves
 //!   `/run/ftlblk/N.sock`: each connection receives one [`StatsDocument`] (the device
 //!   record, the FTL's, classifier's and cleaner's figures) and is closed. The socket is
-//!   removed on shutdown.
+//!   removed on shutdown if it is still this one (the id may be another device's by then).
 //!
 //! Started by [`crate::background`]; the daemon ([`crate::daemon`]) sends it [`Event`]s and
 //! reads [`Shared`]. Uses [`crate::kctl`], [`crate::runfiles`] and [`crate::stats_doc`].
@@ -253,9 +256,14 @@ async fn serve(
     let mut tick = tokio::time::interval(CHECKPOINT_POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut listener: Option<(UnixListener, PathBuf)> = None;
+    // The socket file this daemon bound (its inode): removed at the end only if the path
+    // still names it.
+    let mut socket_id: Option<(u64, u64)> = None;
     let mut record: Option<DeviceRecord> = None;
-    // The background job under way: a checkpoint, or discards of freed segments.
+    // The background jobs under way: a checkpoint, and discards of freed segments (apart:
+    // a long discard must not hold a due checkpoint back).
     let mut checkpoint: Option<tokio::task::JoinHandle<()>> = None;
+    let mut discarding: Option<tokio::task::JoinHandle<()>> = None;
     let failures = Arc::new(Repeats::default());
     let mut plans_seen = classifier.plans();
     loop {
@@ -265,7 +273,10 @@ async fn serve(
             ev = rx.recv() => match ev {
                 Some(Event::Live(rec)) => {
                     match bind(&rec.socket) {
-                        Ok(l) => listener = Some((l, rec.socket.clone())),
+                        Ok(l) => {
+                            socket_id = file_id(&rec.socket);
+                            listener = Some((l, rec.socket.clone()));
+                        }
                         Err(e) => eprintln!("ftlblk: stats socket {}: {e}", rec.socket.display()),
                     }
                     record = Some(*rec);
@@ -293,8 +304,7 @@ async fn serve(
                         }
                     });
                 }
-                let idle = checkpoint.as_ref().is_none_or(|h| h.is_finished());
-                if idle && ftl.checkpoint_due() {
+                if checkpoint.as_ref().is_none_or(|h| h.is_finished()) && ftl.checkpoint_due() {
                     let f = ftl.clone();
                     // Only if still due once it holds the lock: the cleaner's runner
                     // takes due checkpoints too, and may have just started one.
@@ -307,7 +317,10 @@ async fn serve(
                             }
                         }
                     }));
-                } else if idle && ftl.undiscarded_segments() > 0 {
+                }
+                if discarding.as_ref().is_none_or(|h| h.is_finished())
+                    && ftl.undiscarded_segments() > 0
+                {
                     // Freed segments go back to the backing once they waited the discard
                     // delay. The cleaner's turns and each checkpoint do it too, but
                     // without a cleaner (or with one that died) an idle device runs no
@@ -315,7 +328,7 @@ async fn serve(
                     // stayed allocated until the daemon stopped (found by review,
                     // 2026-11-27).
                     let f = ftl.clone();
-                    checkpoint = Some(tokio::task::spawn_blocking(move || {
+                    discarding = Some(tokio::task::spawn_blocking(move || {
                         f.discard_waiting(false);
                     }));
                 }
@@ -339,11 +352,15 @@ async fn serve(
             },
         }
     }
-    if let Some(h) = checkpoint {
+    for h in [checkpoint, discarding].into_iter().flatten() {
         let _ = h.await;
     }
     if let Some((_, path)) = listener {
-        let _ = std::fs::remove_file(path);
+        // Only if the path is still this socket: once the kernel freed the id, another
+        // daemon's `add` may have bound its own there (found by review, 2026-11-27).
+        if socket_id.is_some() && file_id(&path) == socket_id {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
@@ -439,6 +456,12 @@ async fn recv_signal(s: &mut Option<tokio::signal::unix::Signal>) -> Option<()> 
         Some(s) => s.recv().await,
         None => std::future::pending().await,
     }
+}
+
+/// The file `path` is now (device, inode), if any: a socket bound there is a new file.
+fn file_id(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 fn bind(path: &PathBuf) -> io::Result<UnixListener> {
@@ -562,6 +585,70 @@ mod tests {
             0,
             "freed segments were left undiscarded"
         );
+    }
+
+    /// The stats socket is removed at shutdown only if the path still names it: once the
+    /// kernel freed the id, another daemon may have bound its own there.
+    #[test]
+    fn a_socket_another_daemon_bound_at_the_path_is_left() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (img, idx) = (dir.path().join("s.img"), dir.path().join("s.idx"));
+        format_backing(&img, &idx, Some(64 << 20), &FormatOptions::default(), false)
+            .expect("format");
+        let (f, _) = open_backing(&img, &idx, Config::default()).expect("open");
+        let ftl = Arc::new(f);
+        let sock = dir.path().join("9.sock");
+        let rec = DeviceRecord {
+            id: 9,
+            block_device: runfiles::bdev_path(9),
+            char_device: runfiles::cdev_path(9),
+            backing: img.clone(),
+            index: idx.clone(),
+            size_bytes: 64 << 20,
+            block_size: 4096,
+            queues: 1,
+            depth: 64,
+            io_buf_bytes: 512 << 10,
+            cleaner: false,
+            pid: std::process::id(),
+            socket: sock.clone(),
+            log: None,
+            uuid: "u".into(),
+            recoveries: 0,
+            map_cache_bytes: 0,
+            metrics_listen: None,
+            discard_delay_ms: None,
+        };
+        let run = |replace: bool| {
+            let classifier = Arc::new(Classifier::new(ftl.capacity_blocks()));
+            let c = Control::spawn(
+                ftl.clone(),
+                None,
+                classifier,
+                Arc::new(Live::default()),
+                None,
+                false,
+            )
+            .expect("control plane");
+            c.sender()
+                .send(Event::Live(Box::new(rec.clone())))
+                .expect("send");
+            let t = std::time::Instant::now();
+            while !sock.exists() && t.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert!(sock.exists(), "the stats socket was bound");
+            let other = replace.then(|| {
+                std::fs::remove_file(&sock).expect("remove");
+                std::os::unix::net::UnixListener::bind(&sock).expect("another daemon's bind")
+            });
+            c.shutdown();
+            drop(other);
+        };
+        run(false);
+        assert!(!sock.exists(), "its own socket is removed");
+        run(true);
+        assert!(sock.exists(), "another daemon's socket was removed");
     }
 
     /// The control plane serves the exposition on its metrics listener: a scrape of a

@@ -474,7 +474,7 @@ fn start_outcome(id: u32, why: Option<String>) -> Result<Option<u32>, CliError> 
 /// millisecond recorded as 0 made `recover` discard at once, a different mode (found by
 /// review, 2026-11-27).
 fn record_ms(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)
+    u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -482,9 +482,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_delay_under_a_millisecond_is_not_recorded_as_none() {
+    fn a_delay_under_a_millisecond_is_not_recorded_as_zero() {
         use std::time::Duration;
         assert_eq!(record_ms(Duration::ZERO), 0);
+        assert_eq!(record_ms(Duration::from_nanos(1)), 1);
         assert_eq!(record_ms(Duration::from_micros(500)), 1);
         assert_eq!(record_ms(Duration::from_millis(2000)), 2000);
     }

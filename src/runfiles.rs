@@ -144,19 +144,25 @@ pub fn remove_record(id: u32) {
     let _ = std::fs::remove_file(socket_path(id));
 }
 
-/// Removes `N.json` and `N.sock` if the record still names daemon `pid` (or none is
-/// left to read). Once a device is deleted in the kernel its id is free: an `add` may
-/// take it and write its own record while the old daemon still closes its FTL, and the
-/// old daemon's (or `del`'s) cleanup removed the new device's record (found by review,
-/// 2026-11-27). Says whether it removed them.
+/// Removes `N.json` and `N.sock` unless the record names another live daemon than
+/// `pid` (a record of `pid`, of a dead daemon, or none readable goes). Once a device is
+/// deleted in the kernel its id is free: an `add` may take it and write its own record
+/// while the old daemon still closes its FTL, and the old daemon's (or `del`'s) cleanup
+/// removed the new device's record (found by review, 2026-11-27). Says whether it
+/// removed them.
 pub fn remove_record_of(id: u32, pid: u32) -> bool {
     match read_record(id) {
-        Ok(Some(r)) if r.pid != pid => false,
+        Ok(Some(r)) if another_daemons(r.pid, pid, pid_alive) => false,
         _ => {
             remove_record(id);
             true
         }
     }
+}
+
+/// Whether a record of daemon `recorded` belongs to another live daemon than `own`.
+fn another_daemons(recorded: u32, own: u32, alive: impl Fn(u32) -> bool) -> bool {
+    recorded != own && alive(recorded)
 }
 
 /// Whether `pid` is a live (not zombie) ftlblk process.
@@ -212,10 +218,13 @@ mod tests {
         assert_eq!(read_record(8).unwrap(), None);
         std::fs::write(dir.path().join("junk.json"), "{").unwrap();
         assert_eq!(all_records(), vec![rec.clone()]);
-        // Another daemon's record is left; its own daemon's goes.
-        assert!(!remove_record_of(7, rec.pid + 1));
-        assert!(read_record(7).unwrap().is_some());
-        assert!(remove_record_of(7, rec.pid));
+        // A live other daemon's record is left; its own daemon's, or a dead one's, goes.
+        let alive = |p: u32| p == 42;
+        assert!(another_daemons(42, 7, alive));
+        assert!(!another_daemons(42, 42, alive));
+        assert!(!another_daemons(43, 7, alive));
+        // The test process is no `ftlblk`: its record counts as a dead daemon's.
+        assert!(remove_record_of(7, rec.pid + 1));
         assert_eq!(read_record(7).unwrap(), None);
         remove_record(7);
         assert_eq!(read_record(7).unwrap(), None);

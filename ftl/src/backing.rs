@@ -264,7 +264,7 @@ pub fn rebuild_backing_index(
     // opens; records that do not decode count nothing).
     let wear = if exists {
         SledIndex::open(index_dir)
-            .map(|old| crate::rebuild::erase_counts_of(&old, sb.geometry.segment_count))
+            .map(|old| crate::rebuild::erase_counts_of(&old, sb.geometry.segment_count, &sb.uuid))
             .unwrap_or_default()
     } else {
         Vec::new()

@@ -121,12 +121,22 @@ pub fn rebuild<D: BlockDevice, I: IndexStore>(
 }
 
 /// The erase counts the segment and free records of `old` (an index being replaced)
-/// still name, by segment: the largest each segment has. Records that do not decode
-/// count nothing; an index that cannot be read gives none. The wear history is what
-/// wear-aware allocation and static wear levelling balance; a rebuild that dropped it
-/// made every segment look unworn (found by review, 2026-11-27).
-pub fn erase_counts_of<I: IndexStore>(old: &I, segments: u32) -> Vec<u32> {
+/// still name, by segment: the largest each segment has. Only from an index of this
+/// backing (its checkpoint record decodes and names `uuid`; another backing's segment
+/// numbers name other segments): otherwise, and for records that do not decode, none.
+/// The wear history is what wear-aware allocation and static wear levelling balance; a
+/// rebuild that dropped it made every segment look unworn (found by review, 2026-11-27).
+pub fn erase_counts_of<I: IndexStore>(old: &I, segments: u32, uuid: &[u8; 16]) -> Vec<u32> {
     let mut counts = vec![0u32; segments as usize];
+    let ours = old
+        .load_kind(Key::CHECKPOINT)
+        .unwrap_or_default()
+        .iter()
+        .filter(|(k, _)| k.len() == 1)
+        .any(|(_, v)| CheckpointRecord::decode(v).is_ok_and(|c| &c.uuid == uuid));
+    if !ours {
+        return counts;
+    }
     let mut note = |seg: u32, n: u32| {
         if let Some(c) = counts.get_mut(seg as usize) {
             *c = (*c).max(n);

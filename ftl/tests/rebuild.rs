@@ -650,7 +650,14 @@ fn a_rebuild_keeps_the_erase_counts_the_old_index_names() {
     );
     let segments = f.geometry().segment_count;
     drop(f);
-    let wear = ftl::erase_counts_of(&*idx, segments);
+    let (sb, _) = ftl::read_superblock_readonly(&*dev).unwrap();
+    // Not from another backing's index: its segment numbers name other segments.
+    let mut other = sb.uuid;
+    other[0] ^= 1;
+    assert!(ftl::erase_counts_of(&*idx, segments, &other)
+        .iter()
+        .all(|&c| c == 0));
+    let wear = ftl::erase_counts_of(&*idx, segments, &sb.uuid);
     assert_eq!(wear, before);
     let fresh = Arc::new(MemIndex::new());
     ftl::rebuild_keeping_wear(&dev, &fresh, 16, &mut |_, _| {}, &wear).unwrap();

@@ -40,7 +40,8 @@
 //! A crash loses the queue: segments freed and not yet discarded stay allocated on the
 //! backing until they are reused. `Ftl::close` discards everything waiting.
 //!
-//! Called by the cleaner's runner (every turn), by each checkpoint and by `close`.
+//! Called by the cleaner's runner (every turn), by each checkpoint, by `close`, and by
+//! the daemon's control plane on an idle tick (`src/control.rs`).
 
 use super::Ftl;
 use crate::device::{BlockDevice, BLOCK_SIZE};
