@@ -525,6 +525,20 @@ mod tests {
         assert_eq!(calls.get(), 2, "a stop that went through is not sent again");
     }
 
+    /// A control plane for `ftl` with no cleaner, metrics listener or signals.
+    fn quiet_control(ftl: &Arc<FileFtl>) -> Control {
+        let classifier = Arc::new(Classifier::new(ftl.capacity_blocks()));
+        Control::spawn(
+            ftl.clone(),
+            None,
+            classifier,
+            Arc::new(Live::default()),
+            None,
+            false,
+        )
+        .expect("control plane")
+    }
+
     /// A failure that repeats every tick is printed once, then once every
     /// [`REPEAT_EVERY`] times, and again at once after it worked.
     #[test]
@@ -565,16 +579,7 @@ mod tests {
             "the checkpoint freed segments younger than the delay"
         );
         let ftl = Arc::new(f);
-        let classifier = Arc::new(Classifier::new(ftl.capacity_blocks()));
-        let c = Control::spawn(
-            ftl.clone(),
-            None,
-            classifier,
-            Arc::new(Live::default()),
-            None,
-            false,
-        )
-        .expect("control plane");
+        let c = quiet_control(&ftl);
         let t = std::time::Instant::now();
         while ftl.undiscarded_segments() > 0 && t.elapsed() < Duration::from_secs(20) {
             std::thread::sleep(Duration::from_millis(100));
@@ -620,16 +625,7 @@ mod tests {
             discard_delay_ms: None,
         };
         let run = |replace: bool| {
-            let classifier = Arc::new(Classifier::new(ftl.capacity_blocks()));
-            let c = Control::spawn(
-                ftl.clone(),
-                None,
-                classifier,
-                Arc::new(Live::default()),
-                None,
-                false,
-            )
-            .expect("control plane");
+            let c = quiet_control(&ftl);
             c.sender()
                 .send(Event::Live(Box::new(rec.clone())))
                 .expect("send");

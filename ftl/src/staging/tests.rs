@@ -156,22 +156,31 @@ fn a_staging_file_is_readable_by_its_owner_only() {
 
 /// Rule 2, every prefix of its stores: a process that dies after any of them (while the
 /// tracker lock is held by the thread sealing) loses no completed write.
+/// The FTL on a memory device of 32 segments of 64 KiB (16 KiB flash pages), default
+/// configuration, its staging area in memory.
+fn tiny_mem_ftl() -> (
+    Arc<crate::device::mem::MemDevice>,
+    Arc<crate::index::mem::MemIndex>,
+    crate::model::MemFtl,
+) {
+    let dev = Arc::new(crate::device::mem::MemDevice::new(32 * (64 << 10)));
+    let idx = Arc::new(crate::index::mem::MemIndex::new());
+    let opts = crate::FormatOptions {
+        segment_bytes: Some(64 << 10),
+        flash_page_bytes: Some(16 << 10),
+        ..Default::default()
+    };
+    crate::format(&dev, &idx, &opts, false).unwrap();
+    let (f, _) = crate::Ftl::open(dev.clone(), idx.clone(), crate::Config::default()).unwrap();
+    (dev, idx, f)
+}
+
 #[test]
 fn a_death_between_any_two_sealing_stores_loses_no_completed_write() {
-    use crate::device::mem::MemDevice;
-    use crate::index::mem::MemIndex;
     use crate::model::{block_for, observe, Observed};
-    use crate::{Config, FormatOptions, Ftl, StreamId};
+    use crate::{Config, Ftl, StreamId};
     for upto in 0..=SEAL_STEPS.len() {
-        let dev = Arc::new(MemDevice::new(32 * (64 << 10)));
-        let idx = Arc::new(MemIndex::new());
-        let opts = FormatOptions {
-            segment_bytes: Some(64 << 10),
-            flash_page_bytes: Some(16 << 10),
-            ..Default::default()
-        };
-        crate::format(&dev, &idx, &opts, false).unwrap();
-        let (f, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
+        let (dev, idx, f) = tiny_mem_ftl();
         // Completed, unflushed writes in three streams' open chunks.
         for s in 1..4u8 {
             for k in 0..3u64 {
@@ -310,19 +319,10 @@ fn an_area_knows_the_boot_it_was_reset_in() {
 #[test]
 fn a_staged_entry_no_summary_can_hold_refuses_the_area_and_writes_nothing() {
     use crate::device::mem::MemDevice;
-    use crate::index::mem::MemIndex;
     use crate::model::block_for;
     use crate::summary::{Entry, MAX_TRIM_BLOCKS};
-    use crate::{BlockDevice, Config, FormatOptions, Ftl, StreamId};
-    let dev = Arc::new(MemDevice::new(32 * (64 << 10)));
-    let idx = Arc::new(MemIndex::new());
-    let opts = FormatOptions {
-        segment_bytes: Some(64 << 10),
-        flash_page_bytes: Some(16 << 10),
-        ..Default::default()
-    };
-    crate::format(&dev, &idx, &opts, false).unwrap();
-    let (f, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
+    use crate::{BlockDevice, Config, Ftl, StreamId};
+    let (dev, idx, f) = tiny_mem_ftl();
     for lba in 0..2u64 {
         f.write(lba, &block_for(lba, 7), false, StreamId(1))
             .unwrap();
