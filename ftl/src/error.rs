@@ -121,9 +121,9 @@ fn open_message(path: &std::path::Path, source: &io::Error) -> String {
 
 impl Error {
     /// Names the index directory and the backing in an [`Error::IndexMismatch`] (the
-    /// directory in an [`Error::IndexInUse`]) raised by code that knows neither (the command it gives was to be run as printed, and a
-    /// literal `--index index` rebuilt a directory of that name; found by review,
-    /// 2026-11-27).
+    /// directory in an [`Error::IndexInUse`]) raised by code that knows neither (the
+    /// command it gives was to be run as printed, and a literal `--index index` rebuilt a
+    /// directory of that name; found by review, 2026-11-27).
     pub fn naming_index(self, index_dir: &std::path::Path, backing: &std::path::Path) -> Self {
         match self {
             Error::IndexMismatch { why, .. } => Error::IndexMismatch {

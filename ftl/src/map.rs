@@ -208,7 +208,7 @@ impl L2p {
     /// checkpoint makes dirty pages evictable (rule 3). A cache that holds the whole map
     /// never needs one.
     pub fn wants_checkpoint(&self) -> bool {
-        self.capacity_pages < self.pages && self.dirty_pages() > (self.capacity_pages / 8).max(1)
+        self.partial() && self.dirty_pages() > (self.capacity_pages / 8).max(1)
     }
 
     /// True when a quarter of the cache is dirty: writers checkpoint themselves (the
@@ -216,7 +216,7 @@ impl L2p {
     /// not keep up, or there is none). The checkpoint copies the dirty pages (rule 2), so
     /// this also bounds that copy to a quarter of the cache.
     pub fn over_bound(&self) -> bool {
-        self.capacity_pages < self.pages && self.dirty_pages() > (self.capacity_pages / 4).max(1)
+        self.partial() && self.dirty_pages() > (self.capacity_pages / 4).max(1)
     }
 
     /// True when the cache is smaller than the map (misses read the index).
@@ -229,7 +229,7 @@ impl L2p {
     /// that went on while a slow one ran grew the cache without bound; found by review,
     /// 2026-11-27).
     pub fn at_limit(&self) -> bool {
-        self.capacity_pages < self.pages && self.dirty_pages() > (self.capacity_pages / 2).max(2)
+        self.partial() && self.dirty_pages() > (self.capacity_pages / 2).max(2)
     }
 
     fn shard(&self, page: u64) -> &Mutex<Shard> {

@@ -42,7 +42,7 @@ use crate::error::{Error, Result};
 use crate::index::{IndexStore, Key, Op};
 use crate::map::MapEntry;
 use crate::records::{CheckpointRecord, Counters, SegState, SegmentRecord, PAGE_ENTRIES};
-use crate::recovery::SANE;
+use crate::recovery::past_sane;
 use crate::stream::STREAMS;
 use crate::summary::{ChunkSummary, Entry};
 use std::collections::BTreeMap;
@@ -197,8 +197,7 @@ pub fn rebuild_keeping_wear<D: BlockDevice, I: IndexStore>(
             // rebuilt checkpoint's counters would overflow or make every open refuse it
             // (found by review, 2026-11-27). The new checkpoint counts one past the
             // largest taken, which must itself be in range.
-            ended_out_of_range =
-                s.epoch.saturating_add(1) >= SANE || s.chunk_seq.saturating_add(1) >= SANE;
+            ended_out_of_range = past_sane(s.epoch) || past_sane(s.chunk_seq);
             if ended_out_of_range {
                 report.chunks_out_of_range += 1;
                 continue;
@@ -213,7 +212,7 @@ pub fn rebuild_keeping_wear<D: BlockDevice, I: IndexStore>(
                         k += 1;
                         let data = &window[blk * BLOCK_SIZE..(blk + 1) * BLOCK_SIZE];
                         if lba >= geo.exported_blocks
-                            || seq.saturating_add(1) >= SANE
+                            || past_sane(seq)
                             || crc32c::crc32c(data) != crc
                         {
                             report.entries_skipped += 1;
@@ -228,9 +227,7 @@ pub fn rebuild_keeping_wear<D: BlockDevice, I: IndexStore>(
                             crc_or_count: crc,
                         });
                     }
-                    Entry::Trim { seq, .. } if seq.saturating_add(1) >= SANE => {
-                        report.entries_skipped += 1
-                    }
+                    Entry::Trim { seq, .. } if past_sane(seq) => report.entries_skipped += 1,
                     Entry::Trim { lba, seq, count } => {
                         report.trim_entries += 1;
                         recs.push(Rec {
@@ -260,21 +257,26 @@ pub fn rebuild_keeping_wear<D: BlockDevice, I: IndexStore>(
         // range and newer than the last taken. A walk that ended at a block without the
         // magic (a freed segment's zeroed head, a chunk past a crash's break that
         // recovery zeroed, the end of what was written) hid nothing.
-        let at_end = |k: u32| &window[k as usize * BLOCK_SIZE..(k as usize + 1) * BLOCK_SIZE];
-        let damaged_at_end = (end as usize) < bps && ChunkSummary::decode(at_end(end)).is_err();
-        let from = if ended_out_of_range { end } else { end + 1 };
-        let hidden = (from..bps as u32)
-            .filter(|_| damaged_at_end || ended_out_of_range)
-            .filter(|&k| {
-                let b = &window[k as usize * BLOCK_SIZE..(k as usize + 1) * BLOCK_SIZE];
-                ChunkSummary::decode(b).ok().flatten().is_some_and(|h| {
-                    h.in_place(seg, k, format_id, bps as u32)
-                        && h.epoch.saturating_add(1) < SANE
-                        && h.chunk_seq.saturating_add(1) < SANE
-                        && last.is_none_or(|l| (h.epoch, h.chunk_seq) > l)
+        let block = |k: u32| &window[k as usize * BLOCK_SIZE..(k as usize + 1) * BLOCK_SIZE];
+        let damaged_at_end = (end as usize) < bps && ChunkSummary::decode(block(end)).is_err();
+        let hidden = if damaged_at_end || ended_out_of_range {
+            let from = if ended_out_of_range { end } else { end + 1 };
+            (from..bps as u32)
+                .filter(|&k| {
+                    ChunkSummary::decode(block(k))
+                        .ok()
+                        .flatten()
+                        .is_some_and(|h| {
+                            h.in_place(seg, k, format_id, bps as u32)
+                                && !past_sane(h.epoch)
+                                && !past_sane(h.chunk_seq)
+                                && last.is_none_or(|l| (h.epoch, h.chunk_seq) > l)
+                        })
                 })
-            })
-            .count() as u64;
+                .count() as u64
+        } else {
+            0
+        };
         if hidden > 0 {
             report.chunks_hidden += hidden;
             let what = if ended_out_of_range {

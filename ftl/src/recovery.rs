@@ -100,6 +100,12 @@ pub(crate) struct LoadedIndex {
 /// Recovery and the index rebuild both refuse or skip it.
 pub(crate) const SANE: u64 = u64::MAX / 4;
 
+/// Whether `n` cannot be taken as a number the log counts on from: the next one (a
+/// rebuilt checkpoint counts one past the largest it takes) would be out of range.
+pub(crate) fn past_sane(n: u64) -> bool {
+    n.saturating_add(1) >= SANE
+}
+
 /// The reader of map pages over `index` for the geometry of `sb`.
 pub(crate) fn page_reader<I: IndexStore>(index: &I, sb: &Superblock) -> IndexPages {
     let geo = &sb.geometry;
@@ -249,7 +255,7 @@ pub(crate) fn load_index<I: IndexStore>(
 /// An epoch out of range ([`SANE`]) is damage, not a later session: such a chunk is
 /// left to the rules for stale chunks (the rebuild skips it too).
 fn newer_than_index(s: &ChunkSummary, ck_epoch: u64, index_name: &str) -> Result<()> {
-    if s.epoch > ck_epoch && s.epoch.saturating_add(1) < SANE {
+    if s.epoch > ck_epoch && !past_sane(s.epoch) {
         return Err(Error::IndexMismatch {
             path: index_name.to_string(),
             backing: "BACKING".into(),

@@ -255,8 +255,7 @@ fn random_phase(
     let done = AtomicBool::new(false);
     let mut monitor = Vec::new();
     let start = Instant::now();
-    *bounds[0].lock().unwrap_or_else(|p| p.into_inner()) =
-        Some((start, ftl.stats().counters, process_written_bytes()));
+    *bounds[0].lock().unwrap_or_else(|p| p.into_inner()) = Some(bound_at(start, ftl));
     std::thread::scope(|s| -> Result<(), CliError> {
         let mon = s.spawn(|| {
             let mut out = Vec::new();
@@ -281,11 +280,8 @@ fn random_phase(
                         }
                         let pass = (i / region) as usize;
                         if i % region == 0 && i > 0 {
-                            *bounds[pass].lock().unwrap_or_else(|p| p.into_inner()) = Some((
-                                Instant::now(),
-                                ftl.stats().counters,
-                                process_written_bytes(),
-                            ));
+                            *bounds[pass].lock().unwrap_or_else(|p| p.into_inner()) =
+                                Some(bound_at(Instant::now(), ftl));
                         }
                         let lba = sampler.sample(&mut rng);
                         let read = read_pct > 0 && rng.gen_range(0..100) < read_pct;
@@ -332,11 +328,8 @@ fn random_phase(
         // The end, before the monitor is joined: it sleeps in slots of 250 ms, which
         // counted into the last pass's time (up to 8% of a 3 s pass; found by review,
         // 2026-11-27).
-        *bounds[passes].lock().unwrap_or_else(|p| p.into_inner()) = Some((
-            Instant::now(),
-            ftl.stats().counters,
-            process_written_bytes(),
-        ));
+        *bounds[passes].lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(bound_at(Instant::now(), ftl));
         done.store(true, Ordering::Relaxed);
         monitor = mon
             .join()
@@ -376,6 +369,11 @@ fn random_phase(
 
 /// A pass boundary: when, the FTL's counters, and the bytes this process had written.
 type Bound = (Instant, Counters, u64);
+
+/// The boundary at `at`: the FTL's counters and the process's written bytes now.
+fn bound_at(at: Instant, ftl: &FileFtl) -> Bound {
+    (at, ftl.stats().counters, process_written_bytes())
+}
 
 /// Bytes this process has caused to be written to storage (`write_bytes` of
 /// `/proc/self/io`, every thread's: O_DIRECT writes when issued, buffered ones when a

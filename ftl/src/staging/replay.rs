@@ -30,9 +30,10 @@ pub struct StagedReport {
     pub ignored_stale: bool,
     /// The area was the checkpoint's session's, reset in this boot (both boot ids known),
     /// and that session saw no device write or sync fail: only the process died, and
-    /// every chunk write that had not returned was in the area and is rewritten above. Every chunk of the log then reads back as it was written,
-    /// and recovery takes a block that fails its checksum for damage, not for a write a
-    /// power cut tore (recovery rule 3).
+    /// every chunk write that had not returned was in the area and is rewritten above.
+    /// Every chunk of the log then reads back as it was written, and recovery takes a
+    /// block that fails its checksum for damage, not for a write a power cut tore
+    /// (recovery rule 3).
     pub same_boot: bool,
 }
 
