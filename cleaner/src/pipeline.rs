@@ -117,7 +117,15 @@ fn choose<D: BlockDevice, I: IndexStore>(
             }
             None
         } else {
-            w.map(|w| (w, extra(w)))
+            // Its victims are all live: relocated in chunks a FLUSH sealed early, each
+            // takes more than the segment it frees, and taken one after another at the
+            // reserve they drained it until a relocation found no free segment. One is
+            // taken only while the room leaves a segment besides (for the policy's
+            // victims, which give space back).
+            let spare = ftl::data_room_from(bps, 0);
+            let room = ftl.relocation_room().map_err(crate::Error::Ftl)?;
+            w.filter(|&w| valid_of(w) + spare <= room)
+                .map(|w| (w, extra(w)))
                 .filter(|&(_, x)| budget.spend(policy, x, user))
         }
     } else {

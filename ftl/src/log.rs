@@ -22,6 +22,18 @@ pub fn chunk_capacity(blocks_per_segment: u32, offset: u32) -> u32 {
     (MAX_CHUNK_DATA as u32).min(blocks_per_segment.saturating_sub(offset + 1))
 }
 
+/// Data blocks a segment holds from block `offset` on, in full chunks (chunks sealed
+/// early by a FLUSH hold fewer: each costs a summary block).
+pub fn data_room_from(blocks_per_segment: u32, mut offset: u32) -> u64 {
+    let mut n = 0;
+    while offset as u64 + 2 <= blocks_per_segment as u64 {
+        let c = chunk_capacity(blocks_per_segment, offset);
+        n += c as u64;
+        offset += c + 1;
+    }
+    n
+}
+
 /// A chunk being filled.
 pub struct OpenChunk {
     pub seg: u32,
@@ -218,6 +230,17 @@ impl StreamLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_segment_holds_its_blocks_less_one_summary_per_full_chunk() {
+        let per = MAX_CHUNK_DATA as u32 + 1;
+        assert_eq!(data_room_from(16, 0), 15);
+        assert_eq!(data_room_from(16, 14), 1);
+        assert_eq!(data_room_from(16, 15), 0, "no room for a summary and a block");
+        assert_eq!(data_room_from(2 * per, 0), 2 * MAX_CHUNK_DATA as u64);
+        assert_eq!(data_room_from(2 * per + 1, 0), 2 * MAX_CHUNK_DATA as u64);
+        assert_eq!(data_room_from(2 * per + 2, 0), 2 * MAX_CHUNK_DATA as u64 + 1);
+    }
 
     fn open(capacity: u16, offset: u32) -> OpenChunk {
         let area = crate::staging::StagingArea::in_memory(1).unwrap();

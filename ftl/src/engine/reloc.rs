@@ -262,6 +262,24 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.write_chunks(sealed.into_iter().collect())
     }
 
+    /// Data blocks relocations into [`GC_STREAM`] can write before they would need a
+    /// segment the free list does not hold: the room left in its open segment and a
+    /// segment's worth per free one, in full chunks (a FLUSH sealing its chunk early
+    /// costs a summary block more). What a victim that must not drain the reserve is
+    /// weighed against (the cleaner's static wear levelling).
+    pub fn relocation_room(&self) -> Result<u64> {
+        let bps = self.t.geo.blocks_per_segment();
+        let open = {
+            let st = self.log.stream(GC_STREAM)?;
+            match st.cursor {
+                Some((_, off)) => crate::log::data_room_from(bps, off)
+                    .saturating_sub(st.chunk.as_ref().map_or(0, |c| c.data_blocks as u64)),
+                None => 0,
+            }
+        };
+        Ok(open + self.t.segs.free_count() as u64 * crate::log::data_room_from(bps, 0))
+    }
+
     /// The cleaner's reserve, in segments.
     pub fn gc_reserve_segments(&self) -> usize {
         self.cfg.gc_reserve_segments
