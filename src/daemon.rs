@@ -51,8 +51,8 @@ pub const DEFAULT_CREATE_SIZE: u64 = 8 << 30;
 const IO_WORKERS_PER_QUEUE: usize = 4;
 
 /// File descriptors the daemon needs beyond one eventfd per tag: per queue its ring and
-/// the ublk char device, per thread its io_uring (offload workers, chunk writers, the
-/// cleaner's threads), sled, the backing, the staging file, sockets.
+/// the ublk char device, per thread its io_uring (offload workers of both lanes, chunk
+/// writers, the cleaner's threads), sled, the backing, the staging file, sockets.
 const FDS_BESIDE_TAGS: u64 = 512;
 
 /// The open-file limit a device of `queues` queues of `depth` tags needs, and what to
@@ -148,6 +148,22 @@ fn metrics_listener(addr: &str) -> Result<std::net::TcpListener, CliError> {
     l.set_nonblocking(true)
         .map_err(|e| CliError::io(what(), e))?;
     Ok(l)
+}
+
+/// The warning for a sparse backing file whose file system has less free space than
+/// its holes ([`ftl::device::file::host_space_short`]): printed by the daemon into its
+/// log and by `add` on the terminal.
+pub fn host_space_warning(backing: &Path) -> impl Fn((u64, u64)) -> String + '_ {
+    move |(holes, free)| {
+        format!(
+            "ftlblk: warning: {} is a sparse file with {} not yet allocated, and its file \
+             system has {} free: once that is used up, writes fail and the device turns \
+             read-only (EROFS) until it is restarted with space freed there",
+            backing.display(),
+            crate::output::human_bytes(holes),
+            crate::output::human_bytes(free)
+        )
+    }
 }
 
 /// Opens the FTL for `cfg`, formatting a new or unformatted backing file for `add`.
@@ -252,6 +268,13 @@ fn serve_device(cfg: DaemonConfig, notifier: &Arc<Notifier>) -> Result<(), CliEr
         .map(metrics_listener)
         .transpose()?;
     let ftl = Arc::new(open_ftl(&cfg)?);
+    if let Some(w) = ftl
+        .device()
+        .host_space_short()
+        .map(host_space_warning(&cfg.backing))
+    {
+        eprintln!("{w}");
+    }
     let bg = Background::start(&ftl, cfg.cleaner, true, metrics)?;
 
     let result = serve(&cfg, &ftl, &bg, notifier);
@@ -353,7 +376,8 @@ fn serve(
     let tgt_init = move |dev: &mut UblkDev| ublk::init_target(dev, &tgt_ftl, backing_fd);
     let q_ftl = ftl.clone();
     // Enough workers that every queue can have several writes and flushes in flight (the
-    // FTL batches concurrent flushes into one device sync).
+    // FTL batches concurrent flushes into one device sync); as many again for flushes
+    // alone (`offload::Lane`).
     let workers = (cfg.queues as usize * IO_WORKERS_PER_QUEUE).clamp(4, 64);
     let offload = Offload::new(workers).map_err(|e| CliError::io("cannot start I/O workers", e))?;
     let q_offload = offload.clone();

@@ -9,6 +9,11 @@
 //!   queue that is torn down while a job runs leaves nothing dangling.
 //! - Many flushes waiting at once in the pool are what lets the FTL's group commit batch
 //!   them (one device sync per group).
+//! - FLUSHes have workers of their own ([`Lane::Flush`]): a FLUSH needs no free space,
+//!   and queued behind writes paced by the cleaner's throttle or waiting for space on a
+//!   full device (up to `space_wait` each, with 4 workers per queue of 128 tags) it took
+//!   seconds, every fsync with it (found by review, 2026-11-27). It covers the writes
+//!   completed before it was issued, never those still queued, so passing them is right.
 //! - The result is the ublk completion value (bytes or 0, or a negative errno). A job that
 //!   panics completes with -EIO; a pool that is gone completes with -EIO.
 //!
@@ -23,28 +28,41 @@ use std::thread::JoinHandle;
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
 
-/// A fixed pool of worker threads running FTL calls for the queues.
+/// Which workers run a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// WRITE and DISCARD: they may wait for the throttle or for free space.
+    Data,
+    /// FLUSH: never queued behind those.
+    Flush,
+}
+
+/// Fixed pools of worker threads running FTL calls for the queues, one per [`Lane`].
 pub struct Offload {
-    tx: Mutex<Option<Sender<Job>>>,
+    tx: Mutex<Option<[Sender<Job>; 2]>>,
     workers: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Offload {
-    /// Starts `n` workers (at least one).
+    /// Starts `n` workers (at least one) in each lane.
     pub fn new(n: usize) -> std::io::Result<Arc<Offload>> {
-        let (tx, rx) = channel::<Job>();
-        let rx = Arc::new(Mutex::new(rx));
         let mut workers = Vec::new();
-        for i in 0..n.max(1) {
-            let rx = rx.clone();
-            workers.push(
-                std::thread::Builder::new()
-                    .name(format!("ftlblk-io{i}"))
-                    .spawn(move || worker(&rx))?,
-            );
-        }
+        let mut lane = |name: &str| -> std::io::Result<Sender<Job>> {
+            let (tx, rx) = channel::<Job>();
+            let rx = Arc::new(Mutex::new(rx));
+            for i in 0..n.max(1) {
+                let rx = rx.clone();
+                workers.push(
+                    std::thread::Builder::new()
+                        .name(format!("ftlblk-{name}{i}"))
+                        .spawn(move || worker(&rx))?,
+                );
+            }
+            Ok(tx)
+        };
+        let lanes = [lane("io")?, lane("flush")?];
         Ok(Arc::new(Offload {
-            tx: Mutex::new(Some(tx)),
+            tx: Mutex::new(Some(lanes)),
             workers: Mutex::new(workers),
         }))
     }
@@ -58,15 +76,16 @@ impl Offload {
         }
     }
 
-    fn submit(&self, job: Job) -> bool {
+    fn submit(&self, lane: Lane, job: Job) -> bool {
         match &*self.tx.lock().unwrap_or_else(|p| p.into_inner()) {
-            Some(tx) => tx.send(job).is_ok(),
+            Some(lanes) => lanes[lane as usize].send(job).is_ok(),
             None => false,
         }
     }
 
-    /// Runs `f` on a worker; the calling tag awaits its eventfd `wake` on queue `q`.
-    pub async fn run<F>(&self, q: &UblkQueue<'_>, wake: &TagEvent, f: F) -> i32
+    /// Runs `f` on a worker of `lane`; the calling tag awaits its eventfd `wake` on queue
+    /// `q`.
+    pub async fn run<F>(&self, q: &UblkQueue<'_>, wake: &TagEvent, lane: Lane, f: F) -> i32
     where
         F: FnOnce() -> i32 + Send + 'static,
     {
@@ -82,7 +101,7 @@ impl Offload {
             slot.store(r, Ordering::Release);
             signal(&efd);
         });
-        if !self.submit(job) {
+        if !self.submit(lane, job) {
             return -libc::EIO;
         }
         wake.wait(q).await;
@@ -187,17 +206,53 @@ mod tests {
         for i in 1..=3 {
             let s = slot.clone();
             let efd = ev.fd.clone();
-            assert!(pool.submit(Box::new(move || {
-                s.fetch_add(i, Ordering::SeqCst);
-                signal(&efd);
-            })));
+            assert!(pool.submit(
+                Lane::Data,
+                Box::new(move || {
+                    s.fetch_add(i, Ordering::SeqCst);
+                    signal(&efd);
+                })
+            ));
             ev.wait_blocking();
         }
         assert_eq!(slot.load(Ordering::SeqCst), 6);
         pool.shutdown();
         assert!(
-            !pool.submit(Box::new(|| {})),
+            !pool.submit(Lane::Flush, Box::new(|| {})),
             "a stopped pool takes no jobs"
         );
+    }
+
+    /// A FLUSH is not queued behind writes that wait (for the throttle, or for space on
+    /// a full device): with every data worker held and writes queued behind it, a flush
+    /// still runs.
+    #[test]
+    fn a_flush_is_not_queued_behind_blocked_writes() {
+        let pool = Offload::new(1).unwrap();
+        let (release, held) = channel::<()>();
+        let (started, running) = channel::<()>();
+        let held = Mutex::new(held);
+        assert!(pool.submit(
+            Lane::Data,
+            Box::new(move || {
+                started.send(()).unwrap();
+                let _ = held.lock().unwrap().recv();
+            })
+        ));
+        running
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the write started");
+        assert!(pool.submit(Lane::Data, Box::new(|| {})), "a queued write");
+        let (done, flushed) = channel::<()>();
+        assert!(pool.submit(
+            Lane::Flush,
+            Box::new(move || {
+                done.send(()).unwrap();
+            })
+        ));
+        let r = flushed.recv_timeout(std::time::Duration::from_secs(30));
+        release.send(()).unwrap();
+        r.expect("the flush ran while the write held the data worker");
+        pool.shutdown();
     }
 }

@@ -31,7 +31,7 @@
 //! [`Ftl::trim`]: ftl::Ftl::trim
 
 use crate::metrics::Live;
-use crate::offload::{Offload, TagEvent};
+use crate::offload::{Lane, Offload, TagEvent};
 use ftl::backing::FileFtl;
 use ftl::classify::Classifier;
 use ftl::device::{ScratchBuf, BLOCK_SIZE};
@@ -191,8 +191,10 @@ struct TagContext {
 async fn serve_tag(q: &UblkQueue<'_>, tag: u16, ctx: &TagContext) -> Result<(), UblkError> {
     let wake = TagEvent::new().map_err(UblkError::IOError)?;
     let mut buf = IoBuf::<u8>::new(q.dev.dev_info.max_io_buf_bytes as usize);
-    q.submit_io_prep_cmd(tag, BufDesc::Slice(buf.as_slice()), 0, Some(&buf))
-        .await?;
+    fetched(
+        q.submit_io_prep_cmd(tag, BufDesc::Slice(buf.as_slice()), 0, Some(&buf))
+            .await?,
+    )?;
     loop {
         let iod = *q.get_iod(tag);
         let started = std::time::Instant::now();
@@ -206,8 +208,23 @@ async fn serve_tag(q: &UblkQueue<'_>, tag: u16, ctx: &TagContext) -> Result<(), 
         if let Some(op) = latency_op(iod.op_flags) {
             ctx.live.latencies.record(op, started.elapsed());
         }
-        q.submit_io_commit_cmd(tag, BufDesc::Slice(buf.as_slice()), res)
-            .await?;
+        fetched(
+            q.submit_io_commit_cmd(tag, BufDesc::Slice(buf.as_slice()), res)
+                .await?,
+        )?;
+    }
+}
+
+/// The result of a FETCH or COMMIT_AND_FETCH command: libublk turns an abort into
+/// `QueueIsDown` and passes every other result on. A negative one means the kernel
+/// refused the command, and no request was fetched: the tag's loop went on with the
+/// previous request's descriptor, committed it again, was refused again, and spun at
+/// full CPU (found by review, 2026-11-27). The tag stops with the error instead.
+fn fetched(res: i32) -> Result<(), UblkError> {
+    if res < 0 {
+        Err(UblkError::UringIOError(res))
+    } else {
+        Ok(())
     }
 }
 
@@ -240,18 +257,22 @@ async fn handle(
             let data = buf[..bytes].to_vec();
             let (f, c, w) = (ftl.clone(), ctx.classifier.clone(), ctx.writers.clone());
             offload
-                .run(q, wake, move || {
-                    match ftl::classify::write_classified(&f, &c, Some(&w), lba, &data, fua) {
+                .run(
+                    q,
+                    wake,
+                    Lane::Data,
+                    move || match ftl::classify::write_classified(&f, &c, Some(&w), lba, &data, fua)
+                    {
                         Ok(()) => bytes as i32,
                         Err(e) => e.errno(),
-                    }
-                })
+                    },
+                )
                 .await
         }
         Request::Flush => {
             let f = ftl.clone();
             offload
-                .run(q, wake, move || {
+                .run(q, wake, Lane::Flush, move || {
                     f.flush().map_or_else(|e| e.errno(), |()| 0)
                 })
                 .await
@@ -259,7 +280,7 @@ async fn handle(
         Request::Trim { lba, blocks } => {
             let (f, c) = (ftl.clone(), ctx.classifier.clone());
             offload
-                .run(q, wake, move || {
+                .run(q, wake, Lane::Data, move || {
                     c.on_trim(lba, blocks);
                     f.trim(lba, blocks).map_or_else(|e| e.errno(), |()| 0)
                 })
@@ -417,6 +438,16 @@ fn backing_error(res: i32, offset: u64, len: usize) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_fetch_stops_the_tag() {
+        assert!(fetched(0).is_ok(), "a request fetched");
+        assert!(matches!(
+            fetched(-libc::EINVAL),
+            Err(UblkError::UringIOError(e)) if e == -libc::EINVAL
+        ));
+        assert!(fetched(-libc::EBUSY).is_err());
+    }
 
     const CAP: u64 = 1000;
     const BUF: usize = 512 << 10;
