@@ -319,6 +319,12 @@ pub fn add(a: AddArgs) -> Result<(), CliError> {
         args.extend(["--metrics-listen".into(), m.into()]);
     }
     let rec = launch::start_background(args, &launch::provisional_log(a.id))?;
+    let short = std::fs::File::open(&rec.backing)
+        .ok()
+        .and_then(|f| ftl::device::file::host_space_short(&f));
+    if let Some(w) = short.map(daemon::host_space_warning(&rec.backing)) {
+        eprintln!("{w}");
+    }
     print_json(&rec)
 }
 

@@ -461,6 +461,37 @@ impl Prefetcher {
     }
 }
 
+/// A memory FTL of 64 segments of 64 KiB whose free segments are worn far past its
+/// cold ones: 20 segments' worth of cold data (LBAs from 0, stream 1), then what `then`
+/// writes (given the end of the cold data; it returns where the hot blocks go), then one
+/// segment's worth of hot blocks rewritten 600 times in stream 2 (their segments die
+/// whole and are freed and reused). Returns the FTL and the end of the hot blocks.
+#[cfg(test)]
+pub(crate) fn worn_mem_ftl(
+    then: impl FnOnce(&ftl::model::MemFtl, u64) -> u64,
+) -> (Arc<ftl::model::MemFtl>, u64) {
+    use ftl::model::{block_for, mem_ftl};
+    use ftl::{FormatOptions, StreamId};
+    let opts = FormatOptions {
+        segment_bytes: Some(64 << 10),
+        ..Default::default()
+    };
+    let (_, _, f) = mem_ftl(64 * (64 << 10), &opts);
+    let bps = f.geometry().blocks_per_segment() as u64;
+    let cold = 20 * bps;
+    for l in 0..cold {
+        f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
+    }
+    let hot = then(&f, cold);
+    for round in 0..600u64 {
+        for l in hot..hot + bps {
+            f.write(l, &block_for(l, round + 3), false, StreamId(2))
+                .unwrap();
+        }
+    }
+    (Arc::new(f), hot + bps)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -477,30 +508,18 @@ mod tests {
     /// again).
     #[test]
     fn a_dropped_wear_victim_gives_its_budget_back() {
-        let opts = FormatOptions {
-            segment_bytes: Some(64 << 10),
-            ..Default::default()
-        };
-        let (_, _, f) = mem_ftl(64 * (64 << 10), &opts);
-        let f = Arc::new(f);
-        let bps = f.geometry().blocks_per_segment() as u64;
-        // Cold data, never rewritten, and a segment half overwritten (the policy's pick).
-        let cold = 20 * bps;
-        for l in 0..cold + bps {
-            f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
-        }
-        for l in (cold..cold + bps).step_by(2) {
-            f.write(l, &block_for(l, 2), false, StreamId(1)).unwrap();
-        }
-        // A hot segment's worth rewritten until the free segments are worn far past the
-        // cold ones (their segments die whole and are freed and reused).
-        let hot = cold + 2 * bps;
-        for round in 0..600u64 {
-            for l in hot..hot + bps {
-                f.write(l, &block_for(l, round + 3), false, StreamId(2))
-                    .unwrap();
+        // Cold data and a segment half overwritten (the policy's pick).
+        let (f, _) = worn_mem_ftl(|f, cold| {
+            let bps = f.geometry().blocks_per_segment() as u64;
+            for l in cold..cold + bps {
+                f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
             }
-        }
+            for l in (cold..cold + bps).step_by(2) {
+                f.write(l, &block_for(l, 2), false, StreamId(1)).unwrap();
+            }
+            cold + 2 * bps
+        });
+        let bps = f.geometry().blocks_per_segment() as u64;
         let snap = f.segment_snapshot();
         let w = wear_victim(&snap, &[]).expect("a wear spread wide enough for a wear victim");
         let wb = bps;

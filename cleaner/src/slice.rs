@@ -531,32 +531,14 @@ mod tests {
     /// only while the GC stream's room holds it and a segment besides.
     #[test]
     fn wear_levelling_at_the_reserve_does_not_drain_it() {
-        use ftl::model::{block_for, mem_ftl};
-        let opts = ftl::FormatOptions {
-            segment_bytes: Some(64 << 10),
-            ..Default::default()
-        };
-        let (_, _, f) = mem_ftl(64 * (64 << 10), &opts);
-        let f = Arc::new(f);
-        let bps = f.geometry().blocks_per_segment() as u64;
-        // Cold data, never rewritten; one segment's worth rewritten until the free
-        // segments are worn far past the cold ones.
-        let cold = 20 * bps;
-        for l in 0..cold {
-            f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
-        }
-        for round in 0..600u64 {
-            for l in cold..cold + bps {
-                f.write(l, &block_for(l, round + 2), false, StreamId(2))
-                    .unwrap();
-            }
-        }
+        use ftl::model::block_for;
+        // Cold data, never rewritten, and free segments worn far past it.
+        let (f, fresh) = crate::pipeline::worn_mem_ftl(|_, cold| cold);
         // The hot segments died whole: freed. Then new data, and every other block of
         // it overwritten (the policy's victims, half live), until the free segments are
         // the reserve and none is dead.
         f.checkpoint().unwrap();
         let reserve = f.gc_reserve_segments();
-        let fresh = cold + bps;
         let mut l = fresh;
         while f.free_segments() > reserve + 8 {
             f.write(l, &block_for(l, 1), false, StreamId(3)).unwrap();

@@ -45,6 +45,33 @@ use sys::{block_device_size, lock_exclusive};
 use uring::{annotate, Kind, Op, RING_ENTRIES};
 
 mod sys;
+/// [`FileDevice::host_space_short`] of an open file (a regular file: a block device's
+/// length reads as 0 here).
+pub fn host_space_short(file: &File) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = file.metadata().ok()?;
+    if !m.is_file() {
+        return None;
+    }
+    let mut vfs = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: fstatvfs fills the struct from an fd we own; read only on success.
+    let r = unsafe { libc::fstatvfs(file.as_raw_fd(), vfs.as_mut_ptr()) };
+    if r != 0 {
+        return None;
+    }
+    // SAFETY: fstatvfs succeeded and initialised it.
+    let vfs = unsafe { vfs.assume_init() };
+    let free = vfs.f_bavail.saturating_mul(vfs.f_frsize);
+    holes_past_free(m.len(), m.blocks().saturating_mul(512), free)
+}
+
+/// `(holes, free)` when a file of `len` bytes with `allocated` bytes on disk has more
+/// holes than its file system's `free` bytes ([`FileDevice::host_space_short`]).
+fn holes_past_free(len: u64, allocated: u64, free: u64) -> Option<(u64, u64)> {
+    let holes = len.saturating_sub(allocated);
+    (holes > free).then_some((holes, free))
+}
+
 #[cfg(test)]
 mod tests;
 mod uring;
@@ -210,6 +237,19 @@ impl FileDevice {
     /// True when this open created the file.
     pub fn created(&self) -> bool {
         self.created
+    }
+
+    /// For a sparse backing file whose file system has less free space than the file's
+    /// holes: `(holes, free)` in bytes. Writes into the holes past that fail with
+    /// ENOSPC, and the FTL turns read-only at the first such chunk write (freed
+    /// segments are given back as holes, so a file once written whole can need the
+    /// space again). `None` for a block device, a file with room for all its holes, or
+    /// a file system that does not say.
+    pub fn host_space_short(&self) -> Option<(u64, u64)> {
+        if self.block_device {
+            return None;
+        }
+        host_space_short(&self.file)
     }
 
     /// True when the backing is a block device (not a regular file).

@@ -550,3 +550,25 @@ fn ioctl_numbers_match_linux_headers() {
         assert_eq!(super::sys::BLKDISCARD, 0x1277);
     }
 }
+
+/// A sparse file larger than its file system's free space is reported (its writes past
+/// that would fail with ENOSPC); one written whole, or with room for its holes, is not.
+#[test]
+fn a_sparse_file_past_its_file_systems_free_space_is_reported() {
+    assert_eq!(holes_past_free(100, 40, 50), Some((60, 50)));
+    assert_eq!(holes_past_free(100, 40, 60), None);
+    assert_eq!(holes_past_free(100, 100, 0), None, "written whole");
+    assert_eq!(
+        holes_past_free(100, 120, 0),
+        None,
+        "more allocated than its length"
+    );
+    let dir = scratch();
+    let small = create(&dir.path().join("small"), 4 * MIB);
+    assert_eq!(small.host_space_short(), None, "4 MiB of holes fit");
+    // 8 TiB of holes: more than this file system has free (ext4 and xfs take files of
+    // that size).
+    let big = create(&dir.path().join("big"), 8 << 40);
+    let (holes, free) = big.host_space_short().expect("8 TiB of holes reported");
+    assert!(holes > free && holes <= 8 << 40, "{holes} {free}");
+}
