@@ -354,6 +354,11 @@ pub fn render(d: &StatsDocument) -> Result<String, std::fmt::Error> {
             "Blocks read-driven defragmentation moved",
             s.fragmentation.defrag_moved_blocks,
         ),
+        (
+            "tombstone_carry_failures",
+            "TRIM segments whose records could not be carried (they stay allocated)",
+            s.tombstone_carry_failures,
+        ),
     ]
     .into_iter()
     .chain(cl.into_iter().flat_map(|x| {

@@ -158,6 +158,16 @@ pub fn format_stats(d: &StatsDocument) -> String {
     );
     row("flushes", c.flushes.to_string());
     row("trimmed blocks", c.trimmed_blocks.to_string());
+    if s.tombstone_carry_failures > 0 {
+        row(
+            "TRIM carry failures",
+            format!(
+                "{} (those segments stay allocated until a carry works; last: {})",
+                s.tombstone_carry_failures,
+                s.tombstone_carry_error.as_deref().unwrap_or("?")
+            ),
+        );
+    }
     row("padding", human_bytes(c.padding_bytes));
     row("relocated blocks", c.relocated_blocks.to_string());
     row(

@@ -114,6 +114,12 @@ pub struct FtlFigures {
     pub throttled_ns: u64,
     /// Blocks appended per stream since open.
     pub stream_blocks_written: Vec<u64>,
+    /// TRIM segments whose records could not be carried since open, and the last error
+    /// (absent from older daemons' documents: 0 and none).
+    #[serde(default)]
+    pub tombstone_carry_failures: u64,
+    #[serde(default)]
+    pub tombstone_carry_error: Option<String>,
     /// The fields `ftlblk stats` does not print, as the FTL wrote them.
     #[serde(flatten)]
     pub other: Map<String, Value>,

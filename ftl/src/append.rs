@@ -720,6 +720,8 @@ pub(crate) mod tests {
 
     thread_local! {
         pub(crate) static PANIC_IN_SEAL: Cell<bool> = const { Cell::new(false) };
+        /// Test hook: the next carry of TRIM records on this thread panics (taken once).
+        pub(crate) static PANIC_IN_CARRY: Cell<bool> = const { Cell::new(false) };
         /// Test hook: `write_chunks` on this thread says it arrived once its chunks are
         /// written and marked complete, and waits for "go" before it retires them (taken
         /// after one use).
@@ -751,6 +753,13 @@ pub(crate) mod tests {
         if let Some((here, go)) = park.with(|p| p.borrow_mut().take()) {
             let _ = here.send(());
             let _ = go.recv();
+        }
+    }
+
+    /// Test hook: panics inside `carry_tombstones` on a thread that asked for it (once).
+    pub(crate) fn maybe_panic_in_carry() {
+        if PANIC_IN_CARRY.with(|p| p.replace(false)) {
+            panic!("injected panic while carrying TRIM records");
         }
     }
 

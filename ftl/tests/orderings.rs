@@ -1797,3 +1797,44 @@ fn a_write_sealing_more_chunks_than_there_are_staging_slots_does_not_wait_for_it
         assert_eq!(buf, block_for(l, l + 7), "block {l}");
     }
 }
+
+/// Tombstone rule 1 with a TRIM segment whose summary does not read (a bad sector): it is
+/// left uncarried, so never freed, and the checkpoint goes on (it failed, and with it
+/// every checkpoint, free record and write past the map's bound). The failure is
+/// counted; once the segment reads again it is carried and freed.
+#[test]
+fn a_trim_segment_that_cannot_be_read_does_not_stop_checkpoints() {
+    let (dev, _idx, f) = gated(Config::default());
+    for l in 0..40 {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+    }
+    f.flush().unwrap();
+    f.checkpoint().unwrap();
+    f.trim(0, 40).unwrap();
+    f.close_stream(ftl::TRIM_STREAM).unwrap();
+    let t = f
+        .segment_snapshot()
+        .into_iter()
+        .find(|s| s.stream == ftl::TRIM_STREAM.0 && s.state == "closed" && s.segment != 0)
+        .expect("the TRIM segment is closed")
+        .segment;
+    let start = f.geometry().segment_start(t) * ftl::device::BLOCK_SIZE as u64;
+    dev.set_bad_reads(Some((start, ftl::device::BLOCK_SIZE as u64)));
+    f.checkpoint()
+        .expect("a checkpoint beside a TRIM segment that does not read");
+    let s = f.stats();
+    assert!(s.tombstone_carry_failures >= 1, "{s:?}");
+    let why = s.tombstone_carry_error.unwrap_or_default();
+    assert!(why.contains(&format!("segment {t}")), "{why}");
+    assert_ne!(f.segment_snapshot()[t as usize].state, "free");
+    f.write(100, &block_for(100, 2), false, S0).unwrap();
+    f.flush().unwrap();
+    dev.set_bad_reads(None);
+    f.checkpoint().unwrap();
+    f.checkpoint().unwrap();
+    assert_eq!(
+        f.segment_snapshot()[t as usize].state,
+        "free",
+        "carried and freed once it reads"
+    );
+}

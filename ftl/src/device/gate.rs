@@ -44,6 +44,8 @@ struct GateState {
     discard_fails: bool,
     /// The next sync reports an error (without syncing the inner device).
     fail_next_sync: bool,
+    /// Reads overlapping this byte range fail with EIO (a bad sector).
+    bad_reads: Option<(u64, u64)>,
 }
 
 /// A device whose operations can be held at a gate (see the module docs).
@@ -79,6 +81,21 @@ impl<D: BlockDevice> GateDevice<D> {
     /// or an fsync whose error the kernel reports only once).
     pub fn fail_next_sync(&self) {
         self.lock().fail_next_sync = true;
+    }
+
+    /// From now on reads overlapping `len` bytes at `offset` fail with EIO, as on a bad
+    /// sector (`None`: no more).
+    pub fn set_bad_reads(&self, range: Option<(u64, u64)>) {
+        self.lock().bad_reads = range;
+    }
+
+    fn check_read(&self, offset: u64, len: usize) -> io::Result<()> {
+        match self.lock().bad_reads {
+            Some((o, l)) if offset < o + l && o < offset + len as u64 => {
+                Err(io::Error::from_raw_os_error(libc::EIO))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The wrapped device.
@@ -145,6 +162,7 @@ impl<D: BlockDevice> BlockDevice for GateDevice<D> {
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.pass(GateOp::Read, None);
+        self.check_read(offset, buf.len())?;
         self.inner.read_at(offset, buf)
     }
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
@@ -196,10 +214,16 @@ impl<D: BlockDevice> BlockDevice for GateDevice<D> {
     }
     fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> io::Result<()> {
         self.pass(GateOp::Read, None);
+        for (o, b) in reqs.iter() {
+            self.check_read(*o, b.len())?;
+        }
         self.inner.read_many(reqs)
     }
     fn read_many_depth(&self, reqs: &mut [(u64, &mut [u8])], depth: usize) -> io::Result<()> {
         self.pass(GateOp::Read, None);
+        for (o, b) in reqs.iter() {
+            self.check_read(*o, b.len())?;
+        }
         self.inner.read_many_depth(reqs, depth)
     }
 }

@@ -57,6 +57,11 @@ pub struct Stats {
     pub fragmentation: super::defrag::FragFigures,
     /// Blocks appended per stream since open (user writes and relocations).
     pub stream_blocks_written: Vec<u64>,
+    /// TRIM segments whose records could not be carried (a summary that does not read,
+    /// an index read that failed) since open, and the last such error: each stays
+    /// allocated until a later carry succeeds (`engine/tombstones.rs`).
+    pub tombstone_carry_failures: u64,
+    pub tombstone_carry_error: Option<String>,
 }
 
 impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
@@ -103,6 +108,12 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 .iter()
                 .map(|n| n.load(Ordering::Relaxed))
                 .collect(),
+            tombstone_carry_failures: self.carry_failures.load(Ordering::Relaxed),
+            tombstone_carry_error: self
+                .carry_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
         }
     }
 

@@ -74,9 +74,18 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         {
             return Ok(0);
         }
-        let r = self.carry(&todo);
-        self.carrying.store(false, Ordering::SeqCst);
-        match r {
+        // Cleared however `carry` ends: a panic in it left the flag set before, and no
+        // TRIM segment was carried (nor freed) again until a restart.
+        struct Carrying<'a>(&'a crate::sync::AtomicBool);
+        impl Drop for Carrying<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::SeqCst);
+            }
+        }
+        let _carrying = Carrying(&self.carrying);
+        #[cfg(test)]
+        crate::append::tests::maybe_panic_in_carry();
+        match self.carry(&todo) {
             Ok(n) => Ok(n),
             // Carried later, when a segment is free again.
             Err(Error::NoSpace) => Ok(0),
@@ -84,39 +93,60 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         }
     }
 
+    /// Carries each of `todo`. One that fails (its summaries do not read, an index read
+    /// fails) stays uncarried, so never freed (rule 1), and the others go on: the
+    /// failure is counted ([`Ftl::stats`]) and the carry tried again at the next
+    /// checkpoint or free record. It failed them all before, and with them every
+    /// checkpoint and free record, and every write past the map's bound (found by
+    /// review, 2026-11-27). Out of space, or with the FTL read-only, it stops there.
     fn carry(&self, todo: &[u32]) -> Result<usize> {
         // Every chunk of a closed segment was sealed; wait until they are on the device
         // (the walker reads the device).
         let below = (self.epoch, self.log.tracker().next_seq());
         self.log.tracker().wait_below(below.1);
         self.check_poison()?;
+        let mut carried = 0;
         for &seg in todo {
-            // Rule 3, per segment: only its own blocks go with it when it is freed. The
-            // other segments being carried may hold data too (the TRIM stream is a
-            // stream like any other) and stay allocated while it does; leaving them all
-            // out dropped the records that hid their blocks (found by the property
-            // test, `crash_model::rebuild_agrees_after_an_unflushed_trim_in_the_trim_stream`).
-            let oldest = self.t.segs.oldest_opened(&[seg]);
-            let mut ranges = Vec::new();
-            let walk = SegmentChunks::new(&self.dev, self.t.geo, seg, self.format_id(), below);
-            for chunk in walk {
-                let (_, s) = chunk?;
-                for e in &s.entries {
-                    if let Entry::Trim { lba, seq, count } = *e {
-                        // Rule 3: no allocated segment can hold a block older than it.
-                        if oldest.is_some_and(|o| seq > o) {
-                            ranges.push((lba, count as u64));
-                        }
+            match self.carry_one(seg, below) {
+                Ok(()) => carried += 1,
+                Err(Error::NoSpace) => return Err(Error::NoSpace),
+                Err(e) => {
+                    self.check_poison()?;
+                    self.carry_failures.fetch_add(1, Ordering::Relaxed);
+                    *self.carry_error.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(format!("segment {seg}: {e}"));
+                }
+            }
+        }
+        Ok(carried)
+    }
+
+    fn carry_one(&self, seg: u32, below: (u64, u64)) -> Result<()> {
+        // Rule 3, per segment: only its own blocks go with it when it is freed. The
+        // other segments being carried may hold data too (the TRIM stream is a stream
+        // like any other) and stay allocated while it does; leaving them all out
+        // dropped the records that hid their blocks (found by the property test,
+        // `crash_model::rebuild_agrees_after_an_unflushed_trim_in_the_trim_stream`).
+        let oldest = self.t.segs.oldest_opened(&[seg]);
+        let mut ranges = Vec::new();
+        let walk = SegmentChunks::new(&self.dev, self.t.geo, seg, self.format_id(), below);
+        for chunk in walk {
+            let (_, s) = chunk?;
+            for e in &s.entries {
+                if let Entry::Trim { lba, seq, count } = *e {
+                    // Rule 3: no allocated segment can hold a block older than it.
+                    if oldest.is_some_and(|o| seq > o) {
+                        ranges.push((lba, count as u64));
                     }
                 }
             }
-            let skipped = self.relog_unmapped(seg, ranges)?;
-            // Rule 4: a block left out was written since its TRIM, maybe in a chunk
-            // still open in another stream, which no free record of `seg` seals or
-            // syncs; only a checkpoint (it seals every chunk, then syncs) frees `seg`.
-            self.t.segs.set_carried(seg, skipped);
         }
-        Ok(todo.len())
+        let skipped = self.relog_unmapped(seg, ranges)?;
+        // Rule 4: a block left out was written since its TRIM, maybe in a chunk still
+        // open in another stream, which no free record of `seg` seals or syncs; only a
+        // checkpoint (it seals every chunk, then syncs) frees `seg`.
+        self.t.segs.set_carried(seg, skipped);
+        Ok(())
     }
 
     /// Logs a TRIM record for each run of still unmapped blocks of `ranges` (rule 2:
