@@ -720,6 +720,9 @@ pub(crate) mod tests {
 
     thread_local! {
         pub(crate) static PANIC_IN_SEAL: Cell<bool> = const { Cell::new(false) };
+        /// Test hook: `defrag_step` on this thread says it arrived once past its check of
+        /// free space for a window, and waits for "go".
+        pub(crate) static PARK_AFTER_DEFRAG_CHECK: Park = const { RefCell::new(None) };
         /// Test hook: the next carry of TRIM records on this thread panics (taken once).
         pub(crate) static PANIC_IN_CARRY: Cell<bool> = const { Cell::new(false) };
         /// Test hook: `write_chunks` on this thread says it arrived once its chunks are

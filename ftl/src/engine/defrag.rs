@@ -8,7 +8,11 @@
 //! the entries the read verified), never in place: a block the user wrote since the read
 //! is skipped, and a FLUSH's promise is kept as by the cleaner. It goes into
 //! [`GC_STREAM`] (data read in order is long-lived) from the runner's thread, so a
-//! window's blocks are appended back to back; it never takes the cleaner's reserve.
+//! window's blocks are appended back to back; it never takes the cleaner's reserve: a
+//! window starts only with [`DEFRAG_SPARE_SEGMENTS`] free beyond it, and each block
+//! moves only while that holds or the GC stream's open segment has room for it (a
+//! relocation into [`GC_STREAM`] may open a reserve segment, and writers took the
+//! spare during a window: found by review, 2026-11-27).
 
 use super::read::{DeviceBlock, Fragmentation, ReadSpans, READ_SPAN_GAP_BLOCKS};
 use super::Ftl;
@@ -106,10 +110,13 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     pub fn defrag_step(&self, max_windows: usize) -> Result<DefragReport> {
         let mut r = DefragReport::default();
         let mut pending = PendingChunks::default();
+        let spare = || self.t.segs.free_count() > self.cfg.gc_reserve_segments + DEFRAG_SPARE_SEGMENTS;
+        // Two blocks of room: a FLUSH sealing the open chunk meanwhile costs its summary.
+        let fits = || -> Result<bool> { Ok(spare() || self.gc_open_room()? >= 2) };
         let res = (|| -> Result<()> {
-            while (r.windows as usize) < max_windows
-                && self.t.segs.free_count() > self.cfg.gc_reserve_segments + DEFRAG_SPARE_SEGMENTS
-            {
+            while (r.windows as usize) < max_windows && spare() {
+                #[cfg(test)]
+                crate::append::tests::maybe_park(&crate::append::tests::PARK_AFTER_DEFRAG_CHECK);
                 let Some(mut w) = self.defrag.take() else { break };
                 if w.blocks.is_empty() {
                     // Queued without its data: read it again (a range rewritten since,
@@ -127,6 +134,11 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                     }
                 }
                 for (&(lba, entry), data) in w.blocks.iter().zip(w.data.chunks(BLOCK_SIZE)) {
+                    if !fits()? {
+                        // Left part done (each move stands on its own); a later read
+                        // of the window queues it again.
+                        return Ok(());
+                    }
                     if self.relocate_deferred(lba, entry, data, GC_STREAM, &mut pending)? {
                         r.moved += 1;
                     } else {

@@ -1053,6 +1053,61 @@ mod tests {
         );
     }
 
+    /// Read-driven defragmentation never takes the cleaner's reserve: a window passed
+    /// its check of free space, writers then took the free segments down to the
+    /// reserve, and its relocations into the GC stream (which may open a reserve
+    /// segment, for the cleaner) took one. Now each block moves only while the spare
+    /// holds or the GC stream's open segment has room.
+    #[test]
+    fn defragmentation_never_takes_the_reserve() {
+        use crate::append::tests::PARK_AFTER_DEFRAG_CHECK;
+        let opts = FormatOptions {
+            segment_bytes: Some(64 << 10),
+            ..Default::default()
+        };
+        let (_, _, f) = crate::model::mem_ftl(96 * (64 << 10), &opts);
+        let f = Arc::new(f);
+        // 256 blocks in order, 96 of them overwritten in a scattered order, then read:
+        // windows queued.
+        let region = 256u64;
+        for l in 0..region {
+            f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
+        }
+        for i in 0..96 {
+            let l = i * 97 % region;
+            f.write(l, &block_for(l, 2), false, StreamId(2)).unwrap();
+        }
+        f.flush().unwrap();
+        let mut b = vec![0u8; 32 * crate::device::BLOCK_SIZE];
+        for w in (0..region).step_by(32) {
+            f.read(w, &mut b).unwrap();
+        }
+        assert!(f.defrag_waiting() > 0, "windows queued");
+        let reserve = f.gc_reserve_segments();
+        // Free segments taken by new blocks, then by every other one of them written
+        // again: no segment dies whole, so none can be freed to make up for the reserve.
+        let cap = f.capacity_blocks();
+        let mut lbas = (region..cap).chain((region..cap).step_by(2));
+        let mut fill_to = |n: usize| {
+            while f.free_segments() > n {
+                let l = lbas.next().expect("free segments down to the reserve");
+                f.write(l, &block_for(l, 3), false, StreamId(3)).unwrap();
+            }
+        };
+        fill_to(reserve + super::defrag::DEFRAG_SPARE_SEGMENTS + 1);
+        let f2 = f.clone();
+        let (go, defrag) = run_parked(&PARK_AFTER_DEFRAG_CHECK, move || f2.defrag_step(64));
+        fill_to(reserve);
+        assert_eq!(f.free_segments(), reserve);
+        go.send(()).unwrap();
+        defrag.join().unwrap().unwrap();
+        assert!(
+            f.free_segments() >= reserve,
+            "defragmentation took the reserve: {} free of {reserve}",
+            f.free_segments()
+        );
+    }
+
     /// Runs `job` on a thread of its own that parks at `park` (a hook of
     /// `append::tests`); returns once it is parked, with the sender whose message lets it go on.
     fn run_parked<T: Send + 'static>(

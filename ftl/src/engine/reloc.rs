@@ -269,15 +269,20 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// weighed against (the cleaner's static wear levelling).
     pub fn relocation_room(&self) -> Result<u64> {
         let bps = self.t.geo.blocks_per_segment();
-        let open = {
-            let st = self.log.stream(GC_STREAM)?;
-            match st.cursor {
-                Some((_, off)) => crate::log::data_room_from(bps, off)
-                    .saturating_sub(st.chunk.as_ref().map_or(0, |c| c.data_blocks as u64)),
-                None => 0,
-            }
-        };
-        Ok(open + self.t.segs.free_count() as u64 * crate::log::data_room_from(bps, 0))
+        Ok(self.gc_open_room()?
+            + self.t.segs.free_count() as u64 * crate::log::data_room_from(bps, 0))
+    }
+
+    /// Data blocks [`GC_STREAM`]'s open segment still takes, in full chunks (0 with none
+    /// open): what it appends without a new segment.
+    pub(crate) fn gc_open_room(&self) -> Result<u64> {
+        let bps = self.t.geo.blocks_per_segment();
+        let st = self.log.stream(GC_STREAM)?;
+        Ok(match st.cursor {
+            Some((_, off)) => crate::log::data_room_from(bps, off)
+                .saturating_sub(st.chunk.as_ref().map_or(0, |c| c.data_blocks as u64)),
+            None => 0,
+        })
     }
 
     /// The cleaner's reserve, in segments.
