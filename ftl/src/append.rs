@@ -723,6 +723,8 @@ pub(crate) mod tests {
         /// Test hook: `defrag_step` on this thread says it arrived once past its check of
         /// free space for a window, and waits for "go".
         pub(crate) static PARK_AFTER_DEFRAG_CHECK: Park = const { RefCell::new(None) };
+        /// Test hook: the next checkpoint's page commit on this thread panics (taken once).
+        pub(crate) static PANIC_IN_CHECKPOINT: Cell<bool> = const { Cell::new(false) };
         /// Test hook: the next carry of TRIM records on this thread panics (taken once).
         pub(crate) static PANIC_IN_CARRY: Cell<bool> = const { Cell::new(false) };
         /// Test hook: `write_chunks` on this thread says it arrived once its chunks are
@@ -756,6 +758,14 @@ pub(crate) mod tests {
         if let Some((here, go)) = park.with(|p| p.borrow_mut().take()) {
             let _ = here.send(());
             let _ = go.recv();
+        }
+    }
+
+    /// Test hook: panics in a checkpoint's page commit on a thread that asked for it
+    /// (once).
+    pub(crate) fn maybe_panic_in_checkpoint() {
+        if PANIC_IN_CHECKPOINT.with(|p| p.replace(false)) {
+            panic!("injected panic in a checkpoint");
         }
     }
 

@@ -25,7 +25,9 @@
 //!    duration) and BEFORE the index commit: the checkpoint never names a block that is
 //!    not durable;
 //! 4. the index batch is committed atomically and durably BEFORE any segment it records
-//!    as dead is put on the free list or discarded: a dead segment's blocks may be
+//!    as dead is put on the free list or discarded (the checkpoint's own free records
+//!    release theirs before the header's batch, after their own commit: rule 9): a
+//!    dead segment's blocks may be
 //!    overwritten only when the map changes that killed them are durable, and recovery
 //!    never needs a chunk older than the checkpoint it starts from;
 //! 5. a dead segment's discard has completed (or failed) BEFORE the segment returns to
@@ -186,9 +188,15 @@ impl<I> Checkpointer<I> {
         lock(&self.one)
     }
 
-    /// True while a checkpoint runs or a free record holds the state lock.
+    /// True while a checkpoint runs or a free record holds the state lock. A lock a
+    /// panic poisoned is free (`lock` takes it over): as busy, writers past a quarter of
+    /// the map cache dirty never checkpointed again and waited at half (found by review,
+    /// 2026-11-27).
     pub(crate) fn busy(&self) -> bool {
-        self.one.try_lock().is_err() || self.lock.try_lock().is_err()
+        fn held(m: &Mutex<()>) -> bool {
+            matches!(m.try_lock(), Err(std::sync::TryLockError::WouldBlock))
+        }
+        held(&self.one) || held(&self.lock)
     }
 
     /// `n` blocks were appended (writes and relocations).
@@ -348,6 +356,19 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         // Map rule 2: the taken pages stay cached until the commit returned.
         let pages = map.take_dirty();
         let dirty: Vec<u64> = pages.iter().map(|p| p.0).collect();
+        // A panic from here until the commit's outcome is known (the I/O edge catches it,
+        // and the device went on) left the taken pages clean and never committed: the
+        // next checkpoint skipped them while its header moved recovery's start past
+        // their changes, and a restart lost them (found by review, 2026-11-27). They are
+        // dirty again then, and the FTL read-only: a restart recovers from the last
+        // checkpoint that was whole.
+        let unwinding = OnUnwind(Some(|| {
+            map.uncommitted(&dirty);
+            lock(&ck.closed).clear();
+            segs.young_off();
+            lock(&ck.in_flight).take();
+            self.set_poison("a checkpoint panicked before its commit".into());
+        }));
         let dead = segs.dead_closed();
         // Rule 9: those a free record could free now (before the young lists restart).
         let own = self.record_lists(&self.freeable_of(&dead));
@@ -430,6 +451,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             // Rule 4.
             ck.index.commit(ops)
         });
+        unwinding.disarm();
         if let Err(e) = committed {
             map.uncommitted(&dirty);
             // The commit may have been applied all the same (an index that fails after
@@ -497,6 +519,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// batches of `Config::checkpoint_page_batch` BEFORE its header's batch; the first
     /// also puts the [`PartialCheckpoint`] record, which the header's batch removes.
     fn commit_pages(&self, pages: Vec<(u64, Vec<u64>)>, next_chunk_seq: u64) -> Result<()> {
+        #[cfg(test)]
+        crate::append::tests::maybe_panic_in_checkpoint();
         let batch = self.cfg.checkpoint_page_batch.max(1);
         let mut marker = Some(PartialCheckpoint {
             epoch: self.epoch,
@@ -515,8 +539,12 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
 
     /// Rule 5 (and free rule 5): each dead segment is discarded (with no discard delay;
     /// else queued for `engine/discard.rs`) BEFORE it goes back on the free list and
-    /// writers are woken. Called with the checkpoint lock held (it keeps any checkpoint
-    /// or free record from recording the segment meanwhile). A segment whose first block
+    /// writers are woken. What keeps another checkpoint or free record from recording
+    /// the segment meanwhile is not a lock held here (the checkpoint's own records
+    /// release theirs holding only the one-at-a-time lock, with free records running
+    /// beside it; a free record holds only the state lock): each caller marked it freed
+    /// (not closed) before it let the state lock go, and a segment a checkpoint in flight
+    /// names is not freeable by free records (`freeable_of`). A segment whose first block
     /// could not be zeroed is not released; the first such failure is returned (the FTL
     /// is poisoned by then: the backing fails writes).
     pub(super) fn discard_and_release(&self, dead: &[u32]) -> Result<()> {
@@ -613,6 +641,24 @@ pub(crate) fn page_op((page, entries): (u64, Vec<u64>)) -> Op {
 pub fn dead_batch_due(free: usize, dead: usize, segment_count: usize) -> bool {
     let low = (segment_count / 8).max(4);
     free < low && dead >= (segment_count / 64).max(1)
+}
+
+/// Runs its closure if dropped while armed, that is while a panic unwinds past it
+/// ([`OnUnwind::disarm`] on every normal path).
+struct OnUnwind<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> OnUnwind<F> {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl<F: FnOnce()> Drop for OnUnwind<F> {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1053,6 +1053,37 @@ mod tests {
         );
     }
 
+    /// A panic in a checkpoint after it took the dirty map pages (the I/O edge catches
+    /// it, and the device goes on) does not lose their changes: the pages were left
+    /// clean and uncommitted, the next checkpoint skipped them and moved recovery's
+    /// start past their changes, and after a restart the block read its older data. Now
+    /// the FTL turns read-only, and a restart rolls the changes forward. Also: a lock the
+    /// panic poisoned does not make the checkpointer look busy forever.
+    #[test]
+    fn a_panic_in_a_checkpoint_loses_no_map_change() {
+        use crate::append::tests::PANIC_IN_CHECKPOINT;
+        let (dev, idx, f) = small_ftl();
+        f.write(5, &block_for(5, 1), false, StreamId(1)).unwrap();
+        f.checkpoint().unwrap();
+        f.write(5, &block_for(5, 2), false, StreamId(1)).unwrap();
+        PANIC_IN_CHECKPOINT.with(|p| p.set(true));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f.checkpoint()));
+        assert!(r.is_err(), "the injected panic happened");
+        assert!(!f.ckpt.busy(), "a poisoned lock is not a checkpoint under way");
+        // The device goes on as far as it can (a later checkpoint, a close), then restarts.
+        let _ = f.checkpoint();
+        let _ = f.close();
+        drop(f);
+        let (g, _) = super::Ftl::open(dev, idx, crate::model::test_config()).unwrap();
+        let mut b = vec![0u8; crate::device::BLOCK_SIZE];
+        g.read(5, &mut b).unwrap();
+        assert_eq!(
+            crate::model::observe(5, &b),
+            crate::model::Observed::Tag(2),
+            "the write before the panic reads back after a restart"
+        );
+    }
+
     /// Read-driven defragmentation never takes the cleaner's reserve: a window passed
     /// its check of free space, writers then took the free segments down to the
     /// reserve, and its relocations into the GC stream (which may open a reserve
