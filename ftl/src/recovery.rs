@@ -481,17 +481,24 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
             stale.push((seg, off));
         }
     }
+    // Recovery rule 3: a device write or sync of the recovery that fails marks the area,
+    // so that the next open (in this boot) takes the device for one that may have lost
+    // writes (found by review, 2026-11-27: only the session's own failures marked it).
+    let failed = |what: &'static str, at: u64, e: std::io::Error| {
+        staging.mark_device_error();
+        Error::io(what, at, e)
+    };
     for &(seg, off) in &stale {
         let at = (geo.segment_start(seg) + off as u64) * BLOCK_SIZE as u64;
         dev.write_at(at, &zero)
-            .map_err(|e| Error::io("recovery write", at, e))?;
+            .map_err(|e| failed("recovery write", at, e))?;
     }
     report.stale_chunks_zeroed = stale.len() as u64;
     // Recovery rule 1: the replayed chunks are made durable BEFORE the open checkpoint
     // names their blocks. After the death of a process (not a power cut) they can be
     // written but unsynced, readable from the backing's cache yet lost by a later cut.
     if report.chunks_replayed > 0 || !stale.is_empty() {
-        dev.sync().map_err(|e| Error::io("recovery sync", 0, e))?;
+        dev.sync().map_err(|e| failed("recovery sync", 0, e))?;
     }
     collected.sort_by_key(|(e, _)| e.seq());
     // Live counts: the checkpoint's (taken in one snapshot with its map pages), moved by

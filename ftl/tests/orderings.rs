@@ -1838,3 +1838,51 @@ fn a_trim_segment_that_cannot_be_read_does_not_stop_checkpoints() {
         "carried and freed once it reads"
     );
 }
+
+/// Recovery rule 3's mark: a device write or sync of the recovery itself that fails
+/// marks the staging area, so the next open in this boot takes the device for one that
+/// may have lost writes (only the session's own chunk writes and syncs marked it).
+#[test]
+fn a_failed_recovery_sync_marks_the_staging_area() {
+    let (dev, idx, f) = gated(Config::default());
+    for l in 0..10 {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+    }
+    let staging = f.staging().clone();
+    assert!(!staging.device_error());
+    // The process dies with its writes staged; recovery replays them and syncs.
+    drop(f);
+    dev.fail_next_sync();
+    let opened = Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), staging.clone());
+    assert!(opened.is_err(), "the recovery sync failed");
+    assert!(
+        staging.device_error(),
+        "the failed recovery sync marked the area"
+    );
+}
+
+/// The same for a freed segment's first block whose zeroing fails in the session: the
+/// FTL turns read-only and the staging area is marked.
+#[test]
+fn a_failed_zeroing_of_a_freed_segment_marks_the_staging_area() {
+    let (dev, _idx, f) = gated(Config::default());
+    kill_the_first_segment(&f);
+    let bps = f.geometry().blocks_per_segment() as u64;
+    let dead = f
+        .segment_snapshot()
+        .into_iter()
+        .find(|s| s.state == "closed" && s.valid == 0 && s.segment != 0)
+        .expect("a dead segment")
+        .segment;
+    let head = dead as u64 * bps * ftl::device::BLOCK_SIZE as u64;
+    dev.set_bad_writes(Some((head, ftl::device::BLOCK_SIZE as u64)));
+    let _ = f.checkpoint();
+    assert!(
+        f.flush().is_err(),
+        "the FTL is read-only after the failed zeroing"
+    );
+    assert!(
+        f.staging().device_error(),
+        "the failed zeroing marked the area"
+    );
+}

@@ -46,6 +46,8 @@ struct GateState {
     fail_next_sync: bool,
     /// Reads overlapping this byte range fail with EIO (a bad sector).
     bad_reads: Option<(u64, u64)>,
+    /// Writes overlapping this byte range fail with EIO.
+    bad_writes: Option<(u64, u64)>,
 }
 
 /// A device whose operations can be held at a gate (see the module docs).
@@ -89,13 +91,14 @@ impl<D: BlockDevice> GateDevice<D> {
         self.lock().bad_reads = range;
     }
 
+    /// From now on writes overlapping `len` bytes at `offset` fail with EIO (`None`: no
+    /// more).
+    pub fn set_bad_writes(&self, range: Option<(u64, u64)>) {
+        self.lock().bad_writes = range;
+    }
+
     fn check_read(&self, offset: u64, len: usize) -> io::Result<()> {
-        match self.lock().bad_reads {
-            Some((o, l)) if offset < o + l && o < offset + len as u64 => {
-                Err(io::Error::from_raw_os_error(libc::EIO))
-            }
-            _ => Ok(()),
-        }
+        fails(self.lock().bad_reads, offset, len)
     }
 
     /// The wrapped device.
@@ -177,6 +180,7 @@ impl<D: BlockDevice> BlockDevice for GateDevice<D> {
             }
         }
         self.pass(GateOp::Write, None);
+        fails(self.lock().bad_writes, offset, buf.len())?;
         self.inner.write_at(offset, buf)
     }
     fn sync(&self) -> io::Result<()> {
@@ -225,6 +229,16 @@ impl<D: BlockDevice> BlockDevice for GateDevice<D> {
             self.check_read(*o, b.len())?;
         }
         self.inner.read_many_depth(reqs, depth)
+    }
+}
+
+/// EIO when `len` bytes at `offset` overlap the failing `range`.
+fn fails(range: Option<(u64, u64)>, offset: u64, len: usize) -> io::Result<()> {
+    match range {
+        Some((o, l)) if offset < o + l && o < offset + len as u64 => {
+            Err(io::Error::from_raw_os_error(libc::EIO))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -587,6 +587,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                     self.set_poison(format!(
                         "zeroing the first block of freed segment {s} failed: {e}"
                     ));
+                    // Recovery rule 3: a device write failed in this session.
+                    self.log.staging().mark_device_error();
                     first.get_or_insert(Error::io(
                         "zeroing a freed segment's first block",
                         head(s),

@@ -5,8 +5,9 @@
 //! slot still *open* with entries holds writes that completed but were never sealed: it
 //! is sealed with the next numbers after the area's next-chunk mark, at the place it was
 //! opened at (its stream's cursor, or the head of a segment that was free at the last
-//! checkpoint), and written. Then the device is synced, and the ordinary roll-forward
-//! finds the chain complete.
+//! checkpoint), and written. The ordinary roll-forward then finds the chain complete,
+//! and recovery syncs what it rolled forward before the open checkpoint names it
+//! (recovery rule 1). A write that fails here marks the area (recovery rule 3).
 
 use super::{AreaHeader, SlotState, StagedSlot, StagingArea};
 use crate::device::{BlockDevice, BLOCK_SIZE};
@@ -168,8 +169,11 @@ pub fn replay<D: BlockDevice>(
             blocks_per_segment: bps,
         };
         let (sealed, _) = seal(open, &params)?;
-        dev.write_at(at, sealed.bytes())
-            .map_err(|e| Error::io("staged chunk write", at, e))?;
+        dev.write_at(at, sealed.bytes()).map_err(|e| {
+            // Recovery rule 3: a failed device write marks the area.
+            area.mark_device_error();
+            Error::io("staged chunk write", at, e)
+        })?;
         if chunk_seq >= mark {
             report.open_chunks += 1;
         } else {
