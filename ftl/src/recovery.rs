@@ -307,8 +307,31 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
             r.erase_count = f.erase_count;
         }
     }
+    // Refused before anything is written (stale heads are zeroed below): a refused open
+    // changes nothing on the backing, and `check --rebuild-index` still sees every chunk
+    // (found by review, 2026-11-27).
+    let bps = geo.blocks_per_segment();
+    if let Some(r) = loaded
+        .segments
+        .iter()
+        .find(|r| r.valid > bps || (r.state == SegState::Free && r.valid > 0))
+    {
+        return Err(Error::Corrupt(format!(
+            "segment record {} ({:?}) counts {} live blocks in a segment of {bps}",
+            r.segment, r.state, r.valid
+        )));
+    }
     let segs = Segments::from_records(&seg_records);
     let mut cursors: Vec<Option<(u32, u32)>> = ck.cursors.clone();
+    // A cursor of a stream past this build's was dropped by the resize: its chunks ended
+    // the log without a word (found by review, 2026-11-27).
+    if let Some(sid) = cursors.iter().skip(STREAMS).position(|c| c.is_some()) {
+        return Err(Error::Corrupt(format!(
+            "the checkpoint has an open segment for stream {}, past the {STREAMS} streams \
+             this build knows",
+            sid + STREAMS
+        )));
+    }
     cursors.resize(STREAMS, None);
     for c in cursors.iter().flatten() {
         if c.0 == 0 || c.0 >= geo.segment_count || c.1 >= geo.blocks_per_segment() {
@@ -339,7 +362,6 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         Ok(ChunkSummary::decode(&b).ok().flatten())
     };
 
-    let bps = geo.blocks_per_segment();
     // Heads of segments free at the checkpoint, by chain number.
     let mut heads: HashMap<u64, (u32, ChunkSummary)> = HashMap::new();
     // Free segments whose first block is a chunk of this format: any of them the
@@ -386,7 +408,16 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         if found.is_none() {
             if let Some((seg, s)) = heads.remove(&expected) {
                 let sid = s.stream as usize;
-                if sid < STREAMS && segs.take_for_recovery(seg, s.stream, ck.next_entry_seq) {
+                if sid >= STREAMS {
+                    // The next chunk of the chain (its number, this epoch, a good
+                    // checksum) in a stream this build does not know: ending the log
+                    // here dropped every chunk after it, and zeroed it as stale.
+                    return Err(Error::Corrupt(format!(
+                        "chunk {expected} at the head of segment {seg} is in stream {sid}, \
+                         past the {STREAMS} streams this build knows"
+                    )));
+                }
+                if segs.take_for_recovery(seg, s.stream, ck.next_entry_seq) {
                     if let Some((old, _)) = cursors[sid] {
                         segs.close(old);
                     }
@@ -504,16 +535,6 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
     // Live counts: the checkpoint's (taken in one snapshot with its map pages), moved by
     // each replayed change as the appender moves them.
     let mut mapped: u64 = seg_records.iter().map(|r| r.valid as u64).sum();
-    if let Some(r) = loaded
-        .segments
-        .iter()
-        .find(|r| r.valid > bps || (r.state == SegState::Free && r.valid > 0))
-    {
-        return Err(Error::Corrupt(format!(
-            "segment record {} ({:?}) counts {} live blocks in a segment of {bps}",
-            r.segment, r.state, r.valid
-        )));
-    }
     // Checkpoint rule 7: after a cut between page batches the pages may be newer than
     // the segment records; the counts are recounted from the map after the replay.
     let recount = loaded.partial.is_some();

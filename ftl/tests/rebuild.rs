@@ -13,7 +13,7 @@ use ftl::device::crash::CrashDevice;
 use ftl::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
 use ftl::index::mem::MemIndex;
 use ftl::model::{block_for, observe, rebuild_agrees, tiny, Observed};
-use ftl::{Config, Error, Ftl, StreamId, GC_STREAM, TRIM_STREAM};
+use ftl::{Config, Error, Ftl, IndexStore, StreamId, GC_STREAM, TRIM_STREAM};
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 
@@ -664,4 +664,102 @@ fn a_rebuild_keeps_the_erase_counts_the_old_index_names() {
     let (f, _) = Ftl::open(dev.clone(), fresh, Config::default()).unwrap();
     let after: Vec<u32> = f.segment_snapshot().iter().map(|s| s.erase_count).collect();
     assert_eq!(after, before);
+}
+
+/// Recovery: the next chunk of the chain, at the head of a segment, in a stream past
+/// this build's (a damaged but checksummed summary, or a log of a build with more
+/// streams) is refused, and nothing is zeroed: it ended the roll-forward without a word,
+/// every chunk after it was dropped and it was zeroed as stale.
+#[test]
+fn a_chunk_in_a_stream_this_build_does_not_know_is_refused_by_recovery() {
+    let (dev, idx, f) = tiny_crash();
+    for l in 0..8u64 {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+    }
+    f.flush().unwrap();
+    f.checkpoint().unwrap();
+    // Stream 2 has no open segment: its first chunk heads a free segment, and it is the
+    // next chunk of the chain after the checkpoint.
+    for l in 8..16u64 {
+        f.write(l, &block_for(l, 1), false, StreamId(2)).unwrap();
+    }
+    f.flush().unwrap();
+    let pba = f.map_entry(8).unwrap().pba().unwrap() as u64;
+    let seg = f.geometry().segment_of(pba);
+    assert_eq!(
+        pba,
+        f.geometry().segment_start(seg) + 1,
+        "stream 2 heads a segment"
+    );
+    drop(f);
+    let at = tiny::SEGMENT_BYTES * seg as u64;
+    let mut blk = AlignedBuf::new(BLOCK_SIZE);
+    dev.read_at(at, &mut blk).unwrap();
+    let mut s = ftl::summary::ChunkSummary::decode(&blk).unwrap().unwrap();
+    s.stream = ftl::STREAMS as u8 + 1;
+    s.encode_into(&mut blk).unwrap();
+    dev.write_at(at, &blk).unwrap();
+    let e = match Ftl::open(dev.clone(), idx.clone(), Config::default()) {
+        Ok(_) => panic!(
+            "recovery took a chunk of stream {} for the end of the log",
+            s.stream
+        ),
+        Err(e) => e,
+    };
+    assert!(
+        matches!(e, Error::Corrupt(ref m) if m.contains("past the")),
+        "{e}"
+    );
+    let mut after = AlignedBuf::new(BLOCK_SIZE);
+    dev.read_at(at, &mut after).unwrap();
+    assert!(
+        after[..] == blk[..],
+        "the refused chunk's summary was left as it was"
+    );
+}
+
+/// Recovery refuses a segment record that says free yet counts live blocks before it
+/// writes anything: the segment's first chunk (older than the checkpoint, so stale to
+/// a free segment) was zeroed first, and the rebuild the message points to no longer
+/// saw it (found by review, 2026-11-27).
+#[test]
+fn a_free_segment_record_counting_live_blocks_is_refused_before_anything_is_zeroed() {
+    let (dev, idx, f) = tiny_crash();
+    for l in 0..8u64 {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+    }
+    f.close().unwrap();
+    let seg = f
+        .geometry()
+        .segment_of(f.map_entry(0).unwrap().pba().unwrap() as u64);
+    drop(f);
+    let key = ftl::index::Key::segment(seg);
+    let rec = idx
+        .load()
+        .unwrap()
+        .into_iter()
+        .find(|(k, _)| *k == key)
+        .unwrap()
+        .1;
+    let mut r = ftl::records::SegmentRecord::decode(&rec).unwrap();
+    assert!(r.valid > 0);
+    r.state = ftl::records::SegState::Free;
+    idx.poke(key, r.encode());
+    let at = tiny::SEGMENT_BYTES * seg as u64;
+    let mut before = AlignedBuf::new(BLOCK_SIZE);
+    dev.read_at(at, &mut before).unwrap();
+    let e = match Ftl::open(dev.clone(), idx.clone(), Config::default()) {
+        Ok(_) => panic!("a free segment counting live blocks was taken"),
+        Err(e) => e,
+    };
+    assert!(
+        matches!(e, Error::Corrupt(ref m) if m.contains("live blocks")),
+        "{e}"
+    );
+    let mut after = AlignedBuf::new(BLOCK_SIZE);
+    dev.read_at(at, &mut after).unwrap();
+    assert!(
+        after[..] == before[..],
+        "the segment's first chunk was zeroed"
+    );
 }
