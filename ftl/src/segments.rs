@@ -43,10 +43,12 @@ pub struct SegTableInner {
     /// Free segments by (erase count, segment) when wear-aware: allocation takes the
     /// least worn for data written by users and the most worn for relocated (cold) data;
     /// otherwise by (order freed, segment), first freed first used.
-    pub free: BTreeSet<(u32, u32)>,
+    pub free: BTreeSet<(u64, u32)>,
     pub wear_aware: bool,
-    /// Releases so far (the key of a free segment when not wear-aware).
-    pub released: u32,
+    /// Releases so far (the key of a free segment when not wear-aware; 64 bits: a
+    /// 32-bit count wrapped after about 4e9 releases, and the segments freed next sorted
+    /// first).
+    pub released: u64,
     /// Segments of the TRIM stream whose records were carried forward
     /// (`engine/tombstones.rs`); cleared when the segment is freed.
     pub carried: Vec<bool>,
@@ -70,7 +72,7 @@ pub struct SegTableInner {
     /// Free segments not discarded yet (deferred discard, `engine/discard.rs`): when each
     /// was freed, and its key in `free`; `undiscarded` orders them oldest first.
     pub undiscarded: BTreeSet<(Instant, u32)>,
-    pub pending: HashMap<u32, (Instant, u32)>,
+    pub pending: HashMap<u32, (Instant, u64)>,
     /// Segments opened since the last checkpoint's snapshot, each with the chain numbers
     /// of the chunks sealed into it since (free rule 7: a free record of one lists them).
     /// `None` while not tracked: before the session's first checkpoint and after a
@@ -162,7 +164,7 @@ impl Segments {
             .iter()
             .enumerate()
             .filter(|(i, s)| *i != 0 && s.state == SegState::Free)
-            .map(|(i, s)| (s.erase_count, i as u32))
+            .map(|(i, s)| (s.erase_count as u64, i as u32))
             .collect();
         let n = info.len();
         Segments {
@@ -373,8 +375,8 @@ impl Segments {
                 i.state = SegState::Free;
                 i.erase_count += 1;
                 let e = i.erase_count;
-                t.released = t.released.wrapping_add(1);
-                let key = if t.wear_aware { e } else { t.released };
+                t.released += 1;
+                let key = if t.wear_aware { e as u64 } else { t.released };
                 t.free.insert((key, s));
                 t.carried[s as usize] = false;
                 t.carry_skipped[s as usize] = false;
@@ -397,7 +399,7 @@ impl Segments {
         cutoff: Option<Instant>,
         max: usize,
         keep: usize,
-    ) -> Vec<(u32, u32)> {
+    ) -> Vec<(u32, u64)> {
         let mut t = self.lock();
         let mut out = Vec::new();
         while out.len() < max && t.free.len() > keep {
@@ -417,7 +419,7 @@ impl Segments {
     }
 
     /// Puts segments [`Segments::take_for_discard`] took back on the free list.
-    pub fn discarded(&self, taken: &[(u32, u32)]) {
+    pub fn discarded(&self, taken: &[(u32, u64)]) {
         let mut t = self.lock();
         for &(s, key) in taken {
             t.free.insert((key, s));
@@ -593,7 +595,13 @@ impl Segments {
         }
         t.wear_aware = on;
         let free: Vec<u32> = t.free.iter().map(|&(_, s)| s).collect();
-        let key = |t: &SegTableInner, s: u32| if on { t.info[s as usize].erase_count } else { 0 };
+        let key = |t: &SegTableInner, s: u32| {
+            if on {
+                t.info[s as usize].erase_count as u64
+            } else {
+                0
+            }
+        };
         t.free = free.into_iter().map(|s| (key(&t, s), s)).collect();
         let pending: Vec<u32> = t.pending.keys().copied().collect();
         for s in pending {
@@ -686,6 +694,25 @@ mod tests {
         t.discarded(&taken);
         assert_eq!(t.allocate(0, 3, 0, false), Some(1));
         assert_eq!(t.state(1), Some(SegState::Open));
+    }
+
+    /// Without wear-aware allocation, free segments are used in the order they were
+    /// freed, past 2^32 releases too (a 32-bit count wrapped, and the segments freed
+    /// next were used first).
+    #[test]
+    fn segments_are_used_in_the_order_freed_past_four_billion_releases() {
+        let t = Segments::from_records(&Segments::fresh_records(5));
+        t.set_wear_aware(false);
+        for s in 1..5 {
+            assert_eq!(t.allocate(0, 1, 0, false), Some(s));
+            t.close(s);
+        }
+        t.lock().released = u32::MAX as u64 - 1;
+        for s in [3, 1, 4, 2] {
+            t.release(&[s], None);
+        }
+        let order: Vec<u32> = (0..4).filter_map(|_| t.allocate(0, 1, 0, false)).collect();
+        assert_eq!(order, [3, 1, 4, 2]);
     }
 
     /// Discard rule 5: the discarder leaves `keep` segments in the free list, however

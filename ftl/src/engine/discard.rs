@@ -81,7 +81,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             // first block could not be zeroed stays out of the free list, as in
             // `discard_and_release`: its head may still show its old use.
             let (zeroed, _) = self.zero_heads(&segs);
-            let back: Vec<(u32, u32)> = taken
+            let back: Vec<(u32, u64)> = taken
                 .iter()
                 .zip(zeroed)
                 .filter_map(|(&t, ok)| ok.then_some(t))
