@@ -301,7 +301,9 @@ MUTANTS = [
      [ORDERINGS, POWER]),
     ("free-7-off", "free rule 7: after a failed checkpoint commit nothing is young",
      "ftl/src/engine/checkpoint.rs",
-     [("""            segs.young_off();""", """            let _ = segs;""")],
+     [("""            segs.young_off();
+            return Err(e);""", """            let _ = segs;
+            return Err(e);""")],
      [ORDERINGS]),
     ("free-7-list", "free rule 7: a young segment's record lists its chunks",
      "ftl/src/engine/free.rs",
@@ -352,7 +354,9 @@ MUTANTS = [
     ("checkpoint-failed", "a checkpoint commit that failed leaves nothing freeable by free records",
      "ftl/src/engine/checkpoint.rs",
      [("""            lock(&ck.closed).clear();
-            segs.young_off();""", """            segs.young_off();""")],
+            segs.young_off();
+            return Err(e);""", """            segs.young_off();
+            return Err(e);""")],
      [ORDERINGS]),
     ("free-6-open", "free rule 6: the session's first checkpoint removes the records recovery used",
      "ftl/src/recovery.rs",
@@ -415,7 +419,7 @@ MUTANTS = [
     ("recovery-1", "recovery: rolled-forward chunks are synced BEFORE the open checkpoint",
      "ftl/src/recovery.rs",
      [("""    if report.chunks_replayed > 0 || !stale.is_empty() {
-        dev.sync().map_err(|e| Error::io("recovery sync", 0, e))?;
+        dev.sync().map_err(|e| failed("recovery sync", 0, e))?;
     }""",
        "")],
      [PROCESS, MODEL]),
@@ -445,8 +449,8 @@ MUTANTS = [
      [REBUILD]),
     ("tombstone-3", "tombstone rule 3: only records older than every other allocated segment are dropped",
      "ftl/src/engine/tombstones.rs",
-     [("""                        if oldest.is_some_and(|o| seq > o) {""",
-       """                        if oldest.is_some_and(|o| seq > o + 1_000_000) {""")],
+     [("""                    if oldest.is_some_and(|o| seq > o) {""",
+       """                    if oldest.is_some_and(|o| seq > o + 1_000_000) {""")],
      [REBUILD]),
     ("tombstone-4", "tombstone rule 4: a carry that left blocks out waits for a checkpoint (no free record frees it)",
      "ftl/src/engine/free.rs",
