@@ -351,13 +351,6 @@ MUTANTS = [
         ck.index.commit(put_ops(&records))?;
         ck.note_freed(&segs);""")],
      [ORDERINGS]),
-    ("checkpoint-failed", "a checkpoint commit that failed leaves nothing freeable by free records",
-     "ftl/src/engine/checkpoint.rs",
-     [("""            lock(&ck.closed).clear();
-            segs.young_off();
-            return Err(e);""", """            segs.young_off();
-            return Err(e);""")],
-     [ORDERINGS]),
     ("free-6-open", "free rule 6: the session's first checkpoint removes the records recovery used",
      "ftl/src/recovery.rs",
      [("""            freed: frees
