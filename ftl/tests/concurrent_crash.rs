@@ -596,7 +596,7 @@ fn power_cut_run(seed: u64) -> Result<(String, u64, u64), String> {
     // (engine rule 8's symptom), a failed turn or checkpoint, a panic (writers free space
     // themselves then, and every check below would still pass).
     joined?;
-    cleaner_clean(&stats, last_error)?;
+    cleaner_clean(&stats, last_error).map_err(|e| format!("{e}\n  space: {space}"))?;
     let fs = f.stats();
     let (map, frag) = (fs.map_cache, fs.fragmentation);
     drop(f);

@@ -1822,8 +1822,12 @@ fn a_trim_segment_that_cannot_be_read_does_not_stop_checkpoints() {
     dev.set_bad_reads(Some((start, ftl::device::BLOCK_SIZE as u64)));
     f.checkpoint()
         .expect("a checkpoint beside a TRIM segment that does not read");
+    // Tried again by the next checkpoint (and a free record, which leaves it for a
+    // while), and counted once.
+    f.free_dead().unwrap();
+    f.checkpoint().unwrap();
     let s = f.stats();
-    assert!(s.tombstone_carry_failures >= 1, "{s:?}");
+    assert_eq!(s.tombstone_carry_failures, 1, "{s:?}");
     let why = s.tombstone_carry_error.unwrap_or_default();
     assert!(why.contains(&format!("segment {t}")), "{why}");
     assert_ne!(f.segment_snapshot()[t as usize].state, "free");

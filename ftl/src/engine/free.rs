@@ -138,7 +138,7 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
     ) -> Result<FreeReport> {
         let mut t = Instant::now();
         // Tombstone rule 1, as for a checkpoint.
-        self.carry_tombstones()?;
+        self.carry_tombstones_retrying(false)?;
         let ck = &self.ckpt;
         let _one = ck.lock();
         self.check_poison()?;

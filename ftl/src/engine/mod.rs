@@ -98,8 +98,10 @@ pub struct Ftl<D: BlockDevice, I: IndexStore> {
     diverted: AtomicU64,
     /// A carry of TRIM records runs (`engine/tombstones.rs`).
     carrying: crate::sync::AtomicBool,
-    /// TRIM segments a carry failed on since open, and the last error.
+    /// TRIM segments a carry failed on since open, and the last error; each failed one
+    /// with when it last failed (tried again after `tombstones::CARRY_RETRY`).
     carry_failures: AtomicU64,
+    carry_failed: std::sync::Mutex<std::collections::HashMap<u32, std::time::Instant>>,
     carry_error: std::sync::Mutex<Option<String>>,
     /// What large reads cost (`frag.rs`), the windows waiting to be rewritten
     /// contiguously and what rewriting them did (`engine/defrag.rs`).
@@ -215,6 +217,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             diverted: AtomicU64::new(0),
             carrying: crate::sync::AtomicBool::new(false),
             carry_failures: AtomicU64::new(0),
+            carry_failed: std::sync::Mutex::new(std::collections::HashMap::new()),
             carry_error: std::sync::Mutex::new(None),
             frag: crate::frag::FragMeter::default(),
             defrag: crate::frag::DefragQueue::new(if cfg.defrag {

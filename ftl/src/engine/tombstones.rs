@@ -54,12 +54,24 @@ use crate::stream::TRIM_STREAM;
 use crate::summary::Entry;
 use std::sync::atomic::Ordering;
 
+/// How long a segment whose carry failed waits before it is tried again.
+pub(crate) const CARRY_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Carries the records of every closed, not yet carried segment of the TRIM stream
     /// (see the module docs). Returns the segments carried. A carry already running on
     /// another thread (or below this one: a carry out of space runs a checkpoint) is left
-    /// to finish; a device with no segment left for the TRIM stream carries later.
+    /// to finish; a device with no segment left for the TRIM stream carries later. A
+    /// segment whose carry failed is tried again at once (the checkpoints' carry).
     pub fn carry_tombstones(&self) -> Result<usize> {
+        self.carry_tombstones_retrying(true)
+    }
+
+    /// [`Ftl::carry_tombstones`]; unless `retry`, a segment whose carry failed within
+    /// [`CARRY_RETRY`] is left for later (the free records' carry: they run many times
+    /// a second, and each try waits for every chunk in flight and reads the segment
+    /// again, a bad sector maybe for seconds).
+    pub(crate) fn carry_tombstones_retrying(&self, retry: bool) -> Result<usize> {
         // Not before the session's first checkpoint (open rule 3: no chunk of the
         // session before it).
         if self.ckpt.count() == 0 {
@@ -85,7 +97,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         let _carrying = Carrying(&self.carrying);
         #[cfg(test)]
         crate::append::tests::maybe_panic_in_carry();
-        match self.carry(&todo) {
+        match self.carry(&todo, retry) {
             Ok(n) => Ok(n),
             // Carried later, when a segment is free again.
             Err(Error::NoSpace) => Ok(0),
@@ -99,20 +111,42 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// checkpoint or free record. It failed them all before, and with them every
     /// checkpoint and free record, and every write past the map's bound (found by
     /// review, 2026-11-27). Out of space, or with the FTL read-only, it stops there.
-    fn carry(&self, todo: &[u32]) -> Result<usize> {
+    fn carry(&self, todo: &[u32], retry: bool) -> Result<usize> {
+        // A chunk a panic left sealed but unwritten never completes: read-only first.
+        self.check_poison()?;
+        let todo: Vec<u32> = {
+            let failed = self.carry_failed.lock().unwrap_or_else(|p| p.into_inner());
+            todo.iter()
+                .copied()
+                .filter(|s| {
+                    retry || failed.get(s).is_none_or(|at| at.elapsed() >= CARRY_RETRY)
+                })
+                .collect()
+        };
+        if todo.is_empty() {
+            return Ok(0);
+        }
         // Every chunk of a closed segment was sealed; wait until they are on the device
         // (the walker reads the device).
         let below = (self.epoch, self.log.tracker().next_seq());
         self.log.tracker().wait_below(below.1);
         self.check_poison()?;
         let mut carried = 0;
-        for &seg in todo {
-            match self.carry_one(seg, below) {
-                Ok(()) => carried += 1,
+        for &seg in &todo {
+            let r = self.carry_one(seg, below);
+            let mut failed = self.carry_failed.lock().unwrap_or_else(|p| p.into_inner());
+            match r {
+                Ok(()) => {
+                    failed.remove(&seg);
+                    carried += 1;
+                }
                 Err(Error::NoSpace) => return Err(Error::NoSpace),
                 Err(e) => {
                     self.check_poison()?;
-                    self.carry_failures.fetch_add(1, Ordering::Relaxed);
+                    // Counted once per segment, however often it is tried again.
+                    if failed.insert(seg, std::time::Instant::now()).is_none() {
+                        self.carry_failures.fetch_add(1, Ordering::Relaxed);
+                    }
                     *self.carry_error.lock().unwrap_or_else(|p| p.into_inner()) =
                         Some(format!("segment {seg}: {e}"));
                 }

@@ -551,6 +551,17 @@ fn ioctl_numbers_match_linux_headers() {
     }
 }
 
+/// The free bytes of `dev`'s file system.
+fn free_bytes(dev: &FileDevice) -> u64 {
+    let mut vfs = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: fstatvfs fills the struct from an open fd; read only on success.
+    let r = unsafe { libc::fstatvfs(dev.file.as_raw_fd(), vfs.as_mut_ptr()) };
+    assert_eq!(r, 0, "fstatvfs");
+    // SAFETY: it succeeded.
+    let vfs = unsafe { vfs.assume_init() };
+    vfs.f_bavail * vfs.f_frsize
+}
+
 /// A sparse file larger than its file system's free space is reported (its writes past
 /// that would fail with ENOSPC); one written whole, or with room for its holes, is not.
 #[test]
@@ -566,9 +577,11 @@ fn a_sparse_file_past_its_file_systems_free_space_is_reported() {
     let dir = scratch();
     let small = create(&dir.path().join("small"), 4 * MIB);
     assert_eq!(small.host_space_short(), None, "4 MiB of holes fit");
-    // 8 TiB of holes: more than this file system has free (ext4 and xfs take files of
-    // that size).
-    let big = create(&dir.path().join("big"), 8 << 40);
-    let (holes, free) = big.host_space_short().expect("8 TiB of holes reported");
-    assert!(holes > free && holes <= 8 << 40, "{holes} {free}");
+    // 1 GiB more holes than this file system has free.
+    let len = (free_bytes(&small) + (1 << 30)) / MIB * MIB;
+    let big = create(&dir.path().join("big"), len);
+    let (holes, free) = big
+        .host_space_short()
+        .expect("holes past the free space reported");
+    assert!(holes > free && holes <= len, "{holes} {free}");
 }
