@@ -110,19 +110,7 @@ fn choose<D: BlockDevice, I: IndexStore>(
     let wear = if ftl.config().wear_levelling {
         let user = ftl.counters().user_blocks_written;
         let extra = |w: u32| valid_of(w).saturating_sub(picked.map_or(0, valid_of));
-        // Its victims are all live: relocated in chunks a FLUSH sealed early, each takes
-        // more than the segment it frees, and taken one after another at the reserve
-        // they drained it until a relocation found no free segment. One is taken only
-        // while the room leaves a segment besides (for the policy's victims, which give
-        // space back).
-        let w = match wear_victim(&snap, exclude) {
-            Some(w) => {
-                let spare = ftl::data_room_from(bps, 0);
-                let room = ftl.relocation_room().map_err(crate::Error::Ftl)?;
-                (valid_of(w) + spare <= room).then_some(w)
-            }
-            None => None,
-        };
+        let w = wear_victim(&snap, exclude);
         if ahead {
             if w.is_some_and(|w| budget.affordable(policy, extra(w), user)) {
                 return Ok(None);

@@ -262,17 +262,6 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.write_chunks(sealed.into_iter().collect())
     }
 
-    /// Data blocks relocations into [`GC_STREAM`] can write before they would need a
-    /// segment the free list does not hold: the room left in its open segment and a
-    /// segment's worth per free one, in full chunks (a FLUSH sealing its chunk early
-    /// costs a summary block more). What a victim that must not drain the reserve is
-    /// weighed against (the cleaner's static wear levelling).
-    pub fn relocation_room(&self) -> Result<u64> {
-        let bps = self.t.geo.blocks_per_segment();
-        Ok(self.gc_open_room()?
-            + self.t.segs.free_count() as u64 * crate::log::data_room_from(bps, 0))
-    }
-
     /// Data blocks [`GC_STREAM`]'s open segment still takes, in full chunks (0 with none
     /// open): what it appends without a new segment.
     pub(crate) fn gc_open_room(&self) -> Result<u64> {
