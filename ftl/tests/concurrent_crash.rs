@@ -596,14 +596,23 @@ fn power_cut_run(seed: u64) -> Result<(String, u64, u64), String> {
     // (engine rule 8's symptom), a failed turn or checkpoint, a panic (writers free space
     // themselves then, and every check below would still pass).
     joined?;
-    cleaner_clean(&stats, last_error).map_err(|e| format!("{e}\n  space: {space}"))?;
+    // A cleaner that failed fails the seed, after the checks below say whether the data
+    // came through it.
+    let cleaner_failed = cleaner_clean(&stats, last_error).err();
     let fs = f.stats();
     let (map, frag) = (fs.map_cache, fs.fragmentation);
     drop(f);
     let dev = Arc::new(CrashDevice::from_image(image));
     let idx = Arc::new(index);
-    check_after(&dev, &idx, history, Crash::PowerCut, cap, config(seed))
-        .map_err(|e| format!("{e}\n  {plan:?}, {ops} ops, cleaner {stats:?}"))?;
+    check_after(&dev, &idx, history, Crash::PowerCut, cap, config(seed)).map_err(|e| {
+        let also = cleaner_failed.as_deref().unwrap_or("");
+        format!("{e}\n  {plan:?}, {ops} ops, cleaner {stats:?}\n  {also}")
+    })?;
+    if let Some(e) = cleaner_failed {
+        return Err(format!(
+            "{e} (every LBA read what the history allows after the cut)\n  space: {space}"
+        ));
+    }
     let summary = format!(
         "{ops} ops, {} relocated, {} cleaned, {} checkpoints, {} free records, \
          {} map pages missed, {} evicted, {} windows queued, {} defragmented ({} blocks moved)",
