@@ -107,8 +107,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
 
     /// Carries each of `todo`. One that fails (its summaries do not read, an index read
     /// fails) stays uncarried, so never freed (rule 1), and the others go on: the
-    /// failure is counted ([`Ftl::stats`]) and the carry tried again at the next
-    /// checkpoint or free record. It failed them all before, and with them every
+    /// failure is counted once per segment ([`Ftl::stats`]) and the carry tried again
+    /// at the next checkpoint (by free records only after [`CARRY_RETRY`], unless
+    /// `retry`). It failed them all before, and with them every
     /// checkpoint and free record, and every write past the map's bound (found by
     /// review, 2026-11-27). Out of space, or with the FTL read-only, it stops there.
     fn carry(&self, todo: &[u32], retry: bool) -> Result<usize> {
