@@ -7,25 +7,6 @@ use ftl::check::check;
 use ftl::model::block_for;
 use ftl::{BlockDevice, IndexStore, StreamId};
 
-/// Rewrites segment `seg`'s record in the index through `f`.
-fn edit_segment_record(
-    idx: &ftl::index::mem::MemIndex,
-    seg: u32,
-    f: impl FnOnce(&mut ftl::records::SegmentRecord),
-) {
-    let key = ftl::index::Key::segment(seg);
-    let rec = idx
-        .load()
-        .unwrap()
-        .into_iter()
-        .find(|(k, _)| *k == key)
-        .unwrap()
-        .1;
-    let mut r = ftl::records::SegmentRecord::decode(&rec).unwrap();
-    f(&mut r);
-    idx.poke(key, r.encode());
-}
-
 #[test]
 fn healthy_device_is_clean_after_writes_trims_crashes() {
     let (dev, idx, f) = tiny_crash();

@@ -13,7 +13,7 @@ use ftl::device::crash::CrashDevice;
 use ftl::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
 use ftl::index::mem::MemIndex;
 use ftl::model::{block_for, observe, rebuild_agrees, tiny, Observed};
-use ftl::{Config, Error, Ftl, IndexStore, StreamId, GC_STREAM, TRIM_STREAM};
+use ftl::{Config, Error, Ftl, StreamId, GC_STREAM, TRIM_STREAM};
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 
@@ -733,18 +733,10 @@ fn a_free_segment_record_counting_live_blocks_is_refused_before_anything_is_zero
         .geometry()
         .segment_of(f.map_entry(0).unwrap().pba().unwrap() as u64);
     drop(f);
-    let key = ftl::index::Key::segment(seg);
-    let rec = idx
-        .load()
-        .unwrap()
-        .into_iter()
-        .find(|(k, _)| *k == key)
-        .unwrap()
-        .1;
-    let mut r = ftl::records::SegmentRecord::decode(&rec).unwrap();
-    assert!(r.valid > 0);
-    r.state = ftl::records::SegState::Free;
-    idx.poke(key, r.encode());
+    edit_segment_record(&idx, seg, |r| {
+        assert!(r.valid > 0);
+        r.state = ftl::records::SegState::Free;
+    });
     let at = tiny::SEGMENT_BYTES * seg as u64;
     let mut before = AlignedBuf::new(BLOCK_SIZE);
     dev.read_at(at, &mut before).unwrap();

@@ -93,3 +93,23 @@ impl Drop for Watchdog {
         }
     }
 }
+
+/// Rewrites segment `seg`'s record in the index through `f`.
+pub fn edit_segment_record(
+    idx: &ftl::index::mem::MemIndex,
+    seg: u32,
+    f: impl FnOnce(&mut ftl::records::SegmentRecord),
+) {
+    use ftl::IndexStore;
+    let key = ftl::index::Key::segment(seg);
+    let rec = idx
+        .load()
+        .unwrap()
+        .into_iter()
+        .find(|(k, _)| *k == key)
+        .unwrap()
+        .1;
+    let mut r = ftl::records::SegmentRecord::decode(&rec).unwrap();
+    f(&mut r);
+    idx.poke(key, r.encode());
+}
