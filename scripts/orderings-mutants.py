@@ -119,6 +119,13 @@ MUTANTS = [
             self.check_poison()?;
 """, "")],
      [ORDERINGS]),
+    ("engine-10", "engine rule 10: a FLUSH leaves a chunk of relocations only open",
+     "ftl/src/engine/flush.rs",
+     [("""            if st.chunk.as_ref().is_some_and(|c| c.only_relocations()) {
+                continue;
+            }
+""", "")],
+     [ORDERINGS + " a_flush_leaves_a_chunk_of_relocations_open"]),
     ("trim-failed", "a TRIM finding nothing mapped checks the poison a failed TRIM set before it released the stripes",
      "ftl/src/engine/mod.rs",
      [("""            // before it releases the stripes): not a success then.

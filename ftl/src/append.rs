@@ -429,6 +429,7 @@ impl Appender {
                 entries: Vec::new(),
                 data_blocks: 0,
                 killed: Vec::new(),
+                moved: 0,
                 buf,
             });
         }
@@ -540,6 +541,9 @@ impl Appender {
         })?;
         if !appended {
             return Ok(false);
+        }
+        if expect.is_some() {
+            chunk.moved += 1;
         }
         let geo = &self.s.geo;
         let old_seg = old.pba().map(|o| geo.segment_of(o as u64));

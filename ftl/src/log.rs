@@ -49,6 +49,10 @@ pub struct OpenChunk {
     /// relocated away), each once per run: a dead segment is freed between checkpoints
     /// only once no open chunk names it (`engine/free.rs`, free rule 2).
     pub killed: Vec<u32>,
+    /// Entries a relocation appended (rule 6's compare-and-swap moves). A chunk whose
+    /// entries are all relocations holds no user write, and a FLUSH leaves it open
+    /// (engine rule 10, `engine/flush.rs`).
+    pub moved: usize,
     /// Summary block + `capacity` data blocks (+ room for padding), in a staging slot
     /// that records every entry (so a dead process's completed writes are replayed).
     pub buf: ChunkBuf,
@@ -58,6 +62,10 @@ impl OpenChunk {
     /// True when another data block (and its entry) fits.
     pub fn has_data_room(&self) -> bool {
         self.data_blocks < self.capacity && self.entries.len() < MAX_ENTRIES
+    }
+    /// True when every entry is a relocation (and there is one): no FLUSH needs it.
+    pub fn only_relocations(&self) -> bool {
+        !self.entries.is_empty() && self.moved == self.entries.len()
     }
     /// True when another entry fits.
     pub fn has_entry_room(&self) -> bool {
@@ -252,6 +260,7 @@ mod tests {
             entries: vec![],
             data_blocks: 0,
             killed: vec![],
+            moved: 0,
             buf: area.try_take().unwrap(),
         }
     }

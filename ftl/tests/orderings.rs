@@ -619,6 +619,76 @@ fn relocate_at_the_reserve(into: StreamId) -> (MemFtl, u64) {
     (f, b.lba)
 }
 
+/// Engine rule 10: a FLUSH leaves open a chunk that holds relocations only. A victim's
+/// blocks relocated one at a time, each followed by a FLUSH (a file system's fsyncs
+/// beside the cleaner), cost no summary block and no padding until a free record seals
+/// their chunk; before, each FLUSH sealed it (a summary block and a flash page's padding
+/// per block moved), and at the reserve a victim took more segments than it freed. A
+/// user write beside them is still sealed by its FLUSH, and power cuts before and after
+/// the free record keep every block readable (at its old place, then at its new one).
+#[test]
+fn a_flush_leaves_a_chunk_of_relocations_open_until_a_free_record_seals_it() {
+    let cfg = Config::default();
+    let (dev, idx, f) = gated(cfg.clone());
+    let (victim, lbas) = closed_at_checkpoint(&f);
+    let mut tags: HashMap<u64, u64> = (0..64).map(|l| (l, 1)).collect();
+    assert!(lbas.len() >= 4, "the victim holds {} blocks", lbas.len());
+    let summaries = |f: &GateFtl| f.stats().counters.summary_blocks;
+    let before = summaries(&f);
+    let mut buf = ftl::device::AlignedBuf::new(4096);
+    for b in f.live_blocks(victim).unwrap() {
+        assert!(f.read_live(&b, &mut buf).unwrap());
+        assert!(f.relocate(b.lba, b.entry, &buf, ftl::GC_STREAM).unwrap());
+        f.flush().unwrap();
+    }
+    assert_eq!(f.segment_valid(victim), 0, "every block moved");
+    assert_eq!(
+        summaries(&f),
+        before,
+        "{} FLUSHes sealed the chunk of relocations",
+        lbas.len()
+    );
+    // A user write's chunk is sealed by its FLUSH as before.
+    write_tagged(&f, [200], 2, S0, false, &mut tags);
+    f.flush().unwrap();
+    assert_eq!(
+        summaries(&f),
+        before + 1,
+        "the user write's chunk was sealed"
+    );
+    // A power cut now: the moves are lost, the victim (not free) still holds the blocks.
+    let cut = idx
+        .snapshot_while(|| dev.inner().power_cut_image(3))
+        .unwrap();
+    assert_eq!(f.segment_snapshot()[victim as usize].state, "closed");
+    // The free record seals the chunk of relocations (free rule 2) before it frees.
+    f.free_dead_with(FreeMode::Seal).unwrap();
+    assert_eq!(
+        summaries(&f),
+        before + 2,
+        "the free record sealed the moves"
+    );
+    assert_eq!(f.segment_snapshot()[victim as usize].state, "free");
+    let (cut_idx, image) = cut;
+    let early = Ftl::open(
+        Arc::new(CrashDevice::from_image(image.unwrap())),
+        Arc::new(cut_idx),
+        cfg.clone(),
+    )
+    .unwrap()
+    .0;
+    let mut b = vec![0u8; 4096];
+    for (&l, &t) in &tags {
+        early.read(l, &mut b).unwrap();
+        assert_eq!(
+            observe(l, &b),
+            Observed::Tag(t),
+            "cut before the free: lba {l}"
+        );
+    }
+    cut_and_check(f, &dev, &idx, 4, cfg, &tags);
+}
+
 /// Writes every block in stream 0, tagged from 1; returns the next tag.
 fn fill(f: &MemFtl) -> u64 {
     let mut tag = 1u64;

@@ -1,5 +1,5 @@
-//! FLUSH and the device-sync group: engine rules 2, 3 and 9 (see `engine/mod.rs`). A FLUSH
-//! seals every stream's open chunk, waits for every chunk below its target and syncs
+//! FLUSH and the device-sync group: engine rules 2, 3, 9 and 10 (see `engine/mod.rs`). A
+//! FLUSH seals every stream's open chunk that holds a user write or TRIM, waits for every chunk below its target and syncs
 //! the device once for everyone waiting. Called by the engine's API (FLUSH, FUA writes)
 //! and the checkpoint (`flush_upto`).
 
@@ -35,6 +35,11 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         let covers = self.log.next_entry_seq();
         for sid in 0..crate::stream::STREAMS as u8 {
             let mut st = self.log.stream(StreamId(sid))?;
+            // Rule 10: a chunk of relocations only stays open (looked at under the
+            // stream lock: a user write recorded before it is in the chunk, rule 1).
+            if st.chunk.as_ref().is_some_and(|c| c.only_relocations()) {
+                continue;
+            }
             let sealed = self.log.seal_open(&self.t, sid, &mut st)?;
             drop(st);
             // Written before the next stream lock is taken: a checkpoint holding that lock

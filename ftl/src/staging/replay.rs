@@ -153,6 +153,8 @@ pub fn replay<D: BlockDevice>(
             data_blocks: data_blocks as u16,
             entries: s.entries,
             killed: Vec::new(),
+            // Replayed entries are sealed by recovery, never left open for a FLUSH.
+            moved: 0,
             buf,
         };
         valid.push((chunk_seq, p.stream, open));
