@@ -559,22 +559,37 @@ impl StagingArea {
     pub(crate) fn read_slot(&self, slot: u32) -> StagedSlot {
         let at = Self::slot_at(slot);
         let state = self.atomic32(at + s_at::STATE).load(Ordering::Acquire);
-        let count =
-            (self.atomic32(at + s_at::COUNT).load(Ordering::Acquire) as usize).min(MAX_ENTRIES);
+        let recorded = self.atomic32(at + s_at::COUNT).load(Ordering::Acquire) as usize;
+        let count = recorded.min(MAX_ENTRIES);
         let m = self.bytes(at, META_HEADER + count * META_ENTRY);
+        // Rule 1: every entry below the count was complete before the count covered it,
+        // so one that fails its checksum there is damage, not a write cut short.
+        let mut damage = (recorded > MAX_ENTRIES)
+            .then(|| format!("its entry count {recorded} is past the {MAX_ENTRIES} a slot holds"));
+        let mut entries = Vec::with_capacity(count);
+        for (k, b) in m[META_HEADER..].chunks_exact(META_ENTRY).enumerate() {
+            match decode_entry(b) {
+                Some(e) => entries.push(e),
+                None => {
+                    damage.get_or_insert(format!(
+                        "entry {k} of the {count} it recorded fails its checksum"
+                    ));
+                    break;
+                }
+            }
+        }
         StagedSlot {
             state: match state {
+                STATE_FREE => SlotState::Free,
                 STATE_OPEN => SlotState::Open,
                 STATE_SEALED => {
                     SlotState::Sealed(self.atomic64(at + s_at::CHUNK_SEQ).load(Ordering::Acquire))
                 }
-                _ => SlotState::Free,
+                other => SlotState::Unknown(other),
             },
             place: decode_place(&m[s_at::PLACE..s_at::PLACE + s_at::PLACE_BYTES]),
-            entries: m[META_HEADER..]
-                .chunks_exact(META_ENTRY)
-                .map_while(decode_entry)
-                .collect(),
+            entries,
+            damage,
         }
     }
 }
@@ -595,7 +610,8 @@ fn decode_place(b: &[u8]) -> Option<SlotPlace> {
     })
 }
 
-/// One recorded entry, if its checksum holds (a torn one ends the list).
+/// One recorded entry, if its checksum holds (one that fails ends the list: damage, see
+/// [`StagingArea::read_slot`]).
 fn decode_entry(b: &[u8]) -> Option<Entry> {
     let mut r = Reader::new(b, "staging entry");
     let key = r.seek(s_at::ENTRY_KEY).ok()?.u64().ok()?;
@@ -626,13 +642,19 @@ pub(crate) enum SlotState {
     Free,
     Open,
     Sealed(u64),
+    /// A state word no build writes: damage.
+    Unknown(u32),
 }
 
 /// A slot's contents as replay reads them.
 pub(crate) struct StagedSlot {
     pub state: SlotState,
     pub place: Option<SlotPlace>,
+    /// The entries up to the first that fails its checksum.
     pub entries: Vec<Entry>,
+    /// Why the entries are not all there, if they are not: one below the count fails its
+    /// checksum (rule 1 says none can), or the count is past what a slot holds.
+    pub damage: Option<String>,
 }
 
 /// Exclusive use of one slot: its chunk buffer (as bytes) and its metadata. Dropping it

@@ -48,6 +48,9 @@ pub fn replay<D: BlockDevice>(
     ck_next_chunk: u64,
 ) -> Result<StagedReport> {
     let mut report = StagedReport::default();
+    let slots: Vec<StagedSlot> = (0..area.slot_count() as u32)
+        .map(|slot| area.read_slot(slot))
+        .collect();
     match area.header() {
         // Rule 5: not an area another boot left.
         AreaHeader::Owned(o)
@@ -56,7 +59,21 @@ pub fn replay<D: BlockDevice>(
             report.ignored_stale = true;
             return Ok(report);
         }
-        AreaHeader::Blank => return Ok(report),
+        // A fresh file, or a reset cut short (it frees every slot BEFORE it writes the
+        // header): nothing to replay. A header that does not read over slots that hold
+        // chunks is damage, and ignoring it would drop their completed writes.
+        AreaHeader::Blank => {
+            return match slots.iter().position(|s| s.state != SlotState::Free) {
+                None => Ok(report),
+                Some(slot) => Err(bad_area(
+                    area,
+                    format!(
+                        "its header does not read (magic or checksum), but slot {slot} \
+                         holds a chunk"
+                    ),
+                )),
+            };
+        }
         // It may hold writes of this backing that this build cannot replay: refuse
         // rather than start a session that makes them stale.
         AreaHeader::Foreign(why) => return Err(bad_area(area, why)),
@@ -65,9 +82,6 @@ pub fn replay<D: BlockDevice>(
     // writes that returned.
     report.same_boot = area.same_boot() && !area.device_error();
     let recorded_mark = area.next_chunk_mark();
-    let slots: Vec<StagedSlot> = (0..area.slot_count() as u32)
-        .map(|slot| area.read_slot(slot))
-        .collect();
     // Rule 2: a slot is sealed BEFORE the mark is raised past its number, so a process
     // that died in between left one sealed slot numbered exactly at the mark. Every
     // number handed out is below the mark so corrected.
@@ -84,8 +98,15 @@ pub fn replay<D: BlockDevice>(
     for (slot, s) in slots.into_iter().enumerate() {
         let slot = slot as u32;
         match s.state {
+            SlotState::Unknown(v) => {
+                return Err(bad(
+                    area,
+                    slot,
+                    format!("its state word {v} is none a slot takes"),
+                ))
+            }
             SlotState::Free => {}
-            SlotState::Open if s.entries.is_empty() => {}
+            SlotState::Open if s.entries.is_empty() && s.damage.is_none() => {}
             SlotState::Open => {
                 chunks.push((next_open, slot, s));
                 next_open += 1;
@@ -109,6 +130,9 @@ pub fn replay<D: BlockDevice>(
     // Every slot is validated before anything is written: a damaged area changes nothing.
     let mut valid = Vec::with_capacity(chunks.len());
     for (chunk_seq, slot, s) in chunks {
+        if let Some(why) = &s.damage {
+            return Err(bad(area, slot, why.clone()));
+        }
         let p = s
             .place
             .ok_or_else(|| bad(area, slot, "its place record is damaged".into()))?;

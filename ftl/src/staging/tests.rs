@@ -96,7 +96,13 @@ fn a_torn_entry_ends_the_list() {
     }
     let at = StagingArea::slot_at(b.slot()) + META_HEADER + META_ENTRY + 3;
     a.bytes_mut(at, 1)[0] ^= 0xff;
-    assert_eq!(a.read_slot(b.slot()).entries.len(), 1);
+    let s = a.read_slot(b.slot());
+    assert_eq!(s.entries.len(), 1);
+    // Below the count (rule 1: complete before counted): damage, not a cut-short write.
+    let why = s
+        .damage
+        .expect("an entry below the count that fails is damage");
+    assert!(why.contains("entry 1 of the 3"), "{why}");
 }
 
 #[test]
@@ -356,4 +362,85 @@ fn a_staged_entry_no_summary_can_hold_refuses_the_area_and_writes_nothing() {
     };
     assert!(err.contains("cannot be logged"), "{err}");
     assert!(image(&dev) == before, "the backing changed");
+}
+
+/// Unflushed writes in stream 1's open chunk of a dead process, then `damage` applied to
+/// the area (given the chunk's slot): the open is refused as damaged, nothing is
+/// written to the backing, and the error names the area and `expect`. Before, a header
+/// that did not read, a slot state no build writes, or an entry below the count failing
+/// its checksum was taken for a blank area, a free slot or the end of the entries, and
+/// the completed writes were dropped without a word.
+fn damaged_area_refuses_the_open(damage: impl FnOnce(&StagingArea, u32), expect: &str) {
+    use crate::device::mem::MemDevice;
+    use crate::model::block_for;
+    use crate::{BlockDevice, Config, Ftl, StreamId};
+    let (dev, idx, f) = tiny_mem_ftl();
+    for lba in 0..3u64 {
+        f.write(lba, &block_for(lba, 7), false, StreamId(1))
+            .unwrap();
+    }
+    let slot = {
+        let log = f.appender();
+        let st = log.stream(StreamId(1)).unwrap();
+        st.chunk.as_ref().unwrap().buf.slot()
+    };
+    let staging = f.staging().clone();
+    drop(f);
+    damage(&staging, slot);
+    let image = |d: &MemDevice| {
+        let mut b = vec![0u8; d.size() as usize];
+        d.read_at(0, &mut b).unwrap();
+        b
+    };
+    let before = image(&dev);
+    let err = match Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), staging) {
+        Ok(_) => panic!("a damaged area was opened ({expect})"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("staging area") && err.contains(expect),
+        "{err}"
+    );
+    assert!(image(&dev) == before, "the backing changed");
+}
+
+#[test]
+fn a_damaged_area_header_over_staged_writes_refuses_the_open() {
+    damaged_area_refuses_the_open(|a, _| a.bytes_mut(0, 48)[20] ^= 1, "header does not read");
+}
+
+#[test]
+fn a_slot_in_a_state_no_build_writes_refuses_the_open() {
+    damaged_area_refuses_the_open(
+        |a, slot| {
+            a.atomic32(StagingArea::slot_at(slot) + s_at::STATE)
+                .store(7, Ordering::Release)
+        },
+        "state word 7",
+    );
+}
+
+#[test]
+fn a_staged_entry_below_the_count_that_fails_its_checksum_refuses_the_open() {
+    damaged_area_refuses_the_open(
+        |a, slot| {
+            a.bytes_mut(StagingArea::slot_at(slot) + META_HEADER + META_ENTRY + 3, 1)[0] ^= 0xff
+        },
+        "entry 1 of the 3",
+    );
+}
+
+/// A reset cut short by a process death (it frees every slot BEFORE it writes the
+/// header) leaves a header that does not read over free slots: nothing to replay, and
+/// the open goes on.
+#[test]
+fn a_torn_header_over_free_slots_opens() {
+    use crate::{Config, Ftl};
+    let (dev, idx, f) = tiny_mem_ftl();
+    f.close().unwrap();
+    let staging = f.staging().clone();
+    drop(f);
+    staging.bytes_mut(0, 48)[20] ^= 1;
+    assert_eq!(staging.header(), AreaHeader::Blank);
+    Ftl::open_staged(dev, idx, Config::default(), staging).expect("a torn reset holds nothing");
 }
