@@ -490,47 +490,6 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
             )));
         }
     }
-    // Recovery rule 2: chunks past the break (at a stream's cursor, or at the head of a
-    // segment still free) are not part of the log, and neither are chunks of an earlier
-    // use of a free segment whose zeroing a crash lost (checkpoint rule 5): their first
-    // blocks are zeroed, so no later walk of the log (relocation, the checker, an index
-    // rebuild) takes them for part of it. The next session's chunks may carry the same
-    // chain and entry numbers. Test: `tests/rebuild.rs`,
-    // `chunks_past_a_crash_break_are_zeroed_by_recovery`.
-    let zero = crate::device::AlignedBuf::new(BLOCK_SIZE);
-    let mut stale: Vec<(u32, u32)> = stale_heads
-        .into_iter()
-        .filter(|&seg| segs.state(seg) == Some(SegState::Free))
-        .map(|seg| (seg, 0))
-        .collect();
-    for &(seg, off) in cursors.iter().flatten() {
-        if !geo.chunk_fits_at(off) {
-            continue;
-        }
-        if let Some(s) = read_summary(seg, off)?.filter(|s| s.in_place(seg, off, format_id, bps)) {
-            newer_than_index(&s, ck.epoch, index_name)?;
-            stale.push((seg, off));
-        }
-    }
-    // Recovery rule 3: a device write or sync of the recovery that fails marks the area,
-    // so that the next open (in this boot) takes the device for one that may have lost
-    // writes (found by review, 2026-11-27: only the session's own failures marked it).
-    let failed = |what: &'static str, at: u64, e: std::io::Error| {
-        staging.mark_device_error();
-        Error::io(what, at, e)
-    };
-    for &(seg, off) in &stale {
-        let at = (geo.segment_start(seg) + off as u64) * BLOCK_SIZE as u64;
-        dev.write_at(at, &zero)
-            .map_err(|e| failed("recovery write", at, e))?;
-    }
-    report.stale_chunks_zeroed = stale.len() as u64;
-    // Recovery rule 1: the replayed chunks are made durable BEFORE the open checkpoint
-    // names their blocks. After the death of a process (not a power cut) they can be
-    // written but unsynced, readable from the backing's cache yet lost by a later cut.
-    if report.chunks_replayed > 0 || !stale.is_empty() {
-        dev.sync().map_err(|e| failed("recovery sync", 0, e))?;
-    }
     collected.sort_by_key(|(e, _)| e.seq());
     // Live counts: the checkpoint's (taken in one snapshot with its map pages), moved by
     // each replayed change as the appender moves them.
@@ -615,6 +574,52 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
                 segs.valid(seg)
             )));
         }
+    }
+    // Recovery rule 2: chunks past the break (at a stream's cursor, or at the head of a
+    // segment still free) are not part of the log, and neither are chunks of an earlier
+    // use of a free segment whose zeroing a crash lost (checkpoint rule 5): their first
+    // blocks are zeroed, so no later walk of the log (relocation, the checker, an index
+    // rebuild) takes them for part of it. The next session's chunks may carry the same
+    // chain and entry numbers. Test: `tests/rebuild.rs`,
+    // `chunks_past_a_crash_break_are_zeroed_by_recovery`.
+    // Zeroed only AFTER every refusal of the roll-forward's entries above: a refused open
+    // writes nothing, and when the break was damage, the chunks past it are still there
+    // for `check --rebuild-index` (found by review, 2026-11-27; they were zeroed before
+    // the entries were applied). Test: `tests/rebuild.rs`,
+    // `an_open_refused_by_the_roll_forward_zeroes_nothing`.
+    let zero = crate::device::AlignedBuf::new(BLOCK_SIZE);
+    let mut stale: Vec<(u32, u32)> = stale_heads
+        .into_iter()
+        .filter(|&seg| segs.state(seg) == Some(SegState::Free))
+        .map(|seg| (seg, 0))
+        .collect();
+    for &(seg, off) in cursors.iter().flatten() {
+        if !geo.chunk_fits_at(off) {
+            continue;
+        }
+        if let Some(s) = read_summary(seg, off)?.filter(|s| s.in_place(seg, off, format_id, bps)) {
+            newer_than_index(&s, ck.epoch, index_name)?;
+            stale.push((seg, off));
+        }
+    }
+    // Recovery rule 3: a device write or sync of the recovery that fails marks the area,
+    // so that the next open (in this boot) takes the device for one that may have lost
+    // writes (found by review, 2026-11-27: only the session's own failures marked it).
+    let failed = |what: &'static str, at: u64, e: std::io::Error| {
+        staging.mark_device_error();
+        Error::io(what, at, e)
+    };
+    for &(seg, off) in &stale {
+        let at = (geo.segment_start(seg) + off as u64) * BLOCK_SIZE as u64;
+        dev.write_at(at, &zero)
+            .map_err(|e| failed("recovery write", at, e))?;
+    }
+    report.stale_chunks_zeroed = stale.len() as u64;
+    // Recovery rule 1: the replayed chunks are made durable BEFORE the open checkpoint
+    // names their blocks. After the death of a process (not a power cut) they can be
+    // written but unsynced, readable from the backing's cache yet lost by a later cut.
+    if report.chunks_replayed > 0 || !stale.is_empty() {
+        dev.sync().map_err(|e| failed("recovery sync", 0, e))?;
     }
     report.mapped_blocks = mapped;
     Ok((

@@ -755,3 +755,71 @@ fn a_free_segment_record_counting_live_blocks_is_refused_before_anything_is_zero
         "the segment's first chunk was zeroed"
     );
 }
+
+/// Recovery rule 2's zeroing comes after the roll-forward's refusals: an open refused by
+/// the entries it replays (here one unmapping a block of a segment the checkpoint counts
+/// empty) leaves the chunk past the break as it was. Before, the chunks past the break
+/// were zeroed first, and `check --rebuild-index`, which the refusal points to, no
+/// longer saw them (found by review, 2026-11-27).
+#[test]
+fn an_open_refused_by_the_roll_forward_zeroes_nothing() {
+    let (dev, idx, f) = tiny_crash();
+    let geo = *f.geometry();
+    let fid = f.format_id();
+    for l in 0..6 {
+        f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
+    }
+    f.close().unwrap();
+    let a = geo.segment_of(f.map_entry(0).unwrap().pba().unwrap() as u64);
+    drop(f);
+    let (f, _) = tiny::open_report(&dev, &idx).unwrap();
+    // Replayed: an overwrite of lba 0, which unmaps a block of segment `a`.
+    f.write(0, &block_for(0, 2), false, StreamId(3)).unwrap();
+    f.flush().unwrap();
+    // The break: stream 4's chunk, whose summary the crash loses.
+    f.write(20, &block_for(20, 2), false, StreamId(4)).unwrap();
+    f.flush().unwrap();
+    // Past the break: stream 5's chunk.
+    f.write(30, &block_for(30, 2), false, StreamId(5)).unwrap();
+    f.flush().unwrap();
+    let last_of = |stream: u8| {
+        let mut best = None;
+        for seg in 1..geo.segment_count {
+            for c in SegmentChunks::new(&dev, geo, seg, fid, (u64::MAX, u64::MAX)) {
+                let (off, s) = c.unwrap();
+                if s.stream == stream && best.is_none_or(|(q, _, _)| s.chunk_seq > q) {
+                    best = Some((s.chunk_seq, seg, off));
+                }
+            }
+        }
+        best.unwrap()
+    };
+    let (_, b_seg, b_off) = last_of(4);
+    let (_, d_seg, d_off) = last_of(5);
+    drop(f);
+    let at = |seg: u32, off: u32| (geo.segment_start(seg) + off as u64) * BLOCK_SIZE as u64;
+    dev.write_at(at(b_seg, b_off), &AlignedBuf::new(BLOCK_SIZE))
+        .unwrap();
+    dev.sync().unwrap();
+    edit_segment_record(&idx, a, |r| {
+        assert!(r.valid > 0);
+        r.valid = 0;
+    });
+    let mut before = AlignedBuf::new(BLOCK_SIZE);
+    dev.read_at(at(d_seg, d_off), &mut before).unwrap();
+    assert!(before.iter().any(|&x| x != 0));
+    let e = match tiny::open_report(&dev, &idx) {
+        Ok(_) => panic!("an entry unmapping a block of an empty segment was replayed"),
+        Err(e) => e,
+    };
+    assert!(
+        matches!(e, Error::Corrupt(ref m) if m.contains("counts empty")),
+        "{e}"
+    );
+    let mut after = AlignedBuf::new(BLOCK_SIZE);
+    dev.read_at(at(d_seg, d_off), &mut after).unwrap();
+    assert!(
+        after[..] == before[..],
+        "the chunk past the break was zeroed by an open that was refused"
+    );
+}
