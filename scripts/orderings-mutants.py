@@ -126,6 +126,11 @@ MUTANTS = [
             }
 """, "")],
      [ORDERINGS + " a_flush_leaves_a_chunk_of_relocations_open"]),
+    ("engine-10-mixed", "engine rule 10 leaves open only a chunk whose entries are all relocations",
+     "ftl/src/log.rs",
+     [("""        !self.entries.is_empty() && self.moved == self.entries.len()""",
+       """        !self.entries.is_empty() && self.moved > 0""")],
+     [ORDERINGS + " a_flush_seals_a_chunk_where_a_user_write"]),
     ("trim-failed", "a TRIM finding nothing mapped checks the poison a failed TRIM set before it released the stripes",
      "ftl/src/engine/mod.rs",
      [("""            // before it releases the stripes): not a success then.

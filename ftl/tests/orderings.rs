@@ -689,6 +689,35 @@ fn a_flush_leaves_a_chunk_of_relocations_open_until_a_free_record_seals_it() {
     cut_and_check(f, &dev, &idx, 4, cfg, &tags);
 }
 
+/// Engine rule 10 looks at the whole chunk: a user write sharing a chunk with a
+/// relocation (a class stream the cleaner also relocates into), before or after it, is
+/// sealed by its FLUSH and reads back after a power cut. A rule that left open any chunk
+/// holding a relocation lost it (found by review, 2026-11-27: the test above writes its
+/// user block into another stream).
+#[test]
+fn a_flush_seals_a_chunk_where_a_user_write_shares_it_with_relocations() {
+    for write_first in [false, true] {
+        let cfg = Config::default();
+        let (dev, idx, f) = gated(cfg.clone());
+        let (victim, _) = closed_at_checkpoint(&f);
+        let mut tags: HashMap<u64, u64> = (0..64).map(|l| (l, 1)).collect();
+        let class = StreamId(4);
+        if write_first {
+            write_tagged(&f, [200], 2, class, false, &mut tags);
+        }
+        let b = f.live_blocks(victim).unwrap()[0];
+        let mut buf = ftl::device::AlignedBuf::new(4096);
+        assert!(f.read_live(&b, &mut buf).unwrap());
+        assert!(f.relocate(b.lba, b.entry, &buf, class).unwrap());
+        assert_eq!(f.relocations_diverted(), 0, "the move went into {class:?}");
+        if !write_first {
+            write_tagged(&f, [200], 2, class, false, &mut tags);
+        }
+        f.flush().unwrap();
+        cut_and_check(f, &dev, &idx, 5, cfg, &tags);
+    }
+}
+
 /// Writes every block in stream 0, tagged from 1; returns the next tag.
 fn fill(f: &MemFtl) -> u64 {
     let mut tag = 1u64;

@@ -111,8 +111,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         let mut r = DefragReport::default();
         let mut pending = PendingChunks::default();
         let spare = || self.t.segs.free_count() > self.cfg.gc_reserve_segments + DEFRAG_SPARE_SEGMENTS;
-        // Room for the block and what a FLUSH sealing the open chunk meanwhile costs:
-        // its summary and the padding to a flash page.
+        // Room for the block and what a free record or checkpoint sealing the open chunk
+        // meanwhile costs: its summary and the padding to a flash page (a FLUSH leaves a
+        // chunk of relocations open, engine rule 10).
         let margin = 2 + self.t.geo.blocks_per_page() as u64;
         let fits = || -> Result<bool> { Ok(spare() || self.gc_open_room()? >= margin) };
         let res = (|| -> Result<()> {

@@ -252,8 +252,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 epoch: self.epoch,
             },
             self.log.tracker().next_seq(),
-        );
-        Ok(())
+        )
+        .map_err(|e| Error::io("staging area header write-back", 0, e))
     }
 
     /// Device geometry.

@@ -478,13 +478,24 @@ impl StagingArea {
 
     /// Hands the area to a new session: every slot free, the owner and mark set. Only
     /// while no slot is taken (at open, rule 4).
-    pub fn reset(&self, owner: AreaOwner, next_chunk_seq: u64) {
+    ///
+    /// Every slot is freed BEFORE the header is written (a fence between): a reset cut
+    /// short by the death of the process leaves a header that does not read only over
+    /// free slots, which replay takes for a blank area. A file on a disk (not tmpfs,
+    /// rule 5) also has its header written back BEFORE any slot is handed out: after a
+    /// power cut its slot pages could otherwise be on the disk without the header page
+    /// (the kernel writes a mapping's pages back in any order), and the next open would
+    /// refuse the area as damaged instead of ignoring it as another boot's (found by
+    /// review, 2026-11-27). Fails only if that write-back fails.
+    pub fn reset(&self, owner: AreaOwner, next_chunk_seq: u64) -> std::io::Result<()> {
         for s in 0..self.slots as u32 {
             let at = Self::slot_at(s);
             self.atomic32(at + s_at::STATE)
                 .store(STATE_FREE, Ordering::Release);
             self.atomic32(at + s_at::COUNT).store(0, Ordering::Release);
         }
+        // The header's plain stores stay after the slots' (see above).
+        std::sync::atomic::fence(Ordering::SeqCst);
         let h = self.bytes_mut(0, h_at::NEXT_CHUNK_MARK);
         h.fill(0);
         put(h, h_at::MAGIC, MAGIC);
@@ -500,6 +511,7 @@ impl StagingArea {
         self.set_boot_id(boot_id());
         self.atomic32(h_at::DEVICE_ERROR)
             .store(0, Ordering::Release);
+        self.region.sync_range(0, HEADER_BYTES)
     }
 
     /// Records that a device write or sync failed in this session: the device may have
@@ -555,7 +567,7 @@ impl StagingArea {
     }
 
     /// What slot `slot` holds, as replay sees it: state, place, chunk number and the
-    /// entries whose checksums hold (a torn tail is cut off).
+    /// entries up to the first that fails its checksum, which is damage (see `damage`).
     pub(crate) fn read_slot(&self, slot: u32) -> StagedSlot {
         let at = Self::slot_at(slot);
         let state = self.atomic32(at + s_at::STATE).load(Ordering::Acquire);

@@ -144,6 +144,34 @@ impl Region {
         }
     }
 
+    /// Writes `len` bytes from `offset` of a file mapped shared back to the file and
+    /// waits for them (msync); nothing to do for memory or a private view.
+    pub fn sync_range(&self, offset: usize, len: usize) -> std::io::Result<()> {
+        let Region::Mapped {
+            ptr, len: total, ..
+        } = self
+        else {
+            return Ok(());
+        };
+        let start = offset / 4096 * 4096;
+        let end = (offset + len).min(*total);
+        #[cfg(test)]
+        super::tests::FILE_SYNCS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: `start..end` lies within the mapping (page-aligned start, `end` at most
+        // its length); msync only writes the pages back.
+        let r = unsafe {
+            libc::msync(
+                ptr.as_ptr().add(start) as *mut libc::c_void,
+                end.saturating_sub(start),
+                libc::MS_SYNC,
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     pub fn path(&self) -> Option<&Path> {
         match self {
             Region::Anonymous { .. } => None,

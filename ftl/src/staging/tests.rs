@@ -1,5 +1,10 @@
 use super::*;
 
+/// Write-backs of a file-backed area ([`Region::sync_range`]), for the test that a
+/// reset writes its header back.
+pub(super) static FILE_SYNCS: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
 fn owner() -> AreaOwner {
     AreaOwner {
         uuid: [7; 16],
@@ -11,7 +16,7 @@ fn owner() -> AreaOwner {
 fn fresh_area_has_no_owner_until_reset() {
     let a = StagingArea::in_memory(2).unwrap();
     assert_eq!(a.owner(), None);
-    a.reset(owner(), 10);
+    a.reset(owner(), 10).unwrap();
     assert_eq!(a.owner(), Some(owner()));
     assert_eq!(a.next_chunk_mark(), 10);
 }
@@ -19,7 +24,7 @@ fn fresh_area_has_no_owner_until_reset() {
 #[test]
 fn slots_record_entries_and_states() {
     let a = StagingArea::in_memory(2).unwrap();
-    a.reset(owner(), 1);
+    a.reset(owner(), 1).unwrap();
     let mut b = a.try_take().unwrap();
     let place = SlotPlace {
         stream: 3,
@@ -127,7 +132,7 @@ fn a_mapped_file_keeps_its_contents_across_mappings() {
     let p = dir.path().join("s/area.stage");
     {
         let a = StagingArea::open_file(&p, 2).unwrap();
-        a.reset(owner(), 5);
+        a.reset(owner(), 5).unwrap();
         let mut b = a.try_take().unwrap();
         b[0..4].copy_from_slice(b"abcd");
     }
@@ -227,7 +232,7 @@ fn a_death_between_any_two_sealing_stores_loses_no_completed_write() {
 fn a_header_of_another_layout_is_foreign_not_blank() {
     let a = StagingArea::in_memory(2).unwrap();
     assert_eq!(a.header(), AreaHeader::Blank);
-    a.reset(owner(), 4);
+    a.reset(owner(), 4).unwrap();
     assert_eq!(a.header(), AreaHeader::Owned(owner()));
     // As a build with layout version 1 wrote it (crc kept valid).
     let h = a.bytes_mut(0, 48);
@@ -281,7 +286,7 @@ fn the_named_offsets_are_the_drawn_table() {
 fn the_header_fields_sit_at_their_named_offsets() {
     use super::header_offsets as h;
     let a = StagingArea::in_memory(3).unwrap();
-    a.reset(owner(), 9);
+    a.reset(owner(), 9).unwrap();
     let b = a.bytes(0, h::BOOT_ID + 16);
     let at = |off: usize, v: &[u8]| assert_eq!(&b[off..off + v.len()], v, "offset {off}");
     at(h::MAGIC, b"FTLSTAGE");
@@ -310,7 +315,7 @@ fn an_area_knows_the_boot_it_was_reset_in() {
     assert_eq!(super::parse_uuid("not a uuid"), None);
     assert_ne!(super::boot_id(), [0; 16], "Linux has a boot id");
     let a = StagingArea::in_memory(2).unwrap();
-    a.reset(owner(), 1);
+    a.reset(owner(), 1).unwrap();
     assert!(!a.from_another_boot());
     a.set_boot_id([0xAB; 16]);
     assert!(a.from_another_boot());
@@ -443,4 +448,23 @@ fn a_torn_header_over_free_slots_opens() {
     staging.bytes_mut(0, 48)[20] ^= 1;
     assert_eq!(staging.header(), AreaHeader::Blank);
     Ftl::open_staged(dev, idx, Config::default(), staging).expect("a torn reset holds nothing");
+}
+
+/// A reset of an area in a file writes the header page back before any slot is handed
+/// out: on a disk (not tmpfs) a power cut could otherwise leave slot pages on the disk
+/// without the header, and the next open refuses the area as damaged instead of
+/// ignoring it as another boot's (found by review, 2026-11-27). An area in memory has
+/// nothing to write back.
+#[test]
+fn a_reset_writes_a_file_backed_header_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = StagingArea::open_file(&dir.path().join("area.stage"), 2).unwrap();
+    let before = FILE_SYNCS.load(Ordering::Relaxed);
+    a.reset(owner(), 3).unwrap();
+    assert!(
+        FILE_SYNCS.load(Ordering::Relaxed) > before,
+        "the header was not written back"
+    );
+    let bytes = std::fs::read(dir.path().join("area.stage")).unwrap();
+    assert_eq!(&bytes[..8], MAGIC);
 }
