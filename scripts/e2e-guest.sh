@@ -191,7 +191,12 @@ q="/sys/block/ublkb$ID/queue"
 pid="$(daemon_pid)"
 n=0
 for t in /proc/"$pid"/task/*; do
-    fl="$(sed 's/.*) //' "$t/stat" | awk '{print $7}')"
+    # A short-lived thread (the cleaner's runner spawns one per free record or
+    # checkpoint) may have exited since the listing: skip it (the check failed on such a
+    # race once, 2026-11-27: "can't read /proc/PID/task/TID/stat").
+    st="$(cat "$t/stat" 2>/dev/null)" || continue
+    [ -n "$st" ] || continue
+    fl="$(printf '%s\n' "$st" | sed 's/.*) //' | awk '{print $7}')"
     [ $(( fl & 0x80000 )) -ne 0 ] || fail "daemon thread $(cat "$t/comm") is not an I/O flusher (flags $fl)"
     n=$((n + 1))
 done
