@@ -1,7 +1,7 @@
 //! FLUSH and the device-sync group: engine rules 2, 3, 9 and 10 (see `engine/mod.rs`). A
-//! FLUSH seals every stream's open chunk that holds a user write or TRIM, waits for every chunk below its target and syncs
-//! the device once for everyone waiting. Called by the engine's API (FLUSH, FUA writes)
-//! and the checkpoint (`flush_upto`).
+//! FLUSH seals every stream's open chunk that holds a user write or TRIM, waits for every
+//! chunk below its target and syncs the device once for everyone waiting. Called by the
+//! engine's API (FLUSH, FUA writes) and the checkpoint (`flush_upto`).
 
 use super::Ftl;
 use crate::device::BlockDevice;

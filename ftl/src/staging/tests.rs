@@ -329,44 +329,26 @@ fn an_area_knows_the_boot_it_was_reset_in() {
 /// the chain there and lost the acknowledged writes behind it.
 #[test]
 fn a_staged_entry_no_summary_can_hold_refuses_the_area_and_writes_nothing() {
-    use crate::device::mem::MemDevice;
-    use crate::model::block_for;
     use crate::summary::{Entry, MAX_TRIM_BLOCKS};
-    use crate::{BlockDevice, Config, Ftl, StreamId};
-    let (dev, idx, f) = tiny_mem_ftl();
-    for lba in 0..2u64 {
-        f.write(lba, &block_for(lba, 7), false, StreamId(1))
-            .unwrap();
-    }
-    {
-        let log = f.appender();
-        let mut st = log.stream(StreamId(1)).unwrap();
-        let chunk = st.chunk.as_mut().unwrap();
-        let k = chunk.entries.len();
-        let seq = chunk.entries[k - 1].seq() + 1;
-        chunk.buf.record(
-            k,
-            &Entry::Trim {
-                lba: 8,
-                seq,
-                count: MAX_TRIM_BLOCKS + 1,
-            },
-        );
-    }
-    let staging = f.staging().clone();
-    drop(f);
-    let image = |d: &MemDevice| {
-        let mut b = vec![0u8; d.size() as usize];
-        d.read_at(0, &mut b).unwrap();
-        b
-    };
-    let before = image(&dev);
-    let err = match Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), staging) {
-        Ok(_) => panic!("an area holding an entry no summary can hold was replayed"),
-        Err(e) => e.to_string(),
-    };
-    assert!(err.contains("cannot be logged"), "{err}");
-    assert!(image(&dev) == before, "the backing changed");
+    damaged_area_refuses_the_open(
+        |a, slot| {
+            let entries = a.read_slot(slot).entries;
+            let k = entries.len();
+            let seq = entries[k - 1].seq() + 1;
+            let mut b = a
+                .take(slot)
+                .expect("the dead process's slot is free to take");
+            b.record(
+                k,
+                &Entry::Trim {
+                    lba: 8,
+                    seq,
+                    count: MAX_TRIM_BLOCKS + 1,
+                },
+            );
+        },
+        "cannot be logged",
+    );
 }
 
 /// Unflushed writes in stream 1's open chunk of a dead process, then `damage` applied to
@@ -375,7 +357,7 @@ fn a_staged_entry_no_summary_can_hold_refuses_the_area_and_writes_nothing() {
 /// that did not read, a slot state no build writes, or an entry below the count failing
 /// its checksum was taken for a blank area, a free slot or the end of the entries, and
 /// the completed writes were dropped without a word.
-fn damaged_area_refuses_the_open(damage: impl FnOnce(&StagingArea, u32), expect: &str) {
+fn damaged_area_refuses_the_open(damage: impl FnOnce(&Arc<StagingArea>, u32), expect: &str) {
     use crate::device::mem::MemDevice;
     use crate::model::block_for;
     use crate::{BlockDevice, Config, Ftl, StreamId};
