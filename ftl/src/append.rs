@@ -749,7 +749,8 @@ pub(crate) mod tests {
         /// poison check, and waits for "go".
         pub(crate) static PARK_AFTER_TRIM_CHECK: Park = const { RefCell::new(None) };
         /// Test hook: `append_loop` on this thread says it arrived once it found no
-        /// room and wrote what it sealed, and waits for "go" before it waits for space.
+        /// room and wrote what it sealed (deferred chunks too, engine rule 7), and waits
+        /// for "go" before it frees, waits for space or gives up.
         pub(crate) static PARK_ON_NO_ROOM: Park = const { RefCell::new(None) };
     }
 

@@ -633,27 +633,12 @@ fn power_cut_run(seed: u64) -> Result<(String, u64, u64), String> {
     ))
 }
 
-/// Seeds whose cleaner found no free segment once (see [`cleaner_clean`]).
-static CLEANER_OUT_OF_SPACE: AtomicU64 = AtomicU64::new(0);
-
-/// The cleaner ran without an error, and set aside no victim.
+/// The cleaner ran without an error, and set aside no victim. Its "device full" was
+/// counted here instead of failing the seed from 97dc2ce to the fix of its cause: a
+/// relocation that found no free segment missed the segments a checkpoint released
+/// before it looked at the dead list (`a_segment_freed_while_a_relocation_finds_no_room_is_not_missed`
+/// in the engine's tests).
 fn cleaner_clean(stats: &cleaner::RunnerStats, last_error: Option<String>) -> Result<(), String> {
-    // Known and open (2026-11-27): in the smallest geometry (16-block segments of four
-    // 4-block flash pages) the cleaner, relocating at the reserve, sometimes finds no
-    // free segment; it records the error, waits 100 ms and goes on. About 1 seed in 200
-    // while every FLUSH sealed the cleaner's chunks; since engine rule 10 (a FLUSH leaves
-    // a chunk of relocations open) once in about 1,700 seeds run (about 970 of them in
-    // the smallest geometry). What else seals or spends the reserve (checkpoints,
-    // free records, a TRIM carry's one segment) is not pinned down. Counted (and printed
-    // with the totals) instead of failing the seed, so CI runs: a weakening to take back
-    // once the cause is found; any other error, or a victim set aside, fails it.
-    let device_full = last_error
-        .as_deref()
-        .is_some_and(|e| e.contains("device full: no free segment left"));
-    if stats.errors > 0 && device_full && stats.cleaner.victims_abandoned == 0 {
-        CLEANER_OUT_OF_SPACE.fetch_add(1, Ordering::Relaxed);
-        return Ok(());
-    }
     if stats.errors > 0 || stats.cleaner.victims_abandoned > 0 {
         return Err(format!(
             "the cleaner failed: {} errors, {} victims set aside, last error {last_error:?}",
@@ -720,11 +705,9 @@ fn power_cuts_at_random_instants_lose_nothing_acknowledged() {
     }
     eprintln!(
         "power cuts: {} seeds, {} failed, {beside} with free records beside a checkpoint, \
-         {early} with segments freed by a checkpoint's own records, {} with the cleaner out \
-         of space once (last run: {})",
+         {early} with segments freed by a checkpoint's own records (last run: {})",
         seeds.len(),
         failures.len(),
-        CLEANER_OUT_OF_SPACE.load(Ordering::Relaxed),
         summary.unwrap_or_default()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
