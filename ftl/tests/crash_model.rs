@@ -1,7 +1,9 @@
-//! Model-based property test: random sequences of write / read / trim / flush / FUA write /
-//! checkpoint / closing a stream's open segment / a large read and read-driven
-//! defragmentation / crash + reopen on the crash-simulating
-//! device / death of the process (staging area kept) + reopen, against the reference model.
+//! Model-based property test: random sequences of write / read / trim / write-zeroes /
+//! flush / FUA write / checkpoint / closing a stream's open segment / a large read and
+//! read-driven defragmentation / the cleaner's relocations (one block, or a slice of a
+//! segment) / requests the FTL must refuse / an I/O fault injected into the next operation
+//! / clean shutdown + reopen / crash + reopen on the crash-simulating device / death of
+//! the process (staging area kept) + reopen, against the reference model.
 //!
 //! The operations and their interpreter are `ftl::model::ops`, shared with the `ops` fuzz
 //! target; the strategies here generate the part of that language this test covers.
@@ -32,6 +34,15 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (lba.clone(), any::<u8>()).prop_map(|(lba, blocks)| Op::Defrag { lba, blocks }),
         1 => any::<u64>().prop_map(Op::power_cut),
         1 => Just(Op::kill()),
+        1 => (lba.clone(), 0..19u8).prop_map(|(lba, blocks)| Op::WriteZeroes { lba, blocks }),
+        1 => (lba.clone(), 0..5u8, 0..3u8)
+            .prop_map(|(lba, blocks, stream)| Op::FuaWrite { lba, blocks, stream }),
+        2 => lba.clone().prop_map(|lba| Op::Relocate { lba }),
+        1 => (any::<u8>(), any::<u8>()).prop_map(|(seg, max)| Op::Clean { seg, max }),
+        1 => (any::<u64>(), any::<u8>(), any::<u8>())
+            .prop_map(|(lba, blocks, kind)| Op::Invalid { lba, blocks, kind }),
+        1 => (any::<u8>(), any::<u64>()).prop_map(|(kind, seed)| Op::Fault { kind, seed }),
+        1 => Just(Op::Close),
     ]
 }
 
@@ -46,7 +57,7 @@ fn run(ops: &[Op]) -> Result<ops::Outcome, String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 128, max_shrink_iters: 2000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, max_shrink_iters: 2000, ..ProptestConfig::default() })]
 
     #[test]
     fn crash_consistency_against_the_model(ops in prop::collection::vec(op(), 1..120)) {
