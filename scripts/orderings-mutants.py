@@ -42,6 +42,8 @@ REBUILD = "cargo test --release -p ftl --test rebuild"
 WRITTEN = "cargo test --release -p ftl --lib a_written_chunk_never_answers"
 MOVED = "cargo test --release -p ftl --lib a_buffered_block_that_moved"
 NOROOM = "cargo test --release -p ftl --lib a_segment_freed_while_a_writer_finds_no_room"
+NOROOM_RELOC = "cargo test --release -p ftl --lib a_segment_freed_while_a_relocation_finds_no_room"
+STAGING_RESET = "cargo test --release -p ftl --lib a_reset_writes_a_file_backed_header_back"
 TRIMFAST = "cargo test --release -p ftl --lib a_trim_of_blocks_another_trim_is_unmapping"
 MAPLIMIT = "cargo test --release -p ftl --test api writers_wait_at_the_map_cache_limit"
 TRIMFAILED = "cargo test --release -p ftl --lib a_trim_waiting_behind_a_failed_trim"
@@ -221,6 +223,11 @@ MUTANTS = [
      [("""                if !self.space.wait(no_room_at, self.cfg.space_wait) {""",
        """                if !self.space.wait(self.space.generation(), self.cfg.space_wait) {""")],
      [NOROOM]),
+    ("space-reloc", "a relocation that found no room looks again when segments were freed since",
+     "ftl/src/engine/mod.rs",
+     [("""                    if !last_try && freed {""",
+       """                    if last_try && freed {""")],
+     [NOROOM_RELOC]),
     ("trim-fast", "a TRIM with nothing mapped looks at the map under the stripe locks",
      "ftl/src/engine/mod.rs",
      [("""            let _stripes = self.log.lock_stripes(start, n as u32);""",
@@ -400,6 +407,13 @@ MUTANTS = [
      [("""            if o.uuid == sb.uuid && o.epoch == ck_epoch && !area.from_another_boot() => {}""",
        """            if o.uuid == sb.uuid && o.epoch == ck_epoch => {}""")],
      [PROCESS]),
+    ("staging-6", "staging rule 6: a reset writes a file-backed header back BEFORE any slot is handed out",
+     "ftl/src/staging/mod.rs",
+     [("""        self.region.sync_range(0, HEADER_BYTES)
+    }""",
+       """        Ok(())
+    }""")],
+     [STAGING_RESET]),
     ("staging-2", "staging rule 2: the slot is marked sealed BEFORE the mark passes it",
      "ftl/src/staging/mod.rs",
      [("""[SealStep::Number, SealStep::State, SealStep::Mark]""",
