@@ -381,19 +381,19 @@ MUTANTS = [
      [ORDERINGS]),
     ("reserve-1", "the reserve is the GC stream's alone (other relocations keep it; a TRIM carry may take one)",
      "ftl/src/append.rs",
-     [("""                    let keep = if relocation && stream == GC_STREAM.0 {
-                        0
-                    } else if relocation && !data && stream == crate::stream::TRIM_STREAM.0 {""",
-       """                    let keep = if relocation && stream == GC_STREAM.0 {
-                        0
-                    } else if relocation && stream != crate::stream::TRIM_STREAM.0 {
-                        1
-                    } else if relocation && !data && stream == crate::stream::TRIM_STREAM.0 {""")],
+     [("""        if relocation && stream == GC_STREAM.0 {
+            0
+        } else if relocation && !data && stream == crate::stream::TRIM_STREAM.0 {""",
+       """        if relocation && stream == GC_STREAM.0 {
+            0
+        } else if relocation && stream != crate::stream::TRIM_STREAM.0 {
+            1
+        } else if relocation && !data && stream == crate::stream::TRIM_STREAM.0 {""")],
      [ORDERINGS]),
     ("reserve-1-trim", "a relocation of data into the TRIM stream keeps the reserve (only a carry of records may take one)",
      "ftl/src/append.rs",
-     [("""                    } else if relocation && !data && stream == crate::stream::TRIM_STREAM.0 {""",
-       """                    } else if relocation && stream == crate::stream::TRIM_STREAM.0 {""")],
+     [("""        } else if relocation && !data && stream == crate::stream::TRIM_STREAM.0 {""",
+       """        } else if relocation && stream == crate::stream::TRIM_STREAM.0 {""")],
      [ORDERINGS]),
     ("reserve-2", "closing a stream gives nothing up while free space is at the reserve",
      "ftl/src/engine/reloc.rs",

@@ -345,6 +345,28 @@ impl Appender {
         Ok(())
     }
 
+    /// Free segments an allocation for `stream` must leave (it fails at or below them).
+    ///
+    /// The reserve is the GC stream's alone: user writes, TRIM records and relocations
+    /// into any other stream keep it (a relocation that would need it is diverted to
+    /// GC_STREAM by `relocate`), so one stream spends it, one victim at a time: a
+    /// victim's live blocks fit in the GC stream's open segment and the reserve, and the
+    /// victim's segment is dead afterwards.
+    /// A carry of TRIM records (`engine/tombstones.rs`: a "relocation" of records, no
+    /// data) may take one segment of it: the TRIM segments it carries are dead, freed by
+    /// the checkpoint that follows, and on a full device nothing else frees them. A
+    /// relocation of data into the TRIM stream (the classifier's hottest class) keeps the
+    /// reserve like any other stream's.
+    pub fn keep_free(&self, stream: u8, data: bool, relocation: bool) -> usize {
+        if relocation && stream == GC_STREAM.0 {
+            0
+        } else if relocation && !data && stream == crate::stream::TRIM_STREAM.0 {
+            self.s.gc_reserve.saturating_sub(1)
+        } else {
+            self.s.gc_reserve
+        }
+    }
+
     /// Makes sure the stream has an open chunk with room for one entry (and a data block
     /// when `data`), sealing the full one into `out`. Only a `relocation` into
     /// [`GC_STREAM`] may open a segment out of the cleaner's reserve.
@@ -383,25 +405,7 @@ impl Appender {
                         t.segs.close(seg);
                         st.cursor = None;
                     }
-                    // The reserve is the GC stream's alone: user writes, TRIM records
-                    // and relocations into any other stream keep it (a relocation that
-                    // would need it is diverted to GC_STREAM by `relocate`), so one
-                    // stream spends it, one victim at a time: a victim's live blocks
-                    // fit in the GC stream's open segment and the reserve, and the
-                    // victim's segment is dead afterwards.
-                    // A carry of TRIM records (`engine/tombstones.rs`: a "relocation"
-                    // of records, no data) may take one segment of it: the TRIM
-                    // segments it carries are dead, freed by the checkpoint that
-                    // follows, and on a full device nothing else frees them. A
-                    // relocation of data into the TRIM stream (the classifier's hottest
-                    // class) keeps the reserve like any other stream's.
-                    let keep = if relocation && stream == GC_STREAM.0 {
-                        0
-                    } else if relocation && !data && stream == crate::stream::TRIM_STREAM.0 {
-                        self.s.gc_reserve.saturating_sub(1)
-                    } else {
-                        self.s.gc_reserve
-                    };
+                    let keep = self.keep_free(stream, data, relocation);
                     match t
                         .segs
                         .allocate(stream, self.next_entry_seq(), keep, relocation)

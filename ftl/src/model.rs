@@ -1429,7 +1429,14 @@ pub mod ops {
             Err(Error::NoSpace) => return Ok(FaultEnd::NoSpace),
             Err(e) => e,
         };
-        if !matches!(err, Error::Io { .. } | Error::Index(_)) {
+        // Work the operation set off on the way may meet the fault first and put its
+        // failure off (a write past the map cache's bound runs a checkpoint, whose carry
+        // of TRIM records leaves a segment it could not carry for later): the failed
+        // write has poisoned the FTL, and the operation finds the device read-only, for
+        // the injected error (found by the property test once it generated faults).
+        let read_only =
+            kind <= 1 && matches!(&err, Error::ReadOnly(why) if why.contains("injected"));
+        if !matches!(err, Error::Io { .. } | Error::Index(_)) && !read_only {
             return Err(format!(
                 "failed with {err:?}, not the injected I/O or index error"
             ));
@@ -1440,7 +1447,7 @@ pub mod ops {
         for l in (BASE..BASE + SPAN).filter(|&l| l < skip.0 || l >= skip.0 + skip.1) {
             check_read(ftl, m, l, 1).map_err(|e| format!("after {err}: {e}"))?;
         }
-        if matches!(err, Error::Io { .. }) && kind <= 1 {
+        if (matches!(err, Error::Io { .. }) || read_only) && kind <= 1 {
             // A failed log write or sync turns the device read-only.
             match ftl.write(0, &[], false, StreamId(1)) {
                 Err(Error::ReadOnly(_)) => {}

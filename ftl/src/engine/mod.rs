@@ -508,10 +508,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 // looks again, once. It failed with "device full" with segments free
                 // (test: `a_segment_freed_while_a_relocation_finds_no_room_is_not_missed`).
                 // A release between the failed allocation and the look at the
-                // generation shows only in the free list (the GC stream takes any).
+                // generation shows only in the free list.
                 if relocation {
                     let freed = self.space.generation() != no_room_at
-                        || (stream == crate::stream::GC_STREAM && self.t.segs.free_count() > 0);
+                        || self.t.segs.free_count() > self.log.keep_free(sid, data, relocation);
                     if !last_try && freed {
                         last_try = true;
                         continue;
@@ -1368,14 +1368,13 @@ mod tests {
         assert!(!f.t.segs.dead_closed().is_empty(), "the moves emptied segments");
         let f2 = f.clone();
         let (go, cleaner) = run_parked(&PARK_ON_NO_ROOM, move || relocate_next(&f2));
-        // Parked after its allocation failed: a checkpoint releases the dead segments
-        // (free records leave these to it: no checkpoint recorded them closed).
+        // Parked after its allocation failed: a checkpoint releases the dead segments.
         assert!(f.checkpoint().unwrap().segments_freed > 0, "dead segments were freed");
         go.send(()).expect("the parked thread waits for its go");
         let r = cleaner.join().unwrap();
         assert!(
             matches!(r, Ok(true)),
-            "the relocation after the free record: {r:?} with {} segments free",
+            "the relocation after the checkpoint: {r:?} with {} segments free",
             f.free_segments()
         );
     }
