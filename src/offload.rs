@@ -1,4 +1,5 @@
-//! Runs the FTL's blocking calls (WRITE, FLUSH, DISCARD) off the ublk queue threads.
+//! Runs the FTL's blocking calls (WRITE, FLUSH, DISCARD, and the index reads of a READ
+//! that misses the map cache) off the ublk queue threads.
 //!
 //! Contract:
 //! - A queue thread never blocks on the FTL: [`Offload::run`] hands the call to a pool of
@@ -33,7 +34,8 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 pub enum Lane {
     /// WRITE and DISCARD: they may wait for the throttle or for free space.
     Data,
-    /// FLUSH: never queued behind those.
+    /// FLUSH, and the index reads of a READ's map cache misses: neither needs free
+    /// space, so never queued behind those.
     Flush,
 }
 

@@ -7,7 +7,9 @@
 //! - Each queue thread sets `PR_SET_IO_FLUSHER` itself (as does the daemon before it
 //!   starts the FTL's threads, which inherit it), then runs one async task per tag
 //!   on libublk's per-queue `smol` executor; every task owns a 4 KiB-aligned io buffer.
-//! - READ locates every block in the FTL's map. Buffered blocks are copied, unmapped ones
+//! - READ locates every block in the FTL's map; map pages the cache misses (a map larger
+//!   than `map_cache_bytes`) are first read from the index on an I/O worker
+//!   ([`Ftl::prefetch_map`]). Buffered blocks are copied, unmapped ones
 //!   zero-filled, device-resident ones read with the queue's io_uring straight into the
 //!   io buffer (physically contiguous blocks in one read; the backing's fd is the ring's
 //!   fixed file 1), then checked with [`Ftl::verify_block`]: `Ok(false)` (the block moved
@@ -26,6 +28,7 @@
 //! Called by [`crate::daemon`]; uses [`crate::offload`].
 //!
 //! [`Ftl::verify_block`]: ftl::Ftl::verify_block
+//! [`Ftl::prefetch_map`]: ftl::Ftl::prefetch_map
 //! [`Ftl::write`]: ftl::Ftl::write
 //! [`Ftl::flush`]: ftl::Ftl::flush
 //! [`Ftl::trim`]: ftl::Ftl::trim
@@ -249,10 +252,26 @@ async fn handle(
     };
     let bytes = req.payload_bytes();
     match req {
-        Request::Read { lba, .. } => match read_blocks(q, ftl, lba, &mut buf[..bytes]).await {
-            Ok(()) => bytes as i32,
-            Err(e) => e,
-        },
+        Request::Read { lba, blocks } => {
+            // A map cache miss reads the index: on a worker, not on this thread, where it
+            // held every other request of the queue (module doc).
+            if ftl.map_misses(lba, blocks) {
+                let f = ftl.clone();
+                let r = offload
+                    .run(q, wake, Lane::Flush, move || {
+                        f.prefetch_map(lba, blocks)
+                            .map_or_else(|e| read_failed(lba, e), |()| 0)
+                    })
+                    .await;
+                if r < 0 {
+                    return r;
+                }
+            }
+            match read_blocks(q, ftl, lba, &mut buf[..bytes]).await {
+                Ok(()) => bytes as i32,
+                Err(e) => e,
+            }
+        }
         Request::Write { lba, fua, .. } => {
             let data = buf[..bytes].to_vec();
             let (f, c, w) = (ftl.clone(), ctx.classifier.clone(), ctx.writers.clone());

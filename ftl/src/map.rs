@@ -355,6 +355,18 @@ impl L2p {
         self.update(lba, |_| Some(e))
     }
 
+    /// True when every page of `lba..lba + count` is in the cache (always with the whole
+    /// map in memory). A look only: nothing is loaded, and a page may be evicted right
+    /// after.
+    pub fn cached(&self, lba: u64, count: u64) -> bool {
+        if !self.partial() || count == 0 {
+            return true;
+        }
+        let first = lba / PAGE_ENTRIES as u64;
+        let last = (lba + count - 1) / PAGE_ENTRIES as u64;
+        (first..=last).all(|p| lock(self.shard(p)).at.contains_key(&p))
+    }
+
     /// Loads the pages of `lba..lba + count` into the cache, so the changes that follow
     /// are unlikely to miss (a miss can fail; a trim changes several entries).
     pub fn prefetch(&self, lba: u64, count: u64) -> Result<()> {

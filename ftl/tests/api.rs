@@ -684,3 +684,47 @@ fn fragmentation_counts_the_backing_reads_of_each_window() {
         "nothing mapped"
     );
 }
+
+/// The ublk edge's READ fills the map cache off its queue thread: with a cache smaller
+/// than the map, [`Ftl::map_misses`] names a range whose page is not cached, and after
+/// [`Ftl::prefetch_map`] it is cached and the read of it counts no miss (no index read).
+/// With the whole map in memory nothing misses; a prefetch past the end is refused.
+#[test]
+fn a_prefetched_map_range_is_read_without_an_index_read() {
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    let idx = Arc::new(MemIndex::new());
+    ftl::format(&dev, &idx, &FormatOptions::default(), false).unwrap();
+    let cfg = Config {
+        map_cache_bytes: 0,
+        ..Config::default()
+    };
+    let (f, _) = Ftl::open(dev.clone(), idx.clone(), cfg).unwrap();
+    let cap = f.capacity_blocks();
+    let mut m = Model::new();
+    for lba in (0..cap).step_by(64) {
+        f.write(lba, &m.write(lba, 1), false, S0).unwrap();
+    }
+    // Committed: every page clean, so the cache keeps only its bound.
+    f.checkpoint().unwrap();
+    let lba = (0..cap)
+        .step_by(64)
+        .find(|&l| f.map_misses(l, 1))
+        .expect("some page of the map is not cached");
+    f.prefetch_map(lba, 1).unwrap();
+    assert!(!f.map_misses(lba, 1), "the prefetched page is cached");
+    let before = f.stats().map_cache.misses;
+    check_read(&f, &m, lba, 1).unwrap();
+    assert_eq!(
+        f.stats().map_cache.misses,
+        before,
+        "the read missed the map cache"
+    );
+    assert!(matches!(
+        f.prefetch_map(cap, 1),
+        Err(Error::OutOfRange { .. })
+    ));
+    f.close().unwrap();
+    drop(f);
+    let (f, _) = Ftl::open(dev, idx, Config::default()).unwrap();
+    assert!((0..cap).step_by(64).all(|l| !f.map_misses(l, 1)));
+}

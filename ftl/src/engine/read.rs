@@ -98,6 +98,22 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         Ok(f)
     }
 
+    /// Whether locating `count` blocks at `lba` would read the index: the map cache holds
+    /// part of the map and misses a page of the range. The ublk edge then has the pages
+    /// loaded ([`Ftl::prefetch_map`]) off its queue thread, where an index read held
+    /// every other request of the queue.
+    pub fn map_misses(&self, lba: u64, count: u64) -> bool {
+        !self.t.map.cached(lba, count)
+    }
+
+    /// Loads the map pages of `count` blocks at `lba` into the cache (index reads on
+    /// misses), so that locating them soon after does not wait for the index (a hint: a
+    /// page evicted meanwhile is read again then).
+    pub fn prefetch_map(&self, lba: u64, count: u64) -> Result<()> {
+        self.check_range(lba, count)?;
+        self.t.map.prefetch(lba, count)
+    }
+
     /// Locates every block of a read of `buf.len()` bytes at `lba`: zeros and buffered
     /// blocks are filled in `buf` here; the device-resident ones are returned in request
     /// order, to be read (in [`ReadSpans`]) and verified by the caller. The one read
