@@ -34,14 +34,17 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 pub enum Lane {
     /// WRITE and DISCARD: they may wait for the throttle or for free space.
     Data,
-    /// FLUSH, and the index reads of a READ's map cache misses: neither needs free
-    /// space, so never queued behind those.
+    /// FLUSH: never queued behind those.
     Flush,
+    /// The index reads of a READ's map cache misses ([`ftl::Ftl::prefetch_map`]): behind
+    /// writes they would wait for the throttle, behind FLUSHes for device syncs, and in
+    /// front of FLUSHes they would delay them.
+    Map,
 }
 
 /// Fixed pools of worker threads running FTL calls for the queues, one per [`Lane`].
 pub struct Offload {
-    tx: Mutex<Option<[Sender<Job>; 2]>>,
+    tx: Mutex<Option<[Sender<Job>; 3]>>,
     workers: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -62,7 +65,7 @@ impl Offload {
             }
             Ok(tx)
         };
-        let lanes = [lane("io")?, lane("flush")?];
+        let lanes = [lane("io")?, lane("flush")?, lane("map")?];
         Ok(Arc::new(Offload {
             tx: Mutex::new(Some(lanes)),
             workers: Mutex::new(workers),

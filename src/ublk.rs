@@ -9,7 +9,8 @@
 //!   on libublk's per-queue `smol` executor; every task owns a 4 KiB-aligned io buffer.
 //! - READ locates every block in the FTL's map; map pages the cache misses (a map larger
 //!   than `map_cache_bytes`) are first read from the index on an I/O worker
-//!   ([`Ftl::prefetch_map`]). Buffered blocks are copied, unmapped ones
+//!   ([`Ftl::prefetch_map`]; one evicted again before the READ locates its blocks is
+//!   read on the queue thread). Buffered blocks are copied, unmapped ones
 //!   zero-filled, device-resident ones read with the queue's io_uring straight into the
 //!   io buffer (physically contiguous blocks in one read; the backing's fd is the ring's
 //!   fixed file 1), then checked with [`Ftl::verify_block`]: `Ok(false)` (the block moved
@@ -254,11 +255,13 @@ async fn handle(
     match req {
         Request::Read { lba, blocks } => {
             // A map cache miss reads the index: on a worker, not on this thread, where it
-            // held every other request of the queue (module doc).
+            // held every other request of the queue (module doc). A page evicted again
+            // before `plan_read` (other tags' misses in between, a small cache) is still
+            // read there.
             if ftl.map_misses(lba, blocks) {
                 let f = ftl.clone();
                 let r = offload
-                    .run(q, wake, Lane::Flush, move || {
+                    .run(q, wake, Lane::Map, move || {
                         f.prefetch_map(lba, blocks)
                             .map_or_else(|e| read_failed(lba, e), |()| 0)
                     })

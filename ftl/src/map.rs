@@ -357,14 +357,21 @@ impl L2p {
 
     /// True when every page of `lba..lba + count` is in the cache (always with the whole
     /// map in memory). A look only: nothing is loaded, and a page may be evicted right
-    /// after.
+    /// after. A shard whose lock is held counts as a miss: its holder may be reading the
+    /// index (map rule 4), and the caller must not wait for that.
     pub fn cached(&self, lba: u64, count: u64) -> bool {
         if !self.partial() || count == 0 {
             return true;
         }
+        let Some(end) = lba.checked_add(count) else {
+            return true;
+        };
         let first = lba / PAGE_ENTRIES as u64;
-        let last = (lba + count - 1) / PAGE_ENTRIES as u64;
-        (first..=last).all(|p| lock(self.shard(p)).at.contains_key(&p))
+        let last = (end - 1) / PAGE_ENTRIES as u64;
+        (first..=last).all(|p| match self.shard(p).try_lock() {
+            Ok(sh) => sh.at.contains_key(&p),
+            Err(_) => false,
+        })
     }
 
     /// Loads the pages of `lba..lba + count` into the cache, so the changes that follow
