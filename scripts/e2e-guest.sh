@@ -459,10 +459,10 @@ MCID="$(echo "$out" | json_num id)"
 MCDEV="/dev/ublkb$MCID"
 [ -b "$MCDEV" ] || fail "no $MCDEV after add"
 map_misses() { "$BIN" stats -n "$MCID" --json | grep -o '"misses": *[0-9]*' | grep -o '[0-9]*$'; }
-# mapmiss [fio args...]: 8192 random 4 KiB blocks of the first 256 MiB (the same offsets
+# mapmiss [fio args...]: 2048 random 4 KiB blocks of the first 256 MiB (the same offsets
 # each run: fio's seeded random map), synchronous direct I/O.
 mapmiss() {
-    fio --name=mapmiss --filename="$MCDEV" --size=256M --rw=randwrite --bs=4k --number_ios=8192 \
+    fio --name=mapmiss --filename="$MCDEV" --size=256M --rw=randwrite --bs=4k --number_ios=2048 \
         --ioengine=psync --direct=1 --verify=crc32c --verify_fatal=1 --verify_state_save=0 "$@"
 }
 mapmiss --do_verify=1 --output="$WORK/fio-mapmiss.log" \
@@ -476,7 +476,7 @@ grep -q "err= 0" "$WORK/fio-mapmiss-verify.log" || { cat "$WORK/fio-mapmiss-veri
 after="$(map_misses)"
 [ "$((after - before))" -gt 100 ] || fail "READs missed the map cache $((after - before)) times: the miss path was not exercised"
 # Many READs missing at once (prefetches racing each other and evictions).
-fio --name=mapmiss-qd --filename="$MCDEV" --size=256M --rw=randread --bs=4k --number_ios=8192 \
+fio --name=mapmiss-qd --filename="$MCDEV" --size=256M --rw=randread --bs=4k --number_ios=2048 \
     --ioengine=io_uring --iodepth=32 --direct=1 --output="$WORK/fio-mapmiss-qd.log" \
     || { cat "$WORK/fio-mapmiss-qd.log"; fail "fio randread at depth 32 through a 64 KiB map cache"; }
 grep -q "err= 0" "$WORK/fio-mapmiss-qd.log" || { cat "$WORK/fio-mapmiss-qd.log"; fail "fio randread at depth 32 reported errors"; }

@@ -71,9 +71,7 @@ fn libc_einval() -> i32 {
 
 #[test]
 fn format_refuses_formatted_backing_without_force() {
-    let dev = Arc::new(MemDevice::new(64 << 20));
-    let idx = Arc::new(MemIndex::new());
-    ftl::format(&dev, &idx, &FormatOptions::default(), false).unwrap();
+    let (dev, idx) = formatted_64m();
     let e = ftl::format(&dev, &idx, &FormatOptions::default(), false).unwrap_err();
     assert!(matches!(e, Error::AlreadyFormatted(_)), "{e}");
     assert!(e.to_string().contains("--force"));
@@ -252,9 +250,7 @@ fn index_of_another_backing_is_refused() {
 
 #[test]
 fn corrupt_index_record_is_an_error_not_a_panic() {
-    let dev = Arc::new(MemDevice::new(64 << 20));
-    let idx = Arc::new(MemIndex::new());
-    ftl::format(&dev, &idx, &FormatOptions::default(), false).unwrap();
+    let (dev, idx) = formatted_64m();
     idx.poke(ftl::index::Key::segment(3), vec![1, 2, 3]);
     let e = Ftl::open(dev, idx, Config::default()).err().unwrap();
     assert!(matches!(e, Error::Corrupt(_)), "{e}");
@@ -542,9 +538,7 @@ fn flash_pages_above_one_mebibyte_are_refused_at_format_and_open() {
 /// cannot be evicted (the cache grew without bound while a slow checkpoint ran).
 #[test]
 fn writers_wait_at_the_map_cache_limit_while_a_checkpoint_runs() {
-    let dev = Arc::new(MemDevice::new(64 << 20));
-    let idx = Arc::new(MemIndex::new());
-    ftl::format(&dev, &idx, &FormatOptions::default(), false).unwrap();
+    let (dev, idx) = formatted_64m();
     let cfg = Config {
         map_cache_bytes: 8 * ftl::map::PAGE_RAM_BYTES,
         ..Config::default()
@@ -588,9 +582,7 @@ fn writers_wait_at_the_map_cache_limit_while_a_checkpoint_runs() {
 /// block reads back through the misses, and after a reopen.
 #[test]
 fn a_small_map_cache_stays_bounded_under_writes_and_reads_back_everything() {
-    let dev = Arc::new(MemDevice::new(64 << 20));
-    let idx = Arc::new(MemIndex::new());
-    ftl::format(&dev, &idx, &FormatOptions::default(), false).unwrap();
+    let (dev, idx) = formatted_64m();
     let cfg = Config {
         map_cache_bytes: 0,
         checkpoint_page_batch: 3,
@@ -691,9 +683,7 @@ fn fragmentation_counts_the_backing_reads_of_each_window() {
 /// With the whole map in memory nothing misses; a prefetch past the end is refused.
 #[test]
 fn a_prefetched_map_range_is_read_without_an_index_read() {
-    let dev = Arc::new(MemDevice::new(64 << 20));
-    let idx = Arc::new(MemIndex::new());
-    ftl::format(&dev, &idx, &FormatOptions::default(), false).unwrap();
+    let (dev, idx) = formatted_64m();
     let cfg = Config {
         map_cache_bytes: 0,
         ..Config::default()
@@ -728,4 +718,12 @@ fn a_prefetched_map_range_is_read_without_an_index_read() {
     drop(f);
     let (f, _) = Ftl::open(dev, idx, Config::default()).unwrap();
     assert!((0..cap).step_by(64).all(|l| !f.map_misses(l, 1)));
+}
+
+/// A 64 MiB memory device and index, formatted with the default options (32 map pages).
+fn formatted_64m() -> (Arc<MemDevice>, Arc<MemIndex>) {
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    let idx = Arc::new(MemIndex::new());
+    ftl::format(&dev, &idx, &FormatOptions::default(), false).unwrap();
+    (dev, idx)
 }
