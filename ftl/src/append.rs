@@ -367,6 +367,11 @@ impl Appender {
         }
     }
 
+    /// Whether an allocation for `stream` finds a free segment now ([`Appender::keep_free`]).
+    pub fn may_allocate(&self, t: &Tables, stream: u8, data: bool, relocation: bool) -> bool {
+        t.segs.free_count() > self.keep_free(stream, data, relocation)
+    }
+
     /// Makes sure the stream has an open chunk with room for one entry (and a data block
     /// when `data`), sealing the full one into `out`. Only a `relocation` into
     /// [`GC_STREAM`] may open a segment out of the cleaner's reserve.

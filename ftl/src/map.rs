@@ -138,6 +138,13 @@ pub struct L2p {
     evictions: AtomicU64,
 }
 
+/// The map pages holding `count` entries from `lba` (`None`: none, or a range past the
+/// last LBA there can be).
+fn pages_of(lba: u64, count: u64) -> Option<std::ops::RangeInclusive<u64>> {
+    let end = lba.checked_add(count).filter(|_| count > 0)?;
+    Some(lba / PAGE_ENTRIES as u64..=(end - 1) / PAGE_ENTRIES as u64)
+}
+
 impl L2p {
     /// A map of `blocks` entries over the pages `reader` holds, caching at most about
     /// `cache_bytes` of pages (at least [`MIN_CACHE_PAGES`]; never more than the map).
@@ -360,15 +367,13 @@ impl L2p {
     /// after. A shard whose lock is held counts as a miss: its holder may be reading the
     /// index (map rule 4), and the caller must not wait for that.
     pub fn cached(&self, lba: u64, count: u64) -> bool {
-        if !self.partial() || count == 0 {
+        if !self.partial() {
             return true;
         }
-        let Some(end) = lba.checked_add(count) else {
+        let Some(pages) = pages_of(lba, count) else {
             return true;
         };
-        let first = lba / PAGE_ENTRIES as u64;
-        let last = (end - 1) / PAGE_ENTRIES as u64;
-        (first..=last).all(|p| match self.shard(p).try_lock() {
+        pages.into_iter().all(|p| match self.shard(p).try_lock() {
             Ok(sh) => sh.at.contains_key(&p),
             Err(_) => false,
         })
@@ -377,12 +382,7 @@ impl L2p {
     /// Loads the pages of `lba..lba + count` into the cache, so the changes that follow
     /// are unlikely to miss (a miss can fail; a trim changes several entries).
     pub fn prefetch(&self, lba: u64, count: u64) -> Result<()> {
-        if count == 0 {
-            return Ok(());
-        }
-        let first = lba / PAGE_ENTRIES as u64;
-        let last = (lba + count - 1) / PAGE_ENTRIES as u64;
-        for p in first..=last {
+        for p in pages_of(lba, count).into_iter().flatten() {
             self.with_page(p, |_| ())?;
         }
         Ok(())

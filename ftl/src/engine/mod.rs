@@ -511,7 +511,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 // generation shows only in the free list.
                 if relocation {
                     let freed = self.space.generation() != no_room_at
-                        || self.t.segs.free_count() > self.log.keep_free(sid, data, relocation);
+                        || self.log.may_allocate(&self.t, sid, data, relocation);
                     if !last_try && freed {
                         last_try = true;
                         continue;
@@ -522,7 +522,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 if !self.space.wait(no_room_at, self.cfg.space_wait) {
                     // A segment freed between the failed allocation and the look at the
                     // generation moved it already: one more try before giving up.
-                    if !last_try && self.t.segs.free_count() > self.cfg.gc_reserve_segments {
+                    if !last_try && self.log.may_allocate(&self.t, sid, data, relocation) {
                         last_try = true;
                         continue;
                     }

@@ -153,7 +153,10 @@ impl Region {
         else {
             return Ok(());
         };
-        let start = offset / 4096 * 4096;
+        // msync takes a start on a page of the system's size (not always 4 KiB).
+        // SAFETY: sysconf reads a constant of the system.
+        let page = (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(4096) as usize;
+        let start = offset / page * page;
         let end = (offset + len).min(*total);
         #[cfg(test)]
         super::tests::FILE_SYNCS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
