@@ -6,7 +6,8 @@
 # Usage: scripts/vm-e2e.sh [--no-deps]
 #   --no-deps  skip scripts/install-deps.sh --vm (idempotent, but needs root/apt)
 #
-# Environment: FTLBLK_VM_TIMEOUT (seconds for boot + test, default 1500), and every
+# Environment: FTLBLK_VM_TIMEOUT (seconds for boot + test, default 1500), FTLBLK_VM_MEMORY
+# (guest RAM, default 4G: the backings live on a tmpfs in the guest), and every
 # FTLBLK_E2E_* knob of e2e-guest.sh (passed into the guest by vm-run.sh).
 # Exit status: the guest test's status; 124/125 when the VM times out or cannot boot.
 set -euo pipefail
@@ -37,4 +38,5 @@ if [ ! -e /dev/ublk-control ]; then
 fi
 
 echo "== booting the VM for scripts/e2e-guest.sh"
-exec scripts/vm-run.sh --timeout "${FTLBLK_VM_TIMEOUT:-1500}" -- scripts/e2e-guest.sh
+exec scripts/vm-run.sh --timeout "${FTLBLK_VM_TIMEOUT:-1500}" --memory "${FTLBLK_VM_MEMORY:-4G}" \
+    -- scripts/e2e-guest.sh
