@@ -66,7 +66,7 @@ summary=()
 reproducers=()
 for t in $targets; do
     san="$(sanitizer_for "$t")"
-    echo "== $t: building (sanitizer: $san)"
+    echo "== [${SECONDS}s] $t: building (sanitizer: $san)"
     feat="$(features_for "$t")"
     # shellcheck disable=SC2086
     if ! cargo +nightly fuzz build -a -s "$san" $feat "$t" >"$logs/$t.build.log" 2>&1; then
@@ -79,7 +79,7 @@ for t in $targets; do
     mkdir -p "fuzz/corpus-run/$t" "fuzz/artifacts/$t"
     extra=()
     [ "$san" = address ] && extra+=(-malloc_limit_mb=256)
-    echo "== $t: fuzzing for ${secs}s"
+    echo "== [${SECONDS}s] $t: fuzzing for ${secs}s"
     # shellcheck disable=SC2086
     cargo +nightly fuzz run -a -s "$san" $feat "$t" "fuzz/corpus-run/$t" "fuzz/corpus/$t" -- \
         -max_total_time="$secs" -rss_limit_mb=2048 -timeout=60 -print_final_stats=1 \

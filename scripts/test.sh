@@ -26,13 +26,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each step's start, in seconds since the suite began (CI's limit is on the whole).
+step() { echo "== [${SECONDS}s] $*"; }
+
+step "dependencies (scripts/install-deps.sh --vm)"
 scripts/install-deps.sh --vm
 command -v cargo >/dev/null || { echo "test.sh: cargo not found (install rustup)" >&2; exit 1; }
 
-echo "== cargo fmt --check"
+step "cargo fmt --check"
 cargo fmt --all --check
 
-echo "== crash-rule mutants name code that exists (scripts/orderings-mutants.py --check)"
+step "crash-rule mutants name code that exists (scripts/orderings-mutants.py --check)"
 python3 scripts/orderings-mutants.py --check
 
 # Runs a command with its output appended to log $1 and only the lines matching $2
@@ -48,7 +52,7 @@ filtered() { # log pattern command...
 }
 : > /tmp/ftlblk-test.log
 
-echo "== cargo test (workspace, release)"
+step "cargo test (workspace, release)"
 status=0
 filtered /tmp/ftlblk-test.log "^(test result|running|error|warning: unused)|FAILED|panicked" \
     cargo test --workspace --release || status=$?
@@ -57,12 +61,12 @@ if [ "$status" -ne 0 ]; then
     tail -50 /tmp/ftlblk-test.log >&2
     exit "$status"
 fi
-echo "== schedule exploration under shuttle (ftl --features shuttle)"
+step "schedule exploration under shuttle (ftl --features shuttle)"
 filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked|scenario [0-9]+:" \
     cargo test -p ftl --features shuttle --test shuttle --release \
     || { echo "test.sh: shuttle tests failed (full log: /tmp/ftlblk-test.log)" >&2; tail -40 /tmp/ftlblk-test.log >&2; exit 1; }
 
-echo "== fuzz regressions and seed corpus replay (stable)"
+step "fuzz regressions and seed corpus replay (stable)"
 filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked" \
     cargo test --manifest-path fuzz/Cargo.toml --release \
     || { echo "test.sh: fuzz regression tests failed" >&2; tail -40 /tmp/ftlblk-test.log >&2; exit 1; }
@@ -70,10 +74,10 @@ filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked" \
     cargo test --manifest-path fuzz/Cargo.toml --release --features sched --test sched \
     || { echo "test.sh: sched fuzz regression tests failed" >&2; tail -40 /tmp/ftlblk-test.log >&2; exit 1; }
 
-echo "== fuzzing: every target ${FUZZ_SECONDS:-30} s from the committed seeds"
+step "fuzzing: every target ${FUZZ_SECONDS:-30} s from the committed seeds"
 scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
 
-echo "== ublk end-to-end tests in the VM"
+step "ublk end-to-end tests in the VM"
 : > /tmp/ftlblk-e2e.log
 e2e_status=0
 filtered /tmp/ftlblk-e2e.log "^(==|e2e|vm-run|vm-e2e|kill [0-9]|check while|backing allocation)|: ok|IOPS" \
@@ -86,3 +90,4 @@ fi
 
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "%d passed, %d failed\n", p, f }' /tmp/ftlblk-test.log
+echo "test.sh: the whole suite passed in ${SECONDS}s"
