@@ -616,6 +616,7 @@ mod tests {
             io_buf_bytes: 512 << 10,
             cleaner: false,
             pid: std::process::id(),
+            pid_start: 0,
             socket: sock.clone(),
             log: None,
             uuid: "u".into(),

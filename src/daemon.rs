@@ -362,6 +362,7 @@ fn serve(
         io_buf_bytes: cfg.io_buf_bytes,
         cleaner: cfg.cleaner,
         pid: std::process::id(),
+        pid_start: runfiles::pid_start_time(std::process::id()).unwrap_or(0),
         socket: runfiles::socket_path(id),
         log,
         uuid: ftl.superblock().uuid_string(),
@@ -476,7 +477,7 @@ fn serve(
         // Deleted: a record left from an earlier session (recovery) names nothing now
         // (unless another daemon took the freed id meanwhile).
         match runfiles::read_record(id) {
-            Ok(Some(r)) if r.pid != std::process::id() && runfiles::pid_alive(r.pid) => {}
+            Ok(Some(r)) if r.pid != std::process::id() && runfiles::daemon_alive(&r) => {}
             _ => runfiles::remove_record(id),
         }
     }

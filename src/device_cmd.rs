@@ -203,7 +203,7 @@ impl AddArgs {
 fn orphaned_device_of(backing: &Path) -> Option<u32> {
     runfiles::all_records()
         .into_iter()
-        .find(|r| same_backing(&r.backing, backing) && !runfiles::pid_alive(r.pid))
+        .find(|r| same_backing(&r.backing, backing) && !runfiles::daemon_alive(r))
         .map(|r| r.id)
         .filter(|&id| runfiles::kernel_has_device(id))
 }
@@ -338,7 +338,7 @@ pub fn recover(a: RecoverArgs) -> Result<(), CliError> {
             runfiles::record_path(id).display()
         ))
     })?;
-    if runfiles::pid_alive(rec.pid) {
+    if runfiles::daemon_alive(&rec) {
         return Err(CliError::Device(format!(
             "device {id} is still served by pid {}: nothing to recover",
             rec.pid
@@ -393,7 +393,7 @@ pub fn del(a: DelArgs) -> Result<(), CliError> {
     let ids: Vec<u32> = if a.all {
         runfiles::all_records()
             .into_iter()
-            .filter(|r| runfiles::pid_alive(r.pid) || runfiles::kernel_has_device(r.id))
+            .filter(|r| runfiles::daemon_alive(r) || runfiles::kernel_has_device(r.id))
             .map(|r| r.id)
             .collect()
     } else {
@@ -431,8 +431,8 @@ fn del_one(id: u32, timeout: Duration, force: bool) -> Result<String, CliError> 
     let rec = runfiles::read_record(id).ok().flatten();
     let daemon = rec
         .as_ref()
-        .map(|r| r.pid)
-        .filter(|&p| runfiles::pid_alive(p));
+        .filter(|r| runfiles::daemon_alive(r))
+        .map(|r| (r.pid, r.pid_start));
     if !runfiles::kernel_has_device(id) {
         return match (rec, daemon) {
             (Some(r), None) => {
@@ -441,7 +441,7 @@ fn del_one(id: u32, timeout: Duration, force: bool) -> Result<String, CliError> 
                     "ublk device {id} was already gone; removed its stale record"
                 ))
             }
-            (Some(_), Some(pid)) => Err(CliError::Device(format!(
+            (Some(_), Some((pid, _))) => Err(CliError::Device(format!(
                 "ublk device {id} does not exist in the kernel but its daemon (pid {pid}) runs: \
                  it is starting or stopping; try again"
             ))),
@@ -450,9 +450,9 @@ fn del_one(id: u32, timeout: Duration, force: bool) -> Result<String, CliError> 
     }
     owned_or_forced(id, rec.is_some(), force)?;
     kctl::kill_and_delete(id)?;
-    if let Some(pid) = daemon {
+    if let Some((pid, start)) = daemon {
         let deadline = Instant::now() + timeout;
-        while runfiles::pid_alive(pid) {
+        while runfiles::process_alive(pid, start) {
             if Instant::now() >= deadline {
                 return Err(CliError::Device(format!(
                     "ublk device {id} is deleted but its daemon (pid {pid}) did not exit within \
@@ -504,7 +504,7 @@ pub fn list(a: ListArgs) -> Result<(), CliError> {
     let entries: Vec<ListEntry> = runfiles::all_records()
         .into_iter()
         .filter_map(|r| {
-            let alive = runfiles::pid_alive(r.pid);
+            let alive = runfiles::daemon_alive(&r);
             let in_kernel = runfiles::kernel_has_device(r.id);
             if !alive && !in_kernel {
                 return None;

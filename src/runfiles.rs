@@ -7,8 +7,9 @@
 //! - `N.sock` is the daemon's stats socket (see `control`), present while it serves.
 //! - `N.log` is the daemon's stdout/stderr when it runs in the background; kept on exit.
 //!
-//! A record is *current* when its daemon is alive ([`pid_alive`]) or the kernel still has
-//! the device (`/dev/ublkcN` or `/sys/class/ublk-char/ublkcN`).
+//! A record is *current* when its daemon is alive ([`daemon_alive`]: the pid is a live
+//! `ftlblk` started when the record says) or the kernel still has the device
+//! (`/dev/ublkcN` or `/sys/class/ublk-char/ublkcN`).
 //!
 //! Used by the device commands, the launcher, the daemon and its control plane; uses only
 //! [`crate::error`].
@@ -90,6 +91,12 @@ pub struct DeviceRecord {
     /// in records of older daemons: the default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub discard_delay_ms: Option<u64>,
+    /// When the daemon started, in clock ticks after boot (field 22 of `/proc/PID/stat`):
+    /// with the pid, it names the process, so a pid the kernel gave to another `ftlblk`
+    /// after the daemon died is not taken for it ([`daemon_alive`]). 0 in records of
+    /// older daemons: the pid alone decides.
+    #[serde(default)]
+    pub pid_start: u64,
 }
 
 /// Writes `N.json` atomically.
@@ -152,7 +159,7 @@ pub fn remove_record(id: u32) {
 /// removed them.
 pub fn remove_record_of(id: u32, pid: u32) -> bool {
     match read_record(id) {
-        Ok(Some(r)) if another_daemons(r.pid, pid, pid_alive) => false,
+        Ok(Some(r)) if another_daemons(r.pid, pid, || daemon_alive(&r)) => false,
         _ => {
             remove_record(id);
             true
@@ -160,13 +167,41 @@ pub fn remove_record_of(id: u32, pid: u32) -> bool {
     }
 }
 
-/// Whether a record of daemon `recorded` belongs to another live daemon than `own`.
-fn another_daemons(recorded: u32, own: u32, alive: impl Fn(u32) -> bool) -> bool {
-    recorded != own && alive(recorded)
+/// Whether a record of daemon `recorded` belongs to another live daemon than `own`
+/// (`alive`: whether the recorded daemon lives).
+fn another_daemons(recorded: u32, own: u32, alive: impl Fn() -> bool) -> bool {
+    recorded != own && alive()
+}
+
+/// Whether the daemon `rec` names is alive: its pid is a live `ftlblk` that started
+/// when the record says. After a kill -9 the kernel may give the pid to another
+/// process, another daemon's included; `recover` then refused with "still served by"
+/// that daemon, and `del` waited for it to exit.
+pub fn daemon_alive(rec: &DeviceRecord) -> bool {
+    process_alive(rec.pid, rec.pid_start)
+}
+
+/// Whether `pid` is a live `ftlblk` started at `start` ([`pid_start_time`]; 0: at any
+/// time, for records of older daemons).
+pub fn process_alive(pid: u32, start: u64) -> bool {
+    pid_alive(pid) && same_start(start, pid_start_time(pid))
+}
+
+fn same_start(recorded: u64, now: Option<u64>) -> bool {
+    recorded == 0 || now == Some(recorded)
+}
+
+/// When process `pid` started, in clock ticks after boot (field 22 of
+/// `/proc/PID/stat`); `None` if there is no such process.
+pub fn pid_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) S ...": the fields after the last ')' start at field 3.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(22 - 3)?.parse().ok()
 }
 
 /// Whether `pid` is a live (not zombie) ftlblk process.
-pub fn pid_alive(pid: u32) -> bool {
+fn pid_alive(pid: u32) -> bool {
     if pid == 0 {
         return false;
     }
@@ -205,6 +240,7 @@ mod tests {
             io_buf_bytes: 512 << 10,
             cleaner: true,
             pid: std::process::id(),
+            pid_start: 0,
             socket: socket_path(7),
             log: None,
             uuid: "u".into(),
@@ -219,10 +255,10 @@ mod tests {
         std::fs::write(dir.path().join("junk.json"), "{").unwrap();
         assert_eq!(all_records(), vec![rec.clone()]);
         // A live other daemon's record is left; its own daemon's, or a dead one's, goes.
-        let alive = |p: u32| p == 42;
-        assert!(another_daemons(42, 7, alive));
-        assert!(!another_daemons(42, 42, alive));
-        assert!(!another_daemons(43, 7, alive));
+        let alive = |p: u32| move || p == 42;
+        assert!(another_daemons(42, 7, alive(42)));
+        assert!(!another_daemons(42, 42, alive(42)));
+        assert!(!another_daemons(43, 7, alive(43)));
         // The test process is no `ftlblk`: its record counts as a dead daemon's.
         assert!(remove_record_of(7, rec.pid + 1));
         assert_eq!(read_record(7).unwrap(), None);
@@ -235,5 +271,35 @@ mod tests {
     fn pid_checks() {
         assert!(!pid_alive(0));
         assert!(!pid_alive(u32::MAX - 1));
+        assert!(!process_alive(u32::MAX - 1, 0));
+        assert_eq!(pid_start_time(u32::MAX - 1), None);
+    }
+
+    /// A pid names the daemon only with its start time: a process started at another
+    /// time under the same pid is not it.
+    #[test]
+    fn a_pid_is_the_daemon_only_with_its_start_time() {
+        let me = pid_start_time(std::process::id()).expect("our own start time");
+        assert!(me > 0);
+        assert_eq!(pid_start_time(std::process::id()), Some(me), "stable");
+        // A child started later has a start time of its own, not before ours.
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let theirs = pid_start_time(child.id()).expect("the child's start time");
+        assert!(theirs >= me);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(same_start(me, Some(me)));
+        assert!(
+            !same_start(me, Some(me + 1)),
+            "the pid reused by a later process"
+        );
+        assert!(!same_start(me, None), "no such process");
+        assert!(
+            same_start(0, Some(me + 1)),
+            "a record of an older daemon: the pid decides"
+        );
     }
 }

@@ -59,7 +59,7 @@ fn fetch_stats(id: u32) -> Result<String, CliError> {
             return Err(match runfiles::read_record(id) {
                 // A record that cannot be read is not a missing one: say why.
                 Err(re) => re,
-                Ok(Some(r)) if !runfiles::pid_alive(r.pid) => CliError::Device(format!(
+                Ok(Some(r)) if !runfiles::daemon_alive(&r) => CliError::Device(format!(
                     "the daemon of device {id} (pid {}) is not running; if /dev/ublkb{id} still \
                      exists, re-attach it with `ftlblk recover -n {id}`",
                     r.pid

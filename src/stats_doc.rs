@@ -352,6 +352,7 @@ mod tests {
             io_buf_bytes: 512 << 10,
             cleaner: true,
             pid: 42,
+            pid_start: 0,
             socket: "/run/ftlblk/3.sock".into(),
             log: None,
             uuid: "u".into(),
