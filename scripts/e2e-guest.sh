@@ -458,6 +458,7 @@ listed="$("$BIN" list)" || fail "list failed"
 echo "$listed" | grep -q "exported over NVMe-oF" && fail "list still shows an export"
 "$BIN" del -n "$NVID" || fail "del -n $NVID after unexport"
 "$BIN" check --backing "$NV" || fail "check of the exported backing"
+rm -rf "$NV" "$NV.ftlidx"
 
 # ---------------------------------------------------------------------------------------
 step "4d. a map cache smaller than the map: READs that miss it (index read on an I/O worker) verify"

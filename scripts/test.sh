@@ -22,7 +22,8 @@
 #    runs scripts/e2e-guest.sh inside (four file systems, fio verify, discard, kill -9 +
 #    recover, double add, SIGTERM; `ftlblk check` after each). A VM that cannot boot
 #    fails the suite (exit 124/125), it is never skipped.
-# Exits non-zero on any failure.
+# Builds into target/suite (or $CARGO_TARGET_DIR) without debug info; prints each step's
+# start in seconds. Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -83,7 +84,9 @@ filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked" \
     || { echo "test.sh: sched fuzz regression tests failed" >&2; tail -40 /tmp/ftlblk-test.log >&2; exit 1; }
 
 step "fuzzing: every target ${FUZZ_SECONDS:-30} s from the committed seeds"
-# cargo-fuzz builds with nightly and sanitizers into fuzz/target (nothing to share).
+# cargo-fuzz builds with nightly and sanitizers into fuzz/target (nothing to share),
+# also without debug info (a panic still names its file and line; libFuzzer's stacks
+# name functions).
 env -u CARGO_TARGET_DIR scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
 
 step "ublk end-to-end tests in the VM"

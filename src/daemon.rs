@@ -286,7 +286,8 @@ fn serve_device(cfg: DaemonConfig, notifier: &Arc<Notifier>) -> Result<(), CliEr
         .map_err(|e| CliError::ftl_at("closing the FTL", e));
     match (&result, &closed) {
         (Ok(Some(id)), _) => {
-            runfiles::remove_record_of(*id, std::process::id());
+            let me = std::process::id();
+            runfiles::remove_record_of(*id, me, runfiles::pid_start_time(me).unwrap_or(0));
             eprintln!(
                 "ftlblk: device {id} removed, FTL {}",
                 if closed.is_ok() {

@@ -436,7 +436,7 @@ fn del_one(id: u32, timeout: Duration, force: bool) -> Result<String, CliError> 
     if !runfiles::kernel_has_device(id) {
         return match (rec, daemon) {
             (Some(r), None) => {
-                runfiles::remove_record_of(id, r.pid);
+                runfiles::remove_record_of(id, r.pid, r.pid_start);
                 Ok(format!(
                     "ublk device {id} was already gone; removed its stale record"
                 ))
@@ -465,7 +465,7 @@ fn del_one(id: u32, timeout: Duration, force: bool) -> Result<String, CliError> 
     // Only the record of the daemon stopped here: the freed id may already be another
     // device's, whose `add` wrote its own record.
     if let Some(r) = &rec {
-        runfiles::remove_record_of(id, r.pid);
+        runfiles::remove_record_of(id, r.pid, r.pid_start);
     } else {
         runfiles::remove_record(id);
     }

@@ -151,15 +151,16 @@ pub fn remove_record(id: u32) {
     let _ = std::fs::remove_file(socket_path(id));
 }
 
-/// Removes `N.json` and `N.sock` unless the record names another live daemon than
-/// `pid` (a record of `pid`, of a dead daemon, or none readable goes). Once a device is
-/// deleted in the kernel its id is free: an `add` may take it and write its own record
-/// while the old daemon still closes its FTL, and the old daemon's (or `del`'s) cleanup
-/// removed the new device's record (found by review, 2026-11-27). Says whether it
-/// removed them.
-pub fn remove_record_of(id: u32, pid: u32) -> bool {
+/// Removes `N.json` and `N.sock` unless the record names another live daemon than the
+/// process `pid` started at `start` (a record of that process, of a dead daemon, or none
+/// readable goes). Once a device is deleted in the kernel its id is free: an `add` may
+/// take it and write its own record while the old daemon still closes its FTL, and the
+/// old daemon's (or `del`'s) cleanup removed the new device's record (found by review,
+/// 2026-11-27). The start time tells the new daemon from the old when the kernel gave it
+/// the old one's pid. Says whether it removed them.
+pub fn remove_record_of(id: u32, pid: u32, start: u64) -> bool {
     match read_record(id) {
-        Ok(Some(r)) if another_daemons(r.pid, pid, || daemon_alive(&r)) => false,
+        Ok(Some(r)) if another_daemons(&r, (pid, start), || daemon_alive(&r)) => false,
         _ => {
             remove_record(id);
             true
@@ -167,10 +168,12 @@ pub fn remove_record_of(id: u32, pid: u32) -> bool {
     }
 }
 
-/// Whether a record of daemon `recorded` belongs to another live daemon than `own`
-/// (`alive`: whether the recorded daemon lives).
-fn another_daemons(recorded: u32, own: u32, alive: impl Fn() -> bool) -> bool {
-    recorded != own && alive()
+/// Whether `rec` belongs to another live daemon than the process `own` (pid, start time;
+/// a start time of 0 on either side: the pid alone decides). `alive`: whether the
+/// recorded daemon lives.
+fn another_daemons(rec: &DeviceRecord, own: (u32, u64), alive: impl Fn() -> bool) -> bool {
+    let same = rec.pid == own.0 && (rec.pid_start == 0 || own.1 == 0 || rec.pid_start == own.1);
+    !same && alive()
 }
 
 /// Whether the daemon `rec` names is alive: its pid is a live `ftlblk` that started
@@ -256,11 +259,21 @@ mod tests {
         assert_eq!(all_records(), vec![rec.clone()]);
         // A live other daemon's record is left; its own daemon's, or a dead one's, goes.
         let alive = |p: u32| move || p == 42;
-        assert!(another_daemons(42, 7, alive(42)));
-        assert!(!another_daemons(42, 42, alive(42)));
-        assert!(!another_daemons(43, 7, alive(43)));
+        let of = |pid: u32, pid_start: u64| DeviceRecord {
+            pid,
+            pid_start,
+            ..rec.clone()
+        };
+        assert!(another_daemons(&of(42, 0), (7, 0), alive(42)));
+        assert!(!another_daemons(&of(42, 0), (42, 0), alive(42)));
+        assert!(!another_daemons(&of(43, 0), (7, 0), alive(43)));
+        // The pid reused: the record of a daemon started later under the same pid is
+        // another daemon's; the same start time (or an older record without one) is ours.
+        assert!(another_daemons(&of(42, 900), (42, 500), alive(42)));
+        assert!(!another_daemons(&of(42, 500), (42, 500), alive(42)));
+        assert!(!another_daemons(&of(42, 0), (42, 500), alive(42)));
         // The test process is no `ftlblk`: its record counts as a dead daemon's.
-        assert!(remove_record_of(7, rec.pid + 1));
+        assert!(remove_record_of(7, rec.pid + 1, 0));
         assert_eq!(read_record(7).unwrap(), None);
         remove_record(7);
         assert_eq!(read_record(7).unwrap(), None);
