@@ -286,8 +286,8 @@ fn serve_device(cfg: DaemonConfig, notifier: &Arc<Notifier>) -> Result<(), CliEr
         .map_err(|e| CliError::ftl_at("closing the FTL", e));
     match (&result, &closed) {
         (Ok(Some(id)), _) => {
-            let me = std::process::id();
-            runfiles::remove_record_of(*id, me, runfiles::pid_start_time(me).unwrap_or(0));
+            let (pid, start) = runfiles::own_process();
+            runfiles::remove_record_of(*id, pid, start);
             eprintln!(
                 "ftlblk: device {id} removed, FTL {}",
                 if closed.is_ok() {
@@ -350,6 +350,7 @@ fn serve(
         })?;
     let id = ctrl.dev_info().dev_id;
     let log = launch::settle_log(cfg.log.as_ref(), id);
+    let (pid, pid_start) = runfiles::own_process();
     let record = DeviceRecord {
         id,
         block_device: runfiles::bdev_path(id),
@@ -362,8 +363,8 @@ fn serve(
         depth: cfg.depth,
         io_buf_bytes: cfg.io_buf_bytes,
         cleaner: cfg.cleaner,
-        pid: std::process::id(),
-        pid_start: runfiles::pid_start_time(std::process::id()).unwrap_or(0),
+        pid,
+        pid_start,
         socket: runfiles::socket_path(id),
         log,
         uuid: ftl.superblock().uuid_string(),
@@ -477,10 +478,8 @@ fn serve(
     if failed.is_some() {
         // Deleted: a record left from an earlier session (recovery) names nothing now
         // (unless another daemon took the freed id meanwhile).
-        match runfiles::read_record(id) {
-            Ok(Some(r)) if r.pid != std::process::id() && runfiles::daemon_alive(&r) => {}
-            _ => runfiles::remove_record(id),
-        }
+        let (pid, start) = runfiles::own_process();
+        runfiles::remove_record_of(id, pid, start);
     }
     start_outcome(id, failed)
 }

@@ -172,7 +172,7 @@ pub fn remove_record_of(id: u32, pid: u32, start: u64) -> bool {
 /// a start time of 0 on either side: the pid alone decides). `alive`: whether the
 /// recorded daemon lives.
 fn another_daemons(rec: &DeviceRecord, own: (u32, u64), alive: impl Fn() -> bool) -> bool {
-    let same = rec.pid == own.0 && (rec.pid_start == 0 || own.1 == 0 || rec.pid_start == own.1);
+    let same = rec.pid == own.0 && (own.1 == 0 || same_start(rec.pid_start, Some(own.1)));
     !same && alive()
 }
 
@@ -192,6 +192,12 @@ pub fn process_alive(pid: u32, start: u64) -> bool {
 
 fn same_start(recorded: u64, now: Option<u64>) -> bool {
     recorded == 0 || now == Some(recorded)
+}
+
+/// This process: its pid and start time (0 if unreadable), as its record names it.
+pub fn own_process() -> (u32, u64) {
+    let pid = std::process::id();
+    (pid, pid_start_time(pid).unwrap_or(0))
 }
 
 /// When process `pid` started, in clock ticks after boot (field 22 of
