@@ -18,10 +18,11 @@
 # 4. the fuzz crate's tests (every seed and regression input replayed; the `sched`
 #    target's with --features sched), then every cargo-fuzz target for FUZZ_SECONDS
 #    (default 30 here; scripts/fuzz.sh alone defaults to 60, FUZZ_SECONDS=600 soaks) with scripts/fuzz.sh;
-# 5. the ublk end-to-end tests (scripts/vm-e2e.sh): boots the 6.12 kernel under QEMU and
-#    runs scripts/e2e-guest.sh inside (four file systems, fio verify, discard, kill -9 +
-#    recover, double add, SIGTERM; `ftlblk check` after each). A VM that cannot boot
-#    fails the suite (exit 124/125), it is never skipped.
+# 5. the ublk end-to-end tests (scripts/vm-e2e.sh --no-build: the binary cargo test built):
+#    boots the 6.12 kernel under QEMU and runs scripts/e2e-guest.sh inside (four file
+#    systems, fio verify, discard, kill -9 + recover, double add, SIGTERM; `ftlblk check`
+#    after each). A VM that cannot boot fails the suite (exit 124/125), it is never skipped.
+#    Steps 3 and 4 run beside it at nice 19 (their output follows the VM's).
 # Builds into target/suite (or $CARGO_TARGET_DIR) without debug info; prints each step's
 # start in seconds. Exits non-zero on any failure.
 set -euo pipefail
@@ -70,34 +71,59 @@ if [ "$status" -ne 0 ]; then
     tail -50 /tmp/ftlblk-test.log >&2
     exit "$status"
 fi
-step "schedule exploration under shuttle (ftl --features shuttle)"
-filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked|scenario [0-9]+:" \
-    cargo test -p ftl --features shuttle --test shuttle --release \
-    || { echo "test.sh: shuttle tests failed (full log: /tmp/ftlblk-test.log)" >&2; tail -40 /tmp/ftlblk-test.log >&2; exit 1; }
+# The VM's run is the longest step (about 13 minutes), and its emulated CPUs leave about a
+# quarter of the host's two cores idle. Shuttle, the fuzz crate's tests and the fuzzing
+# (about 9 minutes of builds and runs when alone) run beside it at the lowest priority
+# (nice 19), so they take what the VM leaves and barely slow it; their output goes to
+# /tmp/ftlblk-beside.log and is shown after the VM's. `cargo test` above built the
+# binary the VM tests (tests/cli.rs needs it): nothing else builds into target/suite
+# then (cargo-fuzz builds into fuzz/target).
+beside() {
+    step "schedule exploration under shuttle (ftl --features shuttle)"
+    filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked|scenario [0-9]+:" \
+        cargo test -p ftl --features shuttle --test shuttle --release \
+        || { echo "test.sh: shuttle tests failed (full log: /tmp/ftlblk-test.log)"; tail -40 /tmp/ftlblk-test.log; return 1; }
 
-step "fuzz regressions and seed corpus replay (stable)"
-filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked" \
-    cargo test --manifest-path fuzz/Cargo.toml --release \
-    || { echo "test.sh: fuzz regression tests failed" >&2; tail -40 /tmp/ftlblk-test.log >&2; exit 1; }
-filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked" \
-    cargo test --manifest-path fuzz/Cargo.toml --release --features sched --test sched \
-    || { echo "test.sh: sched fuzz regression tests failed" >&2; tail -40 /tmp/ftlblk-test.log >&2; exit 1; }
+    step "fuzz regressions and seed corpus replay (stable)"
+    filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked" \
+        cargo test --manifest-path fuzz/Cargo.toml --release \
+        || { echo "test.sh: fuzz regression tests failed"; tail -40 /tmp/ftlblk-test.log; return 1; }
+    filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked" \
+        cargo test --manifest-path fuzz/Cargo.toml --release --features sched --test sched \
+        || { echo "test.sh: sched fuzz regression tests failed"; tail -40 /tmp/ftlblk-test.log; return 1; }
 
-step "fuzzing: every target ${FUZZ_SECONDS:-30} s from the committed seeds"
-# cargo-fuzz builds with nightly and sanitizers into fuzz/target (nothing to share),
-# also without debug info (a panic still names its file and line; libFuzzer's stacks
-# name functions).
-env -u CARGO_TARGET_DIR scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
+    step "fuzzing: every target ${FUZZ_SECONDS:-30} s from the committed seeds"
+    # cargo-fuzz builds with nightly into fuzz/target (nothing to share), also without
+    # debug info (a panic still names its file and line; libFuzzer's stacks name
+    # functions). Here every target runs without a sanitizer: decode, request, ops and
+    # open_corrupt then share one build, and sched has the other (ASan for decode and
+    # request, fuzz.sh's own default, was a third build of the whole tree, about 90 s;
+    # the code they drive is safe Rust but for AlignedBuf, and -rss_limit_mb still stops
+    # a huge allocation). Soaks keep ASan: scripts/fuzz.sh 600, or FUZZ_SANITIZER=address
+    # here. -max_total_time is wall time: beside the VM a target runs fewer cases.
+    env -u CARGO_TARGET_DIR FUZZ_SANITIZER="${FUZZ_SANITIZER:-none}" scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
+}
 
-step "ublk end-to-end tests in the VM"
+step "ublk end-to-end tests in the VM; beside it (nice 19): shuttle, the fuzz crate's tests, fuzzing"
+: > /tmp/ftlblk-beside.log
+( renice -n 19 -p "$BASHPID" >/dev/null; beside ) > /tmp/ftlblk-beside.log 2>&1 &
+beside_pid=$!
 : > /tmp/ftlblk-e2e.log
 e2e_status=0
 filtered /tmp/ftlblk-e2e.log "^(==|e2e|vm-run|vm-e2e|kill [0-9]|check while|backing allocation)|: ok|IOPS" \
-    scripts/vm-e2e.sh --no-deps || e2e_status=$?
+    scripts/vm-e2e.sh --no-deps --no-build || e2e_status=$?
+step "the VM's run ended (exit $e2e_status); waiting for shuttle and the fuzzing beside it"
+beside_status=0
+wait "$beside_pid" || beside_status=$?
+cat /tmp/ftlblk-beside.log
 if [ "$e2e_status" -ne 0 ]; then
     echo "test.sh: ublk end-to-end tests failed (exit $e2e_status; full log: /tmp/ftlblk-e2e.log)" >&2
     tail -60 /tmp/ftlblk-e2e.log >&2
     exit "$e2e_status"
+fi
+if [ "$beside_status" -ne 0 ]; then
+    echo "test.sh: shuttle, the fuzz crate's tests or the fuzzing failed (exit $beside_status; above)" >&2
+    exit "$beside_status"
 fi
 
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }

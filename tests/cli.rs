@@ -1,0 +1,213 @@
+//! The `ftlblk` binary as a user runs it, on this host (no ublk, no root needed): the
+//! offline commands' exit codes (0 ok; `check`: 1 when it finds a problem, 2 when it
+//! cannot check; every other command 2 on failure), their messages, and that a refused
+//! or read-only command leaves the backing as it was.
+//!
+//! Building this test also makes `cargo test` build the binary itself (into
+//! `$CARGO_TARGET_DIR/release/ftlblk`), which `scripts/test.sh` hands to the VM's ublk
+//! tests (`scripts/vm-e2e.sh --no-build`) instead of building it a second time.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn ftlblk(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ftlblk"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("the ftlblk binary runs")
+}
+
+fn code(out: &Output) -> i32 {
+    out.status
+        .code()
+        .expect("ftlblk exited (not killed by a signal)")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn format_64m(dir: &Path) {
+    let out = ftlblk(&["format", "--backing", "b.img", "--size", "64M"], dir);
+    assert_eq!(code(&out), 0, "format: {}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("format prints JSON");
+    assert_eq!(v["segments"], 64, "format's JSON: {v}");
+    assert!(
+        dir.join("b.img.ftlidx").is_dir(),
+        "the index goes beside the file"
+    );
+}
+
+#[test]
+fn format_info_and_check_of_a_new_backing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    format_64m(dir.path());
+    let meta = std::fs::metadata(dir.path().join("b.img")).expect("backing created");
+    assert_eq!(meta.len(), 64 << 20);
+
+    let out = ftlblk(&["info", "--backing", "b.img"], dir.path());
+    assert_eq!(code(&out), 0, "info: {}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("info prints JSON");
+    assert_eq!(v["geometry"]["segment_count"], 64, "info: {v}");
+    assert_eq!(v["stats"]["mapped_blocks"], 0, "info: {v}");
+
+    let out = ftlblk(&["check", "--backing", "b.img"], dir.path());
+    assert_eq!(code(&out), 0, "check: {}", text(&out));
+    assert!(text(&out).contains("clean"), "check: {}", text(&out));
+}
+
+#[test]
+fn a_second_format_is_refused_and_loses_nothing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    format_64m(dir.path());
+    let before = std::fs::read(dir.path().join("b.img")).expect("read backing");
+    let out = ftlblk(
+        &["format", "--backing", "b.img", "--size", "64M"],
+        dir.path(),
+    );
+    assert_eq!(code(&out), 2, "a second format: {}", text(&out));
+    assert!(
+        text(&out).contains("already formatted") && text(&out).contains("--force"),
+        "the refusal says why and how: {}",
+        text(&out)
+    );
+    assert!(
+        std::fs::read(dir.path().join("b.img")).expect("read backing") == before,
+        "a refused format changed the backing"
+    );
+}
+
+#[test]
+fn check_finds_a_damaged_superblock_and_writes_nothing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    format_64m(dir.path());
+    let path = dir.path().join("b.img");
+    let mut image = std::fs::read(&path).expect("read backing");
+    // Copy A of the superblock sits at the backing's start.
+    image[..4096].fill(0xA5);
+    std::fs::write(&path, &image).expect("damage copy A");
+
+    let out = ftlblk(&["check", "--backing", "b.img"], dir.path());
+    assert_eq!(
+        code(&out),
+        1,
+        "check of a damaged superblock: {}",
+        text(&out)
+    );
+    assert!(
+        text(&out).contains("superblock") && text(&out).contains("NOT CLEAN"),
+        "check names what it found: {}",
+        text(&out)
+    );
+    assert!(
+        std::fs::read(&path).expect("read backing") == image,
+        "check is read-only, yet the backing changed"
+    );
+
+    // Opening (info) rewrites copy A from copy B and says so; check is clean after.
+    let out = ftlblk(&["info", "--backing", "b.img"], dir.path());
+    assert_eq!(code(&out), 0, "info: {}", text(&out));
+    assert!(
+        text(&out).contains("rewritten from copy B"),
+        "info: {}",
+        text(&out)
+    );
+    let out = ftlblk(&["check", "--backing", "b.img"], dir.path());
+    assert_eq!(code(&out), 0, "check after the repair: {}", text(&out));
+}
+
+#[test]
+fn check_of_something_that_is_not_a_backing_cannot_check() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("zeros.img"), vec![0u8; 32 << 20]).expect("write file");
+    let out = ftlblk(&["check", "--backing", "zeros.img"], dir.path());
+    assert_eq!(code(&out), 2, "check of zeros: {}", text(&out));
+    let out = ftlblk(&["check", "--backing", "missing.img"], dir.path());
+    assert_eq!(code(&out), 2, "check of a missing file: {}", text(&out));
+    assert!(
+        !dir.path().join("missing.img").exists(),
+        "check created the file"
+    );
+}
+
+#[test]
+fn a_backing_too_small_is_refused_and_not_left_behind() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = ftlblk(
+        &["format", "--backing", "s.img", "--size", "1M"],
+        dir.path(),
+    );
+    assert_eq!(code(&out), 2, "format of 1 MiB: {}", text(&out));
+    assert!(
+        text(&out).contains("too small"),
+        "the error says why: {}",
+        text(&out)
+    );
+    assert!(
+        !dir.path().join("s.img").exists(),
+        "a refused format left its file"
+    );
+    assert!(
+        !dir.path().join("s.img.ftlidx").exists(),
+        "a refused format left its index"
+    );
+}
+
+#[test]
+fn replay_reports_write_amplification() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = ftlblk(
+        &[
+            "replay",
+            "--workload",
+            "uniform",
+            "--capacity",
+            "64M",
+            "--loops",
+            "2",
+            "--json",
+        ],
+        dir.path(),
+    );
+    assert_eq!(code(&out), 0, "replay: {}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("replay --json");
+    let waf = v["waf"].as_f64().expect("a WAF figure");
+    let user = v["user_blocks"].as_f64().expect("user blocks");
+    let backing = v["backing_blocks"].as_f64().expect("backing blocks");
+    assert!(
+        user >= 2.0 * 16384.0,
+        "two loops over 64 MiB wrote {user} blocks"
+    );
+    assert!(
+        (waf - backing / user).abs() < 1e-9,
+        "WAF {waf} is not backing {backing} over user {user} blocks"
+    );
+    assert!(
+        waf >= 1.0 && waf < 20.0,
+        "uniform writes at 20% spare amplify, and not beyond reason: {waf}"
+    );
+}
+
+#[test]
+fn usage_errors_exit_2_and_help_exits_0() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = ftlblk(&["bogus"], dir.path());
+    assert_eq!(code(&out), 2, "{}", text(&out));
+    assert!(
+        text(&out).contains("unrecognized subcommand"),
+        "{}",
+        text(&out)
+    );
+    let out = ftlblk(&["--help"], dir.path());
+    assert_eq!(code(&out), 0, "{}", text(&out));
+    for cmd in [
+        "format", "add", "del", "recover", "check", "replay", "bench",
+    ] {
+        assert!(text(&out).contains(cmd), "--help does not list {cmd}");
+    }
+}
