@@ -5,6 +5,7 @@
 #   FUZZ_TARGETS="ops decode"   run only these targets (default: all of fuzz/fuzz_targets)
 #   FUZZ_SANITIZER=address      sanitizer for every target but sched (default: per target, below)
 #   FTL_FUZZ_KNOWN=report       also stop at known open bugs (fuzz/src/known.rs)
+#   FUZZ_JOBS=2                 targets fuzzed at once, after every one is built (default 1)
 #
 # 1. installs cargo-fuzz if missing (cargo install cargo-fuzz --locked) and checks that
 #    the nightly toolchain exists (installs it with rustup if not);
@@ -66,6 +67,14 @@ sanitizer_for() {
 failed=()
 summary=()
 reproducers=()
+jobs="${FUZZ_JOBS:-1}"
+case "$jobs" in
+    '' | *[!0-9]* | 0) echo "fuzz.sh: FUZZ_JOBS must be a positive number, got '$jobs'" >&2; exit 2 ;;
+esac
+
+# Every target is built first, then they run FUZZ_JOBS at a time (libFuzzer runs one
+# process per target on one core; the builds use every core).
+built=()
 for t in $targets; do
     san="$(sanitizer_for "$t")"
     echo "== [${SECONDS}s] $t: building (sanitizer: $san)"
@@ -78,15 +87,39 @@ for t in $targets; do
         summary+=("$(printf '%-14s %10s %10s %10s  %s' "$t" - - - "BUILD FAILED")")
         continue
     fi
+    built+=("$t")
+done
+
+# run_target T: fuzzes T for $secs seconds; its log in $logs/T.log, its exit status in
+# $logs/T.rc.
+run_target() {
+    local t=$1 san feat
+    rm -f "$logs/$t.rc"
+    san="$(sanitizer_for "$t")"
+    feat="$(features_for "$t")"
     mkdir -p "fuzz/corpus-run/$t" "fuzz/artifacts/$t"
-    extra=()
+    local extra=()
     [ "$san" = address ] && extra+=(-malloc_limit_mb=256)
-    echo "== [${SECONDS}s] $t: fuzzing for ${secs}s"
     # shellcheck disable=SC2086
     cargo +nightly fuzz run -a -s "$san" $feat "$t" "fuzz/corpus-run/$t" "fuzz/corpus/$t" -- \
         -max_total_time="$secs" -rss_limit_mb=2048 -timeout=60 -print_final_stats=1 \
         "${extra[@]}" >"$logs/$t.log" 2>&1
-    rc=$?
+    echo $? >"$logs/$t.rc"
+}
+running=0
+for t in "${built[@]}"; do
+    if [ "$running" -ge "$jobs" ]; then
+        wait -n || true
+        running=$((running - 1))
+    fi
+    echo "== [${SECONDS}s] $t: fuzzing for ${secs}s"
+    run_target "$t" &
+    running=$((running + 1))
+done
+wait
+
+for t in "${built[@]}"; do
+    rc="$(cat "$logs/$t.rc" 2>/dev/null || echo 1)"
     # libFuzzer's last status line: "#N  DONE  cov: C ft: F corp: ... exec/s: E rss: ..."
     last="$(grep -E '^#[0-9]+' "$logs/$t.log" | tail -1)"
     field() { echo "$last" | sed -n "s|.* $1 \([0-9]*\).*|\1|p"; }

@@ -71,13 +71,15 @@ if [ "$status" -ne 0 ]; then
     tail -50 /tmp/ftlblk-test.log >&2
     exit "$status"
 fi
-# The VM's run is the longest step (about 13 minutes), and its emulated CPUs leave about a
-# quarter of the host's two cores idle. Shuttle, the fuzz crate's tests and the fuzzing
-# (about 9 minutes of builds and runs when alone) run beside it at the lowest priority
-# (nice 19), so they take what the VM leaves and barely slow it; their output goes to
-# /tmp/ftlblk-beside.log and is shown after the VM's. `cargo test` above built the
-# binary the VM tests (tests/cli.rs needs it): nothing else builds into target/suite
-# then (cargo-fuzz builds into fuzz/target).
+# The VM's run is the longest step (13-14 minutes), and its emulated CPUs leave about a
+# quarter of the host's two cores idle (807 s wall, 1249 s CPU). Shuttle, the fuzz
+# crate's tests and the fuzzing (about 9 minutes of builds and runs when alone) run
+# beside it at the lowest priority (nice 19), so they take what the VM leaves and barely
+# slow it: shuttle and the fuzz crate's tests end within the VM's run, the fuzzing
+# mostly after it (2026-11-28: 1858 s in all, against 2080 s one step after another).
+# Their output goes to /tmp/ftlblk-beside.log and is shown after the VM's. `cargo test`
+# above built the binary the VM tests (tests/cli.rs needs it): nothing else builds into
+# target/suite then (cargo-fuzz builds into fuzz/target).
 beside() {
     step "schedule exploration under shuttle (ftl --features shuttle)"
     filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked|scenario [0-9]+:" \
@@ -100,8 +102,10 @@ beside() {
     # request, fuzz.sh's own default, was a third build of the whole tree, about 90 s;
     # the code they drive is safe Rust but for AlignedBuf, and -rss_limit_mb still stops
     # a huge allocation). Soaks keep ASan: scripts/fuzz.sh 600, or FUZZ_SANITIZER=address
-    # here. -max_total_time is wall time: beside the VM a target runs fewer cases.
-    env -u CARGO_TARGET_DIR FUZZ_SANITIZER="${FUZZ_SANITIZER:-none}" scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
+    # here. Two targets fuzz at once once all are built (FUZZ_JOBS: libFuzzer takes one
+    # core). -max_total_time is wall time: beside the VM a target runs fewer cases.
+    env -u CARGO_TARGET_DIR FUZZ_SANITIZER="${FUZZ_SANITIZER:-none}" FUZZ_JOBS="${FUZZ_JOBS:-2}" \
+        scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
 }
 
 step "ublk end-to-end tests in the VM; beside it (nice 19): shuttle, the fuzz crate's tests, fuzzing"
