@@ -188,7 +188,7 @@ fn replay_reports_write_amplification() {
         "WAF {waf} is not backing {backing} over user {user} blocks"
     );
     assert!(
-        waf >= 1.0 && waf < 20.0,
+        (1.0..20.0).contains(&waf),
         "uniform writes at 20% spare amplify, and not beyond reason: {waf}"
     );
 }

@@ -30,9 +30,14 @@ use crate::error::Result;
 use crate::index::IndexStore;
 use crate::map::MapEntry;
 use crate::records::{SegState, PAGE_ENTRIES};
-use crate::recovery::{load_index, load_map_pages, recover};
+use crate::recovery::{for_each_map_page, load_index, recover};
 use crate::summary::Entry;
 use std::collections::HashMap;
+
+/// Summary entries the detail pass of check 4 holds at once (about 40 MiB of hash
+/// map): the segments whose summaries contradict the map are read in groups of at most
+/// this many blocks, one pass over the map per group.
+const DETAIL_BLOCKS: usize = 1 << 20;
 
 /// One violated invariant.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -75,6 +80,18 @@ pub fn check<D: BlockDevice, I: IndexStore>(
     check_staged(dev, index, verify_data, None)
 }
 
+/// [`check`], reading the summaries of damaged segments `detail_blocks` blocks at a time
+/// (at least one segment): for tests of the detail pass's grouping.
+#[cfg(feature = "internals")]
+pub fn check_in_groups<D: BlockDevice, I: IndexStore>(
+    dev: D,
+    index: I,
+    verify_data: bool,
+    detail_blocks: usize,
+) -> Result<CheckReport> {
+    check_with(dev, index, verify_data, None, detail_blocks)
+}
+
 /// [`check`], with the staging area a dead server of this backing left (opened with
 /// [`StagingArea::open_file_snapshot`](crate::staging::StagingArea::open_file_snapshot)):
 /// its writes are replayed into the overlay, as the next open would, and checked with
@@ -84,6 +101,16 @@ pub fn check_staged<D: BlockDevice, I: IndexStore>(
     index: I,
     verify_data: bool,
     staging: Option<std::sync::Arc<crate::staging::StagingArea>>,
+) -> Result<CheckReport> {
+    check_with(dev, index, verify_data, staging, DETAIL_BLOCKS)
+}
+
+fn check_with<D: BlockDevice, I: IndexStore>(
+    dev: D,
+    index: I,
+    verify_data: bool,
+    staging: Option<std::sync::Arc<crate::staging::StagingArea>>,
+    detail_blocks: usize,
 ) -> Result<CheckReport> {
     let dev = crate::device::overlay::OverlayDevice::new(dev);
     let mut report = CheckReport::default();
@@ -136,7 +163,9 @@ pub fn check_staged<D: BlockDevice, I: IndexStore>(
     }
     report.wear =
         crate::segments::WearFigures::of(loaded.segments.iter().skip(1).map(|r| r.erase_count));
-    for (k, _) in index.load()? {
+    // The index and the map are read a record and a page at a time: a map of 2^31
+    // blocks (8 TiB) is 16 GiB.
+    index.scan(None, &mut |k, _| {
         if !k
             .first()
             .is_some_and(|c| crate::index::Key::KINDS.contains(c))
@@ -146,9 +175,10 @@ pub fn check_staged<D: BlockDevice, I: IndexStore>(
                 format!("unknown index key {k:02x?}"),
             ));
         }
-    }
+        Ok(())
+    })?;
     let mut counts = vec![0u32; geo.segment_count as usize];
-    for p in &load_map_pages(&index, &sb)? {
+    for_each_map_page(&index, &sb, |p| {
         for (i, &e) in p.entries.iter().enumerate() {
             if let Some(pba) = MapEntry(e).pba() {
                 let s = geo.segment_of(pba as u64) as usize;
@@ -164,7 +194,7 @@ pub fn check_staged<D: BlockDevice, I: IndexStore>(
                 }
             }
         }
-    }
+    })?;
     // After a checkpoint cut between its page batches (checkpoint rule 7) the pages may be
     // newer than the segment records: recovery recounts, and so does check 6 below.
     for r in loaded.segments.iter().filter(|_| loaded.partial.is_none()) {
@@ -214,13 +244,83 @@ pub fn check_staged<D: BlockDevice, I: IndexStore>(
     let format_id = sb.format_id();
     let map = &parts.map;
     let segs = &parts.segs;
-    // Block -> the LBA and checksum its summary entry names.
-    let mut summary_lba: HashMap<u64, (u64, u32)> = HashMap::new();
-    for seg in 1..geo.segment_count {
-        let state = segs.state(seg);
-        if state == Some(SegState::Free) {
-            report.free_segments += 1;
-            continue;
+    // 4 + 5 in bounded memory (the map and every summary of an 8 TiB backing do not fit:
+    // a hash map of block -> summary entry took about 40 bytes per block written). One
+    // pass over the map marks each mapped block in a bitmap (one bit per block of the
+    // backing) and adds a hash of its (block, lba, crc32c) to its segment's tally; one
+    // pass over the summaries adds the same hash of each entry whose block is marked.
+    // A segment whose summaries agree with every map entry into it ends with equal sums
+    // and counts (a contradiction goes unseen only if two 64-bit sums of mixed hashes
+    // collide). Only segments that differ are read again, in groups, to name each
+    // contradicted map entry as before.
+    let segments = geo.segment_count as usize;
+    let mut tally = vec![Tally::default(); segments];
+    let mut mapped_bits = vec![0u64; (geo.physical_blocks() as usize).div_ceil(64)];
+    let mut data = AlignedBuf::new(BLOCK_SIZE);
+    let mut read_error = None;
+    map.for_each_page(|page, entries| {
+        if read_error.is_some() {
+            return;
+        }
+        let base = page * PAGE_ENTRIES as u64;
+        for (i, &raw) in entries.iter().enumerate() {
+            if raw == MapEntry::UNMAPPED.0 {
+                continue;
+            }
+            report.mapped_blocks += 1;
+            let (lba, e) = (base + i as u64, MapEntry(raw));
+            let Some(pba) = e.pba() else { continue };
+            let pba = pba as u64;
+            let seg = geo.segment_of(pba);
+            let t = match (segs.state(seg), tally.get_mut(seg as usize)) {
+                (Some(state), Some(t)) if pba < geo.physical_blocks() => {
+                    if state == SegState::Free {
+                        problems.push(Problem::new(
+                            "map",
+                            format!("lba {lba} maps into free segment {seg}"),
+                        ));
+                    }
+                    t
+                }
+                _ => {
+                    problems.push(Problem::new(
+                        "map",
+                        format!("lba {lba} maps past the backing"),
+                    ));
+                    problems.push(Problem::new(
+                        "map vs summaries",
+                        format!("lba {lba} -> block {pba}, which no chunk summary covers"),
+                    ));
+                    continue;
+                }
+            };
+            t.live += 1;
+            t.map_sum = t.map_sum.wrapping_add(entry_hash(pba, lba, e.crc()));
+            mapped_bits[(pba / 64) as usize] |= 1 << (pba % 64);
+            if verify_data {
+                let off = pba * BLOCK_SIZE as u64;
+                if let Err(er) = dev.read_at(off, &mut data) {
+                    read_error = Some(crate::error::Error::io("check read", off, er));
+                    return;
+                }
+                report.blocks_verified += 1;
+                if crc32c::crc32c(&data) != e.crc() {
+                    problems.push(Problem::new(
+                        "data checksums",
+                        format!("lba {lba} (block {pba}) does not match its crc32c"),
+                    ));
+                }
+            }
+        }
+    })?;
+    if let Some(e) = read_error {
+        return Err(e);
+    }
+    let marked = |pba: u64| mapped_bits[(pba / 64) as usize] & (1 << (pba % 64)) != 0;
+    // The summary entries of segment `seg` (none for a free segment), by block.
+    let summaries_of = |seg: u32, f: &mut dyn FnMut(u64, u64, u32)| -> Result<()> {
+        if seg == 0 || segs.state(seg) == Some(SegState::Free) {
+            return Ok(());
         }
         let start = geo.segment_start(seg);
         for chunk in SegmentChunks::new(&dev, geo, seg, format_id, below) {
@@ -228,81 +328,88 @@ pub fn check_staged<D: BlockDevice, I: IndexStore>(
             let mut k = 0u64;
             for e in &s.entries {
                 if let Entry::Data { lba, crc, .. } = *e {
-                    summary_lba.insert(start + off as u64 + 1 + k, (lba, crc));
+                    f(start + off as u64 + 1 + k, lba, crc);
                     k += 1;
                 }
             }
         }
-    }
-    let mut live = vec![0u32; geo.segment_count as usize];
-    let mut data = AlignedBuf::new(BLOCK_SIZE);
-    for (lba, e) in map.mapped()? {
-        report.mapped_blocks += 1;
-        let Some(pba) = e.pba() else { continue };
-        let pba = pba as u64;
-        let seg = geo.segment_of(pba);
-        live[seg as usize] += 1;
-        match segs.state(seg) {
-            Some(SegState::Free) => problems.push(Problem::new(
-                "map",
-                format!("lba {lba} maps into free segment {seg}"),
-            )),
-            None => problems.push(Problem::new(
-                "map",
-                format!("lba {lba} maps past the backing"),
-            )),
-            _ => {}
+        Ok(())
+    };
+    for seg in 1..geo.segment_count {
+        if segs.state(seg) == Some(SegState::Free) {
+            report.free_segments += 1;
         }
-        match summary_lba.get(&pba) {
-            // The checksum too: a map entry whose crc is not its block's reads as EIO
-            // (without data verification nothing else would notice; found by review,
-            // 2026-11-27).
-            Some(&(l, crc)) if l == lba && crc == e.crc() => {}
-            Some(&(l, crc)) if l == lba => problems.push(Problem::new(
-                "map vs summaries",
-                format!(
-                    "lba {lba} -> block {pba} with crc32c {:08x}, whose summary says {crc:08x}",
-                    e.crc()
-                ),
-            )),
-            Some(&(l, _)) => problems.push(Problem::new(
-                "map vs summaries",
-                format!("lba {lba} -> block {pba}, whose summary names lba {l}"),
-            )),
-            None => problems.push(Problem::new(
-                "map vs summaries",
-                format!("lba {lba} -> block {pba}, which no chunk summary covers"),
-            )),
-        }
-        if verify_data {
-            dev.read_at(pba * BLOCK_SIZE as u64, &mut data)
-                .map_err(|er| crate::error::Error::io("check read", pba * BLOCK_SIZE as u64, er))?;
-            report.blocks_verified += 1;
-            if crc32c::crc32c(&data) != e.crc() {
-                problems.push(Problem::new(
-                    "data checksums",
-                    format!("lba {lba} (block {pba}) does not match its crc32c"),
-                ));
+        let t = &mut tally[seg as usize];
+        summaries_of(seg, &mut |pba, lba, crc| {
+            if marked(pba) {
+                t.covered += 1;
+                t.summary_sum = t.summary_sum.wrapping_add(entry_hash(pba, lba, crc));
             }
+        })?;
+    }
+    // The detail pass: block -> the LBA and checksum its summary entry names, for a
+    // group of the segments that differ at a time.
+    let differ: Vec<u32> = (0..geo.segment_count)
+        .filter(|&s| {
+            let t = &tally[s as usize];
+            t.live != t.covered || t.map_sum != t.summary_sum
+        })
+        .collect();
+    let per_group = (detail_blocks / geo.blocks_per_segment() as usize).max(1);
+    for group in differ.chunks(per_group) {
+        let mut summary_lba: HashMap<u64, (u64, u32)> = HashMap::new();
+        for &seg in group {
+            summaries_of(seg, &mut |pba, lba, crc| {
+                summary_lba.insert(pba, (lba, crc));
+            })?;
         }
+        map.for_each_page(|page, entries| {
+            let base = page * PAGE_ENTRIES as u64;
+            for (i, &raw) in entries.iter().enumerate() {
+                let (lba, e) = (base + i as u64, MapEntry(raw));
+                let Some(pba) = e.pba().map(u64::from) else { continue };
+                if pba >= geo.physical_blocks() || group.binary_search(&geo.segment_of(pba)).is_err() {
+                    continue;
+                }
+                match summary_lba.get(&pba) {
+                    // The checksum too: a map entry whose crc is not its block's reads as
+                    // EIO (without data verification nothing else would notice; found by
+                    // review, 2026-11-27).
+                    Some(&(l, crc)) if l == lba && crc == e.crc() => {}
+                    Some(&(l, crc)) if l == lba => problems.push(Problem::new(
+                        "map vs summaries",
+                        format!(
+                            "lba {lba} -> block {pba} with crc32c {:08x}, whose summary says {crc:08x}",
+                            e.crc()
+                        ),
+                    )),
+                    Some(&(l, _)) => problems.push(Problem::new(
+                        "map vs summaries",
+                        format!("lba {lba} -> block {pba}, whose summary names lba {l}"),
+                    )),
+                    None => problems.push(Problem::new(
+                        "map vs summaries",
+                        format!("lba {lba} -> block {pba}, which no chunk summary covers"),
+                    )),
+                }
+            }
+        })?;
     }
     // 6. Live counts after replay, and open segments.
     for seg in 1..geo.segment_count {
         let recorded = segs.valid(seg);
-        if recorded != live[seg as usize] {
+        let live = tally[seg as usize].live;
+        if recorded != live {
             problems.push(Problem::new(
                 "segment live counts",
-                format!(
-                    "segment {seg}: {recorded} counted, {} mapped",
-                    live[seg as usize]
-                ),
+                format!("segment {seg}: {recorded} counted, {live} mapped"),
             ));
         }
         if segs.state(seg) == Some(SegState::Open)
             && !parts.cursors.iter().flatten().any(|c| c.0 == seg)
         {
             // Open without a cursor: the stream filled it (it closes on the next open).
-            if live[seg as usize] == 0 {
+            if tally[seg as usize].live == 0 {
                 problems.push(Problem::new(
                     "segment states",
                     format!("segment {seg} is open, empty and owned by no stream"),
@@ -312,6 +419,28 @@ pub fn check_staged<D: BlockDevice, I: IndexStore>(
     }
     report.problems = problems;
     Ok(report)
+}
+
+/// Check 4's figures for one segment: from the map, the entries pointing into it and
+/// the sum of their hashes; from its summaries, the entries whose block the map points at
+/// and the sum of theirs.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
+    live: u32,
+    map_sum: u64,
+    covered: u32,
+    summary_sum: u64,
+}
+
+/// A 64-bit hash of a (block, lba, crc32c) triple: splitmix64's finalizer, applied in
+/// turn over the three.
+fn entry_hash(pba: u64, lba: u64, crc: u32) -> u64 {
+    fn mix(mut z: u64) -> u64 {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    mix(mix(mix(pba.wrapping_add(0x9e37_79b9_7f4a_7c15)) ^ lba) ^ u64::from(crc))
 }
 
 impl Problem {

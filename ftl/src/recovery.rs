@@ -117,21 +117,23 @@ pub(crate) fn page_reader<I: IndexStore>(index: &I, sb: &Superblock) -> IndexPag
     )
 }
 
-/// Every map page of the index, validated (O(map): for the checker).
-pub(crate) fn load_map_pages<I: IndexStore>(index: &I, sb: &Superblock) -> Result<Vec<MapPage>> {
+/// Calls `f` with every map page of the index, validated, in page order, one at a time
+/// (the checker: O(map) in time, one page in memory).
+pub(crate) fn for_each_map_page<I: IndexStore>(
+    index: &I,
+    sb: &Superblock,
+    mut f: impl FnMut(MapPage),
+) -> Result<()> {
     let reader = page_reader(index, sb);
-    index
-        .load_kind(Key::MAP_PAGE)?
-        .into_iter()
-        .map(|(k, v)| {
-            let page = k
-                .get(1..)
-                .and_then(|b| <[u8; 8]>::try_from(b).ok())
-                .map(u64::from_be_bytes)
-                .ok_or_else(|| Error::Corrupt(format!("map page key {k:02x?} malformed")))?;
-            reader.decode(page, &v)
-        })
-        .collect()
+    index.scan(Some(Key::MAP_PAGE), &mut |k, v| {
+        let page = k
+            .get(1..)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(u64::from_be_bytes)
+            .ok_or_else(|| Error::Corrupt(format!("map page key {k:02x?} malformed")))?;
+        f(reader.decode(page, v)?);
+        Ok(())
+    })
 }
 
 /// Reads and validates the checkpoint, segment and free records of the index against

@@ -20,6 +20,9 @@ pub enum Op {
     Remove(Vec<u8>),
 }
 
+/// What [`IndexStore::scan`] calls with each (key, value) pair.
+pub type ScanFn<'a> = dyn FnMut(&[u8], &[u8]) -> Result<()> + 'a;
+
 /// Reads single records; owned, so the map can keep one for its misses.
 pub trait IndexReader: Send + Sync {
     /// The value of `key`, if any.
@@ -37,6 +40,17 @@ pub trait IndexStore: Send + Sync {
             .into_iter()
             .filter(|(k, _)| k.first() == Some(&kind))
             .collect())
+    }
+    /// Calls `f` with every (key, value) pair, or those whose key starts with `kind`,
+    /// in key order, one at a time: the checker's pass over an index larger than memory
+    /// (a map of 2^31 blocks is 16 GiB). The default holds them all (`load`); the sled
+    /// store streams them. Stops at `f`'s first error.
+    fn scan(&self, kind: Option<u8>, f: &mut ScanFn) -> Result<()> {
+        let all = match kind {
+            Some(k) => self.load_kind(k)?,
+            None => self.load()?,
+        };
+        all.iter().try_for_each(|(k, v)| f(k, v))
     }
     /// A handle reading single records.
     fn reader(&self) -> Arc<dyn IndexReader>;
@@ -56,6 +70,9 @@ impl<T: IndexStore + ?Sized> IndexStore for &T {
     }
     fn load_kind(&self, kind: u8) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         (**self).load_kind(kind)
+    }
+    fn scan(&self, kind: Option<u8>, f: &mut ScanFn) -> Result<()> {
+        (**self).scan(kind, f)
     }
     fn reader(&self) -> Arc<dyn IndexReader> {
         (**self).reader()
@@ -77,6 +94,9 @@ impl<T: IndexStore + ?Sized> IndexStore for std::sync::Arc<T> {
     }
     fn load_kind(&self, kind: u8) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         (**self).load_kind(kind)
+    }
+    fn scan(&self, kind: Option<u8>, f: &mut ScanFn) -> Result<()> {
+        (**self).scan(kind, f)
     }
     fn reader(&self) -> Arc<dyn IndexReader> {
         (**self).reader()

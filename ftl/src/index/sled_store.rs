@@ -117,6 +117,17 @@ impl IndexStore for SledIndex {
             })
             .collect()
     }
+    fn scan(&self, kind: Option<u8>, f: &mut super::ScanFn) -> Result<()> {
+        let iter = match kind {
+            Some(k) => self.db.scan_prefix([k]),
+            None => self.db.iter(),
+        };
+        for r in iter {
+            let (k, v) = r.map_err(|e| err(&self.path, e))?;
+            f(&k, &v)?;
+        }
+        Ok(())
+    }
     fn load(&self) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
         self.db
             .iter()
