@@ -131,7 +131,7 @@ for t in "${built[@]}"; do
     done_runs="$(sed -n 's|^stat::number_of_executed_units: *\([0-9]*\).*|\1|p' "$logs/$t.log" | tail -1)"
     [ -n "$done_runs" ] && runs="$done_runs"
     artifact="$(grep -oE 'Test unit written to [^ ]+' "$logs/$t.log" | awk '{print $NF}' | tail -1)"
-    if [ "$rc" -ne 0 ] || [ -n "$artifact" ]; then
+    if [ "$rc" != 0 ] || [ -n "$artifact" ]; then
         echo "---- $t FAILED (exit $rc); end of its log ($logs/$t.log):"
         # The panic's message follows its "panicked at" line (the ops target puts the
         # violated property on its first line, then the whole case).

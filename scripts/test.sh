@@ -110,8 +110,13 @@ beside() {
 
 step "ublk end-to-end tests in the VM; beside it (nice 19): shuttle, the fuzz crate's tests, fuzzing"
 : > /tmp/ftlblk-beside.log
+# A process group of its own (set -m), so that a suite stopped early (Ctrl-C, a failed
+# step) stops its builds and fuzzers too.
+set -m
 ( renice -n 19 -p "$BASHPID" >/dev/null; beside ) > /tmp/ftlblk-beside.log 2>&1 &
 beside_pid=$!
+set +m
+trap '[ -z "${beside_pid:-}" ] || kill -- -"$beside_pid" 2>/dev/null || true' EXIT
 : > /tmp/ftlblk-e2e.log
 e2e_status=0
 filtered /tmp/ftlblk-e2e.log "^(==|e2e|vm-run|vm-e2e|kill [0-9]|check while|backing allocation)|: ok|IOPS" \
@@ -119,6 +124,7 @@ filtered /tmp/ftlblk-e2e.log "^(==|e2e|vm-run|vm-e2e|kill [0-9]|check while|back
 step "the VM's run ended (exit $e2e_status); waiting for shuttle and the fuzzing beside it"
 beside_status=0
 wait "$beside_pid" || beside_status=$?
+beside_pid=
 cat /tmp/ftlblk-beside.log
 if [ "$e2e_status" -ne 0 ]; then
     echo "test.sh: ublk end-to-end tests failed (exit $e2e_status; full log: /tmp/ftlblk-e2e.log)" >&2

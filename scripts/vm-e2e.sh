@@ -5,8 +5,8 @@
 #
 # Usage: scripts/vm-e2e.sh [--no-deps] [--no-build]
 #   --no-deps   skip scripts/install-deps.sh --vm (idempotent, but needs root/apt)
-#   --no-build  test the binary already at $CARGO_TARGET_DIR/release/ftlblk (or
-#               target/release/ftlblk) instead of running `cargo build --release`:
+#   --no-build  test the binary already at $FTLBLK_BIN, $CARGO_TARGET_DIR/release/ftlblk
+#               or target/release/ftlblk instead of running `cargo build --release`:
 #               scripts/test.sh's `cargo test` has just built it for tests/cli.rs (with the
 #               tests' features: a plain build compiled ftl, the cleaner, libublk and the
 #               binary again, 75 s)
@@ -31,7 +31,8 @@ done
 fail() { echo "vm-e2e: FAIL: $*" >&2; exit 1; }
 
 [ "$deps" = 1 ] && scripts/install-deps.sh --vm
-bin="${CARGO_TARGET_DIR:-target}/release/ftlblk"
+# The binary scripts/e2e-guest.sh runs in the guest.
+bin="${FTLBLK_BIN:-${CARGO_TARGET_DIR:-target}/release/ftlblk}"
 if [ "$build" = 1 ]; then
     echo "== cargo build --release"
     cargo build --release

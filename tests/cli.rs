@@ -14,6 +14,9 @@ fn ftlblk(args: &[&str], dir: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ftlblk"))
         .args(args)
         .current_dir(dir)
+        // Opening a backing (info) maps a staging file in the run directory: the temp
+        // directory, not /run/ftlblk (root only, and the host's own).
+        .env("FTLBLK_RUN_DIR", dir.join("run"))
         .output()
         .expect("the ftlblk binary runs")
 }

@@ -38,6 +38,9 @@ use std::collections::HashMap;
 /// map): the segments whose summaries contradict the map are read in groups of at most
 /// this many blocks, one pass over the map per group.
 const DETAIL_BLOCKS: usize = 1 << 20;
+/// Passes over the map the detail pass makes at most; the segments past them are
+/// reported one problem each.
+const DETAIL_PASSES: usize = 8;
 
 /// One violated invariant.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -81,15 +84,17 @@ pub fn check<D: BlockDevice, I: IndexStore>(
 }
 
 /// [`check`], reading the summaries of damaged segments `detail_blocks` blocks at a time
-/// (at least one segment): for tests of the detail pass's grouping.
+/// (at least one segment), in at most `passes` passes over the map: for tests of the
+/// detail pass's grouping.
 #[cfg(feature = "internals")]
 pub fn check_in_groups<D: BlockDevice, I: IndexStore>(
     dev: D,
     index: I,
     verify_data: bool,
     detail_blocks: usize,
+    passes: usize,
 ) -> Result<CheckReport> {
-    check_with(dev, index, verify_data, None, detail_blocks)
+    check_with(dev, index, verify_data, None, (detail_blocks, passes))
 }
 
 /// [`check`], with the staging area a dead server of this backing left (opened with
@@ -102,7 +107,13 @@ pub fn check_staged<D: BlockDevice, I: IndexStore>(
     verify_data: bool,
     staging: Option<std::sync::Arc<crate::staging::StagingArea>>,
 ) -> Result<CheckReport> {
-    check_with(dev, index, verify_data, staging, DETAIL_BLOCKS)
+    check_with(
+        dev,
+        index,
+        verify_data,
+        staging,
+        (DETAIL_BLOCKS, DETAIL_PASSES),
+    )
 }
 
 fn check_with<D: BlockDevice, I: IndexStore>(
@@ -110,7 +121,7 @@ fn check_with<D: BlockDevice, I: IndexStore>(
     index: I,
     verify_data: bool,
     staging: Option<std::sync::Arc<crate::staging::StagingArea>>,
-    detail_blocks: usize,
+    (detail_blocks, detail_passes): (usize, usize),
 ) -> Result<CheckReport> {
     let dev = crate::device::overlay::OverlayDevice::new(dev);
     let mut report = CheckReport::default();
@@ -257,11 +268,7 @@ fn check_with<D: BlockDevice, I: IndexStore>(
     let mut tally = vec![Tally::default(); segments];
     let mut mapped_bits = vec![0u64; (geo.physical_blocks() as usize).div_ceil(64)];
     let mut data = AlignedBuf::new(BLOCK_SIZE);
-    let mut read_error = None;
-    map.for_each_page(|page, entries| {
-        if read_error.is_some() {
-            return;
-        }
+    map.try_for_each_page(|page, entries| {
         let base = page * PAGE_ENTRIES as u64;
         for (i, &raw) in entries.iter().enumerate() {
             if raw == MapEntry::UNMAPPED.0 {
@@ -299,10 +306,8 @@ fn check_with<D: BlockDevice, I: IndexStore>(
             mapped_bits[(pba / 64) as usize] |= 1 << (pba % 64);
             if verify_data {
                 let off = pba * BLOCK_SIZE as u64;
-                if let Err(er) = dev.read_at(off, &mut data) {
-                    read_error = Some(crate::error::Error::io("check read", off, er));
-                    return;
-                }
+                dev.read_at(off, &mut data)
+                    .map_err(|er| crate::error::Error::io("check read", off, er))?;
                 report.blocks_verified += 1;
                 if crc32c::crc32c(&data) != e.crc() {
                     problems.push(Problem::new(
@@ -312,10 +317,8 @@ fn check_with<D: BlockDevice, I: IndexStore>(
                 }
             }
         }
+        Ok(())
     })?;
-    if let Some(e) = read_error {
-        return Err(e);
-    }
     let marked = |pba: u64| mapped_bits[(pba / 64) as usize] & (1 << (pba % 64)) != 0;
     // The summary entries of segment `seg` (none for a free segment), by block.
     let summaries_of = |seg: u32, f: &mut dyn FnMut(u64, u64, u32)| -> Result<()> {
@@ -356,7 +359,22 @@ fn check_with<D: BlockDevice, I: IndexStore>(
         })
         .collect();
     let per_group = (detail_blocks / geo.blocks_per_segment() as usize).max(1);
-    for group in differ.chunks(per_group) {
+    let named = differ.len().min(per_group * detail_passes);
+    // Past that, one problem per segment: naming every entry of a backing whose map is
+    // another's would take a pass over the map for every group of segments.
+    for &seg in &differ[named..] {
+        let t = &tally[seg as usize];
+        problems.push(Problem::new(
+            "map vs summaries",
+            format!(
+                "segment {seg}: its summaries disagree with the {} map entries pointing into \
+                 it, and name {} of their blocks (entries not named one by one: more than \
+                 {named} segments disagree)",
+                t.live, t.covered
+            ),
+        ));
+    }
+    for group in differ[..named].chunks(per_group) {
         let mut summary_lba: HashMap<u64, (u64, u32)> = HashMap::new();
         for &seg in group {
             summaries_of(seg, &mut |pba, lba, crc| {

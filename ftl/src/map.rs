@@ -434,6 +434,14 @@ impl L2p {
     /// Calls `f(page, entries)` for every page in order: the cached copy, or the index's
     /// (read without caching it). For the checker and tools; O(map).
     pub fn for_each_page(&self, mut f: impl FnMut(u64, &[u64])) -> Result<()> {
+        self.try_for_each_page(|p, entries| {
+            f(p, entries);
+            Ok(())
+        })
+    }
+
+    /// [`L2p::for_each_page`], stopping at `f`'s first error (and returning it).
+    pub fn try_for_each_page(&self, mut f: impl FnMut(u64, &[u64]) -> Result<()>) -> Result<()> {
         let mut buf = vec![u64::MAX; PAGE_ENTRIES];
         for p in 0..self.pages {
             let len = self.page_len(p);
@@ -442,10 +450,10 @@ impl L2p {
                 sh.at.get(&p).map(|&i| sh.slots[i].entries.to_vec())
             };
             match cached {
-                Some(e) => f(p, &e),
+                Some(e) => f(p, &e)?,
                 None => {
                     self.read_into(p, &mut buf[..len])?;
-                    f(p, &buf[..len]);
+                    f(p, &buf[..len])?;
                 }
             }
         }

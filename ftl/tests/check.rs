@@ -270,6 +270,7 @@ fn contradictions_are_named_alike_in_one_group_or_many() {
     let segment_of = |e: u64| ftl::MapEntry(e).pba().unwrap() as u64 / 16;
     assert_ne!(segment_of(entries[3]), segment_of(entries[60]));
     assert_ne!(segment_of(entries[3]), segment_of(entries[20]));
+    let f_entries = entries.clone();
     let free = f
         .segment_snapshot()
         .into_iter()
@@ -325,6 +326,23 @@ fn contradictions_are_named_alike_in_one_group_or_many() {
         "{all:#?}"
     );
     // One segment per group: a pass over the map for each damaged segment.
-    let grouped = sorted(ftl::check::check_in_groups(&*dev, &*idx, false, 1).unwrap());
+    let grouped = sorted(ftl::check::check_in_groups(&*dev, &*idx, false, 1, 8).unwrap());
     assert_eq!(all, grouped);
+    // Two passes at most: the segments past them get one problem each, not a pass.
+    let damaged = [3usize, 60, 20]
+        .map(|l| segment_of(f_entries[l]))
+        .into_iter()
+        .chain([free as u64])
+        .collect::<std::collections::BTreeSet<_>>();
+    let capped = sorted(ftl::check::check_in_groups(&*dev, &*idx, false, 1, 2).unwrap());
+    let per_segment = capped
+        .iter()
+        .filter(|p| p.contains("entries not named one by one"))
+        .count();
+    assert_eq!(per_segment, damaged.len() - 2, "{capped:#?}");
+    let named = capped.iter().filter(|p| p.contains(" -> block ")).count();
+    assert!(
+        named >= 2 && named < all.iter().filter(|p| p.contains(" -> block ")).count(),
+        "{capped:#?}"
+    );
 }
