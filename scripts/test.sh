@@ -76,7 +76,8 @@ fi
 # crate's tests and the fuzzing (about 9 minutes of builds and runs when alone) run
 # beside it at the lowest priority (nice 19), so they take what the VM leaves and barely
 # slow it: shuttle and the fuzz crate's tests end within the VM's run, the fuzzing
-# mostly after it (2026-11-28: 1858 s in all, against 2080 s one step after another).
+# mostly after it (2026-11-28, two targets fuzzed at once: 1769 and 1819 s in all, against
+# 2080 s one step after another).
 # Their output goes to /tmp/ftlblk-beside.log and is shown after the VM's. `cargo test`
 # above built the binary the VM tests (tests/cli.rs needs it): nothing else builds into
 # target/suite then (cargo-fuzz builds into fuzz/target).
