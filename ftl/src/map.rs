@@ -460,19 +460,6 @@ impl L2p {
         Ok(())
     }
 
-    /// Every mapped (lba, entry), in LBA order. O(map) in time and in the result.
-    pub fn mapped(&self) -> Result<Vec<(u64, MapEntry)>> {
-        let mut out = Vec::new();
-        self.for_each_page(|p, entries| {
-            let base = p * PAGE_ENTRIES as u64;
-            for (i, &e) in entries.iter().enumerate() {
-                if e != u64::MAX {
-                    out.push((base + i as u64, MapEntry(e)));
-                }
-            }
-        })?;
-        Ok(out)
-    }
 }
 
 #[cfg(test)]
@@ -499,9 +486,14 @@ mod tests {
         assert_eq!(taken[0].0, 1);
         assert!(m.take_dirty().is_empty());
         assert_eq!(m.pages(), 4);
-        assert_eq!(m.mapped().unwrap(), vec![(600, MapEntry::new(3, 4))]);
-        let mut lens = Vec::new();
-        m.for_each_page(|_, e| lens.push(e.len())).unwrap();
+        let (mut lens, mut mapped) = (Vec::new(), Vec::new());
+        m.for_each_page(|p, e| {
+            lens.push(e.len());
+            let base = p * PAGE_ENTRIES as u64;
+            mapped.extend(e.iter().enumerate().filter(|&(_, &x)| x != u64::MAX).map(|(i, &x)| (base + i as u64, MapEntry(x))));
+        })
+        .unwrap();
+        assert_eq!(mapped, vec![(600, MapEntry::new(3, 4))]);
         assert_eq!(lens, vec![512, 512, 512, 2000 - 3 * 512]);
         for p in 0..4 {
             m.swap(p * 512, MapEntry::new(1, 2)).unwrap();

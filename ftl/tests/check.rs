@@ -7,6 +7,32 @@ use ftl::check::check;
 use ftl::model::block_for;
 use ftl::{BlockDevice, IndexStore, StreamId};
 
+/// A tiny device where lbas `0..n` were written (stream 1) and the FTL closed, and the
+/// map page those entries sit in, as the checkpoint holds it.
+fn written_and_closed(n: u64) -> (CrashFtl, Vec<u64>, Dev, Idx) {
+    let (dev, idx, f) = tiny_crash();
+    for l in 0..n {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+    }
+    f.close().unwrap();
+    let mut entries = vec![u64::MAX; 393usize.min(ftl::records::PAGE_ENTRIES)];
+    for l in 0..n {
+        entries[l as usize] = f.map_entry(l).unwrap().0;
+    }
+    (f, entries, dev, idx)
+}
+
+type Dev = std::sync::Arc<ftl::device::crash::CrashDevice>;
+type Idx = std::sync::Arc<ftl::index::mem::MemIndex>;
+
+/// Puts `entries` in the index as map page 0.
+fn poke_map_page(idx: &Idx, entries: Vec<u64>) {
+    idx.poke(
+        ftl::index::Key::map_page(0),
+        ftl::records::MapPage { page: 0, entries }.encode(),
+    );
+}
+
 #[test]
 fn healthy_device_is_clean_after_writes_trims_crashes() {
     let (dev, idx, f) = tiny_crash();
@@ -94,10 +120,7 @@ fn a_chunk_of_an_earlier_format_covers_no_map_entry() {
     let cap = 393usize;
     let mut entries = vec![u64::MAX; cap.min(ftl::records::PAGE_ENTRIES)];
     entries[5] = e.0;
-    idx.poke(
-        ftl::index::Key::map_page(0),
-        ftl::records::MapPage { page: 0, entries }.encode(),
-    );
+    poke_map_page(&idx, entries);
     edit_segment_record(&idx, seg as u32, |r| {
         r.state = ftl::records::SegState::Closed;
         r.valid = 1;
@@ -119,23 +142,12 @@ fn a_chunk_of_an_earlier_format_covers_no_map_entry() {
 /// review, 2026-11-27).
 #[test]
 fn a_map_entry_with_a_checksum_its_summary_does_not_hold_is_reported() {
-    let (dev, idx, f) = tiny_crash();
-    for l in 0..40u64 {
-        f.write(l, &block_for(l, 1), false, S0).unwrap();
-    }
-    f.close().unwrap();
-    let mut entries = vec![u64::MAX; 393usize.min(ftl::records::PAGE_ENTRIES)];
-    for l in 0..40u64 {
-        entries[l as usize] = f.map_entry(l).unwrap().0;
-    }
+    let (f, mut entries, dev, idx) = written_and_closed(40);
     drop(f);
     assert!(check(&*dev, &*idx, false).unwrap().clean());
     let e = ftl::MapEntry(entries[7]);
     entries[7] = ftl::MapEntry::new(e.pba().unwrap(), e.crc() ^ 1).0;
-    idx.poke(
-        ftl::index::Key::map_page(0),
-        ftl::records::MapPage { page: 0, entries }.encode(),
-    );
+    poke_map_page(&idx, entries);
     let r = check(&*dev, &*idx, false).unwrap();
     assert!(
         r.problems
@@ -257,16 +269,7 @@ fn reuse_counts_survive_a_crash_and_reopen() {
 /// read all at once or one at a time.
 #[test]
 fn contradictions_are_named_alike_in_one_group_or_many() {
-    let (dev, idx, f) = tiny_crash();
-    let n = 100u64;
-    for l in 0..n {
-        f.write(l, &block_for(l, 1), false, S0).unwrap();
-    }
-    f.close().unwrap();
-    let mut entries = vec![u64::MAX; 393usize.min(ftl::records::PAGE_ENTRIES)];
-    for l in 0..n {
-        entries[l as usize] = f.map_entry(l).unwrap().0;
-    }
+    let (f, mut entries, dev, idx) = written_and_closed(100);
     let segment_of = |e: u64| ftl::MapEntry(e).pba().unwrap() as u64 / 16;
     assert_ne!(segment_of(entries[3]), segment_of(entries[60]));
     assert_ne!(segment_of(entries[3]), segment_of(entries[20]));
@@ -286,10 +289,7 @@ fn contradictions_are_named_alike_in_one_group_or_many() {
     let e = ftl::MapEntry(entries[20]);
     entries[20] = ftl::MapEntry::new(e.pba().unwrap(), e.crc() ^ 1).0;
     entries[90] = ftl::MapEntry::new(free * 16 + 5, 0).0;
-    idx.poke(
-        ftl::index::Key::map_page(0),
-        ftl::records::MapPage { page: 0, entries }.encode(),
-    );
+    poke_map_page(&idx, entries);
     let sorted = |r: ftl::check::CheckReport| {
         let mut p: Vec<_> = r
             .problems
