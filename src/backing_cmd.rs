@@ -6,7 +6,7 @@
 //! staging file in the run directory ([`crate::runfiles::run_dir`]) is part of what an open
 //! sees: `info` replays it like any open, `check` checks a private view of it.
 
-use crate::args::{BackingArgs, GeometryArgs};
+use crate::args::{parse_size, BackingArgs, GeometryArgs};
 use crate::error::CliError;
 use crate::output::print_json;
 use crate::runfiles;
@@ -90,6 +90,13 @@ pub struct CheckArgs {
     /// With --rebuild-index: replace an index that still matches the backing.
     #[arg(long, requires = "rebuild_index")]
     pub force: bool,
+    /// With --rebuild-index: RAM for the map being rebuilt (24 bytes per exported block).
+    /// A larger device is rebuilt a slice of blocks at a time, its log records sorted
+    /// into spill files beside the index first (32 bytes per block of the log, removed
+    /// when done). The default holds an 85 GiB device at once; 15 TiB take 180 slices.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "512M",
+          requires = "rebuild_index")]
+    pub rebuild_memory: u64,
 }
 
 /// `ftlblk check --rebuild-index`: rebuilds the index from the log with a progress bar
@@ -99,7 +106,8 @@ fn rebuild_index(a: &CheckArgs) -> Result<(), CliError> {
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
-            "rebuilding the index from the log: {bar:40} {pos}/{len} segments ({eta} left)",
+            "rebuilding the index from the log: {bar:40} {pos}/{len} segment walks \
+             (two passes; {eta} left)",
         )
         .map_err(|e| CliError::BadArgs(format!("progress bar template: {e}")))?,
     );
@@ -109,14 +117,21 @@ fn rebuild_index(a: &CheckArgs) -> Result<(), CliError> {
     };
     let started = std::time::Instant::now();
     let rebuilt =
-        ftl::backing::rebuild_backing_index(&a.backing.backing, &dir, a.force, &mut progress)?;
+    ftl::backing::rebuild_backing_index(
+        &a.backing.backing,
+        &dir,
+        a.force,
+        a.rebuild_memory,
+        &mut progress,
+    )?;
     bar.finish_and_clear();
     let r = &rebuilt.report;
     // On stderr: stdout carries the check's report that follows (text or JSON).
     {
         eprintln!(
             "rebuilt {} in {:.1} s: {} chunks in {} of {} segments, {} data and {} trim \
-             records ({} skipped: checksum or range), {} mapped blocks, epoch {}",
+             records ({} skipped: checksum or range), {} mapped blocks, epoch {}, the map in \
+             {} slice(s) ({} MiB spilled)",
             dir.display(),
             started.elapsed().as_secs_f64(),
             r.chunks,
@@ -126,7 +141,9 @@ fn rebuild_index(a: &CheckArgs) -> Result<(), CliError> {
             r.trim_entries,
             r.entries_skipped,
             r.mapped_blocks,
-            r.epoch
+            r.epoch,
+            r.slices,
+            r.spilled_bytes >> 20
         );
         if let Some(old) = &rebuilt.old_index_moved_to {
             eprintln!("the old index is kept as {}", old.display());

@@ -227,10 +227,16 @@ pub struct RebuiltIndex {
 /// to `<index_dir>.old-<unix seconds>` and the new one into place, and the parent
 /// directory is synced: an interrupted rebuild never leaves a half-built index where
 /// the old one was.
+///
+/// The map is built in slices of at most `memory` bytes of RAM
+/// ([`crate::RebuildOptions::memory`]); with more than one, the records are sorted into
+/// spill files in `<index_dir>.rebuild-spill` (about 32 bytes per block of the log),
+/// removed when done.
 pub fn rebuild_backing_index(
     path: &Path,
     index_dir: &Path,
     force: bool,
+    memory: u64,
     progress: &mut dyn crate::rebuild::RebuildProgress,
 ) -> Result<RebuiltIndex> {
     let dev = open_device(path, None)?;
@@ -257,8 +263,11 @@ pub fn rebuild_backing_index(
         let p = p.to_path_buf();
         move |e: io::Error| Error::Open { path: p, source: e }
     };
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(io_err(&tmp))?;
+    let spill = sibling(".rebuild-spill".into());
+    for leftover in [&tmp, &spill] {
+        if leftover.exists() {
+            std::fs::remove_dir_all(leftover).map_err(io_err(leftover))?;
+        }
     }
     // The old index's wear history, if it can still be read (a sled database that
     // opens; records that do not decode count nothing).
@@ -271,13 +280,13 @@ pub fn rebuild_backing_index(
     };
     let report = {
         let idx = open_index(&tmp)?;
-        crate::rebuild::rebuild_keeping_wear(
-            &dev,
-            &idx,
-            Config::default().checkpoint_page_batch,
-            progress,
-            &wear,
-        )?
+        let opts = crate::RebuildOptions {
+            batch: Config::default().checkpoint_page_batch,
+            memory,
+            spill_dir: Some(spill),
+            wear,
+        };
+        crate::rebuild::rebuild_with(&dev, &idx, &opts, progress)?
     };
     let mut moved = None;
     if exists {

@@ -76,7 +76,10 @@ pub use index::IndexStore;
 pub use lifecycle::{format, read_superblock, read_superblock_readonly, OpenReport};
 pub use log::data_room_from;
 pub use map::{MapCacheStats, MapEntry, DEFAULT_CACHE_BYTES as DEFAULT_MAP_CACHE_BYTES};
-pub use rebuild::{erase_counts_of, rebuild, rebuild_keeping_wear, RebuildProgress, RebuildReport};
+pub use rebuild::{
+    erase_counts_of, rebuild, rebuild_with, RebuildOptions, RebuildProgress, RebuildReport,
+    DEFAULT_REBUILD_MEMORY,
+};
 pub use records::Counters;
 pub use recovery::RecoveryReport;
 pub use segments::{SegmentSnapshot, WearFigures};

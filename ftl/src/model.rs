@@ -481,6 +481,19 @@ pub fn rebuild_agrees<I: IndexStore>(
     let idx = Arc::new(MemIndex::new());
     let report =
         crate::rebuild(&copy, &idx, 64, &mut |_, _| {}).map_err(|e| format!("rebuild: {e}"))?;
+    // The same map built in slices of 5 blocks (records spilled in RAM): the same index.
+    let sliced = Arc::new(MemIndex::new());
+    let opts = crate::RebuildOptions {
+        memory: 5 * crate::rebuild::WINNER_BYTES,
+        ..Default::default()
+    };
+    crate::rebuild_with(&copy, &sliced, &opts, &mut |_, _| {})
+        .map_err(|e| format!("rebuild in slices: {e}"))?;
+    if sliced.load().map_err(|e| format!("load: {e}"))?
+        != idx.load().map_err(|e| format!("load: {e}"))?
+    {
+        return Err(format!("a rebuild in slices builds another index ({report:?})"));
+    }
     checker(&copy, &idx).map_err(|e| format!("after rebuild ({report:?}): {e}"))?;
     let (g, _) = Ftl::open(copy.clone(), idx.clone(), test_config())
         .map_err(|e| format!("open after rebuild: {e}"))?;

@@ -3,12 +3,24 @@
 //! (`ftlblk check --rebuild-index`).
 //!
 //! Every chunk summary names its blocks' LBAs, entry sequence numbers and checksums, and
-//! carries the TRIM records, so the log describes the whole device: the rebuild walks
-//! every segment with the walker recovery and relocation use (`chunks.rs`: this format,
-//! in place, each chunk newer than the one before it), keeps the data entries whose
-//! block matches its crc32c (a block whose write never completed does not), and applies
-//! all entries in (epoch, entry sequence) order, data and TRIM alike: the newest record
-//! of each LBA wins, and a relocated copy is just a newer record of the same data.
+//! carries the TRIM records, so the log describes the whole device. Two passes over it:
+//!
+//! 1. **Survey** (the summaries alone): every segment walked with the walker recovery and
+//!    relocation use (`chunks.rs`: this format, in place, each chunk newer than the one
+//!    before it), its chunks counted and damage named, and each epoch's break found.
+//! 2. **Scan** (the blocks each walk covers, one read a segment): every data block checked
+//!    against its entry's crc32c (a block whose write never completed is skipped), and
+//!    every record of a chunk before its epoch's break applied, data and TRIM alike: the
+//!    newest record (epoch, entry number) of each LBA wins, and a relocated copy is just a
+//!    newer record of the same data. "Newest wins" needs no order: each LBA keeps the
+//!    newest record seen so far ([`Winners`], 24 bytes an LBA).
+//!
+//! When the winners of every LBA need more than [`RebuildOptions::memory`], the map is
+//! built in slices of LBAs: the scan sorts the records into one spill bucket per slice
+//! (32 bytes a record, files beside the index), and each slice is then reduced from its
+//! bucket alone. RAM stays within the budget, the segment-sized read buffer and a few
+//! bytes per segment, whatever the size of the device; the log is read once (plus its
+//! summaries), the spill written and read once.
 //!
 //! What makes that the state the device had (docs/scale.md, "Index rebuild"):
 //! - **freed segments are invisible**: a segment's first block is zeroed when it is
@@ -31,14 +43,16 @@
 //! 1. the map pages and segment records are committed BEFORE the checkpoint record, in
 //!    batches, into an index cleared first: a rebuild cut short leaves an index without
 //!    a checkpoint, which every open refuses (pointing at the rebuild again). Test:
-//!    `tests/rebuild.rs`, `a_rebuild_cut_short_leaves_no_checkpoint`.
+//!    `tests/rebuild.rs`, `a_rebuild_cut_short_leaves_no_checkpoint`. (The spill buckets
+//!    are scratch: never synced, removed when done, and by the next rebuild if a crash
+//!    left them.)
 //!
-//! RAM: the map (8 bytes per exported block) and one record per log entry (32 bytes)
-//! while it runs. Owns nothing after it returns. Called by `ftlblk check` and tests.
+//! Owns nothing after it returns. Called by `ftlblk check` and tests.
 
 use crate::chunks::SegmentChunks;
 use crate::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
 use crate::error::{Error, Result};
+use crate::geometry::Geometry;
 use crate::index::{IndexStore, Key, Op};
 use crate::map::MapEntry;
 use crate::records::{CheckpointRecord, Counters, SegState, SegmentRecord, PAGE_ENTRIES};
@@ -46,6 +60,9 @@ use crate::recovery::past_sane;
 use crate::stream::STREAMS;
 use crate::summary::{ChunkSummary, Entry};
 use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
 
 /// What a rebuild found and wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -72,6 +89,11 @@ pub struct RebuildReport {
     pub epoch: u64,
     pub next_chunk_seq: u64,
     pub next_entry_seq: u64,
+    /// Slices of the LBA range the map was built in, one after another (1: all at once;
+    /// more when its winners need more than [`RebuildOptions::memory`]).
+    pub slices: u32,
+    /// Bytes of records sorted into the slices' spill buckets (0 with one slice).
+    pub spilled_bytes: u64,
     /// Problems found on the way that did not stop it (a damaged superblock copy).
     pub warnings: Vec<String>,
 }
@@ -87,7 +109,43 @@ impl<F: FnMut(u32, u32)> RebuildProgress for F {
     }
 }
 
-/// One log record, as the rebuild orders it.
+/// What a rebuild may use, and where it puts what does not fit in it.
+#[derive(Debug, Clone)]
+pub struct RebuildOptions {
+    /// Map pages per index commit.
+    pub batch: usize,
+    /// Bytes of RAM for the newest record of each LBA ([`WINNER_BYTES`] per exported
+    /// block). A device whose LBAs need more is rebuilt one slice of LBAs at a time: the
+    /// second pass sorts the log's records into a spill bucket per slice, and each
+    /// bucket is then reduced in turn.
+    pub memory: u64,
+    /// Where the spill buckets go (files, removed when done); `None`: in RAM (tests).
+    pub spill_dir: Option<PathBuf>,
+    /// Erase counts by segment ([`erase_counts_of`]); segments past its end start at
+    /// zero.
+    pub wear: Vec<u32>,
+}
+
+/// Default of [`RebuildOptions::memory`]: one slice up to 22 Mi exported blocks (an 85
+/// GiB device); a 15 TiB one in 180 slices.
+pub const DEFAULT_REBUILD_MEMORY: u64 = 512 << 20;
+/// RAM per LBA of a slice: the newest record's (epoch, entry number) and map entry.
+pub const WINNER_BYTES: u64 = 24;
+/// At most this many slices (one spill file each, all open at once during the scan).
+pub const MAX_SLICES: u64 = 512;
+
+impl Default for RebuildOptions {
+    fn default() -> Self {
+        RebuildOptions {
+            batch: 64,
+            memory: DEFAULT_REBUILD_MEMORY,
+            spill_dir: None,
+            wear: Vec::new(),
+        }
+    }
+}
+
+/// One log record.
 #[derive(Debug, Clone, Copy)]
 struct Rec {
     epoch: u64,
@@ -100,24 +158,235 @@ struct Rec {
 
 const TRIM_PBA: u32 = u32::MAX;
 
-/// A chunk found by the scan: its position and where its records start in the list.
-struct Found {
-    epoch: u64,
-    chain: u64,
-    seg: u32,
-    stream: u8,
-    records: std::ops::Range<usize>,
+impl Rec {
+    /// A spilled record:
+    /// ```text
+    /// 0        8        16       24    28           32
+    /// | epoch  | seq    | lba    | pba | crc_or_count |   little-endian
+    /// ```
+    /// (scratch of one rebuild, never read by another build: no magic or checksum).
+    const BYTES: usize = 32;
+
+    fn encode(&self) -> [u8; Self::BYTES] {
+        let mut b = [0u8; Self::BYTES];
+        b[0..8].copy_from_slice(&self.epoch.to_le_bytes());
+        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        b[16..24].copy_from_slice(&self.lba.to_le_bytes());
+        b[24..28].copy_from_slice(&self.pba.to_le_bytes());
+        b[28..32].copy_from_slice(&self.crc_or_count.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8; Self::BYTES]) -> Rec {
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or([0; 4]));
+        Rec {
+            epoch: u64_at(0),
+            seq: u64_at(8),
+            lba: u64_at(16),
+            pba: u32_at(24),
+            crc_or_count: u32_at(28),
+        }
+    }
 }
 
-/// Rebuilds `index` from the log on `dev` (see the module docs). `index` is cleared
-/// first. The superblock must be valid (the rebuild never reformats).
+/// The newest record of each LBA of one slice `[lo, lo + len)`: per LBA its epoch, its
+/// entry number plus one (0: no record yet, so that every record beats it) and the map
+/// entry it gives. Applying records in any order leaves what applying them in (epoch,
+/// entry number) order leaves: the newest of each LBA wins, data or TRIM alike.
+/// Allocated zeroed (the pages of LBAs no record names are never touched).
+struct Winners {
+    lo: u64,
+    w: Vec<[u64; 3]>,
+}
+
+impl Winners {
+    fn new(lo: u64, len: u64) -> Winners {
+        Winners {
+            lo,
+            w: vec![[0u64; 3]; len as usize],
+        }
+    }
+
+    fn apply(&mut self, r: &Rec) {
+        let hi = self.lo + self.w.len() as u64;
+        let (from, to, entry) = if r.pba == TRIM_PBA {
+            let to = r.lba.saturating_add(r.crc_or_count as u64).min(hi);
+            (r.lba.max(self.lo), to, MapEntry::UNMAPPED)
+        } else {
+            (r.lba, r.lba + 1, MapEntry::new(r.pba, r.crc_or_count))
+        };
+        if from < self.lo || to > hi {
+            return;
+        }
+        let key = (r.epoch, r.seq + 1);
+        for w in &mut self.w[(from - self.lo) as usize..(to - self.lo) as usize] {
+            if key > (w[0], w[1]) {
+                *w = [key.0, key.1, entry.0];
+            }
+        }
+    }
+
+    fn entry(&self, i: usize) -> MapEntry {
+        match self.w[i] {
+            [_, 0, _] => MapEntry::UNMAPPED,
+            [_, _, e] => MapEntry(e),
+        }
+    }
+}
+
+/// The records of the scan sorted by slice, for a device whose winners do not fit in
+/// [`RebuildOptions::memory`]. A TRIM over several slices is cut at their edges.
+struct Spill {
+    slice_blocks: u64,
+    exported: u64,
+    buckets: Buckets,
+    bytes: u64,
+}
+
+enum Buckets {
+    Ram(Vec<Vec<u8>>),
+    Files {
+        dir: PathBuf,
+        out: Vec<BufWriter<File>>,
+    },
+}
+
+impl Spill {
+    fn new(slices: u64, slice_blocks: u64, exported: u64, dir: Option<&Path>) -> Result<Spill> {
+        let buckets = match dir {
+            None => Buckets::Ram(vec![Vec::new(); slices as usize]),
+            Some(dir) => {
+                let io = |e| Error::Open {
+                    path: dir.to_path_buf(),
+                    source: e,
+                };
+                std::fs::create_dir_all(dir).map_err(io)?;
+                let out = (0..slices)
+                    .map(|b| File::create(Self::path(dir, b)).map(|f| BufWriter::with_capacity(1 << 16, f)))
+                    .collect::<std::io::Result<Vec<_>>>()
+                    .map_err(io)?;
+                Buckets::Files {
+                    dir: dir.to_path_buf(),
+                    out,
+                }
+            }
+        };
+        Ok(Spill {
+            slice_blocks,
+            exported,
+            buckets,
+            bytes: 0,
+        })
+    }
+
+    fn path(dir: &Path, bucket: u64) -> PathBuf {
+        dir.join(format!("slice-{bucket}"))
+    }
+
+    fn put(&mut self, r: Rec) -> Result<()> {
+        if r.pba != TRIM_PBA {
+            return self.write(r.lba / self.slice_blocks, &r);
+        }
+        let end = r.lba.saturating_add(r.crc_or_count as u64).min(self.exported);
+        let mut lba = r.lba;
+        while lba < end {
+            let b = lba / self.slice_blocks;
+            let stop = ((b + 1) * self.slice_blocks).min(end);
+            let piece = Rec {
+                lba,
+                crc_or_count: (stop - lba) as u32,
+                ..r
+            };
+            self.write(b, &piece)?;
+            lba = stop;
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, bucket: u64, r: &Rec) -> Result<()> {
+        self.bytes += Rec::BYTES as u64;
+        match &mut self.buckets {
+            Buckets::Ram(b) => b[bucket as usize].extend_from_slice(&r.encode()),
+            Buckets::Files { dir, out } => out[bucket as usize]
+                .write_all(&r.encode())
+                .map_err(|e| Error::Open {
+                    path: Self::path(dir, bucket),
+                    source: e,
+                })?,
+        }
+        Ok(())
+    }
+
+    /// Ends the scan: every bucket written out.
+    fn finish(&mut self) -> Result<()> {
+        if let Buckets::Files { dir, out } = &mut self.buckets {
+            for (b, w) in out.iter_mut().enumerate() {
+                w.flush().map_err(|e| Error::Open {
+                    path: Self::path(dir, b as u64),
+                    source: e,
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Feeds every record of `bucket` to `f`, then drops the bucket.
+    fn drain(&mut self, bucket: u64, f: &mut dyn FnMut(&Rec)) -> Result<()> {
+        let mut rec = [0u8; Rec::BYTES];
+        match &mut self.buckets {
+            Buckets::Ram(b) => {
+                for r in std::mem::take(&mut b[bucket as usize]).chunks_exact(Rec::BYTES) {
+                    rec.copy_from_slice(r);
+                    f(&Rec::decode(&rec));
+                }
+            }
+            Buckets::Files { dir, .. } => {
+                let path = Self::path(dir, bucket);
+                let io = |e| Error::Open {
+                    path: path.clone(),
+                    source: e,
+                };
+                let mut r = BufReader::with_capacity(1 << 20, File::open(&path).map_err(io)?);
+                loop {
+                    match r.read_exact(&mut rec) {
+                        Ok(()) => f(&Rec::decode(&rec)),
+                        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+                        Err(e) => return Err(io(e)),
+                    }
+                }
+                std::fs::remove_file(&path).map_err(io)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Spill {
+    fn drop(&mut self) {
+        if let Buckets::Files { dir, out } = &mut self.buckets {
+            out.clear();
+            // Scratch: what an error left behind goes too (the next rebuild would
+            // remove it anyway).
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Rebuilds `index` from the log on `dev` (see the module docs) with the default
+/// options and `batch` map pages per commit. `index` is cleared first. The superblock
+/// must be valid (the rebuild never reformats).
 pub fn rebuild<D: BlockDevice, I: IndexStore>(
     dev: &D,
     index: &I,
     batch: usize,
     progress: &mut dyn RebuildProgress,
 ) -> Result<RebuildReport> {
-    rebuild_keeping_wear(dev, index, batch, progress, &[])
+    let opts = RebuildOptions {
+        batch,
+        ..RebuildOptions::default()
+    };
+    rebuild_with(dev, index, &opts, progress)
 }
 
 /// The erase counts the segment and free records of `old` (an index being replaced)
@@ -155,40 +424,40 @@ pub fn erase_counts_of<I: IndexStore>(old: &I, segments: u32, uuid: &[u8; 16]) -
     counts
 }
 
-/// [`rebuild`], with each segment's erase count taken from `wear` (by segment; those
-/// past its end start at zero), as [`erase_counts_of`] read it from the old index.
-pub fn rebuild_keeping_wear<D: BlockDevice, I: IndexStore>(
+/// What the first pass, over the summaries alone, finds.
+struct Survey {
+    /// Per segment, the blocks its walk covers (0: no chunk).
+    ends: Vec<u32>,
+    /// Per epoch, the first chain number of the epochs after it (the smallest).
+    later_min: BTreeMap<u64, u64>,
+    max_epoch: u64,
+    max_chain: u64,
+}
+
+/// Pass 1: walks every segment's summaries (no data read), counting the chunks and
+/// naming damage, and finds each epoch's break: the session after a crash continued the
+/// chain from the break, so every chunk of epoch E numbered at or past the first number
+/// of a later epoch lies past E's break.
+fn survey<D: BlockDevice>(
     dev: &D,
-    index: &I,
-    batch: usize,
+    geo: Geometry,
+    format_id: u64,
+    report: &mut RebuildReport,
     progress: &mut dyn RebuildProgress,
-    wear: &[u32],
-) -> Result<RebuildReport> {
-    let (sb, warnings) = crate::lifecycle::read_superblock_readonly(dev)?;
-    let geo = sb.geometry;
-    let format_id = sb.format_id();
-    let mut report = RebuildReport {
-        segments: geo.segment_count,
-        warnings,
-        ..Default::default()
-    };
-    let bps = geo.blocks_per_segment() as usize;
-    let mut window = AlignedBuf::new(bps * BLOCK_SIZE);
-    let mut found: Vec<Found> = Vec::new();
-    let mut recs: Vec<Rec> = Vec::new();
-    for seg in 1..geo.segment_count {
-        progress.scanned(seg - 1, geo.segment_count - 1);
-        let at = geo.segment_start(seg) * BLOCK_SIZE as u64;
-        dev.read_at(at, &mut window)
-            .map_err(|e| Error::io("rebuild read", at, e))?;
-        // Every chunk the walker accepts, whatever its epoch.
-        let walk =
-            SegmentChunks::new(dev, geo, seg, format_id, (u64::MAX, u64::MAX)).preloaded(&window);
+) -> Result<Survey> {
+    let n = geo.segment_count;
+    let bps = geo.blocks_per_segment();
+    let mut ends = vec![0u32; n as usize];
+    let mut first_of: BTreeMap<u64, u64> = BTreeMap::new();
+    let (mut max_epoch, mut max_chain) = (0u64, 0u64);
+    let mut one = AlignedBuf::new(BLOCK_SIZE);
+    for seg in 1..n {
+        progress.scanned(seg - 1, 2 * (n - 1));
         let mut any = false;
         // Where the walk ends, the last chunk in range it took, and whether the last
         // one it took was out of range (the walker then refuses every chunk after it).
         let (mut end, mut last, mut ended_out_of_range) = (0u32, None, false);
-        for c in walk {
+        for c in SegmentChunks::new(dev, geo, seg, format_id, (u64::MAX, u64::MAX)) {
             let (off, s) = c?;
             any = true;
             end = off + s.total_blocks();
@@ -203,53 +472,17 @@ pub fn rebuild_keeping_wear<D: BlockDevice, I: IndexStore>(
                 continue;
             }
             last = Some((s.epoch, s.chunk_seq));
-            let first = recs.len();
-            let mut k = 0usize;
-            for e in &s.entries {
-                match *e {
-                    Entry::Data { lba, seq, crc } => {
-                        let blk = off as usize + 1 + k;
-                        k += 1;
-                        let data = &window[blk * BLOCK_SIZE..(blk + 1) * BLOCK_SIZE];
-                        if lba >= geo.exported_blocks
-                            || past_sane(seq)
-                            || crc32c::crc32c(data) != crc
-                        {
-                            report.entries_skipped += 1;
-                            continue;
-                        }
-                        report.data_entries += 1;
-                        recs.push(Rec {
-                            epoch: s.epoch,
-                            seq,
-                            lba,
-                            pba: (geo.segment_start(seg) + blk as u64) as u32,
-                            crc_or_count: crc,
-                        });
-                    }
-                    Entry::Trim { seq, .. } if past_sane(seq) => report.entries_skipped += 1,
-                    Entry::Trim { lba, seq, count } => {
-                        report.trim_entries += 1;
-                        recs.push(Rec {
-                            epoch: s.epoch,
-                            seq,
-                            lba,
-                            pba: TRIM_PBA,
-                            crc_or_count: count,
-                        });
-                    }
-                }
-            }
             report.chunks += 1;
-            found.push(Found {
-                epoch: s.epoch,
-                chain: s.chunk_seq,
-                seg,
-                stream: s.stream,
-                records: first..recs.len(),
-            });
+            let first = first_of.entry(s.epoch).or_insert(s.chunk_seq);
+            *first = (*first).min(s.chunk_seq);
+            max_epoch = max_epoch.max(s.epoch);
+            max_chain = max_chain.max(s.chunk_seq);
         }
         report.segments_with_chunks += any as u32;
+        ends[seg as usize] = end;
+        if end >= bps {
+            continue;
+        }
         // A damaged summary ends the walk: one that carries the magic but fails its
         // checksum, or one out of range (the walker refuses the chunks after it). The
         // chunks after it in this segment are not rebuilt (their LBAs read older data,
@@ -257,26 +490,33 @@ pub fn rebuild_keeping_wear<D: BlockDevice, I: IndexStore>(
         // range and newer than the last taken. A walk that ended at a block without the
         // magic (a freed segment's zeroed head, a chunk past a crash's break that
         // recovery zeroed, the end of what was written) hid nothing.
-        let block = |k: u32| &window[k as usize * BLOCK_SIZE..(k as usize + 1) * BLOCK_SIZE];
-        let damaged_at_end = (end as usize) < bps && ChunkSummary::decode(block(end)).is_err();
-        let hidden = if damaged_at_end || ended_out_of_range {
-            let from = if ended_out_of_range { end } else { end + 1 };
-            (from..bps as u32)
-                .filter(|&k| {
-                    ChunkSummary::decode(block(k))
-                        .ok()
-                        .flatten()
-                        .is_some_and(|h| {
-                            h.in_place(seg, k, format_id, bps as u32)
-                                && !past_sane(h.epoch)
-                                && !past_sane(h.chunk_seq)
-                                && last.is_none_or(|l| (h.epoch, h.chunk_seq) > l)
-                        })
+        let at = (geo.segment_start(seg) + end as u64) * BLOCK_SIZE as u64;
+        dev.read_at(at, &mut one)
+            .map_err(|e| Error::io("rebuild read", at, e))?;
+        let damaged_at_end = ChunkSummary::decode(&one).is_err();
+        if !(damaged_at_end || ended_out_of_range) {
+            continue;
+        }
+        let from = if ended_out_of_range { end } else { end + 1 };
+        if from >= bps {
+            continue;
+        }
+        let mut rest = AlignedBuf::new((bps - from) as usize * BLOCK_SIZE);
+        let at = (geo.segment_start(seg) + from as u64) * BLOCK_SIZE as u64;
+        dev.read_at(at, &mut rest)
+            .map_err(|e| Error::io("rebuild read", at, e))?;
+        let hidden = rest
+            .chunks(BLOCK_SIZE)
+            .zip(from..bps)
+            .filter(|(block, k)| {
+                ChunkSummary::decode(block).ok().flatten().is_some_and(|h| {
+                    h.in_place(seg, *k, format_id, bps)
+                        && !past_sane(h.epoch)
+                        && !past_sane(h.chunk_seq)
+                        && last.is_none_or(|l| (h.epoch, h.chunk_seq) > l)
                 })
-                .count() as u64
-        } else {
-            0
-        };
+            })
+            .count() as u64;
         if hidden > 0 {
             report.chunks_hidden += hidden;
             let what = if ended_out_of_range {
@@ -290,80 +530,278 @@ pub fn rebuild_keeping_wear<D: BlockDevice, I: IndexStore>(
             ));
         }
     }
-    progress.scanned(geo.segment_count - 1, geo.segment_count - 1);
-
-    // Breaks: the session after a crash continued the chain from the break, so every
-    // chunk of epoch E numbered at or past the first number of a later epoch lies past
-    // E's break.
-    let mut first_of: BTreeMap<u64, u64> = BTreeMap::new();
-    for f in &found {
-        let e = first_of.entry(f.epoch).or_insert(f.chain);
-        *e = (*e).min(f.chain);
-    }
     let mut later_min: BTreeMap<u64, u64> = BTreeMap::new();
     let mut running = u64::MAX;
     for (&epoch, &first) in first_of.iter().rev() {
         later_min.insert(epoch, running);
         running = running.min(first);
     }
-    let mut keep = vec![true; recs.len()];
-    let mut seg_state: Vec<Option<u8>> = vec![None; geo.segment_count as usize];
-    let mut opened: Vec<u64> = vec![u64::MAX; geo.segment_count as usize];
-    let (mut max_epoch, mut max_chain, mut max_seq) = (0u64, 0u64, 0u64);
-    for f in &found {
-        max_epoch = max_epoch.max(f.epoch);
-        max_chain = max_chain.max(f.chain);
-        if later_min.get(&f.epoch).is_some_and(|&m| f.chain >= m) {
-            report.chunks_past_break += 1;
-            keep[f.records.clone()].iter_mut().for_each(|k| *k = false);
+    Ok(Survey {
+        ends,
+        later_min,
+        max_epoch,
+        max_chain,
+    })
+}
+
+/// What the second pass learns of each segment.
+struct Facts {
+    /// The stream of the segment's chunks (`None`: no chunk).
+    stream: Vec<Option<u8>>,
+    /// The smallest entry number of the segment's records (`u64::MAX`: none).
+    opened: Vec<u64>,
+    max_seq: u64,
+}
+
+/// Pass 2: reads each segment with chunks (the blocks its walk covers), checks every
+/// data block against its entry's crc32c (a block whose write never completed is
+/// skipped), and hands every record of a chunk before its epoch's break to `sink`.
+fn scan<D: BlockDevice>(
+    dev: &D,
+    geo: Geometry,
+    format_id: u64,
+    survey: &Survey,
+    report: &mut RebuildReport,
+    progress: &mut dyn RebuildProgress,
+    sink: &mut dyn FnMut(Rec) -> Result<()>,
+) -> Result<Facts> {
+    let n = geo.segment_count;
+    let bps = geo.blocks_per_segment();
+    let mut facts = Facts {
+        stream: vec![None; n as usize],
+        opened: vec![u64::MAX; n as usize],
+        max_seq: 0,
+    };
+    let mut window = AlignedBuf::new(bps as usize * BLOCK_SIZE);
+    let mut chunks = 0u64;
+    for seg in 1..n {
+        progress.scanned(n - 1 + seg - 1, 2 * (n - 1));
+        let end = survey.ends[seg as usize];
+        if end == 0 {
+            continue;
         }
-        seg_state[f.seg as usize] = Some(f.stream);
-        for r in &recs[f.records.clone()] {
-            max_seq = max_seq.max(r.seq);
-            opened[f.seg as usize] = opened[f.seg as usize].min(r.seq);
+        // The block after the walk's end too: the walker looks at it to stop.
+        let len = (end + 1).min(bps) as usize * BLOCK_SIZE;
+        let at = geo.segment_start(seg) * BLOCK_SIZE as u64;
+        dev.read_at(at, &mut window[..len])
+            .map_err(|e| Error::io("rebuild read", at, e))?;
+        let walk = SegmentChunks::new(dev, geo, seg, format_id, (u64::MAX, u64::MAX))
+            .preloaded(&window[..len]);
+        for c in walk {
+            let (off, s) = c?;
+            if past_sane(s.epoch) || past_sane(s.chunk_seq) {
+                continue;
+            }
+            chunks += 1;
+            let past_break = survey
+                .later_min
+                .get(&s.epoch)
+                .is_some_and(|&m| s.chunk_seq >= m);
+            report.chunks_past_break += past_break as u64;
+            facts.stream[seg as usize] = Some(s.stream);
+            let mut k = 0usize;
+            for e in &s.entries {
+                let r = match *e {
+                    Entry::Data { lba, seq, crc } => {
+                        let blk = off as usize + 1 + k;
+                        k += 1;
+                        let data = &window[blk * BLOCK_SIZE..(blk + 1) * BLOCK_SIZE];
+                        if lba >= geo.exported_blocks
+                            || past_sane(seq)
+                            || crc32c::crc32c(data) != crc
+                        {
+                            report.entries_skipped += 1;
+                            continue;
+                        }
+                        report.data_entries += 1;
+                        Rec {
+                            epoch: s.epoch,
+                            seq,
+                            lba,
+                            pba: (geo.segment_start(seg) + blk as u64) as u32,
+                            crc_or_count: crc,
+                        }
+                    }
+                    Entry::Trim { seq, .. } if past_sane(seq) => {
+                        report.entries_skipped += 1;
+                        continue;
+                    }
+                    Entry::Trim { lba, seq, count } => {
+                        report.trim_entries += 1;
+                        Rec {
+                            epoch: s.epoch,
+                            seq,
+                            lba,
+                            pba: TRIM_PBA,
+                            crc_or_count: count,
+                        }
+                    }
+                };
+                facts.max_seq = facts.max_seq.max(r.seq);
+                let opened = &mut facts.opened[seg as usize];
+                *opened = (*opened).min(r.seq);
+                if !past_break {
+                    sink(r)?;
+                }
+            }
         }
     }
-    let mut recs: Vec<Rec> = recs
-        .into_iter()
-        .zip(keep)
-        .filter_map(|(r, k)| k.then_some(r))
-        .collect();
-    // (epoch, seq) is unique: the unstable sort gives the same order without the stable
-    // sort's scratch copy of half the records (29 GiB at 8 TB).
-    recs.sort_unstable_by_key(|r| (r.epoch, r.seq));
+    progress.scanned(2 * (n - 1), 2 * (n - 1));
+    if chunks != report.chunks {
+        return Err(Error::Corrupt(format!(
+            "the log changed while the index was rebuilt: {} chunks on the first pass, {chunks} \
+             on the second (is the backing in use?)",
+            report.chunks
+        )));
+    }
+    Ok(facts)
+}
 
-    // The map: every record in order; the newest of each LBA wins.
-    let mut map = vec![MapEntry::UNMAPPED; geo.exported_blocks as usize];
-    for r in &recs {
-        if r.pba == TRIM_PBA {
-            let end = r
-                .lba
-                .saturating_add(r.crc_or_count as u64)
-                .min(geo.exported_blocks);
-            for e in map.iter_mut().take(end as usize).skip(r.lba as usize) {
-                *e = MapEntry::UNMAPPED;
+/// Map pages out of the winners, LBA after LBA: each page that maps a block is
+/// committed (`batch` at a time), and the live blocks of each segment are counted.
+struct PageOut<'a, I: IndexStore> {
+    index: &'a I,
+    geo: Geometry,
+    batch: usize,
+    ops: Vec<Op>,
+    page_no: u64,
+    page: Vec<u64>,
+    mapped: bool,
+    valid: Vec<u32>,
+}
+
+impl<'a, I: IndexStore> PageOut<'a, I> {
+    fn new(index: &'a I, geo: Geometry, batch: usize) -> Self {
+        PageOut {
+            index,
+            geo,
+            batch,
+            ops: Vec::new(),
+            page_no: 0,
+            page: vec![MapEntry::UNMAPPED.0; PAGE_ENTRIES],
+            mapped: false,
+            valid: vec![0; geo.segment_count as usize],
+        }
+    }
+
+    fn slice(&mut self, w: &Winners) -> Result<()> {
+        for i in 0..w.w.len() {
+            let lba = w.lo + i as u64;
+            let page = lba / PAGE_ENTRIES as u64;
+            if page != self.page_no {
+                self.end_page()?;
+                self.page_no = page;
+            }
+            let e = w.entry(i);
+            self.page[(lba % PAGE_ENTRIES as u64) as usize] = e.0;
+            if let Some(pba) = e.pba() {
+                self.mapped = true;
+                if let Some(v) = self.valid.get_mut(self.geo.segment_of(pba as u64) as usize) {
+                    *v += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn end_page(&mut self) -> Result<()> {
+        if self.mapped {
+            let page = std::mem::replace(&mut self.page, vec![MapEntry::UNMAPPED.0; PAGE_ENTRIES]);
+            self.ops
+                .push(crate::engine::checkpoint::page_op((self.page_no, page)));
+            if self.ops.len() >= self.batch {
+                self.index.commit(std::mem::take(&mut self.ops))?;
             }
         } else {
-            map[r.lba as usize] = MapEntry::new(r.pba, r.crc_or_count);
+            self.page.fill(MapEntry::UNMAPPED.0);
+        }
+        self.mapped = false;
+        Ok(())
+    }
+}
+
+/// [`rebuild`] with `opts`: the map in slices of at most `opts.memory` (spilling the
+/// records to `opts.spill_dir` when there is more than one), each segment's erase count
+/// from `opts.wear`.
+pub fn rebuild_with<D: BlockDevice, I: IndexStore>(
+    dev: &D,
+    index: &I,
+    opts: &RebuildOptions,
+    progress: &mut dyn RebuildProgress,
+) -> Result<RebuildReport> {
+    let (sb, warnings) = crate::lifecycle::read_superblock_readonly(dev)?;
+    let geo = sb.geometry;
+    let format_id = sb.format_id();
+    let mut report = RebuildReport {
+        segments: geo.segment_count,
+        warnings,
+        ..Default::default()
+    };
+    let blocks = geo.exported_blocks;
+    let slice_blocks = (opts.memory / WINNER_BYTES).clamp(1, blocks.max(1));
+    let slices = blocks.div_ceil(slice_blocks).max(1);
+    if slices > MAX_SLICES {
+        return Err(Error::InvalidParameters(format!(
+            "{} bytes of rebuild memory would take {slices} slices of the {blocks} blocks \
+             (at most {MAX_SLICES}): give at least {}",
+            opts.memory,
+            blocks.div_ceil(MAX_SLICES) * WINNER_BYTES
+        )));
+    }
+    report.slices = slices as u32;
+
+    let survey = survey(dev, geo, format_id, &mut report, progress)?;
+    let mut whole = None;
+    let mut spill = None;
+    let facts = if slices == 1 {
+        let w = whole.insert(Winners::new(0, blocks));
+        scan(dev, geo, format_id, &survey, &mut report, progress, &mut |r| {
+            w.apply(&r);
+            Ok(())
+        })?
+    } else {
+        let s = spill.insert(Spill::new(
+            slices,
+            slice_blocks,
+            blocks,
+            opts.spill_dir.as_deref(),
+        )?);
+        let facts = scan(dev, geo, format_id, &survey, &mut report, progress, &mut |r| {
+            s.put(r)
+        })?;
+        s.finish()?;
+        report.spilled_bytes = s.bytes;
+        facts
+    };
+
+    // Rule 1: the index cleared, then the map pages and segment records, the checkpoint
+    // last.
+    index.clear()?;
+    let mut out = PageOut::new(index, geo, opts.batch.max(1));
+    if let Some(w) = whole.take() {
+        out.slice(&w)?;
+    } else if let Some(s) = spill.as_mut() {
+        for b in 0..slices {
+            let lo = b * slice_blocks;
+            let mut w = Winners::new(lo, slice_blocks.min(blocks - lo));
+            s.drain(b, &mut |r| w.apply(r))?;
+            out.slice(&w)?;
         }
     }
-    drop(recs);
-    let mut valid = vec![0u32; geo.segment_count as usize];
-    for pba in map.iter().filter_map(|e| e.pba()) {
-        let seg = geo.segment_of(pba as u64) as usize;
-        if let Some(v) = valid.get_mut(seg) {
-            *v += 1;
-        }
-    }
+    drop(spill);
+    out.end_page()?;
+    let valid = std::mem::take(&mut out.valid);
+    let mut ops = std::mem::take(&mut out.ops);
+
     report.mapped_blocks = valid.iter().map(|&v| v as u64).sum();
-    report.epoch = max_epoch + 1;
-    report.next_chunk_seq = max_chain + 1;
-    report.next_entry_seq = max_seq + 1;
+    report.epoch = survey.max_epoch + 1;
+    report.next_chunk_seq = survey.max_chain + 1;
+    report.next_entry_seq = facts.max_seq + 1;
 
     let records: Vec<SegmentRecord> = (0..geo.segment_count)
         .map(|s| {
             let i = s as usize;
-            let (state, stream) = match (s, seg_state[i]) {
+            let (state, stream) = match (s, facts.stream[i]) {
                 (0, _) => (SegState::Closed, 0),
                 (_, Some(stream)) if (stream as usize) < STREAMS => (SegState::Closed, stream),
                 _ => (SegState::Free, 0),
@@ -372,8 +810,12 @@ pub fn rebuild_keeping_wear<D: BlockDevice, I: IndexStore>(
                 segment: s,
                 state,
                 stream,
-                erase_count: wear.get(i).copied().unwrap_or(0),
-                opened_seq: if opened[i] == u64::MAX { 0 } else { opened[i] },
+                erase_count: opts.wear.get(i).copied().unwrap_or(0),
+                opened_seq: if facts.opened[i] == u64::MAX {
+                    0
+                } else {
+                    facts.opened[i]
+                },
                 valid: if state == SegState::Closed {
                     valid[i]
                 } else {
@@ -399,31 +841,6 @@ pub fn rebuild_keeping_wear<D: BlockDevice, I: IndexStore>(
         counters: Counters::default(),
         cursors: vec![None; STREAMS],
     };
-    write_index(index, &map, &records, &header, batch.max(1))?;
-    Ok(report)
-}
-
-/// Rule 1: cleared, then pages and segment records in batches, the checkpoint last.
-fn write_index<I: IndexStore>(
-    index: &I,
-    map: &[MapEntry],
-    records: &[SegmentRecord],
-    header: &CheckpointRecord,
-    batch: usize,
-) -> Result<()> {
-    index.clear()?;
-    let mut ops: Vec<Op> = Vec::with_capacity(batch);
-    for (page, entries) in map.chunks(PAGE_ENTRIES).enumerate() {
-        if entries.iter().all(|e| !e.is_mapped()) {
-            continue;
-        }
-        let mut entries: Vec<u64> = entries.iter().map(|e| e.0).collect();
-        entries.resize(PAGE_ENTRIES, MapEntry::UNMAPPED.0);
-        ops.push(crate::engine::checkpoint::page_op((page as u64, entries)));
-        if ops.len() >= batch {
-            index.commit(std::mem::take(&mut ops))?;
-        }
-    }
     ops.extend(
         records
             .iter()
@@ -431,5 +848,6 @@ fn write_index<I: IndexStore>(
     );
     index.commit(ops)?;
     // Rule 1: the checkpoint record last.
-    index.commit(vec![Op::Put(Key::checkpoint(), header.encode())])
+    index.commit(vec![Op::Put(Key::checkpoint(), header.encode())])?;
+    Ok(report)
 }

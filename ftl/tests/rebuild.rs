@@ -13,7 +13,7 @@ use ftl::device::crash::CrashDevice;
 use ftl::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
 use ftl::index::mem::MemIndex;
 use ftl::model::{block_for, observe, rebuild_agrees, tiny, Observed};
-use ftl::{Config, Error, Ftl, StreamId, GC_STREAM, TRIM_STREAM};
+use ftl::{Config, Error, Ftl, IndexStore, StreamId, GC_STREAM, TRIM_STREAM};
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 
@@ -27,13 +27,50 @@ fn read_all(f: &CrashFtl) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// Rebuilds a new index of `dev` (the whole map at once), and checks that a rebuild in
+/// slices gives the same index, record for record: slices of 7 blocks (spilled in RAM)
+/// and of 1 block (spilled to files).
 fn rebuild_into(dev: &Arc<CrashDevice>) -> (Arc<MemIndex>, ftl::RebuildReport) {
     let idx = Arc::new(MemIndex::new());
     let mut calls = 0u32;
     let r = ftl::rebuild(dev, &idx, 16, &mut |_, _| calls += 1).unwrap();
     assert!(calls >= r.segments - 1, "progress reported per segment");
+    assert_eq!((r.slices, r.spilled_bytes), (1, 0));
+    let whole = idx.load().unwrap();
+    let spill = tempfile::tempdir().unwrap();
+    for (blocks, dir) in [(7u64, None), (1, Some(spill.path().join("spill")))] {
+        let sliced = Arc::new(MemIndex::new());
+        let opts = ftl::RebuildOptions {
+            batch: 16,
+            memory: blocks * ftl::rebuild::WINNER_BYTES,
+            spill_dir: dir.clone(),
+            ..Default::default()
+        };
+        let s = ftl::rebuild_with(dev, &sliced, &opts, &mut |_, _| {}).unwrap();
+        let cap = ftl::read_superblock_readonly(&**dev)
+            .unwrap()
+            .0
+            .geometry
+            .exported_blocks;
+        assert_eq!(s.slices as u64, cap.div_ceil(blocks), "{s:?}");
+        assert!(s.spilled_bytes > 0 || r.data_entries + r.trim_entries == 0);
+        let same = ftl::RebuildReport {
+            slices: 1,
+            spilled_bytes: 0,
+            ..s.clone()
+        };
+        assert_eq!(same, r, "the sliced rebuild reports otherwise");
+        assert!(
+            sliced.load().unwrap() == whole,
+            "slices of {blocks} blocks build another index"
+        );
+        if let Some(d) = dir {
+            assert!(!d.exists(), "the spill files are removed");
+        }
+    }
     (idx, r)
 }
+
 
 /// Cleans the closed segment with the fewest live blocks (all of them moved).
 fn clean_one(f: &CrashFtl) -> bool {
@@ -660,7 +697,12 @@ fn a_rebuild_keeps_the_erase_counts_the_old_index_names() {
     let wear = ftl::erase_counts_of(&*idx, segments, &sb.uuid);
     assert_eq!(wear, before);
     let fresh = Arc::new(MemIndex::new());
-    ftl::rebuild_keeping_wear(&dev, &fresh, 16, &mut |_, _| {}, &wear).unwrap();
+    let opts = ftl::RebuildOptions {
+        batch: 16,
+        wear,
+        ..Default::default()
+    };
+    ftl::rebuild_with(&dev, &fresh, &opts, &mut |_, _| {}).unwrap();
     let (f, _) = Ftl::open(dev.clone(), fresh, Config::default()).unwrap();
     let after: Vec<u32> = f.segment_snapshot().iter().map(|s| s.erase_count).collect();
     assert_eq!(after, before);

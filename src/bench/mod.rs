@@ -613,7 +613,13 @@ fn rebuild(a: &BenchArgs, index: &Path) -> Result<serde_json::Value, CliError> {
     drop(f);
     let t = Instant::now();
     let rebuilt =
-        ftl::backing::rebuild_backing_index(&a.backing, index, true, &mut |_: u32, _: u32| {})?;
+    ftl::backing::rebuild_backing_index(
+        &a.backing,
+        index,
+        true,
+        ftl::DEFAULT_REBUILD_MEMORY,
+        &mut |_: u32, _: u32| {},
+    )?;
     let rebuild_s = t.elapsed().as_secs_f64();
     let (_, peak) = rss();
     if let Some(old) = &rebuilt.old_index_moved_to {
