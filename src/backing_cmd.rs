@@ -116,8 +116,7 @@ fn rebuild_index(a: &CheckArgs) -> Result<(), CliError> {
         bar.set_position(done as u64);
     };
     let started = std::time::Instant::now();
-    let rebuilt =
-    ftl::backing::rebuild_backing_index(
+    let rebuilt = ftl::backing::rebuild_backing_index(
         &a.backing.backing,
         &dir,
         a.force,

@@ -267,7 +267,10 @@ fn check_with<D: BlockDevice, I: IndexStore>(
     let segments = geo.segment_count as usize;
     let mut tally = vec![Tally::default(); segments];
     let mut mapped_bits = vec![0u64; (geo.physical_blocks() as usize).div_ceil(64)];
-    let mut data = AlignedBuf::new(BLOCK_SIZE);
+    // Data verification a map page at a time: its blocks sorted by place, runs of
+    // adjacent blocks read as one, VERIFY_DEPTH reads in flight (one 4 KiB read at a
+    // time in LBA order took 148 s for 13 GB).
+    let mut verify = Verifier::new();
     map.try_for_each_page(|page, entries| {
         let base = page * PAGE_ENTRIES as u64;
         for (i, &raw) in entries.iter().enumerate() {
@@ -305,18 +308,10 @@ fn check_with<D: BlockDevice, I: IndexStore>(
             t.map_sum = t.map_sum.wrapping_add(entry_hash(pba, lba, e.crc()));
             mapped_bits[(pba / 64) as usize] |= 1 << (pba % 64);
             if verify_data {
-                let off = pba * BLOCK_SIZE as u64;
-                dev.read_at(off, &mut data)
-                    .map_err(|er| crate::error::Error::io("check read", off, er))?;
-                report.blocks_verified += 1;
-                if crc32c::crc32c(&data) != e.crc() {
-                    problems.push(Problem::new(
-                        "data checksums",
-                        format!("lba {lba} (block {pba}) does not match its crc32c"),
-                    ));
-                }
+                verify.todo.push((pba, lba, e.crc()));
             }
         }
+        report.blocks_verified += verify.run(&dev, &mut problems)?;
         Ok(())
     })?;
     let marked = |pba: u64| mapped_bits[(pba / 64) as usize] & (1 << (pba % 64)) != 0;
@@ -437,6 +432,77 @@ fn check_with<D: BlockDevice, I: IndexStore>(
     }
     report.problems = problems;
     Ok(report)
+}
+
+/// Reads of mapped blocks in flight at once when verifying their data.
+const VERIFY_DEPTH: usize = 32;
+/// The longest run of adjacent blocks read as one (1 MiB).
+const VERIFY_RUN_BLOCKS: usize = 256;
+
+/// Data verification of a batch of mapped blocks (at most a map page of them).
+struct Verifier {
+    /// (block, lba, crc32c the map gives) of each block to read.
+    todo: Vec<(u64, u64, u32)>,
+    buf: AlignedBuf,
+}
+
+impl Verifier {
+    fn new() -> Self {
+        Verifier {
+            todo: Vec::with_capacity(PAGE_ENTRIES),
+            buf: AlignedBuf::new(PAGE_ENTRIES * BLOCK_SIZE),
+        }
+    }
+
+    /// Reads every block of `todo` (sorted by place; runs of adjacent blocks, at most
+    /// [`VERIFY_RUN_BLOCKS`], as one read; [`VERIFY_DEPTH`] in flight), names in LBA
+    /// order each that does not match its crc32c, and empties `todo`. Returns the blocks
+    /// verified. A read error ends the check.
+    fn run<D: BlockDevice>(&mut self, dev: &D, problems: &mut Vec<Problem>) -> Result<u64> {
+        let todo = &mut self.todo;
+        if todo.is_empty() {
+            return Ok(0);
+        }
+        todo.sort_unstable();
+        if todo.len() * BLOCK_SIZE > self.buf.len() {
+            self.buf = AlignedBuf::new(todo.len() * BLOCK_SIZE);
+        }
+        // Runs: (first block, blocks). Two LBAs never map one block (check 4 names
+        // that); a repeated block is read twice rather than joined.
+        let mut runs: Vec<(u64, usize)> = Vec::new();
+        for &(pba, _, _) in todo.iter() {
+            match runs.last_mut() {
+                Some((first, n)) if *first + *n as u64 == pba && *n < VERIFY_RUN_BLOCKS => *n += 1,
+                _ => runs.push((pba, 1)),
+            }
+        }
+        let mut rest: &mut [u8] = &mut self.buf;
+        let mut reqs: Vec<(u64, &mut [u8])> = Vec::with_capacity(runs.len());
+        for &(first, n) in &runs {
+            let (this, after) = rest.split_at_mut(n * BLOCK_SIZE);
+            reqs.push((first * BLOCK_SIZE as u64, this));
+            rest = after;
+        }
+        let at = runs[0].0 * BLOCK_SIZE as u64;
+        dev.read_many_depth(&mut reqs, VERIFY_DEPTH)
+            .map_err(|e| crate::error::Error::io("check read", at, e))?;
+        let mut bad: Vec<(u64, u64)> = todo
+            .iter()
+            .zip(self.buf.chunks(BLOCK_SIZE))
+            .filter(|((_, _, crc), data)| crc32c::crc32c(data) != *crc)
+            .map(|(&(pba, lba, _), _)| (lba, pba))
+            .collect();
+        bad.sort_unstable();
+        problems.extend(bad.into_iter().map(|(lba, pba)| {
+            Problem::new(
+                "data checksums",
+                format!("lba {lba} (block {pba}) does not match its crc32c"),
+            )
+        }));
+        let n = todo.len() as u64;
+        todo.clear();
+        Ok(n)
+    }
 }
 
 /// Check 4's figures for one segment: from the map, the entries pointing into it and

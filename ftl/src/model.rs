@@ -492,7 +492,9 @@ pub fn rebuild_agrees<I: IndexStore>(
     if sliced.load().map_err(|e| format!("load: {e}"))?
         != idx.load().map_err(|e| format!("load: {e}"))?
     {
-        return Err(format!("a rebuild in slices builds another index ({report:?})"));
+        return Err(format!(
+            "a rebuild in slices builds another index ({report:?})"
+        ));
     }
     checker(&copy, &idx).map_err(|e| format!("after rebuild ({report:?}): {e}"))?;
     let (g, _) = Ftl::open(copy.clone(), idx.clone(), test_config())

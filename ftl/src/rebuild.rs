@@ -263,7 +263,10 @@ impl Spill {
                 };
                 std::fs::create_dir_all(dir).map_err(io)?;
                 let out = (0..slices)
-                    .map(|b| File::create(Self::path(dir, b)).map(|f| BufWriter::with_capacity(1 << 16, f)))
+                    .map(|b| {
+                        File::create(Self::path(dir, b))
+                            .map(|f| BufWriter::with_capacity(1 << 16, f))
+                    })
                     .collect::<std::io::Result<Vec<_>>>()
                     .map_err(io)?;
                 Buckets::Files {
@@ -288,7 +291,10 @@ impl Spill {
         if r.pba != TRIM_PBA {
             return self.write(r.lba / self.slice_blocks, &r);
         }
-        let end = r.lba.saturating_add(r.crc_or_count as u64).min(self.exported);
+        let end = r
+            .lba
+            .saturating_add(r.crc_or_count as u64)
+            .min(self.exported);
         let mut lba = r.lba;
         while lba < end {
             let b = lba / self.slice_blocks;
@@ -308,12 +314,14 @@ impl Spill {
         self.bytes += Rec::BYTES as u64;
         match &mut self.buckets {
             Buckets::Ram(b) => b[bucket as usize].extend_from_slice(&r.encode()),
-            Buckets::Files { dir, out } => out[bucket as usize]
-                .write_all(&r.encode())
-                .map_err(|e| Error::Open {
-                    path: Self::path(dir, bucket),
-                    source: e,
-                })?,
+            Buckets::Files { dir, out } => {
+                out[bucket as usize]
+                    .write_all(&r.encode())
+                    .map_err(|e| Error::Open {
+                        path: Self::path(dir, bucket),
+                        source: e,
+                    })?
+            }
         }
         Ok(())
     }
@@ -755,10 +763,18 @@ pub fn rebuild_with<D: BlockDevice, I: IndexStore>(
     let mut spill = None;
     let facts = if slices == 1 {
         let w = whole.insert(Winners::new(0, blocks));
-        scan(dev, geo, format_id, &survey, &mut report, progress, &mut |r| {
-            w.apply(&r);
-            Ok(())
-        })?
+        scan(
+            dev,
+            geo,
+            format_id,
+            &survey,
+            &mut report,
+            progress,
+            &mut |r| {
+                w.apply(&r);
+                Ok(())
+            },
+        )?
     } else {
         let s = spill.insert(Spill::new(
             slices,
@@ -766,9 +782,15 @@ pub fn rebuild_with<D: BlockDevice, I: IndexStore>(
             blocks,
             opts.spill_dir.as_deref(),
         )?);
-        let facts = scan(dev, geo, format_id, &survey, &mut report, progress, &mut |r| {
-            s.put(r)
-        })?;
+        let facts = scan(
+            dev,
+            geo,
+            format_id,
+            &survey,
+            &mut report,
+            progress,
+            &mut |r| s.put(r),
+        )?;
         s.finish()?;
         report.spilled_bytes = s.bytes;
         facts

@@ -71,7 +71,6 @@ fn rebuild_into(dev: &Arc<CrashDevice>) -> (Arc<MemIndex>, ftl::RebuildReport) {
     (idx, r)
 }
 
-
 /// Cleans the closed segment with the fewest live blocks (all of them moved).
 fn clean_one(f: &CrashFtl) -> bool {
     let victim = f

@@ -612,8 +612,7 @@ fn rebuild(a: &BenchArgs, index: &Path) -> Result<serde_json::Value, CliError> {
     f.close()?;
     drop(f);
     let t = Instant::now();
-    let rebuilt =
-    ftl::backing::rebuild_backing_index(
+    let rebuilt = ftl::backing::rebuild_backing_index(
         &a.backing,
         index,
         true,
