@@ -354,6 +354,21 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
             if ctx.next >= ctx.blocks.len() {
                 let victim = ctx.victim;
                 self.ctx = None;
+                // Every listed block moved or died, and nothing new enters a closed
+                // segment: one still counting live blocks holds some its summaries do
+                // not name (a damaged summary ends the walk before their chunks). Taken
+                // again it would list the same nothing, at every turn, freeing nothing:
+                // left as a victim that fails (SHUN_FOR); `ftlblk check` names them.
+                let hidden = self.ftl.segment_valid(victim);
+                if hidden > 0 {
+                    return Err(crate::Error::Victim {
+                        victim,
+                        source: ftl::Error::Corrupt(format!(
+                            "{hidden} live blocks are not named by its chunk summaries (a \
+                             damaged summary?): left uncleaned"
+                        )),
+                    });
+                }
                 self.stats.segments_cleaned += 1;
                 return Ok(SliceEnd::Finished { victim, moved });
             }

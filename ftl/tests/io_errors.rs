@@ -93,3 +93,90 @@ fn failed_checkpoint_commit_is_an_error_and_retried_later() {
         "dirty pages were kept for the next checkpoint: {r:?}"
     );
 }
+
+/// A damaged chunk summary hides the live blocks of the chunks after it in its segment
+/// (the walk stops there, so they are never listed). Such a victim is left once the
+/// blocks it lists have moved, with an error naming it, and other victims are cleaned:
+/// taken again at every turn, it freed nothing each time and the cleaner stalled. The
+/// hidden blocks still read what was written.
+#[test]
+fn a_victim_whose_summaries_hide_live_blocks_is_left_and_others_are_cleaned() {
+    use cleaner::{Budget, Cleaner, Policy, SliceEnd};
+    use ftl::model::{observe, Observed};
+    use ftl::BlockDevice;
+    let opts = ftl::FormatOptions {
+        segment_bytes: Some(64 << 10),
+        ..Default::default()
+    };
+    let (dev, _, f) = mem_ftl(64 * (64 << 10), &opts);
+    let f = std::sync::Arc::new(f);
+    let geo = *f.geometry();
+    let n = 6 * geo.blocks_per_segment() as u64;
+    // A FLUSH every 5 blocks: several chunks a segment.
+    for l in 0..n {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+        if l % 5 == 4 {
+            f.flush().unwrap();
+        }
+    }
+    f.flush().unwrap();
+    let seg_of = |l: u64| geo.segment_of(f.map_entry(l).unwrap().pba().unwrap() as u64);
+    let bad = seg_of(0);
+    let chunks: Vec<(u32, Vec<u64>)> =
+        ftl::chunks::SegmentChunks::new(&*dev, geo, bad, f.format_id(), (u64::MAX, u64::MAX))
+            .map(|c| {
+                let (off, s) = c.unwrap();
+                let lbas = s
+                    .entries
+                    .iter()
+                    .filter_map(|e| match *e {
+                        ftl::summary::Entry::Data { lba, .. } => Some(lba),
+                        _ => None,
+                    })
+                    .collect();
+                (off, lbas)
+            })
+            .collect();
+    assert!(chunks.len() >= 2, "{chunks:?}");
+    // Chunk 2's summary damaged: the blocks of chunks 2.. are hidden. One of them stays
+    // live, every other block of the segment is overwritten (the best victim by far);
+    // the other segments keep about half their blocks.
+    let hidden = chunks[1].1[0];
+    let in_bad: Vec<u64> = (0..n)
+        .filter(|&l| l != hidden && seg_of(l) == bad)
+        .collect();
+    let halves: Vec<u64> = (0..n).filter(|&l| seg_of(l) != bad && l % 2 == 0).collect();
+    for &l in in_bad.iter().chain(&halves) {
+        f.write(l, &block_for(l, 2), false, S0).unwrap();
+    }
+    f.flush().unwrap();
+    let at = (geo.segment_start(bad) + chunks[1].0 as u64) * 4096;
+    let mut summary = vec![0u8; 4096];
+    dev.read_at(at, &mut summary).unwrap();
+    summary[100] ^= 0xff;
+    dev.write_at(at, &summary).unwrap();
+    assert_eq!(f.segment_valid(bad), 1);
+
+    let mut c = Cleaner::new(f.clone());
+    match c.run_slice(Policy::Greedy, Budget::unbounded(), &|| false) {
+        Err(e) => {
+            assert_eq!(e.victim_at_fault(), Some(bad), "{e}");
+            assert!(e.to_string().contains("summar"), "{e}");
+        }
+        other => panic!("the victim with hidden blocks: {other:?}"),
+    }
+    let mut cleaned = Vec::new();
+    for _ in 0..4 {
+        match c.run_slice(Policy::Greedy, Budget::unbounded(), &|| false) {
+            Ok(SliceEnd::Finished { victim, .. }) => cleaned.push(victim),
+            other => panic!("a slice after the failure: {other:?}"),
+        }
+    }
+    assert!(
+        !cleaned.contains(&bad),
+        "the victim with hidden blocks was taken again: {cleaned:?}"
+    );
+    let mut b = vec![0u8; 4096];
+    f.read(hidden, &mut b).unwrap();
+    assert_eq!(observe(hidden, &b), Observed::Tag(1));
+}
