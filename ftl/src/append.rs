@@ -761,6 +761,10 @@ pub(crate) mod tests {
         /// room and wrote what it sealed (deferred chunks too, engine rule 7), and waits
         /// for "go" before it frees, waits for space or gives up.
         pub(crate) static PARK_ON_NO_ROOM: Park = const { RefCell::new(None) };
+        /// Test hook: `append_loop` on this thread says it arrived once its allocation
+        /// failed, still holding the stream lock, and waits for "go" before it notes
+        /// the space generation.
+        pub(crate) static PARK_BEFORE_NO_ROOM_MARK: Park = const { RefCell::new(None) };
     }
 
     /// A parking place: a channel to say "here", one to wait for "go". A test that

@@ -411,6 +411,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                         }
                         Ok(Room::NeedSpace) => {
                             need_space = true;
+                            #[cfg(test)]
+                            crate::append::tests::maybe_park(
+                                &crate::append::tests::PARK_BEFORE_NO_ROOM_MARK,
+                            );
                             no_room_at = self.space.generation();
                             break;
                         }
@@ -508,7 +512,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 // looks again, once. It failed with "device full" with segments free
                 // (test: `a_segment_freed_while_a_relocation_finds_no_room_is_not_missed`).
                 // A release between the failed allocation and the look at the
-                // generation shows only in the free list.
+                // generation shows only in the free list (test:
+                // `a_segment_released_before_the_relocation_notes_the_generation_is_not_missed`).
                 if relocation {
                     let freed = self.space.generation() != no_room_at
                         || self.log.may_allocate(&self.t, sid, data, relocation);
@@ -1375,6 +1380,69 @@ mod tests {
         assert!(
             matches!(r, Ok(true)),
             "the relocation after the checkpoint: {r:?} with {} segments free",
+            f.free_segments()
+        );
+    }
+
+    /// The free-list half of the relocation's second look: a segment released between
+    /// the failed allocation and the note of the space generation (here: while the
+    /// relocation is parked there, inside its stream lock) leaves the generation as the
+    /// relocation then notes it, and the dead list empty. Only the free list shows it;
+    /// without that look the relocation failed with "device full" with segments free.
+    /// (The segments are released as a checkpoint's rule 5 does, without the rest of the
+    /// checkpoint, which would wait for the parked thread's stream lock.)
+    #[test]
+    fn a_segment_released_before_the_relocation_notes_the_generation_is_not_missed() {
+        use crate::append::tests::PARK_BEFORE_NO_ROOM_MARK;
+        let (_, _, f) = small_ftl();
+        let f = Arc::new(f);
+        let cap = f.capacity_blocks();
+        let reserve = f.gc_reserve_segments();
+        let mut l = 0u64;
+        loop {
+            while f.free_segments() > reserve {
+                f.write(l % cap, &block_for(l % cap, 1), false, StreamId(1)).unwrap();
+                l += 1;
+            }
+            if f.free_dead().unwrap().segments_freed == 0 {
+                break;
+            }
+        }
+        let mut victims: Vec<_> = f
+            .t
+            .segs
+            .snapshot()
+            .into_iter()
+            .filter(|s| s.state == "closed" && s.valid > 0)
+            .collect();
+        victims.sort_by_key(|s| s.opened_seq);
+        let mut blocks = victims
+            .iter()
+            .flat_map(|s| f.live_blocks(s.segment).unwrap())
+            .collect::<Vec<_>>()
+            .into_iter();
+        let mut buf = vec![0u8; crate::device::BLOCK_SIZE];
+        let mut relocate_next = move |f: &crate::model::MemFtl| {
+            let b = blocks.next().expect("live blocks left to move");
+            assert!(f.read_live(&b, &mut buf).unwrap());
+            f.relocate(b.lba, b.entry, &buf, crate::stream::GC_STREAM)
+        };
+        while f.free_segments() > 0 || f.gc_open_room().unwrap() > 0 {
+            assert!(relocate_next(&f).unwrap(), "the block moved");
+        }
+        let dead = f.t.segs.dead_closed();
+        assert!(!dead.is_empty(), "the moves emptied segments");
+        let f2 = f.clone();
+        let (go, cleaner) = run_parked(&PARK_BEFORE_NO_ROOM_MARK, move || relocate_next(&f2));
+        let generation = f.space.generation();
+        f.t.segs.release(&dead, None);
+        f.space.notify();
+        assert!(f.space.generation() != generation && f.t.segs.dead_closed().is_empty());
+        go.send(()).expect("the parked thread waits for its go");
+        let r = cleaner.join().unwrap();
+        assert!(
+            matches!(r, Ok(true)),
+            "the relocation after the release: {r:?} with {} segments free",
             f.free_segments()
         );
     }
