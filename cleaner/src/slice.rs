@@ -147,6 +147,8 @@ struct Context {
     next: usize,
     /// The window whose live blocks are in the cleaner's buffer.
     loaded: Option<u64>,
+    /// See `Prepared::reuses`.
+    reuses: u32,
 }
 
 /// A cleaner over one FTL. Not thread-safe by itself: one cleaner per FTL.
@@ -341,6 +343,7 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                 blocks: prepared.blocks,
                 next: 0,
                 loaded: prepared.loaded,
+                reuses: prepared.reuses,
             });
             self.prefetch_next(policy, victim);
         }
@@ -352,15 +355,23 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                 return Ok(SliceEnd::NoVictim);
             };
             if ctx.next >= ctx.blocks.len() {
-                let victim = ctx.victim;
+                let (victim, reuses) = (ctx.victim, ctx.reuses);
                 self.ctx = None;
                 // Every listed block moved or died, and nothing new enters a closed
-                // segment: one still counting live blocks holds some its summaries do
-                // not name (a damaged summary ends the walk before their chunks). Taken
-                // again it would list the same nothing, at every turn, freeing nothing:
-                // left as a victim that fails (SHUN_FOR); `ftlblk check` names them.
-                let hidden = self.ftl.segment_valid(victim);
-                if hidden > 0 {
+                // segment: one still counting live blocks in the life its list was read
+                // from holds some its summaries do not name (a damaged summary ends the
+                // walk before their chunks). Taken again it would list the same nothing
+                // at every turn, freeing nothing: left as a victim that fails
+                // (SHUN_FOR); `ftlblk check` names the blocks. The segment may have been
+                // freed and reused meanwhile (its listed blocks all died): then its reuse
+                // count moved, before or after the count of live blocks was read.
+                let same_life = || self.ftl.segment_reuses(victim) == reuses;
+                let hidden = if same_life() {
+                    self.ftl.segment_valid(victim)
+                } else {
+                    0
+                };
+                if hidden > 0 && same_life() {
                     return Err(crate::Error::Victim {
                         victim,
                         source: ftl::Error::Corrupt(format!(

@@ -415,6 +415,12 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     pub fn segment_valid(&self, seg: u32) -> u32 {
         self.t.segs.valid(seg)
     }
+
+    /// How many times segment `seg` was freed for reuse (its erase count): the same
+    /// count before and after a look at the segment means it was in one life meanwhile.
+    pub fn segment_reuses(&self, seg: u32) -> u32 {
+        self.t.segs.erase_count(seg)
+    }
 }
 
 #[cfg(test)]
