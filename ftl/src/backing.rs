@@ -283,10 +283,13 @@ pub fn rebuild_backing_index(
         let opts = crate::RebuildOptions {
             batch: Config::default().checkpoint_page_batch,
             memory,
-            spill_dir: Some(spill),
+            spill_dir: Some(spill.clone()),
             wear,
         };
-        crate::rebuild::rebuild_with(&dev, &idx, &opts, progress)?
+        let r = crate::rebuild::rebuild_with(&dev, &idx, &opts, progress);
+        // The spill removed its own directory in it; the now empty one goes too.
+        let _ = std::fs::remove_dir(&spill);
+        r?
     };
     let mut moved = None;
     if exists {

@@ -483,9 +483,14 @@ impl Verifier {
             reqs.push((first * BLOCK_SIZE as u64, this));
             rest = after;
         }
-        let at = runs[0].0 * BLOCK_SIZE as u64;
-        dev.read_many_depth(&mut reqs, VERIFY_DEPTH)
-            .map_err(|e| crate::error::Error::io("check read", at, e))?;
+        if dev.read_many_depth(&mut reqs, VERIFY_DEPTH).is_err() {
+            // Which read failed: each again on its own, the first error named with its
+            // offset (the batch's error cannot say which).
+            for (at, buf) in reqs.iter_mut() {
+                dev.read_at(*at, buf)
+                    .map_err(|e| crate::error::Error::io("check read", *at, e))?;
+            }
+        }
         let mut bad: Vec<(u64, u64)> = todo
             .iter()
             .zip(self.buf.chunks(BLOCK_SIZE))

@@ -18,9 +18,10 @@
 //! When the winners of every LBA need more than [`RebuildOptions::memory`], the map is
 //! built in slices of LBAs: the scan sorts the records into one spill bucket per slice
 //! (32 bytes a record, files beside the index), and each slice is then reduced from its
-//! bucket alone. RAM stays within the budget, the segment-sized read buffer and a few
-//! bytes per segment, whatever the size of the device; the log is read once (plus its
-//! summaries), the spill written and read once.
+//! bucket alone. With a spill directory, RAM stays within the budget, the segment-sized
+//! read buffer and about a hundred bytes per segment (its record), whatever the size of
+//! the device; the log is read once (plus its summaries), the spill written and read
+//! once.
 //!
 //! What makes that the state the device had (docs/scale.md, "Index rebuild"):
 //! - **freed segments are invisible**: a segment's first block is zeroed when it is
@@ -119,7 +120,9 @@ pub struct RebuildOptions {
     /// second pass sorts the log's records into a spill bucket per slice, and each
     /// bucket is then reduced in turn.
     pub memory: u64,
-    /// Where the spill buckets go (files, removed when done); `None`: in RAM (tests).
+    /// Where the spill buckets go: files in a directory of their own made in this one
+    /// (removed when done, or on an error). `None`: in RAM, 32 bytes per record of the
+    /// log, however many there are (tests, small devices).
     pub spill_dir: Option<PathBuf>,
     /// Erase counts by segment ([`erase_counts_of`]); segments past its end start at
     /// zero.
@@ -254,34 +257,48 @@ enum Buckets {
 }
 
 impl Spill {
-    fn new(slices: u64, slice_blocks: u64, exported: u64, dir: Option<&Path>) -> Result<Spill> {
-        let buckets = match dir {
-            None => Buckets::Ram(vec![Vec::new(); slices as usize]),
-            Some(dir) => {
-                let io = |e| Error::Open {
-                    path: dir.to_path_buf(),
-                    source: e,
-                };
-                std::fs::create_dir_all(dir).map_err(io)?;
-                let out = (0..slices)
-                    .map(|b| {
-                        File::create(Self::path(dir, b))
-                            .map(|f| BufWriter::with_capacity(1 << 16, f))
-                    })
-                    .collect::<std::io::Result<Vec<_>>>()
-                    .map_err(io)?;
-                Buckets::Files {
-                    dir: dir.to_path_buf(),
-                    out,
-                }
-            }
-        };
-        Ok(Spill {
+    /// `dir`: a directory of its own is made in it (removed when the spill is dropped,
+    /// whatever happened; nothing else there is touched). `writer_bytes`: the buffer of
+    /// each bucket's file.
+    fn new(
+        slices: u64,
+        slice_blocks: u64,
+        exported: u64,
+        dir: Option<&Path>,
+        writer_bytes: usize,
+    ) -> Result<Spill> {
+        let mut spill = Spill {
             slice_blocks,
             exported,
-            buckets,
+            buckets: Buckets::Ram(vec![Vec::new(); slices as usize]),
             bytes: 0,
-        })
+        };
+        let Some(parent) = dir else {
+            return Ok(spill);
+        };
+        let own = parent.join(format!("ftlblk-spill-{}", std::process::id()));
+        let io = |p: &Path| {
+            let path = p.to_path_buf();
+            move |e| Error::Open { path, source: e }
+        };
+        std::fs::create_dir_all(parent).map_err(io(parent))?;
+        if own.exists() {
+            std::fs::remove_dir_all(&own).map_err(io(&own))?;
+        }
+        std::fs::create_dir(&own).map_err(io(&own))?;
+        // From here on, dropping the spill removes `own`, files made so far included.
+        spill.buckets = Buckets::Files {
+            dir: own,
+            out: Vec::with_capacity(slices as usize),
+        };
+        if let Buckets::Files { dir, out } = &mut spill.buckets {
+            for b in 0..slices {
+                let path = Self::path(dir, b);
+                let f = File::create(&path).map_err(io(&path))?;
+                out.push(BufWriter::with_capacity(writer_bytes, f));
+            }
+        }
+        Ok(spill)
     }
 
     fn path(dir: &Path, bucket: u64) -> PathBuf {
@@ -375,8 +392,8 @@ impl Drop for Spill {
     fn drop(&mut self) {
         if let Buckets::Files { dir, out } = &mut self.buckets {
             out.clear();
-            // Scratch: what an error left behind goes too (the next rebuild would
-            // remove it anyway).
+            // Scratch: what an error left behind goes too. Only the spill's own
+            // directory (`Spill::new`).
             let _ = std::fs::remove_dir_all(dir);
         }
     }
@@ -607,6 +624,17 @@ fn scan<D: BlockDevice>(
                 .get(&s.epoch)
                 .is_some_and(|&m| s.chunk_seq >= m);
             report.chunks_past_break += past_break as u64;
+            // A stream this build does not know (a newer format?): its segment could not
+            // be recorded as holding live blocks. Refused here, before anything is
+            // written to the index (the old rebuild found it only after building the
+            // map, when a block of it won).
+            if s.stream as usize >= STREAMS && !past_break {
+                return Err(Error::Corrupt(format!(
+                    "segment {seg} holds a chunk of stream {}, which this build does not know \
+                     (written by a newer ftlblk?)",
+                    s.stream
+                )));
+            }
             facts.stream[seg as usize] = Some(s.stream);
             let mut k = 0usize;
             for e in &s.entries {
@@ -777,11 +805,14 @@ pub fn rebuild_with<D: BlockDevice, I: IndexStore>(
             },
         )?
     } else {
+        // The files' buffers within the budget too (64 KiB each at most, 4 KiB at least).
+        let writer_bytes = (opts.memory / (2 * slices)).clamp(4 << 10, 64 << 10) as usize;
         let s = spill.insert(Spill::new(
             slices,
             slice_blocks,
             blocks,
             opts.spill_dir.as_deref(),
+            writer_bytes,
         )?);
         let facts = scan(
             dev,

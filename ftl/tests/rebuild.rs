@@ -38,6 +38,9 @@ fn rebuild_into(dev: &Arc<CrashDevice>) -> (Arc<MemIndex>, ftl::RebuildReport) {
     assert_eq!((r.slices, r.spilled_bytes), (1, 0));
     let whole = idx.load().unwrap();
     let spill = tempfile::tempdir().unwrap();
+    // Someone else's file in the spill directory given.
+    std::fs::create_dir(spill.path().join("spill")).unwrap();
+    std::fs::write(spill.path().join("spill").join("mine"), b"x").unwrap();
     for (blocks, dir) in [(7u64, None), (1, Some(spill.path().join("spill")))] {
         let sliced = Arc::new(MemIndex::new());
         let opts = ftl::RebuildOptions {
@@ -65,7 +68,15 @@ fn rebuild_into(dev: &Arc<CrashDevice>) -> (Arc<MemIndex>, ftl::RebuildReport) {
             "slices of {blocks} blocks build another index"
         );
         if let Some(d) = dir {
-            assert!(!d.exists(), "the spill files are removed");
+            let left: Vec<_> = std::fs::read_dir(&d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert_eq!(
+                left,
+                vec![std::ffi::OsString::from("mine")],
+                "the spill's files are removed, nothing else"
+            );
         }
     }
     (idx, r)
@@ -757,6 +768,21 @@ fn a_chunk_in_a_stream_this_build_does_not_know_is_refused_by_recovery() {
         after[..] == blk[..],
         "the refused chunk's summary was left as it was"
     );
+    // The rebuild refuses it too, before it touches the index it was given (whole, and
+    // in slices).
+    for memory in [ftl::DEFAULT_REBUILD_MEMORY, 3 * ftl::rebuild::WINNER_BYTES] {
+        let before = idx.load().unwrap();
+        let opts = ftl::RebuildOptions {
+            memory,
+            ..Default::default()
+        };
+        let e = ftl::rebuild_with(&dev, &idx, &opts, &mut |_, _| {}).unwrap_err();
+        assert!(
+            matches!(e, Error::Corrupt(ref m) if m.contains(&format!("segment {seg} holds a chunk of stream"))),
+            "{e}"
+        );
+        assert!(idx.load().unwrap() == before, "the index was changed");
+    }
 }
 
 /// Recovery refuses a segment record that says free yet counts live blocks before it
