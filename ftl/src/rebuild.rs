@@ -982,7 +982,7 @@ mod tests {
 
     #[test]
     fn spilled_records_read_back_as_written_and_trims_are_cut_at_slice_edges() {
-        let mut s = Spill::new(3, 4, 11, None).unwrap();
+        let mut s = Spill::new(3, 4, 11, None, 4096).unwrap();
         let d = data(7, u64::MAX / 8, 5, 0xdead_beef);
         s.put(d).unwrap();
         s.put(trim(2, 3, 2, 100)).unwrap();
