@@ -399,6 +399,24 @@ impl Drop for Spill {
     }
 }
 
+/// Where the scan's records go: the winners of every LBA at once, or the spill.
+enum Sink {
+    Whole(Winners),
+    Spilled(Spill),
+}
+
+impl Sink {
+    fn put(&mut self, r: Rec) -> Result<()> {
+        match self {
+            Sink::Whole(w) => {
+                w.apply(&r);
+                Ok(())
+            }
+            Sink::Spilled(s) => s.put(r),
+        }
+    }
+}
+
 /// Rebuilds `index` from the log on `dev` (see the module docs) with the default
 /// options and `batch` map pages per commit. `index` is cleared first. The superblock
 /// must be valid (the rebuild never reformats).
@@ -788,61 +806,49 @@ pub fn rebuild_with<D: BlockDevice, I: IndexStore>(
     report.slices = slices as u32;
 
     let survey = survey(dev, geo, format_id, &mut report, progress)?;
-    let mut whole = None;
-    let mut spill = None;
-    let facts = if slices == 1 {
-        let w = whole.insert(Winners::new(0, blocks));
-        scan(
-            dev,
-            geo,
-            format_id,
-            &survey,
-            &mut report,
-            progress,
-            &mut |r| {
-                w.apply(&r);
-                Ok(())
-            },
-        )?
+    let mut sink = if slices == 1 {
+        Sink::Whole(Winners::new(0, blocks))
     } else {
         // The files' buffers within the budget too (64 KiB each at most, 4 KiB at least).
         let writer_bytes = (opts.memory / (2 * slices)).clamp(4 << 10, 64 << 10) as usize;
-        let s = spill.insert(Spill::new(
+        Sink::Spilled(Spill::new(
             slices,
             slice_blocks,
             blocks,
             opts.spill_dir.as_deref(),
             writer_bytes,
-        )?);
-        let facts = scan(
-            dev,
-            geo,
-            format_id,
-            &survey,
-            &mut report,
-            progress,
-            &mut |r| s.put(r),
-        )?;
+        )?)
+    };
+    let facts = scan(
+        dev,
+        geo,
+        format_id,
+        &survey,
+        &mut report,
+        progress,
+        &mut |r| sink.put(r),
+    )?;
+    if let Sink::Spilled(s) = &mut sink {
         s.finish()?;
         report.spilled_bytes = s.bytes;
-        facts
-    };
+    }
 
     // Rule 1: the index cleared, then the map pages and segment records, the checkpoint
     // last.
     index.clear()?;
     let mut out = PageOut::new(index, geo, opts.batch.max(1));
-    if let Some(w) = whole.take() {
-        out.slice(&w)?;
-    } else if let Some(s) = spill.as_mut() {
-        for b in 0..slices {
-            let lo = b * slice_blocks;
-            let mut w = Winners::new(lo, slice_blocks.min(blocks - lo));
-            s.drain(b, &mut |r| w.apply(r))?;
-            out.slice(&w)?;
+    match &mut sink {
+        Sink::Whole(w) => out.slice(w)?,
+        Sink::Spilled(s) => {
+            for b in 0..slices {
+                let lo = b * slice_blocks;
+                let mut w = Winners::new(lo, slice_blocks.min(blocks - lo));
+                s.drain(b, &mut |r| w.apply(r))?;
+                out.slice(&w)?;
+            }
         }
     }
-    drop(spill);
+    drop(sink);
     out.end_page()?;
     let valid = std::mem::take(&mut out.valid);
     let mut ops = std::mem::take(&mut out.ops);

@@ -1321,21 +1321,19 @@ mod tests {
         assert!(took < Duration::from_millis(900), "the writer waited {took:?}");
     }
 
-    /// The cleaner's side of the test above: a relocation into the GC stream that finds
-    /// no free segment while a checkpoint releases dead ones (here: while it is parked
-    /// after its failed allocation) looks again instead of failing. It looked only at the
-    /// dead list, which the checkpoint had emptied meanwhile, and failed with "device
-    /// full" while segments were free: the crash harness's rare cleaner "device full"
-    /// (an instrumented run caught it with three segments free at the error, released by
-    /// the harness's checkpoint between the failed allocation and that look).
-    #[test]
-    fn a_segment_freed_while_a_relocation_finds_no_room_is_not_missed() {
-        use crate::append::tests::PARK_ON_NO_ROOM;
+    /// A small FTL whose free segments users took down to the cleaner's reserve (dead
+    /// ones freed on the way), then the cleaner moved whole segments, oldest first, into
+    /// the GC stream until the reserve was spent and its open segment full: the
+    /// segments it emptied are dead. With the relocation of the next live block.
+    #[allow(clippy::type_complexity)]
+    fn gc_reserve_spent() -> (
+        Arc<crate::model::MemFtl>,
+        Box<dyn FnMut(&crate::model::MemFtl) -> crate::error::Result<bool> + Send>,
+    ) {
         let (_, _, f) = small_ftl();
         let f = Arc::new(f);
         let cap = f.capacity_blocks();
         let reserve = f.gc_reserve_segments();
-        // Users take the free segments down to the reserve, dead ones freed on the way.
         let mut l = 0u64;
         loop {
             while f.free_segments() > reserve {
@@ -1346,8 +1344,6 @@ mod tests {
                 break;
             }
         }
-        // The cleaner moves whole segments, oldest first, into the GC stream until the
-        // reserve is spent and its open segment full: the segments it emptied are dead.
         let mut victims: Vec<_> = f
             .t
             .segs
@@ -1362,15 +1358,31 @@ mod tests {
             .collect::<Vec<_>>()
             .into_iter();
         let mut buf = vec![0u8; crate::device::BLOCK_SIZE];
-        let mut relocate_next = move |f: &crate::model::MemFtl| {
+        let mut relocate_next: Box<
+            dyn FnMut(&crate::model::MemFtl) -> crate::error::Result<bool> + Send,
+        > = Box::new(move |f: &crate::model::MemFtl| {
             let b = blocks.next().expect("live blocks left to move");
             assert!(f.read_live(&b, &mut buf).unwrap());
             f.relocate(b.lba, b.entry, &buf, crate::stream::GC_STREAM)
-        };
+        });
         while f.free_segments() > 0 || f.gc_open_room().unwrap() > 0 {
             assert!(relocate_next(&f).unwrap(), "the block moved");
         }
         assert!(!f.t.segs.dead_closed().is_empty(), "the moves emptied segments");
+        (f, relocate_next)
+    }
+
+    /// The cleaner's side of the test above: a relocation into the GC stream that finds
+    /// no free segment while a checkpoint releases dead ones (here: while it is parked
+    /// after its failed allocation) looks again instead of failing. It looked only at the
+    /// dead list, which the checkpoint had emptied meanwhile, and failed with "device
+    /// full" while segments were free: the crash harness's rare cleaner "device full"
+    /// (an instrumented run caught it with three segments free at the error, released by
+    /// the harness's checkpoint between the failed allocation and that look).
+    #[test]
+    fn a_segment_freed_while_a_relocation_finds_no_room_is_not_missed() {
+        use crate::append::tests::PARK_ON_NO_ROOM;
+        let (f, mut relocate_next) = gc_reserve_spent();
         let f2 = f.clone();
         let (go, cleaner) = run_parked(&PARK_ON_NO_ROOM, move || relocate_next(&f2));
         // Parked after its allocation failed: a checkpoint releases the dead segments.
@@ -1394,44 +1406,8 @@ mod tests {
     #[test]
     fn a_segment_released_before_the_relocation_notes_the_generation_is_not_missed() {
         use crate::append::tests::PARK_BEFORE_NO_ROOM_MARK;
-        let (_, _, f) = small_ftl();
-        let f = Arc::new(f);
-        let cap = f.capacity_blocks();
-        let reserve = f.gc_reserve_segments();
-        let mut l = 0u64;
-        loop {
-            while f.free_segments() > reserve {
-                f.write(l % cap, &block_for(l % cap, 1), false, StreamId(1)).unwrap();
-                l += 1;
-            }
-            if f.free_dead().unwrap().segments_freed == 0 {
-                break;
-            }
-        }
-        let mut victims: Vec<_> = f
-            .t
-            .segs
-            .snapshot()
-            .into_iter()
-            .filter(|s| s.state == "closed" && s.valid > 0)
-            .collect();
-        victims.sort_by_key(|s| s.opened_seq);
-        let mut blocks = victims
-            .iter()
-            .flat_map(|s| f.live_blocks(s.segment).unwrap())
-            .collect::<Vec<_>>()
-            .into_iter();
-        let mut buf = vec![0u8; crate::device::BLOCK_SIZE];
-        let mut relocate_next = move |f: &crate::model::MemFtl| {
-            let b = blocks.next().expect("live blocks left to move");
-            assert!(f.read_live(&b, &mut buf).unwrap());
-            f.relocate(b.lba, b.entry, &buf, crate::stream::GC_STREAM)
-        };
-        while f.free_segments() > 0 || f.gc_open_room().unwrap() > 0 {
-            assert!(relocate_next(&f).unwrap(), "the block moved");
-        }
+        let (f, mut relocate_next) = gc_reserve_spent();
         let dead = f.t.segs.dead_closed();
-        assert!(!dead.is_empty(), "the moves emptied segments");
         let f2 = f.clone();
         let (go, cleaner) = run_parked(&PARK_BEFORE_NO_ROOM_MARK, move || relocate_next(&f2));
         let generation = f.space.generation();
