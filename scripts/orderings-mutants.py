@@ -489,11 +489,11 @@ MUTANTS = [
      [REBUILD]),
     ("rebuild-1", "rebuild rule 1: the checkpoint record is committed last",
      "ftl/src/rebuild.rs",
-     [("""    index.clear()?;
-    let mut ops: Vec<Op> = Vec::with_capacity(batch);""",
-       """    index.clear()?;
-    index.commit(vec![Op::Put(Key::checkpoint(), header.encode())])?;
-    let mut ops: Vec<Op> = Vec::with_capacity(batch);""")],
+     [("""    index.commit(ops)?;
+    // Rule 1: the checkpoint record last.
+    index.commit(vec![Op::Put(Key::checkpoint(), header.encode())])?;""",
+       """    index.commit(vec![Op::Put(Key::checkpoint(), header.encode())])?;
+    index.commit(ops)?;""")],
      [REBUILD]),
 ]
 
