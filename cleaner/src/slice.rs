@@ -22,6 +22,9 @@ const WINDOW_BYTES: u64 = 8 << 20;
 /// are meanwhile; an unreadable one reads as EIO, as before.
 pub const SHUN_FOR: Duration = Duration::from_secs(60);
 
+/// Victims remembered with one end that left live blocks unnamed (`Cleaner::suspects`).
+const MAX_SUSPECTS: usize = 64;
+
 /// How much one slice may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
@@ -153,6 +156,8 @@ struct Context {
     loaded: Option<u64>,
     /// See `Prepared::reuses`.
     reuses: u32,
+    /// Its live blocks were listed again at the end (see `slice`).
+    relisted: bool,
 }
 
 /// A cleaner over one FTL. Not thread-safe by itself: one cleaner per FTL.
@@ -172,9 +177,10 @@ pub struct Cleaner<D: BlockDevice, I: IndexStore> {
     wear: crate::pipeline::WearBudget,
     /// Victims whose cleaning failed, and since when they are left alone ([`SHUN_FOR`]).
     shunned: Vec<(u32, Instant)>,
-    /// The last victim (and its reuse count) whose cleaning ended with live blocks its
-    /// list did not name: taken again in the same life and ending so again, it is left.
-    suspect: Option<(u32, u32)>,
+    /// Victims (and their reuse counts) whose cleaning ended once with live blocks their
+    /// lists did not name: one taken again in the same life and ending so again is left.
+    /// At most [`MAX_SUSPECTS`], those whose reuse count moved dropped.
+    suspects: Vec<(u32, u32)>,
     /// Victims picked, by their utilisation (live / blocks per segment) then, in tenths
     /// (bin 9 holds 0.9 to 1). A histogram, not a list: the daemon's cleaner runs for
     /// months (a list grew about 35 MB a day at 100 victims a second; found by review,
@@ -197,7 +203,7 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
             stats: CleanerStats::default(),
             wear: Default::default(),
             shunned: Vec::new(),
-            suspect: None,
+            suspects: Vec::new(),
             victim_utilization: [0; 10],
         }
     }
@@ -352,6 +358,7 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                 next: 0,
                 loaded: prepared.loaded,
                 reuses: prepared.reuses,
+                relisted: false,
             });
             self.prefetch_next(policy, victim);
         }
@@ -364,7 +371,6 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
             };
             if ctx.next >= ctx.blocks.len() {
                 let (victim, reuses) = (ctx.victim, ctx.reuses);
-                self.ctx = None;
                 // Every listed block moved or died, and nothing new enters a closed
                 // segment: one still counting live blocks in the life its list was read
                 // from may hold some its summaries do not name (a damaged summary ends
@@ -372,11 +378,7 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                 // at every turn, freeing nothing (greedy takes it first: it holds the
                 // fewest live blocks). The segment may also have been freed and reused
                 // meanwhile (its listed blocks all died): then its reuse count moved,
-                // before or after the live blocks were counted. A second cleaning of the
-                // same life that ends so too leaves it as a victim that fails
-                // (SHUN_FOR; `ftlblk check` names the blocks): the first may have met a
-                // passing state (one concurrent crash harness seed in about 700 did,
-                // not reproduced since).
+                // before or after the live blocks were counted.
                 let same_life = || self.ftl.segment_reuses(victim) == reuses;
                 let hidden = if same_life() {
                     self.ftl.segment_valid(victim)
@@ -384,9 +386,35 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                     0
                 };
                 if hidden > 0 && same_life() {
+                    // A user's overwrite or TRIM changes the map a moment before the
+                    // count (the map under its page lock, then the count): blocks the
+                    // first list missed for that reason, or a chunk still being written
+                    // then, are named by a second list, and moved too.
+                    if !ctx.relisted {
+                        ctx.relisted = true;
+                        let mut again = self
+                            .ftl
+                            .live_blocks(victim)
+                            .map_err(crate::Error::of_victim(victim))?;
+                        if !again.is_empty() {
+                            let wb = self.window_blocks;
+                            again
+                                .sort_by_key(|b| b.entry.pba().map_or(u64::MAX, |p| p as u64 / wb));
+                            ctx.blocks = again;
+                            ctx.next = 0;
+                            ctx.loaded = None;
+                            continue;
+                        }
+                    }
+                    self.ctx = None;
                     self.stats.unnamed_live_ends += 1;
-                    if self.suspect.replace((victim, reuses)) == Some((victim, reuses)) {
-                        self.suspect = None;
+                    // The second such end of the same life leaves it as a victim that
+                    // fails (SHUN_FOR; `ftlblk check` names the blocks). The first may
+                    // still be a passing state.
+                    let ftl = &self.ftl;
+                    self.suspects.retain(|&(v, r)| ftl.segment_reuses(v) == r);
+                    if let Some(i) = self.suspects.iter().position(|&x| x == (victim, reuses)) {
+                        self.suspects.remove(i);
                         return Err(crate::Error::Victim {
                             victim,
                             source: ftl::Error::Corrupt(format!(
@@ -395,7 +423,13 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                             )),
                         });
                     }
+                    if self.suspects.len() >= MAX_SUSPECTS {
+                        self.suspects.remove(0);
+                    }
+                    self.suspects.push((victim, reuses));
+                    return Ok(SliceEnd::Finished { victim, moved });
                 }
+                self.ctx = None;
                 self.stats.segments_cleaned += 1;
                 return Ok(SliceEnd::Finished { victim, moved });
             }

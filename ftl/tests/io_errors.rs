@@ -269,3 +269,92 @@ fn a_victim_freed_and_reused_while_it_is_cleaned_is_no_damage() {
         "the new life's blocks taken for blocks the list missed"
     );
 }
+
+/// Two victims whose summaries hide live blocks, taken in turn (as the runner's
+/// prefetch takes them: never the victim just cleaned twice in a row): each is left at
+/// its own second end. Remembering only the last such victim, each end replaced the
+/// other's and neither was ever left.
+#[test]
+fn two_victims_hiding_blocks_taken_in_turn_are_both_left() {
+    use cleaner::{Budget, Cleaner, Policy, SliceEnd};
+    use ftl::BlockDevice;
+    let opts = ftl::FormatOptions {
+        segment_bytes: Some(64 << 10),
+        ..Default::default()
+    };
+    let (dev, _, f) = mem_ftl(64 * (64 << 10), &opts);
+    let f = std::sync::Arc::new(f);
+    let geo = *f.geometry();
+    let n = 6 * geo.blocks_per_segment() as u64;
+    for l in 0..n {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+        if l % 5 == 4 {
+            f.flush().unwrap();
+        }
+    }
+    f.flush().unwrap();
+    let seg_of = |l: u64| geo.segment_of(f.map_entry(l).unwrap().pba().unwrap() as u64);
+    let a = seg_of(0);
+    let b = (0..n).map(seg_of).find(|&s| s != a).unwrap();
+    // Per victim: the offset of its second chunk and that chunk's LBAs.
+    let second_chunk = |seg: u32| {
+        let (off, s) =
+            ftl::chunks::SegmentChunks::new(&*dev, geo, seg, f.format_id(), (u64::MAX, u64::MAX))
+                .nth(1)
+                .unwrap()
+                .unwrap();
+        let lbas: Vec<u64> = s
+            .entries
+            .iter()
+            .filter_map(|e| match *e {
+                ftl::summary::Entry::Data { lba, .. } => Some(lba),
+                _ => None,
+            })
+            .collect();
+        (off, lbas)
+    };
+    let (off_a, hid_a) = second_chunk(a);
+    let (off_b, hid_b) = second_chunk(b);
+    assert!(hid_a.len() >= 3 && hid_b.len() >= 4);
+    // A keeps 3 hidden blocks, B 4; everything else in them is overwritten, the other
+    // segments keep about half.
+    let keep: Vec<u64> = hid_a[..3].iter().chain(&hid_b[..4]).copied().collect();
+    let rest: Vec<u64> = (0..n)
+        .filter(|&l| !keep.contains(&l) && (seg_of(l) == a || seg_of(l) == b || l % 2 == 0))
+        .collect();
+    for &l in &rest {
+        f.write(l, &block_for(l, 2), false, S0).unwrap();
+    }
+    f.flush().unwrap();
+    for (seg, off) in [(a, off_a), (b, off_b)] {
+        let at = (geo.segment_start(seg) + off as u64) * 4096;
+        let mut summary = vec![0u8; 4096];
+        dev.read_at(at, &mut summary).unwrap();
+        summary[100] ^= 0xff;
+        dev.write_at(at, &summary).unwrap();
+    }
+    assert_eq!((f.segment_valid(a), f.segment_valid(b)), (3, 4));
+    let mut c = Cleaner::new(f.clone());
+    let slice = |c: &mut Cleaner<_, _>| c.run_slice(Policy::Greedy, Budget::unbounded(), &|| false);
+    let kill = |lbas: &[u64]| {
+        for &l in lbas {
+            f.write(l, &block_for(l, 3), false, S0).unwrap();
+        }
+    };
+    // A (3 live) ends once; B brought to 2 ends once; A brought to 1 is left; B brought
+    // to 1 is left.
+    assert!(matches!(slice(&mut c), Ok(SliceEnd::Finished { victim, moved: 0 }) if victim == a));
+    kill(&hid_b[..2]);
+    assert!(matches!(slice(&mut c), Ok(SliceEnd::Finished { victim, moved: 0 }) if victim == b));
+    kill(&hid_a[..2]);
+    match slice(&mut c) {
+        Err(e) => assert_eq!(e.victim_at_fault(), Some(a), "{e}"),
+        other => panic!("A's second end: {other:?}"),
+    }
+    kill(&hid_b[2..3]);
+    match slice(&mut c) {
+        Err(e) => assert_eq!(e.victim_at_fault(), Some(b), "{e}"),
+        other => panic!("B's second end: {other:?}"),
+    }
+    assert_eq!(c.stats.unnamed_live_ends, 4);
+}
