@@ -103,40 +103,11 @@ fn failed_checkpoint_commit_is_an_error_and_retried_later() {
 fn a_victim_whose_summaries_hide_live_blocks_is_left_and_others_are_cleaned() {
     use cleaner::{Budget, Cleaner, Policy, SliceEnd};
     use ftl::model::{observe, Observed};
-    use ftl::BlockDevice;
-    let opts = ftl::FormatOptions {
-        segment_bytes: Some(64 << 10),
-        ..Default::default()
-    };
-    let (dev, _, f) = mem_ftl(64 * (64 << 10), &opts);
-    let f = std::sync::Arc::new(f);
+    let (dev, f, n) = written_in_small_chunks();
     let geo = *f.geometry();
-    let n = 6 * geo.blocks_per_segment() as u64;
-    // A FLUSH every 5 blocks: several chunks a segment.
-    for l in 0..n {
-        f.write(l, &block_for(l, 1), false, S0).unwrap();
-        if l % 5 == 4 {
-            f.flush().unwrap();
-        }
-    }
-    f.flush().unwrap();
     let seg_of = |l: u64| geo.segment_of(f.map_entry(l).unwrap().pba().unwrap() as u64);
     let bad = seg_of(0);
-    let chunks: Vec<(u32, Vec<u64>)> =
-        ftl::chunks::SegmentChunks::new(&*dev, geo, bad, f.format_id(), (u64::MAX, u64::MAX))
-            .map(|c| {
-                let (off, s) = c.unwrap();
-                let lbas = s
-                    .entries
-                    .iter()
-                    .filter_map(|e| match *e {
-                        ftl::summary::Entry::Data { lba, .. } => Some(lba),
-                        _ => None,
-                    })
-                    .collect();
-                (off, lbas)
-            })
-            .collect();
+    let chunks = chunks_of(&dev, &f, bad);
     assert!(chunks.len() >= 2, "{chunks:?}");
     // Chunk 2's summary damaged: the blocks of chunks 2.. are hidden. One of them stays
     // live, every other block of the segment is overwritten (the best victim by far);
@@ -150,11 +121,7 @@ fn a_victim_whose_summaries_hide_live_blocks_is_left_and_others_are_cleaned() {
         f.write(l, &block_for(l, 2), false, S0).unwrap();
     }
     f.flush().unwrap();
-    let at = (geo.segment_start(bad) + chunks[1].0 as u64) * 4096;
-    let mut summary = vec![0u8; 4096];
-    dev.read_at(at, &mut summary).unwrap();
-    summary[100] ^= 0xff;
-    dev.write_at(at, &summary).unwrap();
+    damage_summary(&dev, &f, bad, chunks[1].0);
     assert_eq!(f.segment_valid(bad), 1);
 
     let mut c = Cleaner::new(f.clone());
@@ -277,42 +244,13 @@ fn a_victim_freed_and_reused_while_it_is_cleaned_is_no_damage() {
 #[test]
 fn two_victims_hiding_blocks_taken_in_turn_are_both_left() {
     use cleaner::{Budget, Cleaner, Policy, SliceEnd};
-    use ftl::BlockDevice;
-    let opts = ftl::FormatOptions {
-        segment_bytes: Some(64 << 10),
-        ..Default::default()
-    };
-    let (dev, _, f) = mem_ftl(64 * (64 << 10), &opts);
-    let f = std::sync::Arc::new(f);
+    let (dev, f, n) = written_in_small_chunks();
     let geo = *f.geometry();
-    let n = 6 * geo.blocks_per_segment() as u64;
-    for l in 0..n {
-        f.write(l, &block_for(l, 1), false, S0).unwrap();
-        if l % 5 == 4 {
-            f.flush().unwrap();
-        }
-    }
-    f.flush().unwrap();
     let seg_of = |l: u64| geo.segment_of(f.map_entry(l).unwrap().pba().unwrap() as u64);
     let a = seg_of(0);
     let b = (0..n).map(seg_of).find(|&s| s != a).unwrap();
     // Per victim: the offset of its second chunk and that chunk's LBAs.
-    let second_chunk = |seg: u32| {
-        let (off, s) =
-            ftl::chunks::SegmentChunks::new(&*dev, geo, seg, f.format_id(), (u64::MAX, u64::MAX))
-                .nth(1)
-                .unwrap()
-                .unwrap();
-        let lbas: Vec<u64> = s
-            .entries
-            .iter()
-            .filter_map(|e| match *e {
-                ftl::summary::Entry::Data { lba, .. } => Some(lba),
-                _ => None,
-            })
-            .collect();
-        (off, lbas)
-    };
+    let second_chunk = |seg: u32| chunks_of(&dev, &f, seg).swap_remove(1);
     let (off_a, hid_a) = second_chunk(a);
     let (off_b, hid_b) = second_chunk(b);
     assert!(hid_a.len() >= 3 && hid_b.len() >= 4);
@@ -327,11 +265,7 @@ fn two_victims_hiding_blocks_taken_in_turn_are_both_left() {
     }
     f.flush().unwrap();
     for (seg, off) in [(a, off_a), (b, off_b)] {
-        let at = (geo.segment_start(seg) + off as u64) * 4096;
-        let mut summary = vec![0u8; 4096];
-        dev.read_at(at, &mut summary).unwrap();
-        summary[100] ^= 0xff;
-        dev.write_at(at, &summary).unwrap();
+        damage_summary(&dev, &f, seg, off);
     }
     assert_eq!((f.segment_valid(a), f.segment_valid(b)), (3, 4));
     let mut c = Cleaner::new(f.clone());
@@ -357,4 +291,57 @@ fn two_victims_hiding_blocks_taken_in_turn_are_both_left() {
         other => panic!("B's second end: {other:?}"),
     }
     assert_eq!(c.stats.unnamed_live_ends, 4);
+}
+
+/// A memory FTL of 64 segments of 64 KiB where six segments' worth of LBAs were written
+/// (tag 1) with a FLUSH every 5 blocks: several chunks a segment. Returns the LBAs
+/// written.
+fn written_in_small_chunks() -> (
+    std::sync::Arc<ftl::device::mem::MemDevice>,
+    std::sync::Arc<MemFtl>,
+    u64,
+) {
+    let opts = ftl::FormatOptions {
+        segment_bytes: Some(64 << 10),
+        ..Default::default()
+    };
+    let (dev, _, f) = mem_ftl(64 * (64 << 10), &opts);
+    let n = 6 * f.geometry().blocks_per_segment() as u64;
+    for l in 0..n {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+        if l % 5 == 4 {
+            f.flush().unwrap();
+        }
+    }
+    f.flush().unwrap();
+    (dev, std::sync::Arc::new(f), n)
+}
+
+/// The chunks of segment `seg` in order: each one's offset and the LBAs of its data.
+fn chunks_of(dev: &ftl::device::mem::MemDevice, f: &MemFtl, seg: u32) -> Vec<(u32, Vec<u64>)> {
+    let geo = *f.geometry();
+    ftl::chunks::SegmentChunks::new(dev, geo, seg, f.format_id(), (u64::MAX, u64::MAX))
+        .map(|c| {
+            let (off, s) = c.unwrap();
+            let lbas = s
+                .entries
+                .iter()
+                .filter_map(|e| match *e {
+                    ftl::summary::Entry::Data { lba, .. } => Some(lba),
+                    _ => None,
+                })
+                .collect();
+            (off, lbas)
+        })
+        .collect()
+}
+
+/// Flips a byte of the chunk summary at block `off` of segment `seg` (its checksum fails).
+fn damage_summary(dev: &ftl::device::mem::MemDevice, f: &MemFtl, seg: u32, off: u32) {
+    use ftl::BlockDevice;
+    let at = (f.geometry().segment_start(seg) + off as u64) * 4096;
+    let mut summary = vec![0u8; 4096];
+    dev.read_at(at, &mut summary).unwrap();
+    summary[100] ^= 0xff;
+    dev.write_at(at, &summary).unwrap();
 }
