@@ -288,6 +288,17 @@ pub fn format_stats(d: &StatsDocument) -> String {
                 r.cleaner.segments_cleaned, r.cleaner.blocks_copied, r.errors
             ),
         );
+        if r.cleaner.unnamed_live_found > 0 {
+            row(
+                "damaged summaries",
+                format!(
+                    "{} live blocks of cleaned segments were not named by their chunk \
+                     summaries (damage on the backing); found through the map, checked \
+                     against their checksums and moved",
+                    r.cleaner.unnamed_live_found
+                ),
+            );
+        }
         row(
             "cleaning slices",
             format!(
@@ -382,6 +393,13 @@ mod tests {
         ] {
             assert!(t2.contains(want), "missing {want:?} in\n{t2}");
         }
+        assert!(!t2.contains("damaged summaries"), "{t2}");
+        with_cleaner["cleaner"]["stats"]["cleaner"]["unnamed_live_found"] = serde_json::json!(3);
+        let t4 = format_stats(&doc(&with_cleaner));
+        assert!(
+            t4.contains("damaged summaries      3 live blocks of cleaned segments were not named"),
+            "{t4}"
+        );
         let t = format_stats(&doc(&v));
         for want in [
             "/dev/ublkb0",

@@ -216,6 +216,9 @@ pub struct CleanerSliceFigures {
     pub blocks_copied: u64,
     pub slices: u64,
     pub preemptions: u64,
+    /// Live blocks that victims' chunk summaries did not name (damage on the backing),
+    /// found through the map and moved.
+    pub unnamed_live_found: u64,
     /// The fields `ftlblk stats` does not print.
     #[serde(flatten)]
     pub other: Map<String, Value>,

@@ -22,6 +22,14 @@ const WINDOW_BYTES: u64 = 8 << 20;
 /// are meanwhile; an unreadable one reads as EIO, as before.
 pub const SHUN_FOR: Duration = Duration::from_secs(60);
 
+/// Map pages (of 512 LBAs) a victim's scan for blocks its list did not name reads in one
+/// step (`Cleaner::run_slice`): 2 GiB of the device's capacity. One in unit tests, so
+/// that their small maps take several steps.
+#[cfg(not(test))]
+const SCAN_PAGES: u64 = 1024;
+#[cfg(test)]
+const SCAN_PAGES: u64 = 1;
+
 /// Victims remembered with one end that left live blocks unnamed (`Cleaner::suspects`).
 const MAX_SUSPECTS: usize = 64;
 
@@ -97,9 +105,14 @@ pub struct CleanerStats {
     pub prefetch_wait_ns: u64,
     /// Victims left after a failure to clean them ([`SHUN_FOR`]).
     pub victims_abandoned: u64,
-    /// Cleanings that ended with live blocks in the victim (same life) that its list did
-    /// not name: a damaged summary, or a passing state (the second such end of the same
-    /// victim leaves it).
+    /// Live blocks of victims that their lists did not name (a damaged chunk summary ends
+    /// the walk of its segment before the chunks after it), found by a scan of the map and
+    /// moved with the rest. Anything here means damage on the backing: `ftlblk check`
+    /// names it.
+    pub unnamed_live_found: u64,
+    /// Cleanings that ended with live blocks in the victim (same life) that neither its
+    /// list nor the map named: a count gone wrong, or a passing state (the second such
+    /// end of the same victim leaves it).
     pub unnamed_live_ends: u64,
     /// Victims the picker thread chose and listed while the one before was read (their
     /// `pick_ns` was off the cleaner's path).
@@ -158,6 +171,21 @@ struct Context {
     reuses: u32,
     /// Its live blocks were listed again at the end (see `slice`).
     relisted: bool,
+    /// The map was scanned for blocks its list did not name (see `slice`).
+    scanned: bool,
+    /// The next map page of that scan, once it began, and what it found so far.
+    scan_at: u64,
+    found: Vec<LiveBlock>,
+}
+
+impl Context {
+    /// Cleans `blocks` from the start (ordered as the first list was: by window, then LBA).
+    fn restart(&mut self, mut blocks: Vec<LiveBlock>, window_blocks: u64) {
+        blocks.sort_by_key(|b| b.entry.pba().map_or(u64::MAX, |p| p as u64 / window_blocks));
+        self.blocks = blocks;
+        self.next = 0;
+        self.loaded = None;
+    }
 }
 
 /// A cleaner over one FTL. Not thread-safe by itself: one cleaner per FTL.
@@ -359,6 +387,9 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                 loaded: prepared.loaded,
                 reuses: prepared.reuses,
                 relisted: false,
+                scanned: false,
+                scan_at: 0,
+                found: Vec::new(),
             });
             self.prefetch_next(policy, victim);
         }
@@ -392,25 +423,51 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                     // then, are named by a second list, and moved too.
                     if !ctx.relisted {
                         ctx.relisted = true;
-                        let mut again = self
+                        let again = self
                             .ftl
                             .live_blocks(victim)
                             .map_err(crate::Error::of_victim(victim))?;
                         if !again.is_empty() {
-                            let wb = self.window_blocks;
-                            again
-                                .sort_by_key(|b| b.entry.pba().map_or(u64::MAX, |p| p as u64 / wb));
-                            ctx.blocks = again;
-                            ctx.next = 0;
-                            ctx.loaded = None;
+                            ctx.restart(again, self.window_blocks);
+                            continue;
+                        }
+                    }
+                    // Still none named: a damaged summary ended the walk before their
+                    // chunks. The map knows where they are: a scan of all of it, once a
+                    // cleaning, SCAN_PAGES at a time (it yields to users' I/O between
+                    // steps as moving blocks does). Each block found is moved as any
+                    // other, verified against its entry's checksum. Before, such a victim
+                    // was left uncleaned, its space held until the index was rebuilt.
+                    if !ctx.scanned {
+                        let pages = self.ftl.map_pages();
+                        let end = (ctx.scan_at + SCAN_PAGES).min(pages);
+                        let found = self
+                            .ftl
+                            .mapped_blocks_in(victim, ctx.scan_at..end)
+                            .map_err(crate::Error::of_victim(victim))?;
+                        ctx.found.extend(found);
+                        ctx.scan_at = end;
+                        if end < pages {
+                            if slice_start.elapsed() >= budget.time && foreground_waiting() {
+                                self.stats.preemptions += 1;
+                                return Ok(SliceEnd::Preempted { victim, moved });
+                            }
+                            continue;
+                        }
+                        ctx.scanned = true;
+                        let found = std::mem::take(&mut ctx.found);
+                        if !found.is_empty() {
+                            self.stats.unnamed_live_found += found.len() as u64;
+                            ctx.restart(found, self.window_blocks);
                             continue;
                         }
                     }
                     self.ctx = None;
                     self.stats.unnamed_live_ends += 1;
-                    // The second such end of the same life leaves it as a victim that
-                    // fails (SHUN_FOR; `ftlblk check` names the blocks). The first may
-                    // still be a passing state.
+                    // Counted, yet named by nothing: a count gone wrong, or a passing
+                    // state (a count a moment behind the map). The second such end of
+                    // the same life leaves it as a victim that fails (SHUN_FOR): taken
+                    // again at every turn it would free nothing.
                     let ftl = &self.ftl;
                     self.suspects.retain(|&(v, r)| ftl.segment_reuses(v) == r);
                     if let Some(i) = self.suspects.iter().position(|&x| x == (victim, reuses)) {
@@ -418,8 +475,9 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                         return Err(crate::Error::Victim {
                             victim,
                             source: ftl::Error::Corrupt(format!(
-                                "{hidden} live blocks are not named by its chunk summaries \
-                                 (a damaged summary?): left uncleaned"
+                                "{hidden} live blocks it counts are not named by its chunk \
+                                 summaries nor by the map (a live count gone wrong): left \
+                                 uncleaned"
                             )),
                         });
                     }
@@ -596,6 +654,88 @@ mod tests {
         for &l in &halves {
             f.read(l, &mut b).unwrap();
             assert_eq!(ftl::model::observe(l, &b), ftl::model::Observed::Tag(2));
+        }
+    }
+
+    /// The scan of the map for blocks a damaged summary hides goes a step at a time
+    /// ([`SCAN_PAGES`], one page here) and yields to users' I/O between steps, as moving
+    /// blocks does; the next slice goes on where it stopped, and every hidden block is
+    /// found once. Here the victim's list names nothing (its first chunk's blocks are all
+    /// overwritten; its second chunk's summary is damaged), so everything it moves, the
+    /// scan found.
+    #[test]
+    fn the_map_scan_for_hidden_blocks_yields_between_steps_and_resumes() {
+        use ftl::model::{block_for, mem_ftl, observe, Observed};
+        let opts = ftl::FormatOptions {
+            segment_bytes: Some(64 << 10),
+            ..Default::default()
+        };
+        let (dev, _, f) = mem_ftl(256 * (64 << 10), &opts);
+        let f = Arc::new(f);
+        let geo = *f.geometry();
+        let n = 6 * geo.blocks_per_segment() as u64;
+        // Written last, at the end of the map: the scan reaches them in its last page.
+        let base = geo.exported_blocks - n;
+        for l in base..base + n {
+            f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
+            if l % 5 == 4 {
+                f.flush().unwrap();
+            }
+        }
+        f.flush().unwrap();
+        let pages = f.map_pages();
+        assert!(pages >= 4, "{pages} map pages");
+        let seg_of = |l: u64| geo.segment_of(f.map_entry(l).unwrap().pba().unwrap() as u64);
+        let bad = seg_of(base);
+        let chunks: Vec<(u32, Vec<u64>)> =
+            ftl::chunks::SegmentChunks::new(&*dev, geo, bad, f.format_id(), (u64::MAX, u64::MAX))
+                .map(|c| {
+                    let (off, s) = c.unwrap();
+                    let lbas = s.entries.iter().filter_map(|e| match *e {
+                        ftl::summary::Entry::Data { lba, .. } => Some(lba),
+                        _ => None,
+                    });
+                    (off, lbas.collect())
+                })
+                .collect();
+        let hidden = [chunks[1].1[0], chunks[1].1[1]];
+        let rest: Vec<u64> = (base..base + n)
+            .filter(|&l| !hidden.contains(&l) && (seg_of(l) == bad || l % 2 == 0))
+            .collect();
+        for &l in &rest {
+            f.write(l, &block_for(l, 2), false, StreamId(1)).unwrap();
+        }
+        f.flush().unwrap();
+        let at = (geo.segment_start(bad) + chunks[1].0 as u64) * BLOCK_SIZE as u64;
+        let mut summary = vec![0u8; BLOCK_SIZE];
+        ftl::BlockDevice::read_at(&*dev, at, &mut summary).unwrap();
+        summary[100] ^= 0xff;
+        ftl::BlockDevice::write_at(&*dev, at, &summary).unwrap();
+        assert_eq!(f.segment_valid(bad), 2);
+
+        let mut c = Cleaner::new(f.clone());
+        let now = Budget {
+            time: Duration::ZERO,
+            blocks: usize::MAX,
+        };
+        // One yield after each step but the last; then one at the first block it moves.
+        for step in 0..pages {
+            match c.run_slice(Policy::Greedy, now, &|| true) {
+                Ok(SliceEnd::Preempted { victim, moved: 0 }) => assert_eq!(victim, bad),
+                other => panic!("step {step} of {pages}: {other:?}"),
+            }
+        }
+        assert_eq!(c.stats.unnamed_live_found, 2);
+        match c.run_slice(Policy::Greedy, now, &|| false) {
+            Ok(SliceEnd::Finished { victim, moved: 2 }) => assert_eq!(victim, bad),
+            other => panic!("the hidden blocks moved: {other:?}"),
+        }
+        assert_eq!((c.stats.preemptions, c.stats.segments_cleaned), (pages, 1));
+        let mut b = vec![0u8; BLOCK_SIZE];
+        for l in hidden {
+            assert_ne!(seg_of(l), bad);
+            f.read(l, &mut b).unwrap();
+            assert_eq!(observe(l, &b), Observed::Tag(1));
         }
     }
 }

@@ -176,7 +176,6 @@ impl L2p {
     }
 
     /// Number of pages.
-    #[cfg(test)]
     pub fn pages(&self) -> u64 {
         self.pages
     }
@@ -441,9 +440,19 @@ impl L2p {
     }
 
     /// [`L2p::for_each_page`], stopping at `f`'s first error (and returning it).
-    pub fn try_for_each_page(&self, mut f: impl FnMut(u64, &[u64]) -> Result<()>) -> Result<()> {
+    pub fn try_for_each_page(&self, f: impl FnMut(u64, &[u64]) -> Result<()>) -> Result<()> {
+        self.try_for_pages(0..self.pages, f)
+    }
+
+    /// [`L2p::try_for_each_page`] over the pages in `pages` (those past the map's end
+    /// left out).
+    pub fn try_for_pages(
+        &self,
+        pages: std::ops::Range<u64>,
+        mut f: impl FnMut(u64, &[u64]) -> Result<()>,
+    ) -> Result<()> {
         let mut buf = vec![u64::MAX; PAGE_ENTRIES];
-        for p in 0..self.pages {
+        for p in pages.start..pages.end.min(self.pages) {
             let len = self.page_len(p);
             let cached = {
                 let sh = lock(self.shard(p));

@@ -287,14 +287,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// [`Ftl::live_blocks`], taking the chunk summaries within `preloaded` (the segment's
     /// first bytes, read with [`Ftl::read_window`]) from it.
     pub fn live_blocks_in(&self, seg: u32, preloaded: &[u8]) -> Result<Vec<LiveBlock>> {
-        if seg == 0
-            || seg >= self.t.geo.segment_count
-            || self.t.segs.state(seg) != Some(SegState::Closed)
-        {
-            return Err(Error::InvalidParameters(format!(
-                "segment {seg} is not a closed log segment"
-            )));
-        }
+        self.closed_log_segment(seg)?;
         let start = self.t.geo.segment_start(seg);
         let below = (self.epoch, self.log.tracker().next_seq());
         let mut out = Vec::new();
@@ -321,6 +314,55 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         out.sort_by_key(|b| b.lba);
         out.dedup_by_key(|b| b.lba);
         Ok(out)
+    }
+
+    /// The blocks the map places in closed segment `seg` among the LBAs of map pages
+    /// `pages` (of [`Ftl::map_pages`]), in LBA order: each page the cached copy or the
+    /// index's, read without caching it. Over all pages, a scan of the whole map, so the
+    /// caller goes a range at a time. For the cleaner, when a victim still counts live
+    /// blocks that [`Ftl::live_blocks`] does not name: a damaged chunk summary ends the
+    /// walk of its segment, hiding the chunks after it, but the map still knows where
+    /// their live blocks are, and each entry's checksum verifies its block when it is
+    /// moved ([`Ftl::verify_block`]). Entries that change meanwhile are what the
+    /// compare-and-swap of [`Ftl::relocate`] is for; no entry newly points into a closed
+    /// segment.
+    pub fn mapped_blocks_in(&self, seg: u32, pages: std::ops::Range<u64>) -> Result<Vec<LiveBlock>> {
+        self.closed_log_segment(seg)?;
+        let start = self.t.geo.segment_start(seg);
+        let within = start..start + self.t.geo.blocks_per_segment() as u64;
+        let mut out = Vec::new();
+        self.t.map.try_for_pages(pages, |page, entries| {
+            let first = page * crate::records::PAGE_ENTRIES as u64;
+            for (i, &e) in entries.iter().enumerate() {
+                let entry = MapEntry(e);
+                if entry.pba().is_some_and(|p| within.contains(&(p as u64))) {
+                    out.push(LiveBlock {
+                        lba: first + i as u64,
+                        entry,
+                    });
+                }
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Pages of the map ([`crate::records::PAGE_ENTRIES`] LBAs each).
+    pub fn map_pages(&self) -> u64 {
+        self.t.map.pages()
+    }
+
+    /// Refuses anything but a closed log segment (the ones the cleaner may list).
+    fn closed_log_segment(&self, seg: u32) -> Result<()> {
+        if seg == 0
+            || seg >= self.t.geo.segment_count
+            || self.t.segs.state(seg) != Some(SegState::Closed)
+        {
+            return Err(Error::InvalidParameters(format!(
+                "segment {seg} is not a closed log segment"
+            )));
+        }
+        Ok(())
     }
 
     /// Reads a live block's data into `buf` (one block), verified against its entry.
@@ -414,6 +456,14 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Live-block count of a segment (from the in-memory table).
     pub fn segment_valid(&self, seg: u32) -> u32 {
         self.t.segs.valid(seg)
+    }
+
+    /// Counts one live block more in segment `seg` than the map places there: a count
+    /// gone wrong, for tests of what the cleaner does with a victim that keeps counting
+    /// blocks nothing names.
+    #[cfg(feature = "internals")]
+    pub fn miscount_live(&self, seg: u32) {
+        self.t.segs.count_live(seg);
     }
 
     /// How many times segment `seg` was freed for reuse (its erase count): the same
