@@ -487,6 +487,11 @@ MUTANTS = [
         let at""", """    for &(seg, off) in stale.iter().take(0) {
         let at""")],
      [REBUILD]),
+    ("recovery-2-torn", "recovery rule 2: a summary torn at a stream's cursor is zeroed too",
+     "ftl/src/recovery.rs",
+     [("""        } else if torn_summary(seg, off)? {""",
+       """        } else if false && torn_summary(seg, off)? {""")],
+     [REBUILD]),
     ("rebuild-1", "rebuild rule 1: the checkpoint record is committed last",
      "ftl/src/rebuild.rs",
      [("""    index.commit(ops)?;

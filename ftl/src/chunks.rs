@@ -12,8 +12,16 @@
 //! crashed session left beyond the point where the next session continued), or at or
 //! beyond `below` (chunks recovery did not, or does not yet, accept).
 //!
+//! An index rebuild walks on past a damaged summary ([`SegmentChunks::resync`]): from a
+//! block that carries a summary's magic but fails its checksum, after a chunk it took,
+//! it looks block by block for the next summary in place, newer than that chunk; a
+//! stale chunk of an earlier use of the segment is older than every chunk of this one,
+//! so it is not taken. Only the damaged chunk's own blocks are lost then (their LBAs are
+//! unknown), not every chunk after it. The others stop there: relocation finds what the
+//! walk hides through the map, and the checker names it.
+//!
 //! Owns the rules that say which summaries are part of the log; called by relocation
-//! (`engine/reloc.rs`), the checker and recovery.
+//! (`engine/reloc.rs`), the checker, recovery and the index rebuild.
 
 use crate::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
 use crate::error::{Error, Result};
@@ -53,6 +61,10 @@ pub struct SegmentChunks<'a, D: BlockDevice> {
     known: Vec<u32>,
     known_buf: Option<AlignedBuf>,
     done: bool,
+    /// Walk on past a damaged summary ([`SegmentChunks::resync`]).
+    resync: bool,
+    /// The damaged summaries walked past.
+    damaged: Vec<u32>,
 }
 
 impl<'a, D: BlockDevice> SegmentChunks<'a, D> {
@@ -72,7 +84,51 @@ impl<'a, D: BlockDevice> SegmentChunks<'a, D> {
             known: Vec::new(),
             known_buf: None,
             done: false,
+            resync: false,
+            damaged: Vec::new(),
         }
+    }
+
+    /// Walks on past a damaged summary (see the module docs): for the index rebuild.
+    pub fn resync(mut self) -> Self {
+        self.resync = true;
+        self
+    }
+
+    /// The offsets of the damaged summaries walked past so far: each one's chunk was left
+    /// out, the chunks after it taken.
+    pub fn damaged(&self) -> &[u32] {
+        &self.damaged
+    }
+
+    /// The summary at block `off`, as [`ChunkSummary::decode`] reads it (`Err`: the magic,
+    /// but a checksum that fails), taken from the preloaded window or the blocks read
+    /// ahead when there, read otherwise. The outer error is the device's.
+    fn summary_at(&mut self, off: u32) -> Result<Result<Option<ChunkSummary>>> {
+        let at = (self.geo.segment_start(self.seg) + off as u64) * BLOCK_SIZE as u64;
+        let within = off as usize * BLOCK_SIZE;
+        let known = match (&self.known_buf, self.known.binary_search(&off)) {
+            (Some(b), Ok(i)) => b.get(i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE),
+            _ => None,
+        };
+        let block = match self.preloaded.get(within..within + BLOCK_SIZE).or(known) {
+            Some(b) => b,
+            None => {
+                self.dev
+                    .read_at(at, &mut self.buf)
+                    .map_err(|e| Error::io("summary read", at, e))?;
+                &self.buf[..]
+            }
+        };
+        Ok(ChunkSummary::decode(block))
+    }
+
+    /// Whether `s`, read at block `off`, is the walk's next chunk.
+    fn takes(&self, s: &ChunkSummary, off: u32) -> bool {
+        let pos = (s.epoch, s.chunk_seq);
+        s.in_place(self.seg, off, self.format_id, self.geo.blocks_per_segment())
+            && self.last.is_none_or(|l| pos > l)
+            && pos < self.below
     }
 
     /// Reads the blocks at `starts` (where the segment's chunks are believed to start,
@@ -124,41 +180,57 @@ impl<D: BlockDevice> Iterator for SegmentChunks<'_, D> {
     type Item = Result<(u32, ChunkSummary)>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let bps = self.geo.blocks_per_segment();
         if self.done || !self.geo.chunk_fits_at(self.off) {
             return None;
         }
-        let at = (self.geo.segment_start(self.seg) + self.off as u64) * BLOCK_SIZE as u64;
-        let within = self.off as usize * BLOCK_SIZE;
-        let known = match (&self.known_buf, self.known.binary_search(&self.off)) {
-            (Some(b), Ok(i)) => b.get(i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE),
-            _ => None,
-        };
-        let block = match self.preloaded.get(within..within + BLOCK_SIZE).or(known) {
-            Some(b) => b,
-            None => {
-                if let Err(e) = self.dev.read_at(at, &mut self.buf) {
-                    self.done = true;
-                    return Some(Err(Error::io("summary read", at, e)));
-                }
-                &self.buf[..]
+        let read = match self.summary_at(self.off) {
+            Ok(r) => r,
+            Err(e) => {
+                self.done = true;
+                return Some(Err(e));
             }
         };
-        let s = ChunkSummary::decode(block).ok().flatten();
-        let pos = s.as_ref().map(|s| (s.epoch, s.chunk_seq));
-        let next = match (s, pos) {
-            (Some(s), Some(pos))
-                if s.in_place(self.seg, self.off, self.format_id, bps)
-                    && self.last.is_none_or(|l| pos > l)
-                    && pos < self.below =>
-            {
-                s
+        let next = match read {
+            Ok(Some(s)) if self.takes(&s, self.off) => s,
+            // The magic, but a failing checksum, after a chunk taken: damage, or a
+            // crash's torn write. Walking on, the next chunk is the first summary in
+            // place past it that is newer than the last one taken.
+            Err(_) if self.resync && self.last.is_some() => {
+                self.damaged.push(self.off);
+                let mut found = None;
+                for off in self.off + 1..self.geo.blocks_per_segment() {
+                    if !self.geo.chunk_fits_at(off) {
+                        break;
+                    }
+                    match self.summary_at(off) {
+                        Ok(Ok(Some(s))) if self.takes(&s, off) => {
+                            found = Some((off, s));
+                            break;
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            self.done = true;
+                            return Some(Err(e));
+                        }
+                    }
+                }
+                match found {
+                    Some((off, s)) => {
+                        self.off = off;
+                        s
+                    }
+                    None => {
+                        self.done = true;
+                        return None;
+                    }
+                }
             }
             _ => {
                 self.done = true;
                 return None;
             }
         };
+        let pos = Some((next.epoch, next.chunk_seq));
         let off = self.off;
         self.off += next.total_blocks();
         self.last = pos;

@@ -80,8 +80,13 @@ pub struct RebuildReport {
     pub entries_skipped: u64,
     /// Chunks whose summary holds an epoch or chunk number out of range (damage).
     pub chunks_out_of_range: u64,
+    /// Chunks whose summary fails its checksum, walked past to the chunks after them
+    /// (`SegmentChunks::resync`): their blocks are left out, since nothing says which
+    /// LBAs they hold (each has a warning).
+    pub chunks_damaged: u64,
     /// Chunks left out because a damaged summary before them in their segment ended
-    /// its walk (each segment with some has a warning).
+    /// its walk: the segment's first, or one out of range (each segment with some has a
+    /// warning).
     pub chunks_hidden: u64,
     /// Chunks of a crashed session numbered past its break (never part of the log).
     pub chunks_past_break: u64,
@@ -501,7 +506,8 @@ fn survey<D: BlockDevice>(
         // Where the walk ends, the last chunk in range it took, and whether the last
         // one it took was out of range (the walker then refuses every chunk after it).
         let (mut end, mut last, mut ended_out_of_range) = (0u32, None, false);
-        for c in SegmentChunks::new(dev, geo, seg, format_id, (u64::MAX, u64::MAX)) {
+        let mut walk = SegmentChunks::new(dev, geo, seg, format_id, (u64::MAX, u64::MAX)).resync();
+        for c in walk.by_ref() {
             let (off, s) = c?;
             any = true;
             end = off + s.total_blocks();
@@ -524,16 +530,27 @@ fn survey<D: BlockDevice>(
         }
         report.segments_with_chunks += any as u32;
         ends[seg as usize] = end;
+        // Damaged summaries the walk went past: their chunks' blocks are lost (nothing
+        // says which LBAs they hold), the chunks after them rebuilt.
+        for &off in walk.damaged().iter().filter(|&&off| off < end) {
+            report.chunks_damaged += 1;
+            report.warnings.push(format!(
+                "segment {seg}: the summary at block {off} fails its checksum: the blocks of \
+                 its chunk were left out (their LBAs read older data or zeros); the chunks \
+                 after it were rebuilt"
+            ));
+        }
         if end >= bps {
             continue;
         }
-        // A damaged summary ends the walk: one that carries the magic but fails its
-        // checksum, or one out of range (the walker refuses the chunks after it). The
-        // chunks after it in this segment are not rebuilt (their LBAs read older data,
-        // or none). Say so (found by review, 2026-11-27): later summaries in place, in
-        // range and newer than the last taken. A walk that ended at a block without the
-        // magic (a freed segment's zeroed head, a chunk past a crash's break that
-        // recovery zeroed, the end of what was written) hid nothing.
+        // A damaged summary the walk could not go past ends it: one that carries the
+        // magic but fails its checksum as the segment's first (nothing says which later
+        // chunks are this use's), or one out of range (the walker refuses the chunks
+        // after it). The chunks after it in this segment are not rebuilt (their LBAs
+        // read older data, or none). Say so (found by review, 2026-11-27): later
+        // summaries in place, in range and newer than the last taken. A walk that ended
+        // at a block without the magic (a freed segment's zeroed head, a chunk past a
+        // crash's break that recovery zeroed, the end of what was written) hid nothing.
         let at = (geo.segment_start(seg) + end as u64) * BLOCK_SIZE as u64;
         dev.read_at(at, &mut one)
             .map_err(|e| Error::io("rebuild read", at, e))?;
@@ -630,6 +647,7 @@ fn scan<D: BlockDevice>(
         dev.read_at(at, &mut window[..len])
             .map_err(|e| Error::io("rebuild read", at, e))?;
         let walk = SegmentChunks::new(dev, geo, seg, format_id, (u64::MAX, u64::MAX))
+            .resync()
             .preloaded(&window[..len]);
         for c in walk {
             let (off, s) = c?;

@@ -364,6 +364,14 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         Ok(ChunkSummary::decode(&b).ok().flatten())
     };
 
+    let torn_summary = |seg: u32, off: u32| -> Result<bool> {
+        let mut b = crate::device::AlignedBuf::new(BLOCK_SIZE);
+        let at = (geo.segment_start(seg) + off as u64) * BLOCK_SIZE as u64;
+        dev.read_at(at, &mut b)
+            .map_err(|e| Error::io("recovery read", at, e))?;
+        Ok(ChunkSummary::decode(&b).is_err())
+    };
+
     // Heads of segments free at the checkpoint, by chain number.
     let mut heads: HashMap<u64, (u32, ChunkSummary)> = HashMap::new();
     // Free segments whose first block is a chunk of this format: any of them the
@@ -578,7 +586,7 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         }
     }
     // Recovery rule 2: chunks past the break (at a stream's cursor, or at the head of a
-    // segment still free) are not part of the log, and neither are chunks of an earlier
+    // segment still free; a summary torn at a cursor too) are not part of the log, and neither are chunks of an earlier
     // use of a free segment whose zeroing a crash lost (checkpoint rule 5): their first
     // blocks are zeroed, so no later walk of the log (relocation, the checker, an index
     // rebuild) takes them for part of it. The next session's chunks may carry the same
@@ -601,6 +609,12 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         }
         if let Some(s) = read_summary(seg, off)?.filter(|s| s.in_place(seg, off, format_id, bps)) {
             newer_than_index(&s, ck.epoch, index_name)?;
+            stale.push((seg, off));
+        } else if torn_summary(seg, off)? {
+            // A summary torn by the cut (the magic, a failing checksum): an index
+            // rebuild walks on past a damaged summary to the next chunk in place and newer
+            // (`SegmentChunks::resync`), which here is the crashed session's tail past
+            // the break. Zeroed, the walk stops at it as before.
             stale.push((seg, off));
         }
     }

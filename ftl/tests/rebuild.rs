@@ -384,6 +384,52 @@ fn chunks_past_a_crash_break_are_zeroed_by_recovery() {
     rebuild_agrees(&dev, &g).unwrap();
 }
 
+/// Recovery rule 2, a torn summary: the cut tore stream 1's chunk (lba 4..5) while the
+/// chunk after it in the same segment (lba 6..7) was written whole. The roll-forward
+/// stops at the torn one; the reopen zeroes it, so that an index rebuild, which walks on
+/// past a damaged summary, does not take the crashed session's tail past the break for
+/// part of the log (no chunk of the new session marks the break for it here).
+#[test]
+fn a_summary_torn_at_a_stream_cursor_is_zeroed_by_recovery() {
+    let (dev, idx, f) = tiny_crash();
+    for l in 0..8u64 {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+        if l % 2 == 1 {
+            f.flush().unwrap();
+        }
+    }
+    let geo = *f.geometry();
+    let seg_of = |l: u64| geo.segment_of(f.map_entry(l).unwrap().pba().unwrap() as u64);
+    let seg = seg_of(4);
+    assert_eq!(seg_of(6), seg, "a chunk after lba 4's in the same segment");
+    let off = SegmentChunks::new(&dev, geo, seg, f.format_id(), (u64::MAX, u64::MAX))
+        .map(|c| c.unwrap())
+        .find(|(_, s)| {
+            s.entries
+                .iter()
+                .any(|e| matches!(e, ftl::summary::Entry::Data { lba: 4, .. }))
+        })
+        .map(|(off, _)| off)
+        .unwrap();
+    drop(f);
+    let at = (geo.segment_start(seg) + off as u64) * BLOCK_SIZE as u64;
+    let mut blk = AlignedBuf::new(BLOCK_SIZE);
+    dev.read_at(at, &mut blk).unwrap();
+    blk[100] ^= 0xff;
+    dev.write_at(at, &blk).unwrap();
+    dev.sync().unwrap();
+    let (g, report) = tiny::open_report(&dev, &idx).unwrap();
+    assert!(report.recovery.stale_chunks_zeroed >= 1, "{report:?}");
+    dev.read_at(at, &mut blk).unwrap();
+    assert!(blk.iter().all(|&x| x == 0), "the torn summary is zeroed");
+    let mut b = vec![0u8; BLOCK_SIZE];
+    for l in 4..8 {
+        g.read(l, &mut b).unwrap();
+        assert_eq!(observe(l, &b), Observed::Tag(0), "LBA {l} past the break");
+    }
+    rebuild_agrees(&dev, &g).unwrap();
+}
+
 /// Rebuild rule 1: the checkpoint record is committed last, so a rebuild cut short
 /// leaves an index every open refuses, with a message pointing at the rebuild; a second
 /// rebuild succeeds.
@@ -634,11 +680,12 @@ fn summaries_with_counters_out_of_range_are_skipped_by_the_rebuild() {
     }
 }
 
-/// A summary damaged in the middle of a segment ends the rebuild's walk of it: the
-/// chunks after it are left out (their LBAs read older data). The rebuild warned of
-/// nothing; now it counts them and names the segment.
+/// A summary damaged in the middle of a segment: the rebuild walks on past it to the
+/// chunks after it, so only the damaged chunk's own blocks are lost (nothing says which
+/// LBAs they hold), and it names the segment and block. It used to end the walk there,
+/// leaving every later chunk of the segment out (their LBAs read older data).
 #[test]
-fn chunks_after_a_damaged_summary_are_reported_by_the_rebuild() {
+fn a_rebuild_walks_on_past_a_damaged_summary() {
     let (dev, _idx, f) = tiny_crash();
     // Small chunks, each flushed: lba 0..1, 2..3, 4..5, 6..7 (one flash page each).
     for l in 0..8u64 {
@@ -669,7 +716,55 @@ fn chunks_after_a_damaged_summary_are_reported_by_the_rebuild() {
     dev.read_at(at, &mut blk).unwrap();
     blk[100] ^= 0xff;
     dev.write_at(at, &blk).unwrap();
+    let (idx, r) = rebuild_into(&dev);
+    assert_eq!((r.chunks_damaged, r.chunks_hidden), (1, 0), "{r:?}");
+    assert!(
+        r.warnings
+            .iter()
+            .any(|w| w.contains(&format!("segment {seg}: the summary at block {off} fails"))),
+        "{:?}",
+        r.warnings
+    );
+    let (f, _) = Ftl::open(dev.clone(), idx, Config::default()).unwrap();
+    let mut b = vec![0u8; BLOCK_SIZE];
+    for l in 0..8u64 {
+        f.read(l, &mut b).unwrap();
+        let want = if l == 4 || l == 5 {
+            Observed::Tag(0)
+        } else {
+            Observed::Tag(1)
+        };
+        assert_eq!(observe(l, &b), want, "LBA {l}");
+    }
+}
+
+/// The first chunk of a segment's use damaged: nothing says which later summaries in the
+/// segment are of this use and which of an earlier one, so the walk stops there, and the
+/// rebuild counts the chunks it may have hidden and names the segment.
+#[test]
+fn chunks_after_a_damaged_first_summary_are_reported_by_the_rebuild() {
+    let (dev, _idx, f) = tiny_crash();
+    for l in 0..8u64 {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+        if l % 2 == 1 {
+            f.flush().unwrap();
+        }
+    }
+    f.close().unwrap();
+    let geo = *f.geometry();
+    let seg = geo.segment_of(f.map_entry(0).unwrap().pba().unwrap() as u64);
+    let first = SegmentChunks::new(&dev, geo, seg, f.format_id(), (u64::MAX, u64::MAX))
+        .map(|c| c.unwrap().0)
+        .collect::<Vec<_>>();
+    assert!(first.len() >= 2 && first[0] == 0, "{first:?}");
+    drop(f);
+    let at = geo.segment_start(seg) * BLOCK_SIZE as u64;
+    let mut blk = AlignedBuf::new(BLOCK_SIZE);
+    dev.read_at(at, &mut blk).unwrap();
+    blk[100] ^= 0xff;
+    dev.write_at(at, &blk).unwrap();
     let (_, r) = rebuild_into(&dev);
+    assert_eq!(r.chunks_damaged, 0, "{r:?}");
     assert!(r.chunks_hidden >= 1, "{r:?}");
     assert!(
         r.warnings
