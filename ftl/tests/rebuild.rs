@@ -392,34 +392,13 @@ fn chunks_past_a_crash_break_are_zeroed_by_recovery() {
 #[test]
 fn a_summary_torn_at_a_stream_cursor_is_zeroed_by_recovery() {
     let (dev, idx, f) = tiny_crash();
-    for l in 0..8u64 {
-        f.write(l, &block_for(l, 1), false, S0).unwrap();
-        if l % 2 == 1 {
-            f.flush().unwrap();
-        }
-    }
-    let geo = *f.geometry();
-    let seg_of = |l: u64| geo.segment_of(f.map_entry(l).unwrap().pba().unwrap() as u64);
-    let seg = seg_of(4);
-    assert_eq!(seg_of(6), seg, "a chunk after lba 4's in the same segment");
-    let off = SegmentChunks::new(&dev, geo, seg, f.format_id(), (u64::MAX, u64::MAX))
-        .map(|c| c.unwrap())
-        .find(|(_, s)| {
-            s.entries
-                .iter()
-                .any(|e| matches!(e, ftl::summary::Entry::Data { lba: 4, .. }))
-        })
-        .map(|(off, _)| off)
-        .unwrap();
+    let (seg, off) = chunks_of_two_flushed(&f, &dev);
     drop(f);
-    let at = (geo.segment_start(seg) + off as u64) * BLOCK_SIZE as u64;
-    let mut blk = AlignedBuf::new(BLOCK_SIZE);
-    dev.read_at(at, &mut blk).unwrap();
-    blk[100] ^= 0xff;
-    dev.write_at(at, &blk).unwrap();
+    let at = flip_a_byte(&dev, seg, off);
     dev.sync().unwrap();
     let (g, report) = tiny::open_report(&dev, &idx).unwrap();
     assert!(report.recovery.stale_chunks_zeroed >= 1, "{report:?}");
+    let mut blk = AlignedBuf::new(BLOCK_SIZE);
     dev.read_at(at, &mut blk).unwrap();
     assert!(blk.iter().all(|&x| x == 0), "the torn summary is zeroed");
     let mut b = vec![0u8; BLOCK_SIZE];
@@ -687,35 +666,10 @@ fn summaries_with_counters_out_of_range_are_skipped_by_the_rebuild() {
 #[test]
 fn a_rebuild_walks_on_past_a_damaged_summary() {
     let (dev, _idx, f) = tiny_crash();
-    // Small chunks, each flushed: lba 0..1, 2..3, 4..5, 6..7 (one flash page each).
-    for l in 0..8u64 {
-        f.write(l, &block_for(l, 1), false, S0).unwrap();
-        if l % 2 == 1 {
-            f.flush().unwrap();
-        }
-    }
+    let (seg, off) = chunks_of_two_flushed(&f, &dev);
     f.close().unwrap();
-    let geo = *f.geometry();
-    let seg_of = |l: u64| geo.segment_of(f.map_entry(l).unwrap().pba().unwrap() as u64);
-    let seg = seg_of(4);
-    assert_eq!(seg_of(6), seg, "a chunk after lba 4's in the same segment");
-    // The summary of the chunk holding lba 4 (not the segment's first), one byte flipped.
-    let off = SegmentChunks::new(&dev, geo, seg, f.format_id(), (u64::MAX, u64::MAX))
-        .map(|c| c.unwrap())
-        .find(|(_, s)| {
-            s.entries
-                .iter()
-                .any(|e| matches!(e, ftl::summary::Entry::Data { lba: 4, .. }))
-        })
-        .map(|(off, _)| off)
-        .unwrap();
-    assert!(off > 0);
     drop(f);
-    let at = (geo.segment_start(seg) + off as u64) * BLOCK_SIZE as u64;
-    let mut blk = AlignedBuf::new(BLOCK_SIZE);
-    dev.read_at(at, &mut blk).unwrap();
-    blk[100] ^= 0xff;
-    dev.write_at(at, &blk).unwrap();
+    flip_a_byte(&dev, seg, off);
     let (idx, r) = rebuild_into(&dev);
     assert_eq!((r.chunks_damaged, r.chunks_hidden), (1, 0), "{r:?}");
     assert!(
@@ -744,25 +698,12 @@ fn a_rebuild_walks_on_past_a_damaged_summary() {
 #[test]
 fn chunks_after_a_damaged_first_summary_are_reported_by_the_rebuild() {
     let (dev, _idx, f) = tiny_crash();
-    for l in 0..8u64 {
-        f.write(l, &block_for(l, 1), false, S0).unwrap();
-        if l % 2 == 1 {
-            f.flush().unwrap();
-        }
-    }
+    chunks_of_two_flushed(&f, &dev);
     f.close().unwrap();
     let geo = *f.geometry();
     let seg = geo.segment_of(f.map_entry(0).unwrap().pba().unwrap() as u64);
-    let first = SegmentChunks::new(&dev, geo, seg, f.format_id(), (u64::MAX, u64::MAX))
-        .map(|c| c.unwrap().0)
-        .collect::<Vec<_>>();
-    assert!(first.len() >= 2 && first[0] == 0, "{first:?}");
     drop(f);
-    let at = geo.segment_start(seg) * BLOCK_SIZE as u64;
-    let mut blk = AlignedBuf::new(BLOCK_SIZE);
-    dev.read_at(at, &mut blk).unwrap();
-    blk[100] ^= 0xff;
-    dev.write_at(at, &blk).unwrap();
+    flip_a_byte(&dev, seg, 0);
     let (_, r) = rebuild_into(&dev);
     assert_eq!(r.chunks_damaged, 0, "{r:?}");
     assert!(r.chunks_hidden >= 1, "{r:?}");
@@ -773,6 +714,45 @@ fn chunks_after_a_damaged_first_summary_are_reported_by_the_rebuild() {
         "{:?}",
         r.warnings
     );
+}
+
+/// Writes LBAs 0..8 (tag 1) in chunks of two, each flushed (one flash page each), and
+/// returns the segment and block of the summary of the chunk holding LBA 4, which is not
+/// its segment's first and has LBA 6..7's chunk after it in the segment.
+fn chunks_of_two_flushed(f: &CrashFtl, dev: &Arc<CrashDevice>) -> (u32, u32) {
+    for l in 0..8u64 {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+        if l % 2 == 1 {
+            f.flush().unwrap();
+        }
+    }
+    let geo = *f.geometry();
+    let seg_of = |l: u64| geo.segment_of(f.map_entry(l).unwrap().pba().unwrap() as u64);
+    let seg = seg_of(4);
+    assert_eq!(seg_of(6), seg, "a chunk after lba 4's in the same segment");
+    let off = SegmentChunks::new(dev, geo, seg, f.format_id(), (u64::MAX, u64::MAX))
+        .map(|c| c.unwrap())
+        .find(|(_, s)| {
+            s.entries
+                .iter()
+                .any(|e| matches!(e, ftl::summary::Entry::Data { lba: 4, .. }))
+        })
+        .map(|(off, _)| off)
+        .unwrap();
+    assert!(off > 0);
+    (seg, off)
+}
+
+/// Flips a byte of block `off` of segment `seg` (a summary there fails its checksum);
+/// returns its byte offset on the device.
+fn flip_a_byte(dev: &CrashDevice, seg: u32, off: u32) -> u64 {
+    let geo = ftl::read_superblock_readonly(dev).unwrap().0.geometry;
+    let at = (geo.segment_start(seg) + off as u64) * BLOCK_SIZE as u64;
+    let mut blk = AlignedBuf::new(BLOCK_SIZE);
+    dev.read_at(at, &mut blk).unwrap();
+    blk[100] ^= 0xff;
+    dev.write_at(at, &blk).unwrap();
+    at
 }
 
 /// A rebuild keeps the erase counts the old index's records still name: wear-aware
