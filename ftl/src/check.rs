@@ -456,8 +456,8 @@ impl Verifier {
 
     /// Reads every block of `todo` (sorted by place; runs of adjacent blocks, at most
     /// [`VERIFY_RUN_BLOCKS`], as one read; [`VERIFY_DEPTH`] in flight), names in LBA
-    /// order each that does not match its crc32c, and empties `todo`. Returns the blocks
-    /// verified. A read error ends the check.
+    /// order each that does not match its crc32c or does not read, and empties `todo`.
+    /// Returns the blocks verified.
     fn run<D: BlockDevice>(&mut self, dev: &D, problems: &mut Vec<Problem>) -> Result<u64> {
         let todo = &mut self.todo;
         if todo.is_empty() {
@@ -483,27 +483,44 @@ impl Verifier {
             reqs.push((first * BLOCK_SIZE as u64, this));
             rest = after;
         }
+        // Blocks that do not read (media errors), by block number, with the error.
+        let mut unreadable: Vec<(u64, String)> = Vec::new();
         if dev.read_many_depth(&mut reqs, VERIFY_DEPTH).is_err() {
-            // Which read failed: each again on its own, the first error named with its
-            // offset (the batch's error cannot say which).
+            // Which blocks fail: each run again on its own, a run that fails block by
+            // block (the batch's error cannot say which). Each block that does not read
+            // is named, and the others are still verified.
             for (at, buf) in reqs.iter_mut() {
-                dev.read_at(*at, buf)
-                    .map_err(|e| crate::error::Error::io("check read", *at, e))?;
+                if dev.read_at(*at, buf).is_ok() {
+                    continue;
+                }
+                for (k, blk) in buf.chunks_mut(BLOCK_SIZE).enumerate() {
+                    let b_at = *at + (k * BLOCK_SIZE) as u64;
+                    if let Err(e) = dev.read_at(b_at, blk) {
+                        unreadable.push((b_at / BLOCK_SIZE as u64, e.to_string()));
+                    }
+                }
             }
         }
-        let mut bad: Vec<(u64, u64)> = todo
+        let mut bad: Vec<(u64, Problem)> = todo
             .iter()
             .zip(self.buf.chunks(BLOCK_SIZE))
-            .filter(|((_, _, crc), data)| crc32c::crc32c(data) != *crc)
-            .map(|(&(pba, lba, _), _)| (lba, pba))
+            .filter_map(|(&(pba, lba, crc), data)| {
+                let detail = match unreadable.iter().find(|(b, _)| *b == pba) {
+                    Some((_, e)) => Problem::new(
+                        "data reads",
+                        format!("lba {lba} (block {pba}) does not read: {e}"),
+                    ),
+                    None if crc32c::crc32c(data) != crc => Problem::new(
+                        "data checksums",
+                        format!("lba {lba} (block {pba}) does not match its crc32c"),
+                    ),
+                    None => return None,
+                };
+                Some((lba, detail))
+            })
             .collect();
-        bad.sort_unstable();
-        problems.extend(bad.into_iter().map(|(lba, pba)| {
-            Problem::new(
-                "data checksums",
-                format!("lba {lba} (block {pba}) does not match its crc32c"),
-            )
-        }));
+        bad.sort_by_key(|(lba, _)| *lba);
+        problems.extend(bad.into_iter().map(|(_, p)| p));
         let n = todo.len() as u64;
         todo.clear();
         Ok(n)

@@ -6,6 +6,7 @@ use common::*;
 use ftl::check::check;
 use ftl::model::block_for;
 use ftl::{BlockDevice, IndexStore, StreamId};
+use std::sync::atomic::Ordering;
 
 /// A tiny device where lbas `0..n` were written (stream 1) and the FTL closed, and the
 /// map page those entries sit in, as the checkpoint holds it.
@@ -387,5 +388,46 @@ fn every_damaged_block_is_named_once_whatever_its_run() {
         })
         .collect();
     assert_eq!(lbas, damaged, "{named:#?}");
+    assert_eq!(r.blocks_verified, 60);
+}
+
+/// A block that does not read at all (a media error) is named as such, and the check goes
+/// on: the blocks of its run before and after it, and every later page, are still
+/// verified, and one damaged elsewhere still named. A read error used to end the check
+/// there, with the offset of the whole run.
+#[test]
+fn a_block_that_does_not_read_is_named_and_the_check_goes_on() {
+    let (dev, idx, f) = tiny_crash();
+    for l in 0..60u64 {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+    }
+    f.close().unwrap();
+    let pba = |l: u64| f.map_entry(l).unwrap().pba().unwrap() as u64;
+    let (gone, damaged) = (pba(20), pba(40));
+    assert_eq!((pba(19) + 1, pba(21) - 1), (gone, gone), "lba 20 inside a run");
+    drop(f);
+    dev.write_at(damaged * 4096, &[0x5a; 4096]).unwrap();
+    dev.faults.unreadable.store(gone + 1, Ordering::SeqCst);
+    let r = check(&*dev, &*idx, true).unwrap();
+    let named: Vec<(&str, &str)> = r
+        .problems
+        .iter()
+        .filter(|p| p.check.starts_with("data"))
+        .map(|p| (p.check, p.detail.as_str()))
+        .collect();
+    assert_eq!(named.len(), 2, "{named:#?}");
+    assert_eq!(named[0].0, "data reads");
+    assert!(
+        named[0].1.starts_with(&format!("lba 20 (block {gone}) does not read")),
+        "{named:#?}"
+    );
+    assert_eq!(
+        named[1],
+        (
+            "data checksums",
+            format!("lba 40 (block {damaged}) does not match its crc32c").as_str()
+        )
+    );
+    assert!(!r.clean());
     assert_eq!(r.blocks_verified, 60);
 }

@@ -10,7 +10,7 @@ use super::{check_range, BlockDevice, BLOCK_SIZE};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Which operations fail with EIO.
@@ -19,6 +19,9 @@ pub struct FaultSwitches {
     pub reads: AtomicBool,
     pub writes: AtomicBool,
     pub syncs: AtomicBool,
+    /// One block that does not read (a media error), as its block number + 1 (0: none):
+    /// every read covering it fails, the others read.
+    pub unreadable: AtomicU64,
 }
 
 struct State {
@@ -160,6 +163,11 @@ impl BlockDevice for CrashDevice {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         check_range(self.size, offset, buf.len())?;
         if self.faults.reads.load(Ordering::SeqCst) {
+            return Err(injected("read"));
+        }
+        let bad = self.faults.unreadable.load(Ordering::SeqCst);
+        let blocks = offset / BLOCK_SIZE as u64..(offset + buf.len() as u64).div_ceil(BLOCK_SIZE as u64);
+        if bad > 0 && blocks.contains(&(bad - 1)) {
             return Err(injected("read"));
         }
         let st = self.state.lock().map_err(|_| poisoned())?;
