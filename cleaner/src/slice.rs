@@ -178,6 +178,15 @@ struct Context {
     found: Vec<LiveBlock>,
 }
 
+impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
+    /// Ends the current victim's cleaning: every block of its life moved or died.
+    fn cleaned(&mut self, victim: u32, moved: usize) -> SliceEnd {
+        self.ctx = None;
+        self.stats.segments_cleaned += 1;
+        SliceEnd::Finished { victim, moved }
+    }
+}
+
 impl Context {
     /// Cleans `blocks` from the start (ordered as the first list was: by window, then LBA).
     fn restart(&mut self, mut blocks: Vec<LiveBlock>, window_blocks: u64) {
@@ -423,14 +432,17 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                     // then, are named by a second list, and moved too.
                     if !ctx.relisted {
                         ctx.relisted = true;
-                        let again = self
-                            .ftl
-                            .live_blocks(victim)
-                            .map_err(crate::Error::of_victim(victim))?;
+                        let again = self.ftl.live_blocks(victim);
+                        // Freed meanwhile (it is no closed segment then): its life is over.
+                        if !same_life() {
+                            return Ok(self.cleaned(victim, moved));
+                        }
+                        let again = again.map_err(crate::Error::of_victim(victim))?;
                         if !again.is_empty() {
                             ctx.restart(again, self.window_blocks);
-                            continue;
                         }
+                        // Its count again: it may have caught up meanwhile.
+                        continue;
                     }
                     // Still none named: a damaged summary ended the walk before their
                     // chunks. The map knows where they are: a scan of all of it, once a
@@ -438,14 +450,21 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                     // steps as moving blocks does). Each block found is moved as any
                     // other, verified against its entry's checksum. Before, such a victim
                     // was left uncleaned, its space held until the index was rebuilt.
-                    if !ctx.scanned {
+                    // Not for a victim with one such end already (a count gone wrong
+                    // needs no second scan to be told from damage: the first found
+                    // nothing).
+                    if !ctx.scanned && !self.suspects.contains(&(victim, reuses)) {
                         let pages = self.ftl.map_pages();
                         let end = (ctx.scan_at + SCAN_PAGES).min(pages);
-                        let found = self
-                            .ftl
-                            .mapped_blocks_in(victim, ctx.scan_at..end)
-                            .map_err(crate::Error::of_victim(victim))?;
-                        ctx.found.extend(found);
+                        let found = self.ftl.mapped_blocks_in(victim, ctx.scan_at..end);
+                        // Freed and taken again during the step (its blocks all died):
+                        // what the step found may be its new life's, still being written
+                        // (found by review). The old life's cleaning is over.
+                        if !same_life() {
+                            return Ok(self.cleaned(victim, moved));
+                        }
+                        ctx.found
+                            .extend(found.map_err(crate::Error::of_victim(victim))?);
                         ctx.scan_at = end;
                         if end < pages {
                             if slice_start.elapsed() >= budget.time && foreground_waiting() {
@@ -487,9 +506,7 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                     self.suspects.push((victim, reuses));
                     return Ok(SliceEnd::Finished { victim, moved });
                 }
-                self.ctx = None;
-                self.stats.segments_cleaned += 1;
-                return Ok(SliceEnd::Finished { victim, moved });
+                return Ok(self.cleaned(victim, moved));
             }
             if slice_moved >= budget.blocks || slice_start.elapsed() >= budget.time {
                 if foreground_waiting() {

@@ -14,11 +14,16 @@
 //!
 //! An index rebuild walks on past a damaged summary ([`SegmentChunks::resync`]): from a
 //! block that carries a summary's magic but fails its checksum, after a chunk it took,
-//! it looks block by block for the next summary in place, newer than that chunk; a
-//! stale chunk of an earlier use of the segment is older than every chunk of this one,
-//! so it is not taken. Only the damaged chunk's own blocks are lost then (their LBAs are
-//! unknown), not every chunk after it. The others stop there: relocation finds what the
-//! walk hides through the map, and the checker names it.
+//! it looks for the next summary in place, newer than that chunk, within the longest
+//! chunk's reach of the damaged one. A stale chunk of an earlier use of the segment is
+//! older than every chunk of this one, so it is not taken; nor is a chunk past a gap the
+//! damaged chunk cannot span (a crash's tail past the break, beyond a block recovery
+//! zeroed: recovery rule 2). Left open: a crash's tail within that reach of a damaged
+//! summary before the break, in a segment its stream never wrote again, once the later
+//! sessions' chunks that mark the break for the rebuild (`rebuild.rs`, `later_min`) are
+//! all cleaned away. Only the damaged chunk's own blocks are lost (their LBAs are
+//! unknown), not every chunk after it. The other readers stop there: relocation finds
+//! what the walk hides through the map, and the checker names it.
 //!
 //! Owns the rules that say which summaries are part of the log; called by relocation
 //! (`engine/reloc.rs`), the checker, recovery and the index rebuild.
@@ -26,7 +31,7 @@
 use crate::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
 use crate::error::{Error, Result};
 use crate::geometry::Geometry;
-use crate::summary::ChunkSummary;
+use crate::summary::{ChunkSummary, MAX_CHUNK_DATA};
 
 impl ChunkSummary {
     /// True when this summary was read at block `offset` of segment `seg` of the format
@@ -39,6 +44,9 @@ impl ChunkSummary {
             && offset + self.total_blocks() <= blocks_per_segment
     }
 }
+
+/// Blocks a walk past a damaged summary reads at once ([`SegmentChunks::resync`]).
+const RESYNC_READ_BLOCKS: u32 = 256;
 
 /// The (epoch, chain number) position of a chunk in the log.
 pub type LogPosition = (u64, u64);
@@ -123,6 +131,51 @@ impl<'a, D: BlockDevice> SegmentChunks<'a, D> {
         Ok(ChunkSummary::decode(block))
     }
 
+    /// The walk's next chunk past the damaged summary at block `damaged`, and its
+    /// summary: the first in place and newer than the last chunk taken, no further than
+    /// the longest chunk could reach from `damaged` (a summary, [`MAX_CHUNK_DATA`] blocks
+    /// and a flash page of padding). The next chunk of this use of the segment starts
+    /// where the damaged one ends; one further on lies past a gap the damaged chunk
+    /// cannot span (a crash's break: its chunks are not the log). Blocks outside the
+    /// preloaded window are read [`RESYNC_READ_BLOCKS`] at a time.
+    fn find_next(&mut self, damaged: u32) -> Result<Option<(u32, ChunkSummary)>> {
+        let bps = self.geo.blocks_per_segment();
+        let reach = 1 + MAX_CHUNK_DATA as u32 + self.geo.blocks_per_page();
+        let end = bps.min(damaged.saturating_add(reach + 1));
+        let base = self.geo.segment_start(self.seg);
+        let mut ahead = AlignedBuf::new(0);
+        let mut ahead_at = 0u32;
+        for off in damaged + 1..end {
+            if !self.geo.chunk_fits_at(off) {
+                break;
+            }
+            let within = off as usize * BLOCK_SIZE;
+            let block = match self.preloaded.get(within..within + BLOCK_SIZE) {
+                Some(b) => b,
+                None => {
+                    // `ahead_at <= off`: the offsets only grow.
+                    if (off - ahead_at + 1) as usize * BLOCK_SIZE > ahead.len() {
+                        let n = RESYNC_READ_BLOCKS.min(end - off) as usize;
+                        ahead = AlignedBuf::new(n * BLOCK_SIZE);
+                        let at = (base + off as u64) * BLOCK_SIZE as u64;
+                        self.dev
+                            .read_at(at, &mut ahead)
+                            .map_err(|e| Error::io("summary read", at, e))?;
+                        ahead_at = off;
+                    }
+                    let k = (off - ahead_at) as usize;
+                    &ahead[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE]
+                }
+            };
+            if let Ok(Some(s)) = ChunkSummary::decode(block) {
+                if self.takes(&s, off) {
+                    return Ok(Some((off, s)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
     /// Whether `s`, read at block `off`, is the walk's next chunk.
     fn takes(&self, s: &ChunkSummary, off: u32) -> bool {
         let pos = (s.epoch, s.chunk_seq);
@@ -197,23 +250,13 @@ impl<D: BlockDevice> Iterator for SegmentChunks<'_, D> {
             // place past it that is newer than the last one taken.
             Err(_) if self.resync && self.last.is_some() => {
                 self.damaged.push(self.off);
-                let mut found = None;
-                for off in self.off + 1..self.geo.blocks_per_segment() {
-                    if !self.geo.chunk_fits_at(off) {
-                        break;
+                let found = match self.find_next(self.off) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        self.done = true;
+                        return Some(Err(e));
                     }
-                    match self.summary_at(off) {
-                        Ok(Ok(Some(s))) if self.takes(&s, off) => {
-                            found = Some((off, s));
-                            break;
-                        }
-                        Ok(_) => {}
-                        Err(e) => {
-                            self.done = true;
-                            return Some(Err(e));
-                        }
-                    }
-                }
+                };
                 match found {
                     Some((off, s)) => {
                         self.off = off;
@@ -235,5 +278,75 @@ impl<D: BlockDevice> Iterator for SegmentChunks<'_, D> {
         self.off += next.total_blocks();
         self.last = pos;
         Some(Ok((off, next)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::mem::MemDevice;
+    use crate::summary::Entry;
+
+    const FORMAT: u64 = 0xf0;
+
+    /// A summary of one data block of LBA `lba`, chunk `seq` of epoch 1, at block `off`
+    /// of segment 1, written to `dev`; `damaged`: one byte flipped (its checksum fails).
+    fn put(dev: &MemDevice, geo: Geometry, off: u32, seq: u64, lba: u64, damaged: bool) {
+        let s = ChunkSummary {
+            stream: 1,
+            chunk_seq: seq,
+            epoch: 1,
+            format_id: FORMAT,
+            segment: 1,
+            offset: off,
+            data_blocks: 1,
+            pad_blocks: 0,
+            entries: vec![Entry::Data { lba, seq, crc: 0 }],
+        };
+        let mut b = AlignedBuf::new(BLOCK_SIZE);
+        s.encode_into(&mut b).unwrap();
+        if damaged {
+            b[100] ^= 0xff;
+        }
+        let at = (geo.segment_start(1) + off as u64) * BLOCK_SIZE as u64;
+        dev.write_at(at, &b).unwrap();
+    }
+
+    fn walk(dev: &MemDevice, geo: Geometry, resync: bool) -> (Vec<u32>, Vec<u32>) {
+        let mut w = SegmentChunks::new(dev, geo, 1, FORMAT, (u64::MAX, u64::MAX));
+        if resync {
+            w = w.resync();
+        }
+        let offs = w.by_ref().map(|c| c.unwrap().0).collect();
+        (offs, w.damaged().to_vec())
+    }
+
+    /// Past a damaged summary, a resyncing walk takes the next chunk in place and newer
+    /// than the last taken, within the longest chunk's reach of the damaged one; not a
+    /// stale (older) chunk, and not one past a gap no chunk spans. A plain walk stops.
+    #[test]
+    fn a_resyncing_walk_goes_past_a_damaged_summary_within_a_chunks_reach() {
+        let opts = crate::FormatOptions {
+            segment_bytes: Some(2 << 20),
+            ..Default::default()
+        };
+        let geo = Geometry::resolve(32 * (2 << 20), &opts).unwrap();
+        let reach = 1 + MAX_CHUNK_DATA as u32 + geo.blocks_per_page();
+        assert!(8 + reach + 2 < geo.blocks_per_segment());
+        let dev = MemDevice::new(32 * (2 << 20));
+        put(&dev, geo, 0, 10, 1, false);
+        put(&dev, geo, 2, 11, 2, true);
+        // A stale chunk of an earlier use (older), then this use's next one.
+        put(&dev, geo, 4, 3, 3, false);
+        put(&dev, geo, 6, 12, 4, false);
+        assert_eq!(walk(&dev, geo, false), (vec![0], vec![]));
+        assert_eq!(walk(&dev, geo, true), (vec![0, 6], vec![2]));
+        // Damaged again at 8; the next summary lies one block past the reach.
+        put(&dev, geo, 8, 13, 5, true);
+        put(&dev, geo, 8 + reach + 1, 14, 6, false);
+        assert_eq!(walk(&dev, geo, true), (vec![0, 6], vec![2, 8]));
+        // At the reach's edge it is taken.
+        put(&dev, geo, 8 + reach, 14, 6, false);
+        assert_eq!(walk(&dev, geo, true), (vec![0, 6, 8 + reach], vec![2, 8]));
     }
 }

@@ -404,7 +404,11 @@ fn a_block_that_does_not_read_is_named_and_the_check_goes_on() {
     f.close().unwrap();
     let pba = |l: u64| f.map_entry(l).unwrap().pba().unwrap() as u64;
     let (gone, damaged) = (pba(20), pba(40));
-    assert_eq!((pba(19) + 1, pba(21) - 1), (gone, gone), "lba 20 inside a run");
+    assert_eq!(
+        (pba(19) + 1, pba(21) - 1),
+        (gone, gone),
+        "lba 20 inside a run"
+    );
     drop(f);
     dev.write_at(damaged * 4096, &[0x5a; 4096]).unwrap();
     dev.faults.unreadable.store(gone + 1, Ordering::SeqCst);
@@ -418,7 +422,9 @@ fn a_block_that_does_not_read_is_named_and_the_check_goes_on() {
     assert_eq!(named.len(), 2, "{named:#?}");
     assert_eq!(named[0].0, "data reads");
     assert!(
-        named[0].1.starts_with(&format!("lba 20 (block {gone}) does not read")),
+        named[0]
+            .1
+            .starts_with(&format!("lba 20 (block {gone}) does not read")),
         "{named:#?}"
     );
     assert_eq!(

@@ -166,7 +166,8 @@ impl BlockDevice for CrashDevice {
             return Err(injected("read"));
         }
         let bad = self.faults.unreadable.load(Ordering::SeqCst);
-        let blocks = offset / BLOCK_SIZE as u64..(offset + buf.len() as u64).div_ceil(BLOCK_SIZE as u64);
+        let blocks =
+            offset / BLOCK_SIZE as u64..(offset + buf.len() as u64).div_ceil(BLOCK_SIZE as u64);
         if bad > 0 && blocks.contains(&(bad - 1)) {
             return Err(injected("read"));
         }
