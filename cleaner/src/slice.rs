@@ -107,8 +107,9 @@ pub struct CleanerStats {
     pub victims_abandoned: u64,
     /// Live blocks of victims that their lists did not name (a damaged chunk summary ends
     /// the walk of its segment before the chunks after it), found by a scan of the map and
-    /// moved with the rest. Anything here means damage on the backing: `ftlblk check`
-    /// names it.
+    /// moved with the rest (those a user rewrote meanwhile are skipped, and still counted
+    /// here). Anything here means a summary on the backing fails its checksum; once the
+    /// segment is cleaned, nothing is left for `ftlblk check` to name.
     pub unnamed_live_found: u64,
     /// Cleanings that ended with live blocks in the victim (same life) that neither its
     /// list nor the map named: a count gone wrong, or a passing state (the second such
