@@ -439,11 +439,18 @@ const VERIFY_DEPTH: usize = 32;
 /// The longest run of adjacent blocks read as one (1 MiB).
 const VERIFY_RUN_BLOCKS: usize = 256;
 
+/// Blocks that may fail to read before the check stops: past that, the backing is
+/// failing or gone (a device unplugged mid-check would otherwise name every block left,
+/// one retry and one problem each), and the check could not check it.
+const MAX_UNREADABLE: u64 = 1024;
+
 /// Data verification of a batch of mapped blocks (at most a map page of them).
 struct Verifier {
     /// (block, lba, crc32c the map gives) of each block to read.
     todo: Vec<(u64, u64, u32)>,
     buf: AlignedBuf,
+    /// Blocks named so far as not reading.
+    unreadable: u64,
 }
 
 impl Verifier {
@@ -451,13 +458,15 @@ impl Verifier {
         Verifier {
             todo: Vec::with_capacity(PAGE_ENTRIES),
             buf: AlignedBuf::new(PAGE_ENTRIES * BLOCK_SIZE),
+            unreadable: 0,
         }
     }
 
     /// Reads every block of `todo` (sorted by place; runs of adjacent blocks, at most
     /// [`VERIFY_RUN_BLOCKS`], as one read; [`VERIFY_DEPTH`] in flight), names in LBA
     /// order each that does not match its crc32c or does not read, and empties `todo`.
-    /// Returns the blocks verified.
+    /// Returns the blocks verified (read and checked). Past [`MAX_UNREADABLE`] blocks
+    /// that do not read, the check ends with the error.
     fn run<D: BlockDevice>(&mut self, dev: &D, problems: &mut Vec<Problem>) -> Result<u64> {
         let todo = &mut self.todo;
         if todo.is_empty() {
@@ -496,6 +505,14 @@ impl Verifier {
                 for (k, blk) in buf.chunks_mut(BLOCK_SIZE).enumerate() {
                     let b_at = *at + (k * BLOCK_SIZE) as u64;
                     if let Err(e) = dev.read_at(b_at, blk) {
+                        self.unreadable += 1;
+                        if self.unreadable > MAX_UNREADABLE {
+                            return Err(crate::error::Error::io(
+                                "check read (more than 1024 blocks do not read)",
+                                b_at,
+                                e,
+                            ));
+                        }
                         unreadable.push((b_at / BLOCK_SIZE as u64, e.to_string()));
                     }
                 }
@@ -521,7 +538,11 @@ impl Verifier {
             .collect();
         bad.sort_by_key(|(lba, _)| *lba);
         problems.extend(bad.into_iter().map(|(_, p)| p));
-        let n = todo.len() as u64;
+        // The blocks read and checked (those that did not read are not).
+        let n = todo
+            .iter()
+            .filter(|(pba, _, _)| !unreadable.iter().any(|(b, _)| b == pba))
+            .count() as u64;
         todo.clear();
         Ok(n)
     }

@@ -435,5 +435,37 @@ fn a_block_that_does_not_read_is_named_and_the_check_goes_on() {
         )
     );
     assert!(!r.clean());
-    assert_eq!(r.blocks_verified, 60);
+    assert_eq!(r.blocks_verified, 59);
+}
+
+/// A backing where nothing reads any more (unplugged in the middle of the check) is not
+/// named block by block: past 1024 blocks that do not read, the check ends with the
+/// error (it could not check), instead of a problem for each block left.
+#[test]
+fn a_check_stops_when_too_many_blocks_do_not_read() {
+    let (dev, idx) = ftl::model::tiny::formatted_bytes(32 << 20).unwrap();
+    let f = ftl::model::tiny::open(&dev, &idx).unwrap();
+    for l in 0..1100u64 {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+    }
+    f.close().unwrap();
+    let places: Vec<u64> = (0..1100u64)
+        .map(|l| f.map_entry(l).unwrap().pba().unwrap() as u64)
+        .collect();
+    let (first, last) = (places.iter().min().unwrap(), places.iter().max().unwrap());
+    drop(f);
+    // Every block from the first data block to the last: the stream's cursor after them
+    // still reads (the open's recovery reads it).
+    dev.faults.unreadable.store(first + 1, Ordering::SeqCst);
+    dev.faults
+        .unreadable_count
+        .store(last - first + 1, Ordering::SeqCst);
+    match check(&*dev, &*idx, true) {
+        Err(e) => assert!(e.to_string().contains("more than 1024 blocks"), "{e}"),
+        Ok(r) => panic!(
+            "{} problems, {} verified",
+            r.problems.len(),
+            r.blocks_verified
+        ),
+    }
 }

@@ -19,9 +19,11 @@ pub struct FaultSwitches {
     pub reads: AtomicBool,
     pub writes: AtomicBool,
     pub syncs: AtomicBool,
-    /// One block that does not read (a media error), as its block number + 1 (0: none):
-    /// every read covering it fails, the others read.
+    /// Blocks that do not read (media errors): the first, as its block number + 1 (0:
+    /// none), and how many from it on (0: one). Every read covering one fails, the
+    /// others read.
     pub unreadable: AtomicU64,
+    pub unreadable_count: AtomicU64,
 }
 
 struct State {
@@ -166,10 +168,13 @@ impl BlockDevice for CrashDevice {
             return Err(injected("read"));
         }
         let bad = self.faults.unreadable.load(Ordering::SeqCst);
-        let blocks =
-            offset / BLOCK_SIZE as u64..(offset + buf.len() as u64).div_ceil(BLOCK_SIZE as u64);
-        if bad > 0 && blocks.contains(&(bad - 1)) {
-            return Err(injected("read"));
+        if bad > 0 {
+            let count = self.faults.unreadable_count.load(Ordering::SeqCst).max(1);
+            let first = offset / BLOCK_SIZE as u64;
+            let end = (offset + buf.len() as u64).div_ceil(BLOCK_SIZE as u64);
+            if first < bad - 1 + count && bad - 1 < end {
+                return Err(injected("read"));
+            }
         }
         let st = self.state.lock().map_err(|_| poisoned())?;
         buf.copy_from_slice(&st.current[offset as usize..offset as usize + buf.len()]);
