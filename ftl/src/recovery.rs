@@ -355,22 +355,18 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
     // Staging rule 4: a dead process's staged chunks are in the log before it is scanned.
     let staged = crate::staging::replay(&dev, &staging, &sb, ck.epoch, ck.next_chunk_seq)?;
     let accept = |s: &ChunkSummary, seq: u64| s.chunk_seq == seq && s.epoch == ck.epoch;
-    let read_summary = |seg: u32, off: u32| -> Result<Option<ChunkSummary>> {
+    // The summary at a block as `ChunkSummary::decode` reads it (`Err`: the magic, a
+    // failing checksum: a torn summary); the outer error is the device's.
+    let decoded = |seg: u32, off: u32| -> Result<Result<Option<ChunkSummary>>> {
         let mut b = crate::device::AlignedBuf::new(BLOCK_SIZE);
         let at = (geo.segment_start(seg) + off as u64) * BLOCK_SIZE as u64;
         dev.read_at(at, &mut b)
             .map_err(|e| Error::io("recovery read", at, e))?;
-        // A torn or stale block is simply not the chunk we look for.
-        Ok(ChunkSummary::decode(&b).ok().flatten())
+        Ok(ChunkSummary::decode(&b))
     };
-
-    let torn_summary = |seg: u32, off: u32| -> Result<bool> {
-        let mut b = crate::device::AlignedBuf::new(BLOCK_SIZE);
-        let at = (geo.segment_start(seg) + off as u64) * BLOCK_SIZE as u64;
-        dev.read_at(at, &mut b)
-            .map_err(|e| Error::io("recovery read", at, e))?;
-        Ok(ChunkSummary::decode(&b).is_err())
-    };
+    // A torn or stale block is simply not the chunk we look for.
+    let read_summary =
+        |seg: u32, off: u32| -> Result<Option<ChunkSummary>> { Ok(decoded(seg, off)?.ok().flatten()) };
 
     // Heads of segments free at the checkpoint, by chain number.
     let mut heads: HashMap<u64, (u32, ChunkSummary)> = HashMap::new();
@@ -607,10 +603,16 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         if !geo.chunk_fits_at(off) {
             continue;
         }
-        if let Some(s) = read_summary(seg, off)?.filter(|s| s.in_place(seg, off, format_id, bps)) {
+        let at_cursor = decoded(seg, off)?;
+        let torn = at_cursor.is_err();
+        if let Some(s) = at_cursor
+            .ok()
+            .flatten()
+            .filter(|s| s.in_place(seg, off, format_id, bps))
+        {
             newer_than_index(&s, ck.epoch, index_name)?;
             stale.push((seg, off));
-        } else if torn_summary(seg, off)? {
+        } else if torn {
             // A summary torn by the cut (the magic, a failing checksum): an index
             // rebuild walks on past a damaged summary to the next chunk in place and newer
             // (`SegmentChunks::resync`), which here is the crashed session's tail past
