@@ -10,19 +10,22 @@ use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering::Rel
 /// Ways of a set of shared slots.
 const WAYS: usize = 4;
 
-/// With shared slots, a relocated block whose LBA holds no slot is placed as if expected
-/// to live twice the scale (one class colder than a first write): a holder loses its
-/// slot only once it was last written a scale or more ago (`record_write`), and an LBA
-/// that never got one found its set taken by blocks rewritten within the scale, so a
-/// block without a slot that survived until its segment was cleaned is most likely cold.
-/// Placed at the scale, as a first write is, such blocks went back into the classes of
-/// blocks that die and were copied again by every victim there. `ftlblk replay
-/// --capacity 8G --loops 6 --tracked-blocks 262144` (an eighth of the blocks), WAF of the
-/// second half, cost-hotness: hotcold:90/10 1.394 -> 1.317 (1.223 with every block
-/// tracked), zipf:0.99 1.278 -> 1.265 (1.243); greedy 1.506 -> 1.487 (1.479) and 1.465
-/// on zipf:0.99 (1.547). Twice is the least factor [`super::class_of`] places a class
-/// colder; 16 times (two classes) was worse on hotcold:90/10.
-const SLOTLESS_RELOCATION_FACTOR: f64 = 2.0;
+/// With shared slots, a relocated block whose LBA holds no slot goes this many classes
+/// colder than a first write (the scale's class): a holder loses its slot only once it
+/// was last written a scale or more ago (`record_write`), and an LBA that never got one
+/// found its set taken by blocks rewritten within the scale, so a block without a slot
+/// that survived until its segment was cleaned is most likely cold. Placed at the scale,
+/// as a first write is, such blocks went back into the classes of blocks that die and
+/// were copied again by every victim there. `ftlblk replay --capacity 8G --loops 6
+/// --tracked-blocks 262144` (an eighth of the blocks), WAF of the second half,
+/// cost-hotness: hotcold:90/10 1.394 -> 1.317 (1.223 with every block tracked),
+/// zipf:0.99 1.278 -> 1.265 (1.243); greedy 1.506 -> 1.487 (1.479) and 1.465 on
+/// zipf:0.99 (1.547). Two classes colder was worse on hotcold:90/10.
+///
+/// Right after a start the classifier knows no block (it is rebuilt from nothing), so
+/// until blocks are rewritten every relocation on such a device goes this colder class;
+/// relocated survivors of a device's earlier life are the colder ones too.
+const SLOTLESS_RELOCATION_CLASSES: u8 = 1;
 
 /// Per-block write clock and interval stat (6 bytes per tracked block), the live-block
 /// count (the scale) and the stream plan.
@@ -231,25 +234,22 @@ impl Classifier {
             _ => (0, 0),
         };
         if last == 0 {
-            return self.place(Some(self.scale() as f64 * self.unheld_factor()));
+            // The scale's class (a first write's), or colder with shared slots. The class
+            // itself, not a lifetime: a lifetime between two classes would round by the
+            // scale read a moment later.
+            let p = &self.params;
+            let colder = if self.tags.is_some() {
+                SLOTLESS_RELOCATION_CLASSES
+            } else {
+                0
+            };
+            return self.place_class((p.middle() + colder).min(p.classes() - 1));
         }
         let now = self.clock.load(Relaxed) as u32;
         let age = now.wrapping_sub(last) as u64;
         let stat = Stat(self.stat[i].load(Relaxed));
         let c = relocation_class(stat, age, self.scale(), self.active_classes(), &self.params);
         self.place_class(c)
-    }
-
-    /// How much longer than the scale a relocated block that holds no slot is expected
-    /// to live: [`SLOTLESS_RELOCATION_FACTOR`] when slots are shared, 1 otherwise (a block
-    /// without history on a device whose every block has a slot was written before the
-    /// classifier started, or never).
-    fn unheld_factor(&self) -> f64 {
-        if self.tags.is_some() {
-            SLOTLESS_RELOCATION_FACTOR
-        } else {
-            1.0
-        }
     }
 
     /// Stream for a block expected to live `lifetime` user writes (`None`: forever),

@@ -339,31 +339,29 @@ fn a_slotless_relocated_block_goes_colder_than_a_first_write() {
         }
     }
     let scale = c.scale();
-    let first = (
-        class_of(scale as f64, scale, c.params()),
-        c.place(Some(scale as f64)),
-    );
-    let colder = class_of(2.0 * scale as f64, scale, c.params());
-    assert_eq!(colder, first.0 + 1);
-    // Most cold LBAs hold no slot (512 slots, 64 of them the hot blocks').
-    let (mut away, mut cold) = (0, 0);
+    let first = c.place(Some(scale as f64));
+    // Most cold LBAs hold no slot (512 slots, 64 of them the hot blocks'): they go to a
+    // colder stream than the first writes' (the scale's class; streams are numbered
+    // hottest first).
+    let (mut colder, mut cold) = (0, 0);
     for lba in 64..cap {
         cold += 1;
-        if c.on_relocate(lba) != first.1 {
-            away += 1;
+        if c.on_relocate(lba).0 > first.0 {
+            colder += 1;
         }
     }
     assert!(
-        away * 10 >= cold * 7,
-        "{away} of {cold} cold blocks relocated away from the first writes' stream {:?} \
+        colder * 10 >= cold * 7,
+        "{colder} of {cold} cold blocks relocated colder than the first writes' stream {:?} \
          (active {:#b})",
-        first.1,
+        first,
         c.active_classes()
     );
 }
 
-/// Shared slots spread over every set, whatever the set count: writing as many LBAs as
-/// there are slots, once each, fills about 80% of them (4 ways, Poisson(4) LBAs a set).
+/// Shared slots spread over every set, whatever the set count: writing as many
+/// consecutive LBAs as there are slots, once each, fills about 95% of them (the hash
+/// spreads consecutive LBAs almost evenly; random ones, Poisson(4) a set, would fill 80%).
 /// The set used to be the hash's bits 32..64 modulo the set count, which with a power of
 /// two (16,384 sets here, 65,536 on an 8 GiB device with a quarter million slots) reached
 /// under half of the sets: 46% of the slots at most here, a third on that device.
@@ -382,5 +380,5 @@ fn shared_slots_spread_over_every_set() {
     }
     // The scale counts the slots in use, scaled to the capacity.
     let used = c.scale() as f64 / cap as f64;
-    assert!(used > 0.75, "{:.1}% of the slots in use", used * 100.0);
+    assert!(used > 0.85, "{:.1}% of the slots in use", used * 100.0);
 }
