@@ -241,8 +241,9 @@ fn separates_hot_from_cold_blocks_with_shared_slots() {
     assert!(c.scale() > 3500 && c.scale() <= 4096, "{}", c.scale());
 }
 
-fn separates_hot_from_cold(tracked: u64) -> Classifier {
-    let cap = 4096u64;
+/// A classifier of `cap` blocks, `tracked` of them with a slot, every block written once;
+/// and a xorshift generator seeded with `seed`.
+fn filled(cap: u64, tracked: u64, seed: u64) -> (Classifier, impl FnMut() -> u64) {
     let c = Classifier::with_params(
         cap,
         Params {
@@ -250,16 +251,22 @@ fn separates_hot_from_cold(tracked: u64) -> Classifier {
             ..params(2048)
         },
     );
-    let mut x = 12345u64;
-    let mut rnd = move || {
+    for lba in 0..cap {
+        c.on_write(lba);
+    }
+    let mut x = seed;
+    let rnd = move || {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         x
     };
-    for lba in 0..cap {
-        c.on_write(lba);
-    }
+    (c, rnd)
+}
+
+fn separates_hot_from_cold(tracked: u64) -> Classifier {
+    let cap = 4096u64;
+    let (c, mut rnd) = filled(cap, tracked, 12345);
     let (mut hot, mut cold) = (vec![0u64; 8], vec![0u64; 8]);
     for i in 0..20 * cap {
         let r = rnd();
@@ -310,23 +317,7 @@ fn separates_hot_from_cold(tracked: u64) -> Classifier {
 #[test]
 fn a_slotless_relocated_block_goes_colder_than_a_first_write() {
     let cap = 4096u64;
-    let c = Classifier::with_params(
-        cap,
-        Params {
-            tracked_blocks: 512,
-            ..params(2048)
-        },
-    );
-    let mut x = 4242u64;
-    let mut rnd = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    for lba in 0..cap {
-        c.on_write(lba);
-    }
+    let (c, mut rnd) = filled(cap, 512, 4242);
     for _ in 0..20 * cap {
         let r = rnd();
         c.on_write(if r % 10 < 9 {
