@@ -114,9 +114,9 @@ pub fn wear_affordable(policy: Policy, extra: u64, spent: u64, user_blocks: u64)
 /// The victim of static wear levelling, if the wear is spread too far: the closed segment
 /// holding data with the fewest reuses (the oldest among equals), when the most worn
 /// segment has been reused more than the bound above it. Cold data pins its segments
-/// (hot streams cycle the others); moved, it goes to the most worn free segments when
-/// its stream's segments live long or the stream is undecided (`Segments::allocate`:
-/// relocations then take the most worn) and its segment returns to circulation. Not one of `exclude`.
+/// (hot streams cycle the others); moved, it goes to the most worn free segments
+/// (`Segments::allocate` gives relocations the most worn) and its segment returns to
+/// circulation. Not one of `exclude`.
 pub fn wear_victim(segs: &[SegmentSnapshot], exclude: &[u32]) -> Option<u32> {
     let w = ftl::WearFigures::of(
         segs.iter()
