@@ -21,8 +21,7 @@
 //! - A relocated block that has survived `age` user writes since its last write: with `n`
 //!   intervals seen, `(n * mean + age) / n` (the same estimate, counting the interval still
 //!   open); with none, `age`. With shared slots, one whose LBA holds no slot (its history
-//!   lost past the scale, or never kept) is expected to live twice the scale, one class
-//!   colder than a first write.
+//!   lost past the scale, or never kept) goes one class colder than a first write.
 //! - A relocated block never rewritten since its first write (no interval seen) that has
 //!   survived `static_age` scales (2 by default) goes to the coldest class that has a
 //!   stream, if that is colder than its age says ([`relocation_class`]). Lifetimes of
