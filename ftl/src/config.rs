@@ -34,8 +34,10 @@ pub struct Config {
     /// Map pages a checkpoint commits to the index in one batch; more go in several
     /// (checkpoint rule 7).
     pub checkpoint_page_batch: usize,
-    /// Wear-aware allocation (relocated data to the most worn free segment, user data to
-    /// the least worn) and static wear levelling by the cleaner (`docs/wear.md`). Off:
+    /// Wear-aware allocation (a stream whose segments live long to the most worn free
+    /// segment, one whose segments die young to the least worn; undecided, relocated data
+    /// to the most worn, user data to the least) and static wear levelling by the cleaner
+    /// (`docs/wear.md`). Off:
     /// free segments are reused in the order they were freed, as before.
     pub wear_levelling: bool,
     /// Read-driven defragmentation: large reads that find their range scattered queue

@@ -197,7 +197,8 @@ fn a_victim_freed_and_reused_while_it_is_cleaned_is_no_damage() {
         other => panic!("the first slice moves one block: {other:?}"),
     }
     // The rest of its listed blocks die; it is freed and taken again (by the GC stream:
-    // relocations take the most worn free segment, and it was just reused once more).
+    // relocations take the most worn free segment while no stream's life is known, and
+    // it was just reused once more).
     let before = f.segment_reuses(victim);
     for &l in &in_victim[..3] {
         f.write(l, &block_for(l, 3), false, S0).unwrap();

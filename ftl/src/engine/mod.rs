@@ -1479,7 +1479,8 @@ mod tests {
                 .any(|x| x.segment == s && x.state == "free"),
             "segment {s} was freed"
         );
-        // The next relocation takes the most worn free segment: `s`, at the offset of
+        // The next relocation takes the most worn free segment (no stream's segment life
+        // known yet, `StreamLives`): `s`, at the offset of
         // the first block of its last life; a FLUSH writes and retires its chunk.
         let b = n - 1;
         assert!(!in_s.contains(&b), "lba {b} lives outside {s}");
