@@ -170,6 +170,11 @@ pub struct StreamLives {
     freed: [u8; crate::stream::STREAMS],
     /// The latest entry sequence an allocation saw (frees are timed by it).
     now: u64,
+    /// Segments recovery took over (`Segments::take_for_recovery`): their opening is
+    /// known only as the checkpoint's next entry sequence, up to a checkpoint interval
+    /// early, so their lives are not counted (the first frees after a crash would set a
+    /// hot stream's mean from them and call it long-lived).
+    recovered: BTreeSet<u32>,
 }
 
 impl StreamLives {
@@ -180,10 +185,10 @@ impl StreamLives {
     /// Segments of a stream freed before its life counts.
     pub const MIN_FREED: u8 = 4;
 
-    /// A segment of `stream` opened at `opened` was freed.
-    fn freed(&mut self, stream: u8, opened: u64) {
+    /// Segment `seg` of `stream`, opened at `opened`, was freed.
+    fn freed(&mut self, seg: u32, stream: u8, opened: u64) {
         let life = self.now.saturating_sub(opened) as f64;
-        if self.now == 0 || opened == 0 || life <= 0.0 {
+        if self.recovered.remove(&seg) || self.now == 0 || opened == 0 || life <= 0.0 {
             return;
         }
         let mean = |m: &mut f64| {
@@ -204,15 +209,16 @@ impl StreamLives {
     /// whatever the margin, so that some stream always does.
     fn worn(&self, stream: u8) -> Option<bool> {
         let known = |s: usize| self.freed[s] >= Self::MIN_FREED && self.life[s] > 0.0;
-        let lives: Vec<f64> = (0..self.life.len())
+        let (n, sum, shortest) = (0..self.life.len())
             .filter(|&s| known(s))
             .map(|s| self.life[s])
-            .collect();
-        if stream as usize >= self.life.len() || !known(stream as usize) || lives.len() < 2 {
+            .fold((0usize, 0.0, f64::INFINITY), |(n, sum, m), l| {
+                (n + 1, sum + l, m.min(l))
+            });
+        if stream as usize >= self.life.len() || !known(stream as usize) || n < 2 {
             return None;
         }
-        let mean = lives.iter().sum::<f64>() / lives.len() as f64;
-        let shortest = lives.iter().copied().fold(f64::INFINITY, f64::min);
+        let mean = sum / n as f64;
         let l = self.life[stream as usize];
         if l * Self::MARGIN <= mean || l <= shortest {
             Some(false)
@@ -457,7 +463,7 @@ impl Segments {
                 i.erase_count += 1;
                 let e = i.erase_count;
                 let (stream, opened) = (i.stream, i.opened_seq);
-                t.lives.freed(stream, opened);
+                t.lives.freed(s, stream, opened);
                 t.released += 1;
                 let key = if t.wear_aware { e as u64 } else { t.released };
                 t.free.insert((key, s));
@@ -661,6 +667,7 @@ impl Segments {
         i.state = SegState::Open;
         i.stream = stream;
         i.opened_seq = seq;
+        t.lives.recovered.insert(seg);
         t.chunk_starts[seg as usize] = None;
         // Tombstone rule 1: its chunks were written by the last session and replayed,
         // not seen sealed, so whether it holds TRIM records goes by its stream (it did
@@ -899,14 +906,14 @@ mod tests {
             ..Default::default()
         };
         for _ in 0..StreamLives::MIN_FREED {
-            l.freed(1, 900);
+            l.freed(9, 1, 900);
         }
         assert_eq!(l.worn(1), None, "one stream known");
         for _ in 1..StreamLives::MIN_FREED {
-            l.freed(4, 100);
+            l.freed(9, 4, 100);
         }
         assert_eq!(l.worn(4), None, "too few of stream 4 freed");
-        l.freed(4, 100);
+        l.freed(9, 4, 100);
         assert_eq!((l.worn(1), l.worn(4)), (Some(false), Some(true)));
         assert_eq!(l.worn(2), None, "nothing of stream 2 freed");
         assert_eq!(l.worn(200), None);
@@ -960,6 +967,29 @@ mod tests {
         let (least, most) = (f[0], f[f.len() - 1]);
         assert_eq!(t.allocate(1, seq, 0, true), Some(least), "hot: the least worn");
         assert_eq!(t.allocate(4, seq, 0, false), Some(most), "cold: the most worn");
+    }
+
+    /// A segment recovery took over was opened, as far as it knows, at the checkpoint's
+    /// next entry sequence (up to a checkpoint interval early): its free teaches nothing
+    /// (counted, stream 1 and stream 4 would both be known and stream 1 the shortest).
+    #[test]
+    fn segments_taken_by_recovery_do_not_teach_stream_lives() {
+        let t = Segments::from_records(&Segments::fresh_records(12));
+        let n = StreamLives::MIN_FREED as u32;
+        for s in 1..=2 * n {
+            let stream = if s <= n { 1 } else { 4 };
+            assert!(t.take_for_recovery(s, stream, 10));
+        }
+        let Some(late) = t.allocate(0, 5000, 0, false) else {
+            panic!("no free segment");
+        };
+        t.release(&[late], None);
+        for s in 1..=2 * n {
+            t.close(s);
+            t.release(&[s], None);
+        }
+        let l = &t.lock().lives;
+        assert_eq!((l.worn(1), l.worn(4)), (None, None), "{l:?}");
     }
 
     #[test]

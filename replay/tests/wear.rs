@@ -54,7 +54,7 @@ fn wear_levelling_keeps_reuse_counts_together_at_little_cost() {
 /// by the opener alone gave such a stream the most worn segments, and the spread grew
 /// past what static wear levelling's 2% budget could take back: hotcold:90/10 here ended
 /// at max/mean 2.2 to 2.9 (four seeds). By how long each stream's segments live
-/// (`ftl::StreamLives`) it ends at 1.2 to 1.4.
+/// (`StreamLives`, `Segments::allocate`) it ends at 1.2 to 1.4.
 #[test]
 fn under_cost_hotness_hot_streams_take_the_least_worn_segments() {
     let (on, off) = (

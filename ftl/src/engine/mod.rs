@@ -1527,7 +1527,8 @@ mod tests {
             f2.read(l, &mut got).map(|()| got)
         });
         // The cleaner moves every block of `s`; a free record frees it; the GC stream,
-        // its segment closed, reuses `s` (the most worn free segment) for another LBA,
+        // its segment closed, reuses `s` (the most worn free segment: no stream's segment
+        // life is known yet) for another LBA,
         // which now sits at `l`'s old place in the GC stream's open chunk.
         for &x in &in_s {
             let e = f.map_entry(x).unwrap();
