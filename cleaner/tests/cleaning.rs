@@ -336,7 +336,12 @@ fn defragmentation_is_paced_under_reads_and_drains_when_idle() {
             std::thread::spawn(move || {
                 let mut b = vec![0u8; WINDOW as usize * 4096];
                 let mut w = t * WINDOW;
-                while !stop.load(Ordering::SeqCst) {
+                // Every reader reads each of its windows at least once (a slow build
+                // covered a fraction of the region in the first 300 ms, and the windows
+                // never read stayed scattered), then goes on until told to stop.
+                let mut reads = 0;
+                while reads < REGION / (2 * WINDOW) || !stop.load(Ordering::SeqCst) {
+                    reads += 1;
                     f.read(w, &mut b).unwrap();
                     for (k, blk) in b.chunks(4096).enumerate() {
                         let l = w + k as u64;
