@@ -6,16 +6,6 @@ use replay::sim::{simulate, ClassifierKind, SimConfig, SimReport};
 use replay::workload::{generate, write_probabilities, Workload};
 
 fn run_with(workload: &str, classifier: ClassifierKind, policy: Policy, seed: u64) -> SimReport {
-    run_levelled(workload, classifier, policy, seed, true)
-}
-
-fn run_levelled(
-    workload: &str,
-    classifier: ClassifierKind,
-    policy: Policy,
-    seed: u64,
-    wear_levelling: bool,
-) -> SimReport {
     let capacity = 16384; // 64 MiB logical
     let logical = capacity * 8 / 10; // 80% logical utilisation
     let w: Workload = workload.parse().unwrap();
@@ -27,7 +17,7 @@ fn run_levelled(
         classifier,
         classes: 7,
         tracked_blocks: None,
-        wear_levelling,
+        wear_levelling: true,
         write_probabilities: Some(write_probabilities(&w, logical, seed).into()),
         policy,
         series_points: 20,
@@ -99,16 +89,13 @@ fn uniform_no_classifier_helps_or_hurts_much_skewed_streams_help() {
 }
 
 /// With cost-hotness the online classes cut the skewed workloads' WAF by at least a fifth
-/// against one stream under plain greedy (no static wear levelling, which under greedy
-/// gathers cold data into the GC stream and is a placement of its own), beat one stream
-/// under greedy with it, and come within 1.3x of the oracle; the knowledge of each
-/// block's true write rate (frequency) does at least about as well as the online estimate
-/// from history.
+/// against one stream under greedy, and come within 1.3x of the oracle; the knowledge of
+/// each block's true write rate (frequency) does at least about as well as the online
+/// estimate from history.
 #[test]
 fn skewed_workloads_with_cost_hotness() {
     for w in ["hotcold:90/10", "zipf:0.99"] {
-        let base = run_levelled(w, ClassifierKind::None, Policy::Greedy, 3, false).waf_steady;
-        let levelled = run(w, ClassifierKind::None, 3).waf_steady;
+        let base = run(w, ClassifierKind::None, 3).waf_steady;
         let [online, oracle, frequency] = [
             ClassifierKind::Online,
             ClassifierKind::Oracle,
@@ -118,10 +105,6 @@ fn skewed_workloads_with_cost_hotness() {
         assert!(
             online < 0.8 * base,
             "{w}: online {online} vs one stream {base}"
-        );
-        assert!(
-            online < levelled,
-            "{w}: online {online} vs one stream, greedy with wear levelling {levelled}"
         );
         assert!(
             online < 1.3 * oracle,
