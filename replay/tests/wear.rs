@@ -38,13 +38,11 @@ fn replay(capacity: u64, workload: &str, policy: Policy, wear_levelling: bool) -
     simulate(&ops, &cfg, &mut |_, _| {}).unwrap()
 }
 
-#[test]
-fn wear_levelling_keeps_reuse_counts_together_at_little_cost() {
-    let (on, off) = (run(true), run(false));
-    assert_eq!(off.wear_victims, 0);
-    assert!(on.wear_victims > 0, "{:?}", on.wear);
+/// With wear levelling the spread of reuse counts (max/mean) ends below `bound`, without
+/// it above, and levelling costs at most 3% of the WAF.
+fn assert_levelled_at_little_cost(on: &SimReport, off: &SimReport, bound: f64) {
     assert!(
-        on.wear.max_over_mean < 1.3 && on.wear.max_over_mean < off.wear.max_over_mean,
+        on.wear.max_over_mean < bound && off.wear.max_over_mean > bound,
         "on {:?}, off {:?}",
         on.wear,
         off.wear
@@ -57,28 +55,26 @@ fn wear_levelling_keeps_reuse_counts_together_at_little_cost() {
     );
 }
 
+#[test]
+fn wear_levelling_keeps_reuse_counts_together_at_little_cost() {
+    let (on, off) = (run(true), run(false));
+    assert_eq!(off.wear_victims, 0);
+    assert!(on.wear_victims > 0, "{:?}", on.wear);
+    assert_levelled_at_little_cost(&on, &off, 1.3);
+}
+
 /// Under the daemon's policy (cost-hotness) the classifier's hot streams are opened by
 /// relocations too (hot blocks survive young victims). Choosing the end of the free list
 /// by the opener alone gave such a stream the most worn segments, and the spread grew
 /// past what static wear levelling's 2% budget could take back: hotcold:90/10 here ended
-/// at max/mean 2.2 to 2.9 (four seeds). By how long each stream's segments live
-/// (`StreamLives`, `Segments::allocate`) it ends at 1.2 to 1.4.
+/// at max/mean 2.2 to 2.9 with levelling (four seeds; this one, seed 5: 2.51, and 2.12
+/// without levelling). By how long each stream's segments live (`StreamLives`,
+/// `Segments::allocate`) it ends at 1.2 to 1.4.
 #[test]
 fn under_cost_hotness_hot_streams_take_the_least_worn_segments() {
     let (on, off) = (
         replay_small("hotcold:90/10", Policy::CostHotness, true),
         replay_small("hotcold:90/10", Policy::CostHotness, false),
     );
-    assert!(
-        on.wear.max_over_mean < 1.6 && off.wear.max_over_mean > 1.6,
-        "on {:?}, off {:?}",
-        on.wear,
-        off.wear
-    );
-    assert!(
-        on.waf_steady < 1.03 * off.waf_steady,
-        "WAF {} with wear levelling, {} without",
-        on.waf_steady,
-        off.waf_steady
-    );
+    assert_levelled_at_little_cost(&on, &off, 1.6);
 }
