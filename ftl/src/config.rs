@@ -37,8 +37,8 @@ pub struct Config {
     /// Wear-aware allocation (a stream whose segments live long to the most worn free
     /// segment, one whose segments die young to the least worn; undecided, relocated data
     /// to the most worn, user data to the least) and static wear levelling by the cleaner
-    /// (`docs/wear.md`). Off:
-    /// free segments are reused in the order they were freed, as before.
+    /// (`docs/wear.md`). Off: free segments are reused in the order they were freed, as
+    /// before.
     pub wear_levelling: bool,
     /// Read-driven defragmentation: large reads that find their range scattered queue
     /// it to be rewritten contiguously by the cleaner's runner (`frag.rs`,

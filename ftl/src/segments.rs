@@ -158,10 +158,10 @@ impl WearFigures {
 /// data and takes the most worn free segment (it rests there); one whose segments die that
 /// much sooner, and the shortest-lived, take the least worn; the others, and every stream
 /// until [`StreamLives::MIN_FREED`] segments of two streams were freed, go by what opens
-/// the segment (a relocation: the most worn). Deciding by the
-/// opener alone, a hot stream's segment opened by a relocation (hot blocks survive young
-/// victims) took the most worn and cycled it fastest: under cost-hotness, zipf:0.99 over
-/// 20 overwrites ended at max/mean reuse 1.51.
+/// the segment (a relocation: the most worn). Deciding by the opener alone, a hot
+/// stream's segment opened by a relocation (hot blocks survive young victims) took the
+/// most worn and cycled it fastest: under cost-hotness, zipf:0.99 over 20 overwrites
+/// ended at max/mean reuse 1.51 (1.19 by stream life, `docs/wear.md`).
 #[derive(Debug, Clone, Default)]
 pub struct StreamLives {
     /// Running mean of a segment's life per stream (entry sequence numbers).

@@ -1480,8 +1480,8 @@ mod tests {
             "segment {s} was freed"
         );
         // The next relocation takes the most worn free segment (no stream's segment life
-        // known yet, `StreamLives`): `s`, at the offset of
-        // the first block of its last life; a FLUSH writes and retires its chunk.
+        // known yet, `StreamLives`): `s`, at the offset of the first block of its last
+        // life; a FLUSH writes and retires its chunk.
         let b = n - 1;
         assert!(!in_s.contains(&b), "lba {b} lives outside {s}");
         let e = f.map_entry(b).unwrap();
@@ -1528,8 +1528,8 @@ mod tests {
         });
         // The cleaner moves every block of `s`; a free record frees it; the GC stream,
         // its segment closed, reuses `s` (the most worn free segment: no stream's segment
-        // life is known yet) for another LBA,
-        // which now sits at `l`'s old place in the GC stream's open chunk.
+        // life is known yet) for another LBA, which now sits at `l`'s old place in the GC
+        // stream's open chunk.
         for &x in &in_s {
             let e = f.map_entry(x).unwrap();
             assert!(f.relocate(x, e, &block_for(x, 1), GC_STREAM).unwrap());
