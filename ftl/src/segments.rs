@@ -191,14 +191,10 @@ impl StreamLives {
         if self.recovered.remove(&seg) || self.now == 0 || opened == 0 || life <= 0.0 {
             return;
         }
-        let mean = |m: &mut f64| {
+        let s = stream as usize;
+        if let (Some(m), Some(n)) = (self.life.get_mut(s), self.freed.get_mut(s)) {
             *m = if *m == 0.0 { life } else { *m + (life - *m) * Self::WEIGHT };
-        };
-        if let Some(l) = self.life.get_mut(stream as usize) {
-            mean(l);
-            self.freed[stream as usize] = self.freed[stream as usize]
-                .saturating_add(1)
-                .min(Self::MIN_FREED);
+            *n = n.saturating_add(1).min(Self::MIN_FREED);
         }
     }
 
