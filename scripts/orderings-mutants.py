@@ -43,6 +43,7 @@ WRITTEN = "cargo test --release -p ftl --lib a_written_chunk_never_answers"
 MOVED = "cargo test --release -p ftl --lib a_buffered_block_that_moved"
 NOROOM = "cargo test --release -p ftl --lib a_segment_freed_while_a_writer_finds_no_room"
 NOROOM_RELOC = "cargo test --release -p ftl --lib a_segment_freed_while_a_relocation_finds_no_room"
+SPACE_CKPT = "cargo test --release -p ftl --lib a_relocation_runs_no_checkpoint_behind_one"
 STAGING_RESET = "cargo test --release -p ftl --lib a_reset_writes_a_file_backed_header_back"
 TRIMFAST = "cargo test --release -p ftl --lib a_trim_of_blocks_another_trim_is_unmapping"
 MAPLIMIT = "cargo test --release -p ftl --test api writers_wait_at_the_map_cache_limit"
@@ -220,9 +221,18 @@ MUTANTS = [
      [ORDERINGS]),
     ("space-wait", "a writer waits for space from the generation it saw when it found no room",
      "ftl/src/engine/mod.rs",
-     [("""                if !self.space.wait(no_room_at, self.cfg.space_wait) {""",
-       """                if !self.space.wait(self.space.generation(), self.cfg.space_wait) {""")],
+     [("""                    self.space.wait(no_room_at, self.cfg.space_wait)""",
+       """                    self.space.wait(self.space.generation(), self.cfg.space_wait)""")],
      [NOROOM]),
+    ("discard-6", "discard rule 6: a writer with no cleaner waits for segments out for a discard",
+     "ftl/src/engine/mod.rs",
+     [("""                    self.t.segs.discarding() > 0""", """                    false""")],
+     [ORDERINGS + " writers_of_two_streams_wait_for_a_discard"]),
+    ("space-ckpt", "a relocation runs no checkpoint behind one that freed its space meanwhile",
+     "ftl/src/engine/mod.rs",
+     [("""                            if self.checkpoint_if(|| self.space.generation() == g)?.is_none() {""",
+       """                            if self.checkpoint_if(|| true)?.is_none() {""")],
+     [SPACE_CKPT]),
     ("space-reloc", "a relocation that found no room looks again when segments were freed since",
      "ftl/src/engine/mod.rs",
      [("""                    if !last_try && freed {""",

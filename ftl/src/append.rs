@@ -765,6 +765,13 @@ pub(crate) mod tests {
         /// failed, still holding the stream lock, and waits for "go" before it notes
         /// the space generation.
         pub(crate) static PARK_BEFORE_NO_ROOM_MARK: Park = const { RefCell::new(None) };
+        /// Test hook: `append_loop` on this thread says it arrived once its free record
+        /// left dead segments and it is about to checkpoint for them, and waits for "go".
+        pub(crate) static PARK_BEFORE_SPACE_CHECKPOINT: Park = const { RefCell::new(None) };
+        /// Test hook: a checkpoint on this thread says it arrived once it let the state
+        /// lock go after its snapshot (in flight, checkpoint rule 8), and waits for "go"
+        /// before it writes its sealed chunks and syncs.
+        pub(crate) static PARK_IN_CHECKPOINT: Park = const { RefCell::new(None) };
     }
 
     /// A parking place: a channel to say "here", one to wait for "go". A test that

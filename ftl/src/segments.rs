@@ -79,6 +79,9 @@ pub struct SegTableInner {
     /// was freed, and its key in `free`; `undiscarded` orders them oldest first.
     pub undiscarded: BTreeSet<(Instant, u32)>,
     pub pending: HashMap<u32, (Instant, u64)>,
+    /// Free segments out of the free list while they are discarded (taken by
+    /// [`Segments::take_for_discard`], not yet given back by [`Segments::discarded`]).
+    pub discarding: usize,
     /// Segments opened since the last checkpoint's snapshot, each with the chain numbers
     /// of the chunks sealed into it since (free rule 7: a free record of one lists them).
     /// `None` while not tracked: before the session's first checkpoint and after a
@@ -259,6 +262,7 @@ impl Segments {
                 released: 0,
                 undiscarded: BTreeSet::new(),
                 pending: HashMap::new(),
+                discarding: 0,
                 young: None,
             }),
             valid: records.iter().map(|r| AtomicU32::new(r.valid)).collect(),
@@ -500,15 +504,24 @@ impl Segments {
                 }
             }
         }
+        t.discarding += out.len();
         out
     }
 
-    /// Puts segments [`Segments::take_for_discard`] took back on the free list.
-    pub fn discarded(&self, taken: &[(u32, u64)]) {
+    /// Ends the discard of the `taken` segments of one [`Segments::take_for_discard`]:
+    /// puts `back` (those of them fit for reuse) on the free list.
+    pub fn discarded(&self, back: &[(u32, u64)], taken: usize) {
         let mut t = self.lock();
-        for &(s, key) in taken {
+        for &(s, key) in back {
             t.free.insert((key, s));
         }
+        t.discarding = t.discarding.saturating_sub(taken);
+    }
+
+    /// Free segments out of the free list while they are discarded: they come back in a
+    /// moment.
+    pub fn discarding(&self) -> usize {
+        self.lock().discarding
     }
 
     /// Free segments waiting for a discard.
@@ -777,7 +790,9 @@ mod tests {
         // Rule 2: 2 and 3 were allocated before their discard: never discarded.
         assert_eq!(t.undiscarded_count(), 0);
         assert!(t.take_for_discard(None, 8, 0).is_empty());
-        t.discarded(&taken);
+        assert_eq!(t.discarding(), taken.len());
+        t.discarded(&taken, taken.len());
+        assert_eq!(t.discarding(), 0);
         assert_eq!(t.allocate(0, 3, 0, false), Some(1));
         assert_eq!(t.state(1), Some(SegState::Open));
     }
@@ -817,7 +832,7 @@ mod tests {
         assert_eq!(taken.len(), 2);
         assert_eq!((t.free_count(), t.undiscarded_count()), (3, 3));
         assert!(t.take_for_discard(None, 8, 3).is_empty());
-        t.discarded(&taken);
+        t.discarded(&taken, taken.len());
         assert_eq!(t.take_for_discard(None, 8, 3).len(), 2);
     }
 

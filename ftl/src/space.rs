@@ -200,9 +200,13 @@ impl SpaceWaiters {
     /// for the next one, and with none in `limit` failed with ENOSPC while a segment was
     /// free; found by review, 2026-11-27.)
     pub fn wait(&self, since: u64, limit: Duration) -> bool {
-        if !self.attached() {
-            return false;
-        }
+        self.attached() && self.wait_unattached(since, limit)
+    }
+
+    /// The wait of [`SpaceWaiters::wait`] whether or not a cleaner is attached: a writer
+    /// with none waits so for segments a discard under way gives back (discard rule 6).
+    /// Counted among the writers' waits.
+    pub fn wait_unattached(&self, since: u64, limit: Duration) -> bool {
         let began = Instant::now();
         let freed = self.wait_from(since, limit);
         let waited = began.elapsed().as_nanos() as u64;

@@ -359,6 +359,84 @@ fn a_discard_never_takes_the_reserve_from_a_writer() {
     check_tags(&f, &tags, "after the writes");
 }
 
+/// Discard rule 6: with no cleaner attached, writers of two streams each open a segment
+/// while a discard holds segments out of the free list. Rule 5 left one for them; the
+/// second writer found none and failed with ENOSPC at once, though the discarded
+/// segments came back a moment later. Now it waits for them.
+#[test]
+fn writers_of_two_streams_wait_for_a_discard_without_a_cleaner() {
+    const S1: StreamId = StreamId(2);
+    let (dev, _idx, f) = gated(deferred_discards());
+    let f = Arc::new(f);
+    let mut tags = kill_the_first_segment(&f);
+    f.checkpoint().unwrap();
+    let cap = f.capacity_blocks();
+    let mut tag = 1_000_000u64;
+    let mut write = |f: &GateFtl, lba: u64, s: StreamId, tags: &mut HashMap<u64, u64>| {
+        f.write(lba, &block_for(lba, tag), false, s)?;
+        tags.insert(lba, tag);
+        tag += 1;
+        Ok::<(), Error>(())
+    };
+    // Down to two free segments, one of them waiting for its discard.
+    let mut lba = 0u64;
+    while f.free_segments() > 2 {
+        write(&f, lba, S0, &mut tags).unwrap();
+        lba = (lba + 7) % cap;
+    }
+    assert_eq!(
+        f.undiscarded_segments(),
+        1,
+        "one free segment waits for its discard"
+    );
+    dev.hold(GateOp::Discard);
+    let discarder = {
+        let f = f.clone();
+        std::thread::spawn(move || f.discard_waiting(true))
+    };
+    assert!(
+        dev.wait_held(GateOp::Discard, Duration::from_secs(10)),
+        "the discarder took the segment and reached its discard"
+    );
+    assert_eq!(f.free_segments(), 1, "rule 5 left one segment");
+    // S0 runs into the end of its segment and takes the last free one.
+    let open_of = |f: &GateFtl, s: StreamId| {
+        f.segment_snapshot()
+            .into_iter()
+            .find(|x| x.state == "open" && x.stream == s.0)
+            .map(|x| x.segment)
+    };
+    let first = open_of(&f, S0);
+    while open_of(&f, S0) == first {
+        write(&f, lba, S0, &mut tags).unwrap();
+        lba = (lba + 7) % cap;
+    }
+    assert_eq!(f.free_segments(), 0);
+    assert_eq!(
+        f.dead_segments(),
+        0,
+        "no dead segment a writer could free itself"
+    );
+    assert_eq!(open_of(&f, S1), None, "S1 has no open segment");
+    // The discard ends a little later; S1's first write waits for it.
+    let release = {
+        let dev = dev.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            dev.release(GateOp::Discard);
+        })
+    };
+    let r = write(&f, cap - 1, S1, &mut tags);
+    release.join().unwrap();
+    assert_eq!(discarder.join().unwrap(), 1, "the segment was discarded");
+    assert!(
+        r.is_ok(),
+        "S1's write failed while a discard held a segment: {r:?}"
+    );
+    assert!(open_of(&f, S1).is_some());
+    check_tags(&f, &tags, "after the writes");
+}
+
 /// Discard rule 3 after a discard that failed having done part of its work (here: left
 /// 0xA5 bytes, then reported an error): the segment's first block is zeroed all the same
 /// before it goes back on the free list.

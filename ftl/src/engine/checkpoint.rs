@@ -404,6 +404,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         // Rule 8: free records run while the pages are synced and committed.
         *lock(&ck.in_flight) = Some(InFlight { freed: Vec::new() });
         drop(state);
+        #[cfg(test)]
+        crate::append::tests::maybe_park(&crate::append::tests::PARK_IN_CHECKPOINT);
         times.add(&times.snapshot, &mut t);
         // The sealed chunks are written now: under the stream locks they held every
         // writer for up to one chunk write per stream. Rule 3's sync waits for them (and

@@ -36,6 +36,12 @@
 //!    ENOSPC) while free segments existed (found by review, 2026-11-27). Tests:
 //!    `segments::tests::the_discarder_leaves_the_reserve_in_the_free_list`,
 //!    `orderings::a_discard_never_takes_the_reserve_from_a_writer`.
+//! 6. a writer that finds no free segment while segments are out for a discard waits for
+//!    them, with or without a cleaner attached: rule 5 leaves one segment for writers,
+//!    and two streams opening segments during one discard found none and failed with
+//!    ENOSPC when no cleaner was attached (`--no-cleaner`, or after the cleaner's thread
+//!    ended; found by review, 2026-11-29). Test:
+//!    `orderings::writers_of_two_streams_wait_for_a_discard_without_a_cleaner`.
 //!
 //! A crash loses the queue: segments freed and not yet discarded stay allocated on the
 //! backing until they are reused. `Ftl::close` discards everything waiting.
@@ -86,7 +92,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 .zip(zeroed)
                 .filter_map(|(&t, ok)| ok.then_some(t))
                 .collect();
-            self.t.segs.discarded(&back);
+            self.t.segs.discarded(&back, taken.len());
             self.space.notify();
         }
     }

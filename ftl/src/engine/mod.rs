@@ -483,7 +483,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                     let before = self.t.segs.free_count();
                     let grew = || self.t.segs.free_count() > before;
                     let r = self.free_dead_unless(FreeMode::Seal, grew)?;
-                    let others_freed = r.segments_freed == 0 && grew();
+                    let mut others_freed = r.segments_freed == 0 && grew();
                     let enough = others_freed
                         || if relocation {
                             r.segments_freed > 0
@@ -494,7 +494,23 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                     match after_free_record(enough, dead_now, relocation) {
                         AfterFree::Retry => {}
                         AfterFree::Checkpoint => {
-                            self.checkpoint()?;
+                            // A checkpoint under way holds the segments it found dead
+                            // (checkpoint rule 9: not this record's to free) and releases
+                            // them when it is done, while this one waits for its lock:
+                            // segments released meanwhile (the space generation moved)
+                            // are tried first, with no checkpoint run behind it for
+                            // nothing (found by review, 2026-11-29: a relocation ran a
+                            // whole checkpoint after the one it waited for had freed the
+                            // space, the cleaner stopped through both). Test:
+                            // `tests::a_relocation_runs_no_checkpoint_behind_one_that_freed_its_space`.
+                            let g = self.space.generation();
+                            #[cfg(test)]
+                            crate::append::tests::maybe_park(
+                                &crate::append::tests::PARK_BEFORE_SPACE_CHECKPOINT,
+                            );
+                            if self.checkpoint_if(|| self.space.generation() == g)?.is_none() {
+                                others_freed = true;
+                            }
                         }
                         AfterFree::WaitForOthers => {
                             self.space.wait_for_free(NOTHING_DEAD_WAIT);
@@ -524,7 +540,18 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                     return Err(Error::NoSpace);
                 }
                 let since = *stalled.get_or_insert_with(std::time::Instant::now);
-                if !self.space.wait(no_room_at, self.cfg.space_wait) {
+                // Discard rule 6: with no cleaner attached nothing else frees space, but
+                // segments out of the free list for a discard come back in a moment; a
+                // writer waits for them (two streams opening segments while one
+                // discard ran failed with ENOSPC, the first taking the one segment rule
+                // 5 leaves; found by review, 2026-11-29).
+                let waited = if self.space.attached() {
+                    self.space.wait(no_room_at, self.cfg.space_wait)
+                } else {
+                    self.t.segs.discarding() > 0
+                        && self.space.wait_unattached(no_room_at, self.cfg.space_wait)
+                };
+                if !waited {
                     // A segment freed between the failed allocation and the look at the
                     // generation moved it already: one more try before giving up.
                     if !last_try && self.log.may_allocate(&self.t, sid, data, relocation) {
@@ -1420,6 +1447,38 @@ mod tests {
             matches!(r, Ok(true)),
             "the relocation after the release: {r:?} with {} segments free",
             f.free_segments()
+        );
+    }
+
+    /// The cleaner out of space while a checkpoint is under way: its free record frees
+    /// nothing (the dead segments are the checkpoint's, checkpoint rule 9), so it would
+    /// checkpoint for them, and waits for the checkpoint under way first. That one
+    /// releases them; the relocation then takes one and runs no checkpoint of its own. It
+    /// ran a whole second checkpoint before (found by review, 2026-11-29), with the
+    /// cleaner stopped through both.
+    #[test]
+    fn a_relocation_runs_no_checkpoint_behind_one_that_freed_its_space() {
+        use crate::append::tests::{PARK_BEFORE_SPACE_CHECKPOINT, PARK_IN_CHECKPOINT};
+        let (f, mut relocate_next) = gc_reserve_spent();
+        let before = f.stats().checkpoints;
+        // A checkpoint in flight, past its snapshot: the dead segments are its own.
+        let f1 = f.clone();
+        let (go_ckpt, ckpt) = run_parked(&PARK_IN_CHECKPOINT, move || f1.checkpoint());
+        // The relocation finds no room, frees nothing and is about to checkpoint.
+        let f2 = f.clone();
+        let (go_reloc, reloc) =
+            run_parked(&PARK_BEFORE_SPACE_CHECKPOINT, move || relocate_next(&f2));
+        assert!(!f.t.segs.dead_closed().is_empty(), "dead segments wait");
+        go_ckpt.send(()).expect("the checkpoint waits for its go");
+        let r = ckpt.join().unwrap().unwrap();
+        assert!(r.segments_freed > 0, "the checkpoint freed its dead segments");
+        go_reloc.send(()).expect("the relocation waits for its go");
+        let moved = reloc.join().unwrap();
+        assert!(matches!(moved, Ok(true)), "the relocation: {moved:?}");
+        assert_eq!(
+            f.stats().checkpoints,
+            before + 1,
+            "a checkpoint ran behind the one that freed the space"
         );
     }
 
