@@ -206,6 +206,13 @@ done | xargs -P "$JOBS" -L 1 sh -c '
     [ -s "$OUT/$name.json" ] && exit 0
     target/release/ftlblk replay --workload "$w" --capacity "$cap" $seg --loops "$LOOPS" \
         --classifier "$c" --policy "$p" --json > "$OUT/$name.json.tmp" && mv "$OUT/$name.json.tmp" "$OUT/$name.json"'
+# Hand-written analysis below the MiDAS section's end marker is kept as it is.
+python3 - docs/waf.md > "$OUT/tail.md" <<'PY'
+import os, sys
+doc = open(sys.argv[1]).read() if os.path.exists(sys.argv[1]) else ""
+end = "<!-- midas:end -->\n"
+print(doc[doc.index(end) + len(end):] if end in doc else "", end="")
+PY
 python3 - "$OUT" "$CAPACITY" "$LOOPS" "$OLD_SEG" > docs/waf.md <<'PY'
 import json, sys, glob, os
 d, cap, loops, old_seg = sys.argv[1:5]
@@ -236,6 +243,11 @@ for w in W:
 u = r("uniform", "none", "greedy")
 print(f"\nOnline classifier state: {r('uniform', 'online', 'greedy')['classifier_bytes_per_block']} bytes per block.\n")
 print("## Targets\n")
+print("**What a running device gets.** The daemon's cleaner uses cost-hotness both in the "
+      "foreground (free space short) and in the background (idle) since 2026-11-24 (before: "
+      "greedy and cost-benefit), and `ftlblk replay` defaults to it: the cost-hotness rows "
+      "with the online classifier are what a device gets. `docs/steady.md` (\"Victim "
+      "policy\") has the in-process A/B on the daemon's wiring.\n")
 an = u["analytic_greedy_waf"]
 print(f"**uniform**: every classifier within 10% of the analytic greedy WAF {an:.3f} "
       f"(Desnoyers, logical/physical ratio of the run).\n")
@@ -298,4 +310,5 @@ print()
 print(open(f"{d}/low-spare.md").read())
 print(open(f"{d}/midas.md").read(), end="")
 PY
+cat "$OUT/tail.md" >> docs/waf.md
 echo "wrote docs/waf.md and docs/plots/" >&2
