@@ -283,6 +283,28 @@ fn a_deferred_discard_leaves_the_segment_head_zeroed() {
     check_tags(&f, &tags, "after the discards");
 }
 
+/// Writes with `write` until `free` segments are free, one of them waiting for its
+/// discard, then holds discards at the gate and starts a discarder of every segment
+/// waiting; returns it (its count of segments discarded).
+fn discarder_held_at(
+    dev: &GateDev,
+    f: &Arc<GateFtl>,
+    free: usize,
+    mut write: impl FnMut(),
+) -> std::thread::JoinHandle<usize> {
+    while f.free_segments() > free {
+        write();
+    }
+    assert_eq!(
+        f.undiscarded_segments(),
+        1,
+        "one free segment waits for its discard"
+    );
+    dev.hold(GateOp::Discard);
+    let f = f.clone();
+    std::thread::spawn(move || f.discard_waiting(true))
+}
+
 /// Discard rule 5: the discarder leaves the reserve and one segment more in the free
 /// list. Here the last free segment waits for its discard while a writer needs a new
 /// segment and no cleaner runs: the discard (held) must not take it, or the writer
@@ -303,19 +325,7 @@ fn a_discard_never_takes_the_reserve_from_a_writer() {
         Ok::<(), Error>(())
     };
     // Down to one free segment: the one just freed (the most worn is taken last).
-    while f.free_segments() > 1 {
-        write(&f, &mut tags).unwrap();
-    }
-    assert_eq!(
-        f.undiscarded_segments(),
-        1,
-        "the last free segment waits for its discard"
-    );
-    dev.hold(GateOp::Discard);
-    let discarder = {
-        let f = f.clone();
-        std::thread::spawn(move || f.discard_waiting(true))
-    };
+    let discarder = discarder_held_at(&dev, &f, 1, || write(&f, &mut tags).unwrap());
     // The discarder either takes the segment (and is held at the gate) or leaves it and
     // returns: waited for, not timed (a discarder not yet scheduled after a fixed wait
     // let the mutant pass).
@@ -332,6 +342,12 @@ fn a_discard_never_takes_the_reserve_from_a_writer() {
             "the discarder neither returned nor reached a discard"
         );
     };
+    if took_it {
+        // Said at once: the writer below would wait for the held discard (rule 6).
+        dev.release(GateOp::Discard);
+        discarder.join().unwrap();
+        panic!("the discarder took the last free segment");
+    }
     // The writer runs into the end of its segment and takes the last free one.
     let open_of_s0 = |f: &GateFtl| {
         f.segment_snapshot()
@@ -354,7 +370,6 @@ fn a_discard_never_takes_the_reserve_from_a_writer() {
     let discarded = discarder.join().unwrap();
     assert!(failed.is_none(), "a write failed: {failed:?}");
     assert_ne!(open_of_s0(&f), first, "the writer opened a new segment");
-    assert!(!took_it, "the discarder took the last free segment");
     assert_eq!(discarded, 0, "nothing discarded");
     check_tags(&f, &tags, "after the writes");
 }
@@ -380,20 +395,10 @@ fn writers_of_two_streams_wait_for_a_discard_without_a_cleaner() {
     };
     // Down to two free segments, one of them waiting for its discard.
     let mut lba = 0u64;
-    while f.free_segments() > 2 {
+    let discarder = discarder_held_at(&dev, &f, 2, || {
         write(&f, lba, S0, &mut tags).unwrap();
         lba = (lba + 7) % cap;
-    }
-    assert_eq!(
-        f.undiscarded_segments(),
-        1,
-        "one free segment waits for its discard"
-    );
-    dev.hold(GateOp::Discard);
-    let discarder = {
-        let f = f.clone();
-        std::thread::spawn(move || f.discard_waiting(true))
-    };
+    });
     assert!(
         dev.wait_held(GateOp::Discard, Duration::from_secs(10)),
         "the discarder took the segment and reached its discard"
