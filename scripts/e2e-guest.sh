@@ -310,9 +310,12 @@ step "4. kill -9 of the daemon during fio writes (3 times), recover, verify"
 # re-issues the FLUSH to the recovered daemon, so the write must have survived the death
 # of its process (the staging area on tmpfs).
 KILLS=3
+# Ten loops of 8 MiB, each written then verified: one loop is 2048 O_SYNC writes, and at
+# the 1,750 a second one VM run showed, fio could end on its own around the first kill
+# (2026-11-29: "fio ended while the daemon was dead" with fio merely done).
 fio --name=crash --filename="$MNT/fio.dat" --size=8M --rw=randwrite --bs=4k \
     --ioengine=psync --direct=1 --sync=1 --numjobs=1 --verify=crc32c --verify_fatal=1 --verify_state_save=0 \
-    --do_verify=1 --output="$WORK/fio-crash.log" &
+    --do_verify=1 --loops=10 --output="$WORK/fio-crash.log" &
 fiopid=$!
 # Kill once fio is past laying out its file and into the random writes.
 for _ in $(seq 1 300); do
