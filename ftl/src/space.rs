@@ -3,7 +3,8 @@
 //! Owns: the throttle (a pace for all writers together, one block per interval, slots
 //! handed out in arrival order), the wait for a free segment (while a cleaner is attached,
 //! or, `wait_unattached`, while a discard holds segments), the foreground-request counter
-//! the cleaner yields to, and the time writers spent in each wait. Knows nothing of segments or the log: the engine calls
+//! the cleaner yields to, and the time writers spent in each wait. Knows nothing of
+//! segments or the log: the engine calls
 //! [`SpaceWaiters::throttle`] before a write and [`SpaceWaiters::wait`] when no segment is
 //! free; the checkpoint calls [`SpaceWaiters::notify`] when it freed segments; the cleaner
 //! sets the pace (through `Ftl::set_write_pace`).
