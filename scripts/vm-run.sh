@@ -16,7 +16,11 @@
 #   --kernel   kernel image (default: newest /boot/vmlinuz-6.12*-amd64)
 #   --rwdir    extra host dir the guest may write (repeatable); /tmp and the repo
 #              root are always writable
-#   --log      also append the guest console output to FILE
+#   --log      also append the guest's output to FILE
+#
+# The guest kernel's console is kept aside (not shown); when the VM dies or times out its
+# last 60-80 lines are printed ("vm-run: console: ..."), and when the command fails, its
+# warnings (WARNING, BUG, Oops, hung tasks, the OOM killer, I/O errors).
 #
 # The guest sees the host root fs read-only (writable overlays on /etc, /var, ...),
 # runs as root in the current directory, with the host's PATH and these variables
@@ -124,8 +128,12 @@ for d in "${extra_rw[@]+"${extra_rw[@]}"}"; do
     rw_args+=(--rwdir "$(cd "$d" && pwd -P)")
 done
 
-vng_args=(--run "$kernel" --disable-kvm --memory "$memory" --cpus "$cpus" --user root
+# --verbose: the guest kernel's console comes out on vng's stderr, so a guest that dies
+# (a panic, an oops, the OOM killer) leaves its last messages in $console. The CI's
+# VM once died in e2e step 4c with nothing to say why.
+vng_args=(--run "$kernel" --disable-kvm --verbose --memory "$memory" --cpus "$cpus" --user root
           "${rw_args[@]}" -- "/bin/bash $state/guest.sh")
+console="$state/console"
 
 echo "vm-run: booting $kernel (vng $("$vng_bin" --version 2>/dev/null | awk '{print $NF}'), ${memory} RAM, ${cpus} CPUs, software emulation, timeout ${timeout_s}s)" >&2
 start=$(date +%s)
@@ -134,8 +142,23 @@ start=$(date +%s)
 # whole group when the limit is hit. The guest's stdout and stderr stay separate
 # and each goes through a pipe (never a direct file redirect, see header).
 log_sink() { if [ -n "$logfile" ]; then tee -a "$logfile"; else cat; fi; }
+# The kernel's lines ("[   12.345678] ...", and the decompressor's before them) and
+# virtme's chatter about virtiofsd (it falls back to 9p here) go to $console only; the
+# command's own stderr, which shares the stream, passes on.
+not_kernel() {
+    grep --line-buffered -v -E '^\[ *[0-9]+\.[0-9]+\] |^(Probing EDD|Memory KASLR|Poking KASLR|virtme: waiting for virtiofsd|fuse: invalid argument|virtme-run: failed to start virtiofsd)'
+}
+# kernel_tail N HEADING [PATTERN]: the console's last N kernel lines (those matching
+# PATTERN), prefixed, under HEADING; nothing when there are none.
+kernel_tail() {
+    local lines
+    lines="$(grep -a -E '^\[ *[0-9]+\.[0-9]+\] ' "$console" 2>/dev/null \
+        | grep -a -E "${3:-.}" | tail -n "$1" || true)"
+    [ -z "$lines" ] || { echo "vm-run: $2"; echo "$lines" | sed 's/^/vm-run: console: /'; } >&2
+}
 set +e
-( timeout -k 15 "$timeout_s" "$vng_bin" "${vng_args[@]}" </dev/null 2>&1 1>&3 3>&- | log_sink >&2
+( timeout -k 15 "$timeout_s" "$vng_bin" "${vng_args[@]}" </dev/null 2>&1 1>&3 3>&- \
+      | tee -a "$console" | not_kernel | log_sink >&2
   exit "${PIPESTATUS[0]}" ) 3>&1 | log_sink
 vng_rc=${PIPESTATUS[0]}
 set -e
@@ -143,13 +166,19 @@ elapsed=$(( $(date +%s) - start ))
 
 if [ "$vng_rc" = 124 ] || [ "$vng_rc" = 137 ]; then
     echo "vm-run: ERROR: VM timed out after ${elapsed}s (limit ${timeout_s}s)" >&2
+    kernel_tail 60 "the guest kernel's last messages:"
     exit 124
 fi
 if [ ! -s "$state/status" ]; then
     echo "vm-run: ERROR: the VM did not report the command's exit status (vng exited $vng_rc after ${elapsed}s): the VM failed to boot, crashed, or the guest command killed it" >&2
+    kernel_tail 80 "the guest kernel's last messages:"
     exit 125
 fi
 rc="$(cat "$state/status")"
 case "$rc" in ''|*[!0-9]*) die "garbled exit status '$rc' from the guest" ;; esac
 echo "vm-run: guest command exited $rc (${elapsed}s total)" >&2
+if [ "$rc" != 0 ]; then
+    kernel_tail 60 "the guest kernel's warnings:" \
+        'WARNING|BUG|Oops|Call Trace|blocked for more|Out of memory|Killed process|segfault|I/O error'
+fi
 exit "$rc"

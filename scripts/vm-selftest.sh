@@ -4,11 +4,13 @@
 #
 # Usage: scripts/vm-selftest.sh [vm-run.sh options, e.g. --timeout 600]
 #
-# Boots the VM twice (about 30-60 s each under software emulation):
+# Boots the VM three times (about 20-60 s each under software emulation):
 #   1. `modprobe ublk_drv && test -c /dev/ublk-control && uname -r` must exit 0 and
 #      print a 6.12 kernel version; it also checks that FTLBLK_* variables reach
 #      the guest and that the guest can write into a shared /tmp dir.
 #   2. `exit 3` must make vm-run.sh exit 3.
+#   3. a guest kernel panic (sysrq c) must make vm-run.sh exit 125 and print the
+#      kernel's last messages.
 # Exits 0 only if every check passed; ends with a "N passed, N failed" line.
 # Prerequisites: scripts/install-deps.sh --vm
 set -euo pipefail
@@ -50,6 +52,16 @@ set -e
 t1=$(date +%s)
 if [ "$rc2" = 3 ]; then ok "vm-run.sh propagated guest exit status 3 ($((t1 - t0))s)"
 else bad "vm-run.sh exited $rc2 for a guest 'exit 3' (want 3)"; fi
+
+# --- 3: a guest that dies says why ----------------------------------------------------
+set +e
+"$vm_run" "$@" -- 'echo c > /proc/sysrq-trigger' 2> "$work/err3"
+rc3=$?
+set -e
+if [ "$rc3" = 125 ]; then ok "a guest kernel panic makes vm-run.sh exit 125"
+else bad "vm-run.sh exited $rc3 for a guest kernel panic (want 125)"; fi
+if grep -q '^vm-run: console: .*sysrq' "$work/err3"; then ok "vm-run.sh printed the panicking kernel's last messages"
+else cat "$work/err3" >&2; bad "vm-run.sh did not print the guest kernel's messages after its panic"; fi
 
 echo "vm-selftest: $passed passed, $failed failed"
 [ "$failed" = 0 ]
