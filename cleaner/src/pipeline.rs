@@ -31,11 +31,10 @@
 //! it is dropped, once the work in hand is done (the prefetch thread joins its picker);
 //! nobody joins the prefetch thread.
 
-use crate::policy::{pick_victim, wear_affordable, wear_victim, Policy};
+use crate::policy::{pick_victim, wear_victim, Policy, WearAccount, WEAR_BURST_SEGMENTS};
 use ftl::device::{AlignedBuf, BLOCK_SIZE};
 use ftl::{BlockDevice, Ftl, IndexStore, LiveBlock};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Live share (percent) of a victim from which its window is read whole.
@@ -114,16 +113,17 @@ fn choose<D: BlockDevice, I: IndexStore>(
     };
     let wear = if ftl.config().wear_levelling {
         let user = ftl.counters().user_blocks_written;
+        let burst = WEAR_BURST_SEGMENTS * bps as u64;
         let extra = |w: u32| valid_of(w).saturating_sub(picked.map_or(0, valid_of));
         let w = wear_victim(&snap, exclude);
         if ahead {
-            if w.is_some_and(|w| budget.affordable(policy, extra(w), user)) {
+            if w.is_some_and(|w| budget.affordable(policy, extra(w), user, burst)) {
                 return Ok(None);
             }
             None
         } else {
             w.map(|w| (w, extra(w)))
-                .filter(|&(_, x)| budget.spend(policy, x, user))
+                .filter(|&(_, x)| budget.spend(policy, x, user, burst))
         }
     } else {
         None
@@ -264,23 +264,36 @@ pub(crate) fn prepare<D: BlockDevice, I: IndexStore>(
 }
 
 /// What static wear levelling spent: copies of its victims beyond those of the victims
-/// the policy would have taken (shared by the cleaner and its prefetcher).
+/// the policy would have taken, and the budget that lapsed unspent ([`WearAccount`];
+/// shared by the cleaner and its prefetcher).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct WearBudget(Arc<AtomicU64>);
+pub(crate) struct WearBudget(Arc<Mutex<WearAccount>>);
 
 impl WearBudget {
-    /// Whether spending `extra` would fit the budget over `user_blocks` written.
-    fn affordable(&self, policy: Policy, extra: u64, user_blocks: u64) -> bool {
-        wear_affordable(policy, extra, self.0.load(Ordering::Relaxed), user_blocks)
+    fn account(&self) -> std::sync::MutexGuard<'_, WearAccount> {
+        // The account is two counters, whole after any panic.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Spends `extra` if it fits the budget over `user_blocks` written; says whether.
-    fn spend(&self, policy: Policy, extra: u64, user_blocks: u64) -> bool {
-        if !self.affordable(policy, extra, user_blocks) {
-            return false;
+    /// Whether spending `extra` would fit the budget over `user_blocks` written, with
+    /// `burst` blocks of it saved up at most.
+    fn affordable(&self, policy: Policy, extra: u64, user_blocks: u64, burst: u64) -> bool {
+        self.account()
+            .spend(policy, extra, user_blocks, burst)
+            .is_some()
+    }
+
+    /// Spends `extra` if it fits the budget over `user_blocks` written (`burst` saved up
+    /// at most); says whether.
+    fn spend(&self, policy: Policy, extra: u64, user_blocks: u64, burst: u64) -> bool {
+        let mut a = self.account();
+        match a.spend(policy, extra, user_blocks, burst) {
+            Some(next) => {
+                *a = next;
+                true
+            }
+            None => false,
         }
-        self.0.fetch_add(extra, Ordering::Relaxed);
-        true
     }
 
     /// Gives back `extra` spent for a victim that was not cleaned after all (a stale or
@@ -288,16 +301,13 @@ impl WearBudget {
     /// copies twice, once more when the cleaner picked it again, and wear levelling got
     /// about half its budget (found by review, 2026-11-27).
     pub(crate) fn refund(&self, extra: u64) {
-        let _ = self
-            .0
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                Some(v.saturating_sub(extra))
-            });
+        let mut a = self.account();
+        *a = a.refund(extra);
     }
 
     /// Extra copies spent so far.
     pub(crate) fn spent(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.account().spent
     }
 }
 
