@@ -130,8 +130,11 @@ done
 
 # --verbose: the guest kernel's console comes out on vng's stderr, so a guest that dies
 # (a panic, an oops, the OOM killer) leaves its last messages in $console. The CI's
-# VM once died in e2e step 4c with nothing to say why.
-vng_args=(--run "$kernel" --disable-kvm --verbose --memory "$memory" --cpus "$cpus" --user root
+# VM once died in e2e step 4c with nothing to say why. loglevel=5 (after virtme's 7,
+# the last one counts): warnings and worse only, so the emulated serial port stays
+# quiet and seldom splits a line of the command's stderr, which shares the stream.
+vng_args=(--run "$kernel" --disable-kvm --verbose --append loglevel=5
+          --memory "$memory" --cpus "$cpus" --user root
           "${rw_args[@]}" -- "/bin/bash $state/guest.sh")
 console="$state/console"
 
@@ -179,6 +182,6 @@ case "$rc" in ''|*[!0-9]*) die "garbled exit status '$rc' from the guest" ;; esa
 echo "vm-run: guest command exited $rc (${elapsed}s total)" >&2
 if [ "$rc" != 0 ]; then
     kernel_tail 60 "the guest kernel's warnings:" \
-        'WARNING|BUG|Oops|Call Trace|blocked for more|Out of memory|Killed process|segfault|I/O error'
+        'WARNING|BUG:|Oops|Call Trace|blocked for more|Out of memory|Killed process|segfault|I/O error'
 fi
 exit "$rc"

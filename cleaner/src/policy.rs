@@ -77,7 +77,8 @@ pub fn pick_victim(
 
 /// Static wear levelling: the spread of reuse counts (most worn segment against the
 /// least worn one holding data) beyond which the cleaner takes that least worn one as
-/// its victim, whatever the policy: `max(WEAR_MIN_SPREAD, WEAR_SLACK * mean)`.
+/// its victim, whatever the policy: `max(WEAR_MIN_SPREAD, WEAR_SLACK * mean)`, once the
+/// device is no longer young ([`WEAR_MIN_MEAN`], [`WEAR_YOUNG_MAX`]).
 pub const WEAR_SLACK: f64 = 0.15;
 /// The least spread that triggers static wear levelling.
 pub const WEAR_MIN_SPREAD: u32 = 3;
@@ -89,6 +90,12 @@ pub const WEAR_MIN_SPREAD: u32 = 3;
 /// the target of issue 18 (zipf:0.99 over 20 overwrites, mean 15) ends at max/mean 1.13
 /// under cost-hotness (`docs/wear.md`).
 pub const WEAR_MIN_MEAN: f64 = 8.0;
+/// A device is young only while no segment has been reused this often. A hot set small
+/// against a large device cycles its few segments while the mean barely moves (a 1 GiB
+/// hot set on 1 TiB: its segments reach about a thousand times the mean); past this
+/// count levelling starts whatever the mean. No 8G row of `docs/waf.md` comes near it
+/// before its mean reaches 8 (found by review).
+pub const WEAR_YOUNG_MAX: u32 = 64;
 /// What static wear levelling may spend: its victims' copies beyond those of the victim
 /// the policy would have taken, as a share of the user blocks written
 /// ([`wear_budget`]). Unbounded, cold data pinned under a hot stream (hotcold:90/10) is
@@ -165,7 +172,8 @@ impl WearAccount {
 /// (hot streams cycle the others); moved, it goes to the most worn free segments when
 /// its stream's segments live long or the stream is undecided (`Segments::allocate`:
 /// relocations then take the most worn) and its segment returns to circulation. Not one
-/// of `exclude`.
+/// of `exclude`, and none while the device is young (mean reuse below [`WEAR_MIN_MEAN`]
+/// and no segment reused [`WEAR_YOUNG_MAX`] times).
 pub fn wear_victim(segs: &[SegmentSnapshot], exclude: &[u32]) -> Option<u32> {
     let w = ftl::WearFigures::of(
         segs.iter()
@@ -178,7 +186,7 @@ pub fn wear_victim(segs: &[SegmentSnapshot], exclude: &[u32]) -> Option<u32> {
             s.state == "closed" && s.segment != 0 && s.valid > 0 && !exclude.contains(&s.segment)
         })
         .min_by_key(|s| (s.erase_count, s.opened_seq))?;
-    if w.mean < WEAR_MIN_MEAN {
+    if w.mean < WEAR_MIN_MEAN && w.max < WEAR_YOUNG_MAX {
         return None;
     }
     let bound = (WEAR_SLACK * w.mean).max(WEAR_MIN_SPREAD as f64);
@@ -293,6 +301,20 @@ mod tests {
             s(3, 0, 4, "free"),
         ];
         assert_eq!(wear_victim(&young, &[]), None);
+        // Of age at a mean of exactly 8: spread 9 over a bound of 3.
+        let of_age = [
+            s(1, 100, 1, "closed"),
+            s(2, 10, 10, "closed"),
+            s(3, 0, 13, "free"),
+        ];
+        assert_eq!(wear_victim(&of_age, &[]), Some(1));
+        // A young device whose hot segment reached the ceiling is levelled all the same.
+        let mut hot_on_a_young_device =
+            vec![s(1, 100, 0, "closed"), s(2, 10, WEAR_YOUNG_MAX, "closed")];
+        hot_on_a_young_device.extend((3..40).map(|i| s(i, 100, 0, "closed")));
+        assert_eq!(wear_victim(&hot_on_a_young_device, &[]), Some(1));
+        hot_on_a_young_device[1].erase_count = WEAR_YOUNG_MAX - 1;
+        assert_eq!(wear_victim(&hot_on_a_young_device, &[]), None);
         // The bound grows with the mean: 15% of 100 is 15.
         let worn = [s(1, 100, 90, "closed"), s(2, 10, 104, "closed")];
         assert_eq!(wear_victim(&worn, &[]), None);

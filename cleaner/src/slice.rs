@@ -87,7 +87,8 @@ pub struct CleanerStats {
     /// `blocks_copied` and the WAF like any other).
     pub wear_victims: u64,
     /// What they cost: copies beyond those of the victims the policy would have taken
-    /// (at most `policy::WEAR_BUDGET` of the user blocks written).
+    /// (at most `policy::wear_budget` of the user blocks written, paced by
+    /// `policy::WEAR_BURST_SEGMENTS`).
     pub wear_extra_blocks: u64,
     pub slices: u64,
     pub preemptions: u64,
