@@ -560,9 +560,9 @@ mod tests {
     }
 
     /// The cleaner spends no more than the burst at once: this device earned 45% of its
-    /// user blocks (about 4,460 copies) while it had no wear victim, and its 20 cold
-    /// segments would take them all one after another (21 wear victims, 294 copies,
-    /// with the burst unbounded).
+    /// user blocks (about 4,460 copies) while it had no wear victim, and with the burst
+    /// unbounded its 20 cold segments were taken one after another (21 wear victims, 294
+    /// copies).
     #[test]
     fn wear_levelling_spends_its_saved_budget_a_burst_at_a_time() {
         let (f, _) = worn_mem_ftl(|_, cold| cold);
