@@ -148,14 +148,15 @@ log_sink() { if [ -n "$logfile" ]; then tee -a "$logfile"; else cat; fi; }
 # The kernel's lines ("[   12.345678] ...", and the decompressor's before them) and
 # virtme's chatter about virtiofsd (it falls back to 9p here) go to $console only; the
 # command's own stderr, which shares the stream, passes on.
+kernel_line='^\[ *[0-9]+\.[0-9]+\] '
 not_kernel() {
-    grep --line-buffered -v -E '^\[ *[0-9]+\.[0-9]+\] |^(Probing EDD|Memory KASLR|Poking KASLR|virtme: waiting for virtiofsd|fuse: invalid argument|virtme-run: failed to start virtiofsd)'
+    grep --line-buffered -v -E "$kernel_line"'|^(Probing EDD|Memory KASLR|Poking KASLR|virtme: waiting for virtiofsd|fuse: invalid argument|virtme-run: failed to start virtiofsd)'
 }
 # kernel_tail N HEADING [PATTERN]: the console's last N kernel lines (those matching
 # PATTERN), prefixed, under HEADING; nothing when there are none.
 kernel_tail() {
     local lines
-    lines="$(grep -a -E '^\[ *[0-9]+\.[0-9]+\] ' "$console" 2>/dev/null \
+    lines="$(grep -a -E "$kernel_line" "$console" 2>/dev/null \
         | grep -a -E "${3:-.}" | tail -n "$1" || true)"
     [ -z "$lines" ] || { echo "vm-run: $2"; echo "$lines" | sed 's/^/vm-run: console: /'; } >&2
 }
