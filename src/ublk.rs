@@ -330,6 +330,48 @@ fn read_sqe(buf: *mut u8, len: usize, offset: u64) -> squeue::Entry {
         .flags(squeue::Flags::FIXED_FILE)
 }
 
+/// Operations one queue thread may have pending at once: libublk 0.4 stamps each
+/// pending future's slab key into bits 16..32 of its `user_data` as a `u32` shifted by
+/// 16 (`uring_async.rs`), so key 65536 is stamped as key 0 and its completion wakes
+/// another operation: a tag's COMMIT_AND_FETCH taken for a new request, or another
+/// read's span taken as read before its data arrived, while the aliased one never
+/// completes and its request hangs. Margin kept for the queue's own futures.
+const QUEUE_KEYS: usize = (1 << 16) - 1024;
+const _: () = assert!(QUEUE_KEYS < 1 << 16);
+/// Futures a tag holds besides its READ's spans: its COMMIT_AND_FETCH and one wait for
+/// an I/O worker (map prefetch before a READ; never both a wait and spans, counted anyway).
+const TAG_OTHER_FUTURES: usize = 2;
+
+/// Backing reads of one READ submitted at once on a queue of `depth` tags: every tag
+/// reading at once keeps within [`QUEUE_KEYS`]. Found by review (2026-11-29): a READ
+/// submitted every span at once, and a queue of 512 tags with 512 KiB buffers reading
+/// a range scattered by random writes (up to 128 spans each) passed 65,536.
+/// 502 at the default depth of 128 (a READ of the default 512 KiB buffer, 128 spans at
+/// most, is never split), 13 at the largest (4096).
+pub(crate) fn spans_in_flight(depth: u16) -> usize {
+    (QUEUE_KEYS / (depth.max(1) as usize))
+        .saturating_sub(TAG_OTHER_FUTURES)
+        .max(1)
+}
+
+/// Runs `submit` for each of `items`, at most `window` of its futures pending at once
+/// (each window's futures created together, then awaited, before the next window's);
+/// their results in the order of `items`.
+async fn windowed<T, F: std::future::Future<Output = i32>>(
+    items: &[T],
+    window: usize,
+    mut submit: impl FnMut(&T) -> F,
+) -> Vec<i32> {
+    let mut results = Vec::with_capacity(items.len());
+    for part in items.chunks(window.max(1)) {
+        let futures: Vec<F> = part.iter().map(&mut submit).collect();
+        for f in futures {
+            results.push(f.await);
+        }
+    }
+    results
+}
+
 /// Reads `buf.len()` blocks at `lba` into `buf`.
 async fn read_blocks(
     q: &UblkQueue<'_>,
@@ -362,16 +404,15 @@ async fn read_blocks(
             }
         }
     }
-    let futures: Vec<_> = spans
-        .iter()
-        .zip(&targets)
-        .map(|(s, &ptr)| q.ublk_submit_sqe(read_sqe(ptr, s.len, s.offset)))
-        .collect();
-    let mut results = Vec::with_capacity(futures.len());
-    for f in futures {
-        results.push(f.await);
-    }
-    for ((s, res), &ptr) in spans.iter().zip(results).zip(&targets) {
+    // At most `spans_in_flight` of them at once: every future pending on this queue
+    // thread needs its own libublk key, and keys past 16 bits alias (above).
+    let jobs: Vec<(ftl::ReadSpan<'_>, *mut u8)> = spans.iter().zip(targets).collect();
+    let window = spans_in_flight(q.dev.dev_info.queue_depth);
+    let results = windowed(&jobs, window, |(s, ptr)| {
+        q.ublk_submit_sqe(read_sqe(*ptr, s.len, s.offset))
+    })
+    .await;
+    for ((s, ptr), res) in jobs.iter().zip(results) {
         let done = match res {
             r if r >= 0 && r as usize >= s.len => continue,
             r if r > 0 => r as usize,
@@ -460,6 +501,89 @@ fn backing_error(res: i32, offset: u64, len: usize) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The reason for [`QUEUE_KEYS`]: libublk's future keys alias past 16 bits. If a
+    /// libublk upgrade widens them this fails, and the limit can go.
+    #[test]
+    fn libublk_future_keys_alias_past_sixteen_bits() {
+        let key = |f: &libublk::uring_async::UblkUringOpFuture| (f.user_data >> 16) & 0xffff_ffff;
+        // Fresh thread: its slab of pending futures starts empty.
+        std::thread::spawn(move || {
+            let futures: Vec<_> = (0..=(1u32 << 16))
+                .map(|_| libublk::uring_async::UblkUringOpFuture::new(0))
+                .collect();
+            assert_eq!(key(&futures[1]), 1);
+            assert_eq!(
+                key(&futures[1 << 16]),
+                key(&futures[0]),
+                "the 65,537th pending future takes the first one's key"
+            );
+        })
+        .join()
+        .expect("key thread");
+    }
+
+    #[test]
+    fn every_tag_reading_at_once_keeps_within_the_queue_keys() {
+        for depth in 1..=sys::UBLK_MAX_QUEUE_DEPTH as u16 {
+            let w = spans_in_flight(depth);
+            assert!(w >= 1, "depth {depth}");
+            assert!(
+                depth as usize * (w + TAG_OTHER_FUTURES) <= QUEUE_KEYS,
+                "depth {depth}: {w} spans per tag"
+            );
+        }
+        // The defaults (depth 128, 512 KiB buffers): a READ is never split.
+        assert!(spans_in_flight(128) >= (512 << 10) / BLOCK_SIZE);
+        assert_eq!(spans_in_flight(4096), 13);
+        // Before the limit, 512 tags of 128 spans each passed the keys.
+        assert!(spans_in_flight(512) < 128);
+    }
+
+    /// A future pending once, counted in `pending` from its creation to its completion.
+    struct Counted {
+        pending: std::rc::Rc<std::cell::Cell<usize>>,
+        polled: bool,
+        value: i32,
+    }
+
+    impl std::future::Future for Counted {
+        type Output = i32;
+        fn poll(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<i32> {
+            if !self.polled {
+                self.polled = true;
+                cx.waker().wake_by_ref();
+                return std::task::Poll::Pending;
+            }
+            self.pending.set(self.pending.get() - 1);
+            std::task::Poll::Ready(self.value)
+        }
+    }
+
+    #[test]
+    fn windowed_keeps_at_most_a_window_pending_and_results_in_order() {
+        let pending = std::rc::Rc::new(std::cell::Cell::new(0usize));
+        let most = std::rc::Rc::new(std::cell::Cell::new(0usize));
+        let items: Vec<i32> = (0..1000).collect();
+        for window in [1, 13, 502, 5000] {
+            most.set(0);
+            let results = smol::block_on(windowed(&items, window, |&v| {
+                pending.set(pending.get() + 1);
+                most.set(most.get().max(pending.get()));
+                Counted {
+                    pending: pending.clone(),
+                    polled: false,
+                    value: v * 2,
+                }
+            }));
+            assert_eq!(results, items.iter().map(|v| v * 2).collect::<Vec<_>>());
+            assert_eq!(most.get(), window.min(items.len()), "window {window}");
+            assert_eq!(pending.get(), 0);
+        }
+    }
 
     #[test]
     fn a_refused_fetch_stops_the_tag() {
