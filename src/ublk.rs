@@ -12,8 +12,9 @@
 //!   ([`Ftl::prefetch_map`]; one evicted again before the READ locates its blocks is
 //!   read on the queue thread). Buffered blocks are copied, unmapped ones
 //!   zero-filled, device-resident ones read with the queue's io_uring straight into the
-//!   io buffer (physically contiguous blocks in one read; the backing's fd is the ring's
-//!   fixed file 1), then checked with [`Ftl::verify_block`]: `Ok(false)` (the block moved
+//!   io buffer (physically contiguous blocks in one read, at most [`spans_in_flight`]
+//!   of a request's reads pending at once; the backing's fd is the ring's fixed file 1),
+//!   then checked with [`Ftl::verify_block`]: `Ok(false)` (the block moved
 //!   meanwhile) re-locates and re-reads it, an error fails the request with -EIO.
 //! - WRITE calls [`Ftl::write`] (FUA honoured) with each block in the stream the online
 //!   classifier ([`ftl::classify`]) picks by the block's expected lifetime (classes a
