@@ -361,14 +361,14 @@ impl L2p {
         self.update(lba, |_| Some(e))
     }
 
-    /// True when every page of `lba..lba + count` is in the cache (always with the whole
-    /// map in memory). A look only: nothing is loaded, and a page may be evicted right
-    /// after. A shard whose lock is held counts as a miss: its holder may be reading the
-    /// index (map rule 4), and the caller must not wait for that.
+    /// True when every page of `lba..lba + count` is in the cache. A look only: nothing
+    /// is loaded, and a page may be evicted right after. A shard whose lock is held
+    /// counts as a miss: its holder may be reading the index (map rule 4), and the caller
+    /// must not wait for that. A cache that holds the whole map starts empty after an open
+    /// too and reads each page on first use: it said "cached" for every page, and the
+    /// ublk edge read the index on its queue thread, every other request of the queue
+    /// waiting behind the read (found by review, 2026-11-29).
     pub fn cached(&self, lba: u64, count: u64) -> bool {
-        if !self.partial() {
-            return true;
-        }
         let Some(pages) = pages_of(lba, count) else {
             return true;
         };
@@ -508,6 +508,27 @@ mod tests {
             m.swap(p * 512, MapEntry::new(1, 2)).unwrap();
         }
         assert!(!m.wants_checkpoint(), "the whole map is cached: never");
+    }
+
+    /// A cache that holds the whole map starts empty too (an open): its pages are misses
+    /// until read, so the callers that must not wait for the index (the ublk edge, a
+    /// writer about to take its stream's lock) load them first.
+    #[test]
+    fn a_whole_map_cache_says_which_pages_it_has_not_read_yet() {
+        let store = Arc::new(Pages::default());
+        let blocks = 4 * PAGE_ENTRIES as u64;
+        store.0.lock().unwrap().insert(1, vec![7; PAGE_ENTRIES]);
+        let m = L2p::new(blocks, u64::MAX, store.clone());
+        assert!(!m.partial());
+        let page1 = PAGE_ENTRIES as u64;
+        assert!(!m.cached(page1, 1), "page 1 not read yet");
+        assert!(!m.cached(0, 2 * page1), "pages 0 and 1 not read yet");
+        m.prefetch(page1, 1).unwrap();
+        assert_eq!(store.1.load(Ordering::Relaxed), 1);
+        assert!(m.cached(page1 + 5, 3));
+        assert!(!m.cached(0, 2 * page1), "page 0 still not read");
+        assert_eq!(m.get(page1 + 5).unwrap(), MapEntry(7));
+        assert_eq!(store.1.load(Ordering::Relaxed), 1, "a hit reads nothing");
     }
 
     /// An index stand-in: pages a "checkpoint" committed.

@@ -680,7 +680,8 @@ fn fragmentation_counts_the_backing_reads_of_each_window() {
 /// The ublk edge's READ fills the map cache off its queue thread: with a cache smaller
 /// than the map, [`Ftl::map_misses`] names a range whose page is not cached, and after
 /// [`Ftl::prefetch_map`] it is cached and the read of it counts no miss (no index read).
-/// With the whole map in memory nothing misses; a prefetch past the end is refused.
+/// A prefetch past the end is refused. With the whole map in memory, pages miss after an
+/// open until first read.
 #[test]
 fn a_prefetched_map_range_is_read_without_an_index_read() {
     let (dev, idx) = formatted_64m();
@@ -716,8 +717,16 @@ fn a_prefetched_map_range_is_read_without_an_index_read() {
     ));
     f.close().unwrap();
     drop(f);
+    // A cache that holds the whole map starts empty after an open too: its pages miss
+    // until read (it said "cached" for all of them, and the ublk edge read the index on
+    // its queue thread), and once read they stay.
     let (f, _) = Ftl::open(dev, idx, Config::default()).unwrap();
+    assert!((0..cap).step_by(64).all(|l| f.map_misses(l, 1)));
+    f.prefetch_map(0, cap).unwrap();
     assert!((0..cap).step_by(64).all(|l| !f.map_misses(l, 1)));
+    let before = f.stats().map_cache.misses;
+    check_read(&f, &m, lba, 1).unwrap();
+    assert_eq!(f.stats().map_cache.misses, before);
 }
 
 /// A 64 MiB memory device and index, formatted with the default options (32 map pages).
@@ -726,4 +735,118 @@ fn formatted_64m() -> (Arc<MemDevice>, Arc<MemIndex>) {
     let idx = Arc::new(MemIndex::new());
     ftl::format(&dev, &idx, &FormatOptions::default(), false).unwrap();
     (dev, idx)
+}
+
+/// An index whose single-record reads (the map's misses) wait while the gate is shut.
+struct GatedIndex {
+    inner: Arc<MemIndex>,
+    gate: Arc<Gate>,
+}
+
+#[derive(Default)]
+struct Gate {
+    shut: std::sync::Mutex<bool>,
+    cv: std::sync::Condvar,
+    waiting: std::sync::atomic::AtomicU64,
+}
+
+struct GatedReader {
+    inner: Arc<dyn ftl::index::IndexReader>,
+    gate: Arc<Gate>,
+}
+
+impl ftl::index::IndexReader for GatedReader {
+    fn get(&self, key: &[u8]) -> ftl::Result<Option<Vec<u8>>> {
+        let mut shut = self.gate.shut.lock().unwrap();
+        if *shut {
+            self.gate
+                .waiting
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            while *shut {
+                shut = self.gate.cv.wait(shut).unwrap();
+            }
+        }
+        drop(shut);
+        self.inner.get(key)
+    }
+}
+
+impl ftl::IndexStore for GatedIndex {
+    fn load(&self) -> ftl::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.inner.load()
+    }
+    fn load_kind(&self, kind: u8) -> ftl::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        self.inner.load_kind(kind)
+    }
+    fn commit(&self, ops: Vec<ftl::index::Op>) -> ftl::Result<()> {
+        self.inner.commit(ops)
+    }
+    fn clear(&self) -> ftl::Result<()> {
+        self.inner.clear()
+    }
+    fn reader(&self) -> Arc<dyn ftl::index::IndexReader> {
+        Arc::new(GatedReader {
+            inner: self.inner.reader(),
+            gate: self.gate.clone(),
+        })
+    }
+}
+
+/// A writer whose map page is not read yet reads it before it takes its stream's lock,
+/// with the whole map in memory too (pages are read on first use after an open): a
+/// slow index read holds no other writer of the stream. Without it (the prefetch only
+/// with a cache smaller than the map), the page was read inside the append with the
+/// stream locked, and the second write below waited for the index (found by review,
+/// 2026-11-29).
+#[test]
+fn a_writer_reads_its_map_page_before_it_locks_its_stream() {
+    let (dev, idx) = formatted_64m();
+    let (f, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
+    let far = 10 * 512; // another map page than block 0's
+    f.write(0, &block_for(0, 1), false, S0).unwrap();
+    f.write(far, &block_for(far, 1), false, S0).unwrap();
+    f.close().unwrap();
+    drop(f);
+    let gate = Arc::new(Gate::default());
+    let gated = Arc::new(GatedIndex {
+        inner: idx,
+        gate: gate.clone(),
+    });
+    let (f, _) = Ftl::open(dev, gated, Config::default()).unwrap();
+    let f = Arc::new(f);
+    let mut b = vec![0u8; BLOCK_SIZE];
+    f.read(0, &mut b).unwrap(); // block 0's page read
+    *gate.shut.lock().unwrap() = true;
+    let slow = {
+        let f = f.clone();
+        std::thread::spawn(move || f.write(far, &block_for(far, 2), false, S0))
+    };
+    let t = std::time::Instant::now();
+    while gate.waiting.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "no index read"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let fast = {
+        let f = f.clone();
+        std::thread::spawn(move || {
+            let r = f.write(0, &block_for(0, 2), false, S0);
+            let _ = tx.send(());
+            r
+        })
+    };
+    let passed = rx.recv_timeout(std::time::Duration::from_secs(5)).is_ok();
+    *gate.shut.lock().unwrap() = false;
+    gate.cv.notify_all();
+    slow.join().unwrap().unwrap();
+    fast.join().unwrap().unwrap();
+    assert!(
+        passed,
+        "a write to a cached page waited for another writer's index read"
+    );
+    f.read(far, &mut b).unwrap();
+    assert_eq!(b, block_for(far, 2));
 }

@@ -607,9 +607,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         // A miss reads the index: here, not under the stream lock, where it held every
         // writer of the stream (and a checkpoint taking the locks) for a sled read
         // (found by review, 2026-11-27). A hint: a page evicted meanwhile is read again.
-        if self.t.map.partial() {
-            self.t.map.prefetch(lba, n)?;
-        }
+        // A cache holding the whole map misses too, on each page's first use after an
+        // open (found by review, 2026-11-29); after that this is a hit.
+        self.t.map.prefetch(lba, n)?;
         let mut pending = PendingChunks::default();
         let appended = self.append_loop(
             stream,
