@@ -561,16 +561,21 @@ mod tests {
         assert_eq!(budget.spent(), p.wear_spent);
     }
 
+    /// A memory FTL of `segments` 64 KiB segments.
+    fn small_segments(segments: u64) -> ftl::model::MemFtl {
+        let opts = FormatOptions {
+            segment_bytes: Some(64 << 10),
+            ..Default::default()
+        };
+        mem_ftl(segments * (64 << 10), &opts).2
+    }
+
     /// A victim is read whole only when nearly all of the *segment* is live: with
     /// segments larger than the window, a victim 44% live (its first window dead but for
     /// the summary) was read whole, 85% of one window's worth of live blocks.
     #[test]
     fn a_victim_larger_than_the_window_is_read_whole_only_when_nearly_all_live() {
-        let opts = FormatOptions {
-            segment_bytes: Some(64 << 10),
-            ..Default::default()
-        };
-        let (_, _, f) = mem_ftl(32 * (64 << 10), &opts);
+        let f = small_segments(32);
         let bps = f.geometry().blocks_per_segment() as u64;
         let wb = bps / 2;
         // Four segments' worth of data, then the first half of the first one's overwritten.
@@ -633,11 +638,7 @@ mod tests {
 
     #[test]
     fn the_victim_after_the_one_handed_over_is_chosen_ahead() {
-        let opts = FormatOptions {
-            segment_bytes: Some(64 << 10),
-            ..Default::default()
-        };
-        let (_, _, f) = mem_ftl(64 * (64 << 10), &opts);
+        let f = small_segments(64);
         let f = Arc::new(f);
         // Half filled, then every third block overwritten: many closed victims.
         let n = f.geometry().exported_blocks / 2;
