@@ -349,3 +349,64 @@ fn damage_summary(dev: &ftl::device::mem::MemDevice, f: &MemFtl, seg: u32, off: 
     summary[100] ^= 0xff;
     dev.write_at(at, &summary).unwrap();
 }
+
+/// While the index refuses commits, writes and TRIMs that would dirty more of a small map cache
+/// than its bound are refused before they change anything, so the cache stays bounded
+/// (each took effect, failed with the checkpoint's error and dirtied one more page that
+/// no checkpoint could make evictable: all 25 pages here). Once the index works again,
+/// so do writes, and what was written reads back after a reopen.
+#[test]
+fn a_failing_index_refuses_writes_rather_than_grow_the_map_cache() {
+    use ftl::device::mem::MemDevice;
+    use ftl::index::mem::MemIndex;
+    use std::sync::Arc;
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    let idx = Arc::new(MemIndex::new());
+    ftl::format(&dev, &idx, &ftl::FormatOptions::default(), false).unwrap();
+    let cfg = Config {
+        map_cache_bytes: 0,
+        ..Config::default()
+    };
+    let (f, _) = Ftl::open(dev.clone(), idx.clone(), cfg.clone()).unwrap();
+    let cap = f.capacity_blocks();
+    let pages = cap / 512;
+    assert!(pages >= 20, "{pages} map pages");
+    idx.fail_commits.store(true, Ordering::SeqCst);
+    let mut refused = 0;
+    for p in 0..pages {
+        let lba = p * 512;
+        match f.write(lba, &block_for(lba, 1), false, S0) {
+            Ok(()) => {}
+            Err(e) => {
+                assert!(matches!(e, Error::Index(_)), "{e}");
+                refused += 1;
+            }
+        }
+        let s = f.stats().map_cache;
+        assert!(s.dirty_pages <= 4 && s.cached_pages <= 5, "page {p}: {s:?}");
+    }
+    assert!(refused >= pages - 4, "{refused} of {pages} writes refused");
+    // A TRIM too.
+    for p in 0..pages {
+        let e = f.trim(p * 512, 1).unwrap_err();
+        assert!(matches!(e, Error::Index(_)), "{e}");
+    }
+    let s = f.stats().map_cache;
+    assert!(
+        s.dirty_pages <= 4 && s.cached_pages <= 5,
+        "after TRIMs: {s:?}"
+    );
+    idx.fail_commits.store(false, Ordering::SeqCst);
+    let mut m = Model::new();
+    for p in 0..pages {
+        let lba = p * 512 + 1;
+        f.write(lba, &m.write(lba, 1), false, S0).unwrap();
+    }
+    f.flush().unwrap();
+    f.close().unwrap();
+    drop(f);
+    let (f, _) = Ftl::open(dev, idx, cfg).unwrap();
+    for p in 0..pages {
+        check_read(&f, &m, p * 512 + 1, 1).unwrap();
+    }
+}
