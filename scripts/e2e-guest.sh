@@ -362,6 +362,20 @@ for k in $(seq 1 "$KILLS"); do
         "$BIN" add --config "$WORK/dev.toml" > /dev/null || fail "add --config did not re-attach device $ID"
         [ "$(ls /dev/ublkb* | wc -l)" = 1 ] || fail "add --config created a second device: $(ls /dev/ublkb*)"
     else
+        if [ "$k" = 3 ]; then
+            # The record names the backing's uuid: `recover` must not re-attach the
+            # device to a backing that holds another (a disk reconnected under the same
+            # name, a file restored from another device). The record says another here.
+            rec="/run/ftlblk/$ID.json"
+            cp "$rec" "$WORK/rec.bak"
+            sed -i 's/"uuid": *"[^"]*"/"uuid": "00000000-0000-4000-8000-000000000000"/' "$rec"
+            grep -q '"uuid": "00000000-0000-4000-8000-000000000000"' "$rec" || fail "could not edit the record's uuid"
+            if msg="$("$BIN" recover -n "$ID" 2>&1)"; then fail "recover re-attached device $ID to a backing of another uuid: $msg"; fi
+            echo "$msg" | grep -q "not re-attaching" || fail "recover to another uuid failed without saying why: $msg"
+            [ -e "/dev/ublkc$ID" ] || fail "the refused recover removed device $ID"
+            cp "$WORK/rec.bak" "$rec"
+            echo "recover refused for a backing of another uuid: ok"
+        fi
         "$BIN" recover -n "$ID" > /dev/null || fail "recover $k failed"
     fi
     newpid="$(daemon_pid)"

@@ -114,8 +114,34 @@ const BDEV_WAIT: Duration = Duration::from_secs(10);
 pub enum Mode {
     /// A new device (`None`: the kernel picks the id).
     Add { id: Option<u32> },
-    /// Re-attach to device `id` after its server died.
-    Recover { id: u32, recoveries: u32 },
+    /// Re-attach to device `id` after its server died. `uuid`: the backing's, as its
+    /// record says (empty in a record that has none: not checked).
+    Recover {
+        id: u32,
+        recoveries: u32,
+        uuid: String,
+    },
+}
+
+/// Refuses to re-attach device `id` to a backing other than the one it served: the
+/// kernel's device (and the file system on it, its page cache) belongs to the backing
+/// of uuid `expected`; `found` is the uuid of what the record's path opens now (a
+/// reconnected or renamed disk, a file replaced or restored from another device).
+/// Found by review (2026-11-29): `recover` opened whatever the path held and wrote its
+/// uuid into the record.
+pub(crate) fn check_recover_target(
+    id: u32,
+    backing: &Path,
+    expected: &str,
+    found: &str,
+) -> Result<(), CliError> {
+    if expected.is_empty() || expected == found {
+        return Ok(());
+    }
+    Err(CliError::Device(format!(
+        "device {id} was served from the backing of uuid {expected}, but {} now holds          uuid {found}: not re-attaching it (find the backing of uuid {expected} with          `ftlblk info --backing PATH`; `ftlblk del -n {id} --force` removes the device)",
+        backing.display()
+    )))
 }
 
 /// Everything the daemon needs.
@@ -268,6 +294,14 @@ fn serve_device(cfg: DaemonConfig, notifier: &Arc<Notifier>) -> Result<(), CliEr
         .map(metrics_listener)
         .transpose()?;
     let ftl = Arc::new(open_ftl(&cfg)?);
+    if let Mode::Recover { id, uuid, .. } = &cfg.mode {
+        let found = ftl.superblock().uuid_string();
+        if let Err(e) = check_recover_target(*id, &cfg.backing, uuid, &found) {
+            // That backing's own open was sound: closed as any other.
+            let _ = ftl.close();
+            return Err(e);
+        }
+    }
     if let Some(w) = ftl
         .device()
         .host_space_short()
@@ -323,7 +357,7 @@ fn serve(
                 .map_err(|_| CliError::BadArgs("device id out of range".into()))?,
             0,
         ),
-        Mode::Recover { id, recoveries } => {
+        Mode::Recover { id, recoveries, .. } => {
             let ctrl = kctl::open(id)?;
             kctl::check(ctrl.start_user_recover())
                 .map_err(|source| CliError::RecoveryRefused { id, source })?;
@@ -505,6 +539,27 @@ fn record_ms(d: std::time::Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `recover` re-attaches a device only to the backing it served: a record without a
+    /// uuid (older) is not checked, one that names another uuid is refused with both.
+    #[test]
+    fn recover_refuses_a_backing_of_another_uuid() {
+        let p = Path::new("/dev/sdz");
+        assert!(check_recover_target(3, p, "aaaa", "aaaa").is_ok());
+        assert!(check_recover_target(3, p, "", "bbbb").is_ok());
+        let e = check_recover_target(3, p, "aaaa", "bbbb")
+            .unwrap_err()
+            .to_string();
+        for want in [
+            "device 3",
+            "uuid aaaa",
+            "uuid bbbb",
+            "/dev/sdz",
+            "del -n 3 --force",
+        ] {
+            assert!(e.contains(want), "{want:?} not in {e}");
+        }
+    }
 
     #[test]
     fn a_delay_under_a_millisecond_is_not_recorded_as_zero() {

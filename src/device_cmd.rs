@@ -370,6 +370,7 @@ pub fn recover(a: RecoverArgs) -> Result<(), CliError> {
         mode: Mode::Recover {
             id,
             recoveries: rec.recoveries,
+            uuid: rec.uuid.clone(),
         },
         log: launch::log_from_env(),
         metrics_listen: rec.metrics_listen.clone(),
