@@ -112,7 +112,8 @@ impl FileDevice {
     /// claims it exclusively. See the module documentation for the contract.
     /// A file this call created is removed again when the open fails after creating it
     /// (a failed `format --size 0` left a 0-byte backing, which the next `add` called too
-    /// small instead of creating it; found by review, 2026-11-27).
+    /// small instead of creating it; found by review, 2026-11-27), unless another opener
+    /// locked it first: then it is theirs.
     pub fn open(path: &Path, opts: &OpenOptions) -> io::Result<FileDevice> {
         let mut created = false;
         let r = Self::open_inner(path, opts, &mut created);
@@ -144,7 +145,11 @@ impl FileDevice {
                     .mode(0o600)
                     .open(path)
                 {
-                    Ok(_) => *created = true,
+                    Ok(_) => {
+                        *created = true;
+                        #[cfg(test)]
+                        tests::after_create(path);
+                    }
                     // Lost a race with another creator: just open what is there.
                     Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                     Err(e) => return Err(with_path(e, "cannot create backing")),
@@ -199,7 +204,13 @@ impl FileDevice {
             Err(e) => return Err(with_path(e, "cannot open backing")),
         };
 
-        lock_exclusive(&file, path)?;
+        if let Err(e) = lock_exclusive(&file, path) {
+            // Another opener holds the file: it is theirs now, whoever created it. Removed,
+            // a concurrent `format` that won the lock formatted a file with no name left
+            // and said it succeeded (found by review, 2026-11-29).
+            *created = false;
+            return Err(e);
+        }
 
         let raw_size = if block_device {
             block_device_size(&file).map_err(|e| with_path(e, "cannot get size of"))?

@@ -90,6 +90,51 @@ fn a_file_created_by_a_failed_open_is_removed() {
     assert!(create(&path, 4096).created());
 }
 
+std::thread_local! {
+    /// Runs once on this thread right after an open created its file (before its lock).
+    static AFTER_CREATE: std::cell::RefCell<Option<Box<dyn FnOnce(&Path)>>> =
+        std::cell::RefCell::new(None);
+}
+
+pub(super) fn after_create(path: &Path) {
+    if let Some(f) = AFTER_CREATE.with(|h| h.borrow_mut().take()) {
+        f(path);
+    }
+}
+
+/// Another opener that locked the file between its creation and this open's lock owns
+/// it: the failed open leaves it (it removed it, and a concurrent `format` that won the
+/// lock formatted a file with no name left; found by review, 2026-11-29).
+#[test]
+fn a_file_another_opener_locked_first_is_not_removed() {
+    let dir = scratch();
+    let path = dir.path().join("raced");
+    let holder: std::rc::Rc<std::cell::RefCell<Option<std::fs::File>>> = Default::default();
+    let h = holder.clone();
+    AFTER_CREATE.with(|c| {
+        *c.borrow_mut() = Some(Box::new(move |p: &Path| {
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(p)
+                .expect("the other opener opens the new file");
+            lock_exclusive(&f, p).expect("the other opener locks it first");
+            *h.borrow_mut() = Some(f);
+        }))
+    });
+    let err = FileDevice::open(
+        &path,
+        &OpenOptions {
+            create_size: Some(MIB),
+            ..Default::default()
+        },
+    )
+    .unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::WouldBlock, "{err}");
+    assert!(holder.borrow().is_some(), "the hook ran");
+    assert!(path.exists(), "the other opener's file was removed");
+}
+
 #[test]
 fn existing_file_is_opened_not_resized() {
     let dir = scratch();
