@@ -90,10 +90,11 @@ fn a_file_created_by_a_failed_open_is_removed() {
     assert!(create(&path, 4096).created());
 }
 
+type Hook = Box<dyn FnOnce(&Path)>;
+
 std::thread_local! {
     /// Runs once on this thread right after an open created its file (before its lock).
-    static AFTER_CREATE: std::cell::RefCell<Option<Box<dyn FnOnce(&Path)>>> =
-        std::cell::RefCell::new(None);
+    static AFTER_CREATE: std::cell::RefCell<Option<Hook>> = std::cell::RefCell::new(None);
 }
 
 pub(super) fn after_create(path: &Path) {
