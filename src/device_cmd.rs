@@ -429,7 +429,11 @@ fn del_one(id: u32, timeout: Duration, force: bool) -> Result<String, CliError> 
             e.ports.join(", ")
         )));
     }
-    let rec = runfiles::read_record(id).ok().flatten();
+    // A record that cannot be read is named in the refusal below, not taken for none.
+    let (rec, unreadable) = match runfiles::read_record(id) {
+        Ok(r) => (r, None),
+        Err(e) => (None, Some(e.to_string())),
+    };
     let daemon = rec
         .as_ref()
         .filter(|r| runfiles::daemon_alive(r))
@@ -449,7 +453,7 @@ fn del_one(id: u32, timeout: Duration, force: bool) -> Result<String, CliError> 
             (None, _) => Err(CliError::NotFound(id)),
         };
     }
-    owned_or_forced(id, rec.is_some(), force)?;
+    owned_or_forced(id, rec.is_some(), unreadable.as_deref(), force)?;
     kctl::kill_and_delete(id)?;
     if let Some((pid, start)) = daemon {
         let deadline = Instant::now() + timeout;
@@ -475,16 +479,32 @@ fn del_one(id: u32, timeout: Duration, force: bool) -> Result<String, CliError> 
 
 /// A kernel device without an ftlblk record is deleted only with `--force`: a mistyped
 /// number removed another ublk server's disk from under its file system (found by
-/// review, 2026-11-27).
-fn owned_or_forced(id: u32, has_record: bool, force: bool) -> Result<(), CliError> {
+/// review, 2026-11-27). A record that exists but cannot be read (`unreadable`: why) is
+/// named as such: it was taken for none, and `del` called the device another server's
+/// (found by review, 2026-11-29).
+fn owned_or_forced(
+    id: u32,
+    has_record: bool,
+    unreadable: Option<&str>,
+    force: bool,
+) -> Result<(), CliError> {
     if has_record || force {
         return Ok(());
     }
-    Err(CliError::Device(format!(
-        "ublk device {id} has no ftlblk record ({}): it may be another ublk server's \
-         device. `ftlblk del -n {id} --force` deletes it anyway",
-        runfiles::record_path(id).display()
-    )))
+    let path = runfiles::record_path(id);
+    Err(CliError::Device(match unreadable {
+        Some(why) => format!(
+            "the ftlblk record of ublk device {id} cannot be read ({why}); if the device is \
+             this host's ftlblk device, `ftlblk del -n {id} --force` deletes it (and the \
+             damaged {})",
+            path.display()
+        ),
+        None => format!(
+            "ublk device {id} has no ftlblk record ({}): it may be another ublk server's \
+             device. `ftlblk del -n {id} --force` deletes it anyway",
+            path.display()
+        ),
+    }))
 }
 
 /// One row of `list`.
@@ -662,9 +682,22 @@ mod tests {
     /// the way to force it.
     #[test]
     fn a_device_without_a_record_is_deleted_only_when_forced() {
-        let e = owned_or_forced(3, false, false).unwrap_err().to_string();
+        let e = owned_or_forced(3, false, None, false)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("ftlblk del -n 3 --force"), "{e}");
-        assert!(owned_or_forced(3, true, false).is_ok());
-        assert!(owned_or_forced(3, false, true).is_ok());
+        assert!(e.contains("another ublk server"), "{e}");
+        assert!(owned_or_forced(3, true, None, false).is_ok());
+        assert!(owned_or_forced(3, false, None, true).is_ok());
+        // A damaged record is named, with why, not taken for another server's device.
+        let e = owned_or_forced(3, false, Some("expected value at line 1"), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cannot be read (expected value at line 1)"),
+            "{e}"
+        );
+        assert!(!e.contains("another ublk server"), "{e}");
+        assert!(e.contains("ftlblk del -n 3 --force"), "{e}");
     }
 }
