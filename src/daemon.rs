@@ -139,7 +139,9 @@ pub(crate) fn check_recover_target(
         return Ok(());
     }
     Err(CliError::Device(format!(
-        "device {id} was served from the backing of uuid {expected}, but {} now holds          uuid {found}: not re-attaching it (find the backing of uuid {expected} with          `ftlblk info --backing PATH`; `ftlblk del -n {id} --force` removes the device)",
+        "device {id} was served from the backing of uuid {expected}, but {} now holds \
+         uuid {found}: not re-attaching it (find the backing of uuid {expected} with \
+         `ftlblk info --backing PATH`; `ftlblk del -n {id} --force` removes the device)",
         backing.display()
     )))
 }
@@ -559,6 +561,7 @@ mod tests {
         ] {
             assert!(e.contains(want), "{want:?} not in {e}");
         }
+        assert!(!e.contains("  "), "a run of spaces in {e:?}");
     }
 
     #[test]
