@@ -207,8 +207,11 @@ impl FileDevice {
         if let Err(e) = lock_exclusive(&file, path) {
             // Another opener holds the file: it is theirs now, whoever created it. Removed,
             // a concurrent `format` that won the lock formatted a file with no name left
-            // and said it succeeded (found by review, 2026-11-29).
-            *created = false;
+            // and said it succeeded (found by review, 2026-11-29). Any other lock error
+            // leaves the file ours (removed as before).
+            if e.kind() == io::ErrorKind::WouldBlock {
+                *created = false;
+            }
             return Err(e);
         }
 
