@@ -386,28 +386,29 @@ async fn read_blocks(
     if dev_blocks.is_empty() {
         return Ok(());
     }
-    // Submit every span at once, then wait for all of them before touching the buffer.
-    // A span holding other data between its blocks (stale copies, a chunk's summary, a
-    // FLUSH's padding) is read into a scratch buffer and its blocks copied out.
+    // Submit the spans (at most `spans_in_flight` at once: every future pending on this
+    // queue thread needs its own libublk key, and keys past 16 bits alias, above), then
+    // wait for all of them before touching the buffer. A span holding other data
+    // between its blocks (stale copies, a chunk's summary, a FLUSH's padding) is read
+    // into a scratch buffer and its blocks copied out.
     let spans = ftl::ReadSpans::new(&dev_blocks, ftl::READ_SPAN_GAP_BLOCKS);
     let base = buf.as_mut_ptr();
     let mut scratch: Vec<(usize, ScratchBuf)> = Vec::new();
-    let mut targets: Vec<*mut u8> = Vec::with_capacity(spans.len());
+    let mut jobs: Vec<(ftl::ReadSpan<'_>, *mut u8)> = Vec::with_capacity(spans.len());
     for (k, s) in spans.iter().enumerate() {
-        match s.direct() {
+        let target = match s.direct() {
             // SAFETY: idx + blocks <= n, so a direct span lies inside `buf`.
-            Some(idx) => targets.push(unsafe { base.add(idx * BLOCK_SIZE) }),
+            Some(idx) => unsafe { base.add(idx * BLOCK_SIZE) },
             None => {
                 // The allocation stays put when the buffer moves into `scratch`.
                 let mut sc = ScratchBuf::take(s.len);
-                targets.push(sc.as_mut_ptr());
+                let ptr = sc.as_mut_ptr();
                 scratch.push((k, sc));
+                ptr
             }
-        }
+        };
+        jobs.push((s, target));
     }
-    // At most `spans_in_flight` of them at once: every future pending on this queue
-    // thread needs its own libublk key, and keys past 16 bits alias (above).
-    let jobs: Vec<(ftl::ReadSpan<'_>, *mut u8)> = spans.iter().zip(targets).collect();
     let window = spans_in_flight(q.dev.dev_info.queue_depth);
     let results = windowed(&jobs, window, |(s, ptr)| {
         q.ublk_submit_sqe(read_sqe(*ptr, s.len, s.offset))
