@@ -604,14 +604,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         if let Some(w) = writers {
             w.admit();
         }
-        // Map rule 3 with an index that refuses commits: a writer that finds half the
-        // cache dirty relieves it before it appends, and a checkpoint that fails refuses
-        // the write. Relieved only after the append, every write took effect, returned
-        // the checkpoint's error and dirtied one more page that could not be evicted: the
-        // cache grew without bound while the index failed (found by review, 2026-11-29).
-        if self.t.map.at_limit() {
-            self.relieve_map()?;
-        }
+        self.relieve_map_before()?;
         // A miss reads the index: here, not under the stream lock, where it held every
         // writer of the stream (and a checkpoint taking the locks) for a sled read
         // (found by review, 2026-11-27). A hint: a page evicted meanwhile is read again.
@@ -652,6 +645,19 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         Ok(())
     }
 
+    /// Map rule 3 with an index that refuses commits: a writer or TRIM that finds half
+    /// the cache dirty relieves it before it changes anything, and a checkpoint that
+    /// fails refuses the request. Relieved only after the append, every write took
+    /// effect, returned the checkpoint's error and dirtied one more page that could not
+    /// be evicted: the cache grew without bound while the index failed (found by review,
+    /// 2026-11-29).
+    fn relieve_map_before(&self) -> Result<()> {
+        if self.t.map.at_limit() {
+            self.relieve_map()?;
+        }
+        Ok(())
+    }
+
     /// Map rule 3's back-pressure: a writer that finds a quarter of the cache dirty takes
     /// a checkpoint itself unless one is under way; at half the cache it waits for the
     /// one under way, and takes another if that did not bring the map back under the
@@ -679,10 +685,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         #[cfg(test)]
         crate::append::tests::maybe_park(&crate::append::tests::PARK_AFTER_TRIM_CHECK);
         self.space.note_foreground();
-        // As a write: half the map cache dirty is relieved first, or the TRIM refused.
-        if self.t.map.at_limit() {
-            self.relieve_map()?;
-        }
+        self.relieve_map_before()?;
         // Nothing mapped, nothing to log (`append::trim_piece`), and no segment opened
         // for it. A write that completed before this TRIM began is mapped here; one
         // racing with it may be ordered after it. Looked at under the blocks' stripe
