@@ -8,7 +8,8 @@
 #
 # Scenarios, each printed as "== N. ...":
 #   1. `add` of a new sparse backing: /dev/ublkbN with 4 KiB logical and physical blocks,
-#      write-back cache, FUA, discard and write-zeroes advertised; `list` shows it live.
+#      write-back cache, FUA, discard and write-zeroes advertised; `list` shows it live;
+#      its record, removed, is written again by the daemon within 5 s.
 #   2. ext4, xfs, btrfs, f2fs in turn: mkfs, mount, write a tree of files, md5sums,
 #      unmount, the file system's own checker in read-only mode, remount, verify; then
 #      `del`, `ftlblk check`, `add` of the same backing, verify again.
@@ -215,6 +216,15 @@ for t in /proc/"$pid"/task/*; do
 done
 [ "$n" -gt 2 ] || fail "the daemon has $n threads"
 echo "all $n daemon threads are I/O flushers"
+# The daemon keeps its record written: one removed under it (or one the start could not
+# write) is back within a few of the control plane's one-second ticks.
+rec="/run/ftlblk/$ID.json"
+cp "$rec" "$WORK/record.before"
+rm -f "$rec"
+for _ in $(seq 1 50); do [ -e "$rec" ] && break; sleep 0.1; done
+[ -e "$rec" ] || fail "the daemon did not write its removed record again within 5 s"
+cmp -s "$rec" "$WORK/record.before" || fail "the record written again differs from the first"
+"$BIN" list | grep -q "ublkb$ID .*live" || fail "list does not show ublkb$ID live after its record was written again"
 
 # ---------------------------------------------------------------------------------------
 for fs in $FILESYSTEMS; do

@@ -14,6 +14,9 @@
 //!   checkpoint; [`Control::shutdown`] waits for it too.
 //! - **Streams.** On the same tick, when the classifier has made a new stream plan, the
 //!   streams it no longer uses are closed ([`ftl::Ftl::close_stream`]) on the blocking pool.
+//! - **Record.** Once told the device is live ([`Event::Live`]), the same tick keeps its
+//!   record written ([`runfiles::keep_record`]): one the start could not write, or one
+//!   removed under the daemon, is written again.
 //! - **Stats.** Once told the device is live ([`Event::Live`]), the runtime serves
 //!   `/run/ftlblk/N.sock`: each connection receives one [`StatsDocument`] (the device
 //!   record, the FTL's, classifier's and cleaner's figures) and is closed. The socket is
@@ -264,7 +267,9 @@ async fn serve(
     // a long discard must not hold a due checkpoint back).
     let mut checkpoint: Option<tokio::task::JoinHandle<()>> = None;
     let mut discarding: Option<tokio::task::JoinHandle<()>> = None;
-    let failures = Arc::new(Repeats::default());
+    let failures = Arc::new(Repeats::new("background checkpoints"));
+    let record_writes = Repeats::new("device record writes");
+    let own = runfiles::own_process();
     let mut plans_seen = classifier.plans();
     loop {
         tokio::select! {
@@ -284,6 +289,21 @@ async fn serve(
                 Some(Event::Shutdown) | None => break,
             },
             _ = tick.tick() => {
+                if let Some(rec) = &record {
+                    // Written again if it could not be written at the start, or was
+                    // removed under this daemon: without it `list`, `del` and `recover`
+                    // do not know the device.
+                    match runfiles::keep_record(rec, own) {
+                        Ok(true) => {
+                            eprintln!("ftlblk: device record {} written", rec.id);
+                            record_writes.ok();
+                        }
+                        Ok(false) => record_writes.ok(),
+                        Err(e) => {
+                            record_writes.failed(&e.to_string());
+                        }
+                    }
+                }
                 let c = ftl.stats().counters;
                 parts.live.waf.sample(
                     std::time::Instant::now(),
@@ -378,15 +398,23 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(250);
 /// Rate limit of a message that repeats every tick (a background checkpoint failing while
 /// the FTL is poisoned): the first failure, then one line per [`REPEAT_EVERY`] failures,
 /// and a line when it works again. The log lives in /run, on tmpfs.
-#[derive(Default)]
 struct Repeats {
     failed: std::sync::atomic::AtomicU64,
+    /// What works again, for the line that says so ("background checkpoints").
+    what: &'static str,
 }
 
 /// See [`Repeats`]: about ten minutes of one-second ticks.
 const REPEAT_EVERY: u64 = 600;
 
 impl Repeats {
+    fn new(what: &'static str) -> Self {
+        Repeats {
+            failed: Default::default(),
+            what,
+        }
+    }
+
     /// One more failure, printed if it is one to print (says whether).
     fn failed(&self, msg: &str) -> bool {
         let n = self
@@ -408,7 +436,7 @@ impl Repeats {
     fn ok(&self) {
         let n = self.failed.swap(0, std::sync::atomic::Ordering::Relaxed);
         if n > 0 {
-            eprintln!("ftlblk: background checkpoints work again after {n} failures");
+            eprintln!("ftlblk: {} work again after {n} failures", self.what);
         }
     }
 }
@@ -543,7 +571,7 @@ mod tests {
     /// [`REPEAT_EVERY`] times, and again at once after it worked.
     #[test]
     fn a_repeating_failure_is_printed_rarely() {
-        let r = Repeats::default();
+        let r = Repeats::new("x");
         let printed = (0..2 * REPEAT_EVERY).filter(|_| r.failed("x")).count();
         assert_eq!(printed, 2);
         r.ok();

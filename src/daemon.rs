@@ -14,7 +14,9 @@
 //! 3. `add` creates a new ublk device; `recover` sends START_USER_RECOVERY for the
 //!    existing one and re-attaches (the kernel re-issues the requests in flight when the
 //!    previous server died). Then libublk's `run_target` runs the queues ([`crate::ublk`]).
-//! 4. When `/dev/ublkbN` is live: writes `/run/ftlblk/N.json`, prints the record as JSON on
+//! 4. Once the kernel has the device (before START_DEV): writes `/run/ftlblk/N.json` (a
+//!    failed write is retried when live and then by the control plane's timer).
+//!    When `/dev/ublkbN` is live: prints the record as JSON on
 //!    stdout, and reports it on the readiness pipe of the `add`/`recover` that started this
 //!    daemon in the background ([`crate::launch`]); any failure before that is reported
 //!    there.
@@ -409,6 +411,14 @@ fn serve(
         metrics_listen: cfg.metrics_listen.clone(),
         discard_delay_ms: Some(record_ms(cfg.discard_delay)),
     };
+    // The kernel has the device from here on (ADD_DEV; for `recover`, the old one): its
+    // record is written now, not once `/dev/ublkbN` appears (up to BDEV_WAIT later). A
+    // kill -9 in between left a device no record named, which `list` did not show and
+    // only `del --force` removed. A write that fails here is retried when the device is
+    // live, then by the control plane's timer.
+    if let Err(e) = runfiles::write_record(&record) {
+        eprintln!("ftlblk: warning: {e}; trying again once the device is live");
+    }
     let backing_fd = ftl.device().raw_fd().ok_or(CliError::NoBackingFd)?;
 
     let tgt_ftl = ftl.clone();
@@ -466,11 +476,13 @@ fn serve(
         }
         // The record is bookkeeping (`list`, `del`, finding an orphan to re-attach): a
         // device that serves I/O is not stopped for it. Stopping one being recovered
-        // failed the I/O the kernel held for it, and lost the device.
-        if let Err(e) = runfiles::write_record(&rec) {
+        // failed the I/O the kernel held for it, and lost the device. The control plane
+        // keeps trying to write it.
+        if let Err(e) = runfiles::keep_record(&rec, runfiles::own_process()) {
             eprintln!(
                 "ftlblk: warning: device {} runs, but its record could not be written ({e}): \
-                 `ftlblk list` and `ftlblk del` will not find it; stop it with SIGTERM",
+                 `ftlblk list` and `ftlblk del` will not find it until it is; the daemon \
+                 keeps trying (SIGTERM stops the device)",
                 rec.id
             );
         }

@@ -1,8 +1,10 @@
 //! The run directory (`/run/ftlblk`, or `$FTLBLK_RUN_DIR`): how the CLI finds its daemons.
 //!
 //! Contract, per device id `N`:
-//! - `N.json` is a [`DeviceRecord`], written atomically (temp file + rename) by the daemon
-//!   once `/dev/ublkbN` is live, and removed by the daemon on a clean exit. After a crash
+//! - `N.json` is a [`DeviceRecord`], written atomically (temp file + rename + directory
+//!   sync) by the daemon as soon as the kernel has given it the device (before it starts
+//!   it), kept written while it serves ([`keep_record`]), and removed by the daemon on a
+//!   clean exit. After a crash
 //!   (kill -9) it stays: `recover` reads the backing, index and queue layout from it.
 //! - `N.sock` is the daemon's stats socket (see `control`), present while it serves.
 //! - `N.log` is the daemon's stdout/stderr when it runs in the background; kept on exit.
@@ -111,9 +113,47 @@ pub fn write_record(rec: &DeviceRecord) -> Result<(), CliError> {
         f.write_all(text.as_bytes())?;
         f.write_all(b"\n")?;
         f.sync_all()?;
-        std::fs::rename(&tmp, &path)
+        std::fs::rename(&tmp, &path)?;
+        // The rename is durable only with its directory (a run directory on tmpfs makes
+        // this free; one on a disk does not).
+        std::fs::File::open(&dir)?.sync_all()
     };
     write().map_err(|e| CliError::io(context(), e))
+}
+
+/// Writes `rec` (this process's record, `own`: pid and start time) unless `N.json`
+/// already is it; says whether it wrote. A record that is missing (never written: the
+/// write failed when the device started; or removed under a running daemon), unreadable,
+/// or a dead daemon's is written again; one naming another live daemon is left (the id
+/// may be another device's once ours is deleted). The control plane calls it on its
+/// timer, so a record that could not be written at the start is written once it can be.
+pub fn keep_record(rec: &DeviceRecord, own: (u32, u64)) -> Result<bool, CliError> {
+    let found = read_record(rec.id);
+    let alive = |r: &DeviceRecord| daemon_alive(r);
+    if !record_needs_writing(
+        found.as_ref().ok().and_then(Option::as_ref),
+        rec,
+        own,
+        alive,
+    ) {
+        return Ok(false);
+    }
+    write_record(rec).map(|_| true)
+}
+
+/// Whether `found` (the record file's content; `None`: missing or unreadable) must be
+/// replaced by this daemon's `rec` ([`keep_record`]).
+fn record_needs_writing(
+    found: Option<&DeviceRecord>,
+    rec: &DeviceRecord,
+    own: (u32, u64),
+    alive: impl Fn(&DeviceRecord) -> bool,
+) -> bool {
+    match found {
+        None => true,
+        Some(f) if f == rec => false,
+        Some(f) => !another_daemons(f, own, || alive(f)),
+    }
 }
 
 /// Reads `N.json`; `Ok(None)` when there is none.
@@ -279,11 +319,66 @@ mod tests {
         assert!(!another_daemons(&of(42, 500), (42, 500), alive(42)));
         assert!(!another_daemons(&of(42, 0), (42, 500), alive(42)));
         // The test process is no `ftlblk`: its record counts as a dead daemon's.
+        // Kept: this process's record is not written again; a missing one is.
+        assert!(!keep_record(&rec, (rec.pid, 0)).unwrap());
+        remove_record(7);
+        assert!(keep_record(&rec, (rec.pid, 0)).unwrap());
+        assert_eq!(read_record(7).unwrap(), Some(rec.clone()));
         assert!(remove_record_of(7, rec.pid + 1, 0));
         assert_eq!(read_record(7).unwrap(), None);
         remove_record(7);
         assert_eq!(read_record(7).unwrap(), None);
         std::env::remove_var("FTLBLK_RUN_DIR");
+    }
+
+    /// The control plane writes the record again when it is missing, unreadable or a
+    /// dead daemon's (a write that failed at the start is retried), never over the record
+    /// of another live daemon, and not at all when it already is this one.
+    #[test]
+    fn a_record_is_written_again_only_when_it_is_not_ours_or_another_live_daemons() {
+        let rec = DeviceRecord {
+            id: 3,
+            block_device: bdev_path(3),
+            char_device: cdev_path(3),
+            backing: "/tmp/y.img".into(),
+            index: "/tmp/y.img.ftlidx".into(),
+            size_bytes: 1 << 30,
+            block_size: 4096,
+            queues: 1,
+            depth: 64,
+            io_buf_bytes: 512 << 10,
+            cleaner: true,
+            pid: 100,
+            pid_start: 5,
+            socket: socket_path(3),
+            log: None,
+            uuid: "u".into(),
+            recoveries: 1,
+            map_cache_bytes: 0,
+            metrics_listen: None,
+            discard_delay_ms: None,
+        };
+        let own = (100, 5);
+        let dead = |_: &DeviceRecord| false;
+        let live = |_: &DeviceRecord| true;
+        assert!(record_needs_writing(None, &rec, own, live));
+        assert!(!record_needs_writing(Some(&rec), &rec, own, live));
+        // The previous session's record (recover): its daemon is dead.
+        let old = DeviceRecord {
+            pid: 90,
+            pid_start: 2,
+            recoveries: 0,
+            ..rec.clone()
+        };
+        assert!(record_needs_writing(Some(&old), &rec, own, dead));
+        // Another live daemon's: the id is its device's now.
+        assert!(!record_needs_writing(Some(&old), &rec, own, live));
+        // Ours, but stale in a field (written by this process before a change): rewritten.
+        let stale = DeviceRecord {
+            socket: "/elsewhere".into(),
+            ..rec.clone()
+        };
+        assert!(record_needs_writing(Some(&stale), &rec, own, live));
     }
 
     #[test]
