@@ -8,7 +8,7 @@
 
 use crate::args::{parse_size, BackingArgs, GeometryArgs};
 use crate::error::CliError;
-use crate::output::print_json;
+use crate::output::{outln, print_json};
 use crate::runfiles;
 use clap::Args;
 use ftl::backing::{format_backing, open_backing_staged, StagingPlace};
@@ -222,7 +222,7 @@ pub fn check(a: CheckArgs) -> Result<(), CliError> {
     if a.json {
         print_json(&report)?;
     } else {
-        println!(
+        outln!(
             "{}: {} segments ({} free), {} mapped blocks, {} verified, {} chunks replayed",
             report.uuid,
             report.segments,
@@ -230,11 +230,11 @@ pub fn check(a: CheckArgs) -> Result<(), CliError> {
             report.mapped_blocks,
             report.blocks_verified,
             report.chunks_replayed
-        );
+        )?;
         for p in &report.problems {
-            println!("PROBLEM [{}] {}", p.check, p.detail);
+            outln!("PROBLEM [{}] {}", p.check, p.detail)?;
         }
-        println!("{}", if report.clean() { "clean" } else { "NOT CLEAN" });
+        outln!("{}", if report.clean() { "clean" } else { "NOT CLEAN" })?;
     }
     if report.staged.entries > 0 {
         eprintln!(

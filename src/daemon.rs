@@ -41,7 +41,7 @@ use ftl::{BlockDevice, Config, Error as FtlError, FormatOptions};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::UblkDev;
 use libublk::UblkFlags;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -488,9 +488,10 @@ fn serve(
         }
         let _ = tx.send(Event::Live(Box::new(rec.clone())));
         if let Ok(s) = serde_json::to_string_pretty(&rec) {
-            println!("{s}");
+            // A reader that went away (`add --foreground | head`) must not panic the
+            // device's start.
+            let _ = crate::output::print_line(&s);
         }
-        let _ = std::io::stdout().flush();
         live_notifier.ok(&rec);
         if shared.mark_live(rec.id) {
             eprintln!("ftlblk: a stop was requested during start-up; stopping");

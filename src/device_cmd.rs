@@ -20,7 +20,7 @@ use crate::daemon::{self, DaemonConfig, Mode};
 use crate::error::CliError;
 use crate::kctl;
 use crate::launch;
-use crate::output::{human_bytes, print_json};
+use crate::output::{human_bytes, outln, print_json};
 use crate::runfiles::{self, DeviceRecord};
 use clap::Args;
 use ftl::backing::default_index_dir;
@@ -403,7 +403,7 @@ pub fn del(a: DelArgs) -> Result<(), CliError> {
     let mut failed = Vec::new();
     for id in ids {
         match del_one(id, Duration::from_secs(a.timeout), a.force) {
-            Ok(msg) => println!("{msg}"),
+            Ok(msg) => outln!("{msg}")?,
             Err(e) => {
                 eprintln!("ftlblk: {e}");
                 failed.push(id);
@@ -553,20 +553,25 @@ pub fn list(a: ListArgs) -> Result<(), CliError> {
         return print_json(&entries);
     }
     if entries.is_empty() {
-        println!("no ftlblk devices");
+        outln!("no ftlblk devices")?;
         return Ok(());
     }
-    println!(
+    outln!(
         "{:<4} {:<14} {:<9} {:>10} {:>8} {:>7}  BACKING",
-        "ID", "DEVICE", "STATE", "SIZE", "PID", "QUEUES"
-    );
+        "ID",
+        "DEVICE",
+        "STATE",
+        "SIZE",
+        "PID",
+        "QUEUES"
+    )?;
     for e in &entries {
         let pid = if e.daemon_running {
             e.record.pid.to_string()
         } else {
             "-".to_string()
         };
-        println!(
+        outln!(
             "{:<4} {:<14} {:<9} {:>10} {:>8} {:>7}  {}",
             e.record.id,
             e.record.block_device.display(),
@@ -575,13 +580,13 @@ pub fn list(a: ListArgs) -> Result<(), CliError> {
             pid,
             format!("{}x{}", e.record.queues, e.record.depth),
             e.record.backing.display()
-        );
+        )?;
         for x in &e.exports {
-            println!(
+            outln!(
                 "     exported over NVMe-oF as {} on {}",
                 x.nqn,
                 x.ports.join(", ")
-            );
+            )?;
         }
     }
     Ok(())
@@ -646,10 +651,10 @@ pub fn unexport(a: UnexportArgs) -> Result<(), CliError> {
             runfiles::bdev_path(a.id).display()
         )));
     }
-    println!(
+    outln!(
         "removed {n} NVMe-oF export(s) of {}",
         runfiles::bdev_path(a.id).display()
-    );
+    )?;
     Ok(())
 }
 

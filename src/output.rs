@@ -27,6 +27,15 @@ pub fn print_line(text: &str) -> Result<(), CliError> {
     }
 }
 
+/// `println!` through [`print_line`]: a reader that went away is not a panic. Evaluates to
+/// its `Result`.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::output::print_line(&format!($($arg)*))
+    };
+}
+pub(crate) use outln;
+
 /// `b` bytes in the largest binary unit that keeps the figure at least 1 (one decimal).
 pub fn human_bytes(b: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];

@@ -5,7 +5,7 @@
 
 use crate::args::parse_size;
 use crate::error::CliError;
-use crate::output::{human_bytes, print_json};
+use crate::output::{human_bytes, outln, print_json};
 use clap::Args;
 use cleaner::Policy;
 use replay::sim::{simulate, ClassifierKind, SimConfig};
@@ -141,20 +141,37 @@ pub fn run(a: ReplayArgs) -> Result<(), CliError> {
         2..=7 => {}
         n => return Err(CliError::BadArgs(format!("--streams {n}: use 1 ..= 7"))),
     }
+    if let Some(s) = a.segment_size.filter(|s| !s.is_power_of_two()) {
+        // 0 divided by zero in the simulator's sizing before the geometry said anything.
+        return Err(CliError::BadArgs(format!(
+            "--segment-size {s}: a power of two (4M, 16M ...)"
+        )));
+    }
     let policy: Policy = a.policy.parse()?;
     let mut probabilities = None;
     let (ops, label) = match (&a.trace, &a.workload) {
         (Some(path), _) => {
             let format: Format = a.format.parse().map_err(CliError::BadArgs)?;
+            if a.loops == 0 {
+                // Workloads take 0 as "the fill only"; a trace has no fill of its own, and
+                // 0 replayed it once anyway.
+                return Err(CliError::BadArgs(
+                    "--loops 0 with --trace: replay it at least once".into(),
+                ));
+            }
             let mut once = read_file(path, format, a.volume.as_deref())?;
+            if !once
+                .iter()
+                .any(|op| matches!(op, replay::trace::TraceOp::Write { .. }))
+            {
+                // Whatever the capacity: it printed WAF 0.000 with a byte --capacity.
+                return Err(CliError::BadArgs(format!(
+                    "{} writes nothing: its working set is empty",
+                    path.display()
+                )));
+            }
             if a.capacity == Capacity::WorkingSet {
                 let ws = remap_working_set(&once);
-                if ws.blocks == 0 {
-                    return Err(CliError::BadArgs(format!(
-                        "{} writes nothing: its working set is empty",
-                        path.display()
-                    )));
-                }
                 capacity = (ws.blocks as f64 * 100.0 / a.utilization).ceil() as u64;
                 once = ws.ops;
             } else {
@@ -167,8 +184,8 @@ pub fn run(a: ReplayArgs) -> Result<(), CliError> {
                     );
                 }
             }
-            let mut ops = Vec::with_capacity(once.len() * a.loops.max(1) as usize);
-            for _ in 0..a.loops.max(1) {
+            let mut ops = Vec::with_capacity(once.len() * a.loops as usize);
+            for _ in 0..a.loops {
                 ops.extend_from_slice(&once);
             }
             let label = match &a.volume {
@@ -238,60 +255,64 @@ pub fn run(a: ReplayArgs) -> Result<(), CliError> {
     if a.json {
         print_json(&report)?;
     } else {
-        println!("workload            {label}");
-        println!(
+        outln!("workload            {label}")?;
+        outln!(
             "device              {} logical ({} blocks asked), {}% spare, {} segments",
             human_bytes(report.geometry.exported_blocks * 4096),
             capacity,
             a.op,
             human_bytes(report.geometry.segment_bytes)
-        );
-        println!("classifier/policy   {classifier:?} / {}", a.policy);
-        println!("user blocks         {}", report.user_blocks);
-        println!("backing blocks      {}", report.backing_blocks);
-        println!("blocks copied       {}", report.relocated_blocks);
-        println!(
+        )?;
+        outln!("classifier/policy   {classifier:?} / {}", a.policy)?;
+        outln!("user blocks         {}", report.user_blocks)?;
+        outln!("backing blocks      {}", report.backing_blocks)?;
+        outln!("blocks copied       {}", report.relocated_blocks)?;
+        outln!(
             "metadata in the log {} summaries, {} padding blocks ({:.4} per user block, second half)",
             report.summary_blocks, report.padding_blocks, report.metadata_per_user_block_steady
-        );
-        println!("WAF (whole run)     {:.3}", report.waf);
-        println!("WAF (second half)   {:.3}", report.waf_steady);
-        println!("segments cleaned    {}", report.segments_cleaned);
+        )?;
+        outln!("WAF (whole run)     {:.3}", report.waf)?;
+        outln!("WAF (second half)   {:.3}", report.waf_steady)?;
+        outln!("segments cleaned    {}", report.segments_cleaned)?;
         let w = &report.wear;
-        println!(
+        outln!(
             "segment reuse       min {} / mean {:.1} / max {} (max/mean {:.2}, spread {}; {} wear-levelling victims, {} extra copies)",
             w.min, w.mean, w.max, w.max_over_mean, w.spread, report.wear_victims, report.wear_extra_blocks
-        );
-        println!("diverted to GC      {} blocks", report.relocated_diverted);
-        println!(
+        )?;
+        outln!("diverted to GC      {} blocks", report.relocated_diverted)?;
+        outln!(
             "victim utilisation  {:?} (10% bins)",
             report.victim_utilization_histogram
-        );
-        println!(
+        )?;
+        outln!(
             "per stream          user blocks, relocated in, segments and live blocks at the end"
-        );
+        )?;
         for s in &report.per_stream {
-            println!(
+            outln!(
                 "  stream {}          {:>10} {:>10} {:>5} {:>10}",
-                s.stream, s.user_blocks, s.relocated_blocks, s.segments, s.live_blocks
-            );
+                s.stream,
+                s.user_blocks,
+                s.relocated_blocks,
+                s.segments,
+                s.live_blocks
+            )?;
         }
-        println!(
+        outln!(
             "classes with stream {:#09b} (bit c = class c, hottest first)",
             report.active_classes
-        );
-        println!(
+        )?;
+        outln!(
             "analytic greedy WAF {:.3} (uniform random, same logical/physical ratio)",
             report.analytic_greedy_waf
-        );
-        println!(
+        )?;
+        outln!(
             "classifier memory   {} bytes per block",
             report.classifier_bytes_per_block
-        );
-        println!(
+        )?;
+        outln!(
             "replayed in         {:.1} s",
             started.elapsed().as_secs_f64()
-        );
+        )?;
     }
     Ok(())
 }
@@ -311,6 +332,62 @@ mod tests {
         Cli::try_parse_from(std::iter::once("replay").chain(argv.iter().copied()))
             .unwrap()
             .a
+    }
+
+    /// Bad arguments are errors, not panics or silent defaults (found by review,
+    /// 2026-11-29): a segment size of 0 divided by zero; hotcold over one block panicked
+    /// in a clamp; a trace with `--loops 0` replayed once; a trace that writes nothing
+    /// printed WAF 0.000.
+    #[test]
+    fn bad_replay_arguments_are_errors() {
+        let e = run(args(&[
+            "--workload",
+            "uniform",
+            "--capacity",
+            "64M",
+            "--segment-size",
+            "0",
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().contains("power of two"), "{e}");
+        // One block of data: the geometry refuses it (a panic in the workload came first).
+        let e = run(args(&[
+            "--workload",
+            "hotcold:90/10",
+            "--capacity",
+            "8K",
+            "--loops",
+            "2",
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().contains("spare segments"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.csv");
+        std::fs::write(&path, "r,0,4096\n").unwrap();
+        let p = path.to_str().unwrap();
+        let e = run(args(&[
+            "--trace",
+            p,
+            "--format",
+            "csv",
+            "--capacity",
+            "64M",
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().contains("writes nothing"), "{e}");
+        std::fs::write(&path, "w,0,4096\n").unwrap();
+        let e = run(args(&[
+            "--trace",
+            p,
+            "--format",
+            "csv",
+            "--capacity",
+            "64M",
+            "--loops",
+            "0",
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().contains("--loops 0"), "{e}");
     }
 
     #[test]

@@ -43,11 +43,9 @@ pub fn run(a: StatsArgs) -> Result<(), CliError> {
         .map_err(|e| CliError::json("the daemon's stats are not a stats document", e))?;
     if a.prometheus {
         let text = crate::metrics::render(&doc).map_err(CliError::Metrics)?;
-        print!("{text}");
-        return Ok(());
+        return crate::output::print_line(text.trim_end_matches('\n'));
     }
-    print!("{}", format_stats(&doc));
-    Ok(())
+    crate::output::print_line(format_stats(&doc).trim_end_matches('\n'))
 }
 
 /// The document device `id`'s daemon sends, as text.

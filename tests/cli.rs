@@ -214,3 +214,40 @@ fn usage_errors_exit_2_and_help_exits_0() {
         assert!(text(&out).contains(cmd), "--help does not list {cmd}");
     }
 }
+
+/// A reader that goes away before the report (`ftlblk replay ... | head -1`, `ftlblk
+/// check ... | grep -q`) is not a panic: the text reports printed with `println!`, which
+/// panics on a broken pipe (exit 101 after the whole replay had run; found by review,
+/// 2026-11-29).
+#[test]
+fn a_reader_that_went_away_is_not_a_panic() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    format_64m(dir.path());
+    for args in [
+        &[
+            "replay",
+            "--workload",
+            "uniform",
+            "--capacity",
+            "64M",
+            "--loops",
+            "1",
+        ][..],
+        &["check", "--backing", "b.img"][..],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ftlblk"))
+            .args(args)
+            .current_dir(dir.path())
+            .env("FTLBLK_RUN_DIR", dir.path().join("run"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("the ftlblk binary runs");
+        // Closed before the command prints anything.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("ftlblk exits");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(code(&out), 0, "{args:?}: {err}");
+    }
+}

@@ -111,6 +111,10 @@ fn build(cfg: &SimConfig) -> Result<(Arc<SimFtl>, u64), Error> {
     let op = cfg.op_permille as f64 / 1000.0;
     let want = cfg.capacity_blocks * 4096;
     let mut backing = ((want as f64) / (1.0 - op)) as u64;
+    if cfg.segment_bytes == Some(0) {
+        // Sized below by division: the geometry's own check comes after it.
+        return Err(Error::Config("a segment size of 0".into()));
+    }
     for _ in 0..64 {
         let seg = cfg
             .segment_bytes

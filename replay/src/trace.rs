@@ -80,13 +80,27 @@ const BS: u64 = 4096;
 /// a discard can be larger, 4 GiB from mkfs or fstrim, and is not limited).
 pub const MAX_REQUEST_BLOCKS: u32 = 1 << 18;
 
-fn blocks_of(offset: u64, len: u64) -> Option<(u64, u32)> {
+/// The blocks `[offset, offset + len)` touches: `Ok(None)` for an empty request, an error
+/// for one whose end or block count does not fit (a damaged line: it was skipped as if
+/// empty, past the size check meant to catch it; found by review, 2026-11-29).
+fn blocks_of(offset: u64, len: u64) -> Result<Option<(u64, u32)>, String> {
     if len == 0 {
-        return None;
+        return Ok(None);
     }
+    let out_of_range = || format!("offset {offset} + length {len} is out of range");
     let first = offset / BS;
-    let end = offset.checked_add(len)?.div_ceil(BS);
-    Some((first, u32::try_from(end - first).ok()?))
+    let end = offset
+        .checked_add(len)
+        .ok_or_else(out_of_range)?
+        .div_ceil(BS);
+    let blocks = u32::try_from(end - first).map_err(|_| out_of_range())?;
+    Ok(Some((first, blocks)))
+}
+
+/// `n` 512-byte sectors in bytes; an error naming `what` when that does not fit.
+fn sectors_to_bytes(n: u64, what: &str) -> Result<u64, String> {
+    n.checked_mul(512)
+        .ok_or_else(|| format!("{what} {n} is out of range"))
 }
 
 fn num(s: &str, what: &str) -> Result<u64, String> {
@@ -253,13 +267,15 @@ fn split_volume(p: Option<(Cow<'_, str>, TraceOp)>) -> (Option<Cow<'_, str>>, Op
     }
 }
 
-fn mk(kind: &str, offset: u64, len: u64) -> Option<TraceOp> {
-    let (lba, blocks) = blocks_of(offset, len)?;
-    match kind {
-        "w" => Some(TraceOp::Write { lba, blocks }),
-        "t" => Some(TraceOp::Trim { lba, blocks }),
-        _ => Some(TraceOp::Read { lba, blocks }),
-    }
+fn mk(kind: &str, offset: u64, len: u64) -> Result<Option<TraceOp>, String> {
+    let Some((lba, blocks)) = blocks_of(offset, len)? else {
+        return Ok(None);
+    };
+    Ok(Some(match kind {
+        "w" => TraceOp::Write { lba, blocks },
+        "t" => TraceOp::Trim { lba, blocks },
+        _ => TraceOp::Read { lba, blocks },
+    }))
 }
 
 fn parse_fio(line: &str) -> Result<Option<TraceOp>, String> {
@@ -285,7 +301,7 @@ fn parse_fio(line: &str) -> Result<Option<TraceOp>, String> {
         other => return Err(format!("unknown fio iolog action {other:?}")),
     };
     match rest {
-        [o, l, ..] => Ok(mk(kind, num(o, "offset")?, num(l, "length")?)),
+        [o, l, ..] => mk(kind, num(o, "offset")?, num(l, "length")?),
         _ => Err(format!("{action} without offset and length")),
     }
 }
@@ -315,7 +331,7 @@ fn parse_msr(line: &str, first: bool) -> Result<Option<(Cow<'_, str>, TraceOp)>,
     };
     // The volume is host and disk: "hm" and "0" become "hm_0", as the trace files are named.
     let volume = Cow::Owned(format!("{}_{}", f[1], f[2]));
-    Ok(mk(kind, num(f[4], "offset")?, num(f[5], "size")?).map(|op| (volume, op)))
+    Ok(mk(kind, num(f[4], "offset")?, num(f[5], "size")?)?.map(|op| (volume, op)))
 }
 
 fn parse_alibaba(line: &str, first: bool) -> Result<Option<(Cow<'_, str>, TraceOp)>, String> {
@@ -334,7 +350,7 @@ fn parse_alibaba(line: &str, first: bool) -> Result<Option<(Cow<'_, str>, TraceO
         "R" | "r" => "r",
         other => return Err(format!("unknown Alibaba opcode {other:?} (R, W)")),
     };
-    Ok(mk(kind, num(f[2], "offset")?, num(f[3], "length")?).map(|op| (Cow::Borrowed(f[0]), op)))
+    Ok(mk(kind, num(f[2], "offset")?, num(f[3], "length")?)?.map(|op| (Cow::Borrowed(f[0]), op)))
 }
 
 fn parse_tencent(line: &str, first: bool) -> Result<Option<(Cow<'_, str>, TraceOp)>, String> {
@@ -357,12 +373,8 @@ fn parse_tencent(line: &str, first: bool) -> Result<Option<(Cow<'_, str>, TraceO
             ))
         }
     };
-    let sectors = |s: &str, what: &str| {
-        num(s, what)?
-            .checked_mul(512)
-            .ok_or_else(|| format!("{what} {s:?} is out of range"))
-    };
-    Ok(mk(kind, sectors(f[1], "offset")?, sectors(f[2], "size")?)
+    let sectors = |s: &str, what: &str| sectors_to_bytes(num(s, what)?, what);
+    Ok(mk(kind, sectors(f[1], "offset")?, sectors(f[2], "size")?)?
         .map(|op| (Cow::Borrowed(f[4]), op)))
 }
 
@@ -380,7 +392,7 @@ fn parse_csv(line: &str, first: bool) -> Result<Option<TraceOp>, String> {
         "t" | "trim" | "d" | "discard" => "t",
         other => return Err(format!("unknown op {other:?} (write, read, trim)")),
     };
-    Ok(mk(kind, num(f[1], "offset")?, num(f[2], "length")?))
+    mk(kind, num(f[1], "offset")?, num(f[2], "length")?)
 }
 
 fn parse_blkparse(line: &str) -> Result<(Option<TraceOp>, String), String> {
@@ -406,7 +418,12 @@ fn parse_blkparse(line: &str) -> Result<(Option<TraceOp>, String), String> {
     } else {
         return Ok((None, action));
     };
-    Ok((mk(kind, sector * 512, n * 512), action))
+    let op = mk(
+        kind,
+        sectors_to_bytes(sector, "sector")?,
+        sectors_to_bytes(n, "sector count")?,
+    )?;
+    Ok((op, action))
 }
 
 /// Maps trace LBAs densely into `[0, capacity)` when the trace's address space is larger
@@ -562,12 +579,19 @@ mod tests {
         assert!(e.to_string().contains(":1:"), "{e}");
         assert!(parse("/dev/x write 12\n", Format::FioIolog, "f").is_err());
         assert!(parse("x,1,2,3\n", Format::Csv, "c").is_err());
-        // Absurd sizes never panic.
-        assert!(
-            parse(&format!("w,{},{}\n", u64::MAX, u64::MAX), Format::Csv, "c")
-                .unwrap()
-                .is_empty()
-        );
+        // Absurd sizes never panic, and are errors, not skipped as empty: an end past
+        // 2^64 bytes, a block count past 2^32 (16 TiB; it was dropped silently), sectors
+        // past 2^64 bytes (blkparse multiplied unchecked: offset 0 in a release build).
+        let e = parse(&format!("w,{},{}\n", u64::MAX, u64::MAX), Format::Csv, "c").unwrap_err();
+        assert!(e.to_string().contains("out of range"), "{e}");
+        assert!(parse("w,0,17592186044416\n", Format::Csv, "c").is_err());
+        let big = "8,0 0 1 0.0 1 Q W 36028797018963968 + 8 [x]\n";
+        let e = parse(big, Format::Blkparse, "b").unwrap_err();
+        assert!(e.to_string().contains("sector"), "{e}");
+        let big = "8,0 0 1 0.0 1 Q W 8 + 36028797018963968 [x]\n";
+        assert!(parse(big, Format::Blkparse, "b").is_err());
+        // An empty request is still skipped.
+        assert!(parse("w,4096,0\n", Format::Csv, "c").unwrap().is_empty());
     }
 
     #[test]

@@ -101,8 +101,13 @@ fn layout(logical: u64, seed: u64) -> (SmallRng, Vec<u64>) {
     layout_of(&Workload::Uniform, logical, seed)
 }
 
-/// Hot blocks of `hotcold:W/D` over `logical` blocks.
+/// Hot blocks of `hotcold:W/D` over `logical` blocks: at least one, and at least one
+/// cold block when there are two; one block is all hot (it was `clamp(1, 0)`, a panic;
+/// found by review, 2026-11-29).
 fn hot_blocks(logical: u64, data_pct: f64) -> u64 {
+    if logical < 2 {
+        return logical;
+    }
     ((logical as f64 * data_pct / 100.0) as u64).clamp(1, logical - 1)
 }
 
@@ -128,9 +133,15 @@ pub fn write_probabilities(w: &Workload, logical: u64, seed: u64) -> Vec<f64> {
             data_pct,
         } => {
             let hot = hot_blocks(logical, *data_pct);
+            // With no cold block the hot ones take every write.
+            let hot_share = if hot < logical {
+                writes_pct / 100.0
+            } else {
+                1.0
+            };
             for (i, &lba) in perm.iter().enumerate() {
                 p[lba as usize] = if (i as u64) < hot {
-                    writes_pct / 100.0 / hot as f64
+                    hot_share / hot as f64
                 } else {
                     (1.0 - writes_pct / 100.0) / (logical - hot) as f64
                 };
@@ -227,7 +238,7 @@ impl Sampler {
                 self.perm[r]
             }
             Kind::HotCold { writes_pct, hot } => {
-                let i = if rng.gen::<f64>() * 100.0 < *writes_pct {
+                let i = if *hot >= self.logical || rng.gen::<f64>() * 100.0 < *writes_pct {
                     rng.gen_range(0..*hot)
                 } else {
                     rng.gen_range(*hot..self.logical)
@@ -283,6 +294,28 @@ pub fn generate(w: &Workload, logical: u64, overwrites: u64, seed: u64) -> Vec<T
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A data set of one block (`--capacity 8K` at 80%) replays every workload: hotcold
+    /// panicked in `clamp(1, 0)`.
+    #[test]
+    fn a_one_block_data_set_replays_every_workload() {
+        for w in ["uniform", "zipf:1.0", "hotcold:90/10", "seqmix"] {
+            let w: Workload = w.parse().unwrap();
+            let ops = generate(&w, 1, 5, 1);
+            assert_eq!(ops.len(), 6, "{w:?}");
+            assert!(ops.iter().all(|o| o.range() == (0, 1)), "{w:?}");
+            let p = write_probabilities(&w, 1, 1);
+            assert!((p[0] - 1.0).abs() < 1e-9, "{w:?}: {p:?}");
+        }
+        // Two blocks: one hot, one cold, the split as asked.
+        let w: Workload = "hotcold:90/10".parse().unwrap();
+        let mut p = write_probabilities(&w, 2, 1);
+        p.sort_by(f64::total_cmp);
+        assert!(
+            (p[0] - 0.1).abs() < 1e-9 && (p[1] - 0.9).abs() < 1e-9,
+            "{p:?}"
+        );
+    }
 
     #[test]
     fn names_parse_and_errors_explain() {
