@@ -38,7 +38,8 @@
 #      4 KiB random write then read with verify=crc32c; a mixed-size (4k-256k) verify run;
 #      short fio IOPS runs through ftlblk.
 #   7. SIGTERM removes the device, the daemon exits with the FTL checkpointed;
-#      `ftlblk check` is clean and the next open replays nothing.
+#      `ftlblk check` is clean and the next open replays nothing; the same with
+#      /dev/ublkbN held open by another process (7b).
 #   8. the same fio IOPS runs through a loop device over the same backing file (which
 #      overwrites it: last), for the ratio (emulated: correctness-grade figures).
 #
@@ -585,6 +586,28 @@ offline_check "SIGTERM"
 add_dev
 grep "ftlblk: opened" "/run/ftlblk/$ID.log" | tail -n1 | grep -q '"chunks_replayed":0' \
     || fail "reopen after a clean stop replayed chunks"
+# 7b. The same with /dev/ublkbN held open (as a mounted file system or the kernel's
+# NVMe-oF target holds it): the daemon still checkpoints, closes and exits. A synchronous
+# DEL_DEV waited for the last opener, before the FTL's close, until a SIGKILL.
+exec 3<"$DEV"
+pid="$(daemon_pid)"
+kill -TERM "$pid"
+for _ in $(seq 1 600); do
+    [ -e "/proc/$pid" ] && [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ] || break
+    sleep 0.1
+done
+held_exit=1
+[ -e "/proc/$pid" ] || held_exit=0
+exec 3<&-
+[ "$held_exit" = 0 ] || fail "daemon $pid did not exit after SIGTERM while its device was held open"
+grep -q "FTL checkpointed and closed" "/run/ftlblk/$ID.log" \
+    || fail "daemon did not close the FTL while its device was held open"
+for _ in $(seq 1 100); do [ -e "/dev/ublkc$ID" ] || break; sleep 0.1; done
+[ ! -e "/dev/ublkc$ID" ] || fail "/dev/ublkc$ID still exists 10 s after its last opener closed"
+offline_check "SIGTERM with the device held open"
+add_dev
+grep "ftlblk: opened" "/run/ftlblk/$ID.log" | tail -n1 | grep -q '"chunks_replayed":0' \
+    || fail "reopen after a stop with the device held open replayed chunks"
 del_dev
 offline_check "the last del"
 

@@ -514,7 +514,19 @@ fn serve(
     offload.shutdown();
     eprintln!("ftlblk: device {id} stopped; closing the FTL");
     // The queues are gone: delete the device (a recovered one is not deleted on drop).
-    match kctl::check(ctrl.del_dev()) {
+    // Without waiting for its last opener: a synchronous DEL_DEV waits until nothing holds
+    // /dev/ublkbN open (a mounted file system, the kernel's NVMe-oF target), and a SIGTERM
+    // then hung here, before the FTL's checkpoint and close, until a SIGKILL (found by
+    // review, 2026-11-29). Kernels without DEL_DEV_ASYNC (before 6.6) take the waiting one.
+    let deleted = match kctl::check(ctrl.del_dev_async()) {
+        Err(libublk::UblkError::UringIOError(n)) | Err(libublk::UblkError::OtherError(n))
+            if n == -libc::EOPNOTSUPP || n == -libc::EINVAL =>
+        {
+            kctl::check(ctrl.del_dev())
+        }
+        r => r,
+    };
+    match deleted {
         Ok(_) => {}
         Err(libublk::UblkError::UringIOError(n)) | Err(libublk::UblkError::OtherError(n))
             if n == -libc::ENODEV || n == -libc::ENOENT => {}
