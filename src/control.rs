@@ -41,6 +41,12 @@ use tokio::net::UnixListener;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
+/// Metrics connections served at once; more are closed as they are accepted.
+const METRICS_CONNECTIONS: usize = 16;
+
+/// How long a metrics connection may take to send its request, and to take the reply.
+const METRICS_IO_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How often the checkpoint timer looks at `checkpoint_due`.
 const CHECKPOINT_POLL: Duration = Duration::from_secs(1);
 
@@ -269,6 +275,7 @@ async fn serve(
     let mut discarding: Option<tokio::task::JoinHandle<()>> = None;
     let failures = Arc::new(Repeats::new("background checkpoints"));
     let record_writes = Repeats::new("device record writes");
+    let metrics_slots = Arc::new(tokio::sync::Semaphore::new(METRICS_CONNECTIONS));
     let own = runfiles::own_process();
     let mut plans_seen = classifier.plans();
     loop {
@@ -354,18 +361,30 @@ async fn serve(
                 }
             }
             conn = accept_metrics(&metrics) => match conn {
-                Ok(stream) => {
-                    let (p, rec) = (parts.clone(), record.clone());
-                    tokio::spawn(serve_metrics(stream, p, rec));
-                }
+                Ok(stream) => match metrics_slots.clone().try_acquire_owned() {
+                    Ok(slot) => {
+                        let (p, rec) = (parts.clone(), record.clone());
+                        tokio::spawn(serve_metrics(stream, p, rec, slot));
+                    }
+                    // Closed at once: each connection held a descriptor for up to its
+                    // header timeout, and a few hundred idle ones took the descriptors
+                    // a SIGTERM's STOP_DEV needs (found by review, 2026-11-29).
+                    Err(_) => drop(stream),
+                },
                 Err(e) => accept_failed("metrics listener", &e).await,
             },
             conn = accept(&listener) => match conn {
                 Ok(mut stream) => {
-                    let doc = stats_text(&parts, record.as_ref());
+                    // Built off the runtime's thread, as a metrics scrape's.
+                    let (p, rec) = (parts.clone(), record.clone());
                     tokio::spawn(async move {
-                        let _ = stream.write_all(doc.as_bytes()).await;
-                        let _ = stream.shutdown().await;
+                        let doc = tokio::task::spawn_blocking(move || stats_text(&p, rec.as_ref()));
+                        let Ok(doc) = doc.await else { return };
+                        let _ = tokio::time::timeout(METRICS_IO_TIMEOUT, async {
+                            let _ = stream.write_all(doc.as_bytes()).await;
+                            let _ = stream.shutdown().await;
+                        })
+                        .await;
                     });
                 }
                 Err(e) => accept_failed("stats socket", &e).await,
@@ -455,10 +474,11 @@ async fn serve_metrics(
     mut stream: tokio::net::TcpStream,
     parts: Arc<Parts>,
     record: Option<DeviceRecord>,
+    _slot: tokio::sync::OwnedSemaphorePermit,
 ) {
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
-    let read = tokio::time::timeout(Duration::from_secs(5), async {
+    let read = tokio::time::timeout(METRICS_IO_TIMEOUT, async {
         while head.len() < 8192 && !head.windows(4).any(|w| w == b"\r\n\r\n") {
             match stream.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
@@ -470,12 +490,23 @@ async fn serve_metrics(
     if read.is_err() {
         return;
     }
-    let reply = crate::metrics::http_response(&String::from_utf8_lossy(&head), || {
-        let doc = parts.document(record.as_ref()).map_err(|e| e.to_string())?;
-        crate::metrics::render(&doc).map_err(|e| e.to_string())
-    });
-    let _ = stream.write_all(reply.as_bytes()).await;
-    let _ = stream.shutdown().await;
+    // Built off the runtime's thread: the document samples the map (index reads on a
+    // device whose map is larger than its cache), and signals and the checkpoint tick
+    // waited for it.
+    let reply = tokio::task::spawn_blocking(move || {
+        crate::metrics::http_response(&String::from_utf8_lossy(&head), || {
+            let doc = parts.document(record.as_ref()).map_err(|e| e.to_string())?;
+            crate::metrics::render(&doc).map_err(|e| e.to_string())
+        })
+    })
+    .await;
+    let Ok(reply) = reply else { return };
+    // A client that does not read does not hold its slot for ever.
+    let _ = tokio::time::timeout(METRICS_IO_TIMEOUT, async {
+        let _ = stream.write_all(reply.as_bytes()).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
 }
 
 /// The next delivery of a handled signal; never, when it is not handled.
@@ -714,6 +745,25 @@ mod tests {
             "{r}"
         );
         assert!(get("/nope").starts_with("HTTP/1.1 404"));
+        // Idle connections beyond the cap are closed at once (they each held a descriptor
+        // for the header timeout, without bound); the ones within it wait for a request,
+        // and a scrape works again once they are gone.
+        let idle: Vec<_> = (0..METRICS_CONNECTIONS)
+            .map(|_| std::net::TcpStream::connect(addr).expect("connect"))
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let mut over = std::net::TcpStream::connect(addr).expect("connect");
+        over.set_read_timeout(Some(Duration::from_secs(3)))
+            .expect("timeout");
+        let mut byte = [0u8; 1];
+        match over.read(&mut byte) {
+            Ok(0) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            other => panic!("a connection over the cap was not closed: {other:?}"),
+        }
+        drop(idle);
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(get("/metrics").starts_with("HTTP/1.1 200 OK"));
         c.shutdown();
     }
 }

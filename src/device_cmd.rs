@@ -617,6 +617,9 @@ pub struct UnexportArgs {
 
 /// `ftlblk export`: configures the kernel's NVMe target (configfs) to serve /dev/ublkbN.
 pub fn export(a: ExportArgs) -> Result<(), CliError> {
+    if let Some(n) = &a.nqn {
+        crate::nvmet::check_nqn(n)?;
+    }
     let rec = runfiles::read_record(a.id)?.ok_or(CliError::NotFound(a.id))?;
     if !rec.block_device.exists() {
         return Err(CliError::Device(format!(

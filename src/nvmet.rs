@@ -119,8 +119,83 @@ pub fn ensure_target() -> Result<PathBuf, CliError> {
     Ok(root)
 }
 
-/// Exports `device` as namespace 1 of subsystem `nqn` on `ep`, under `root`.
+/// The longest NQN the NVMe specification allows, in bytes.
+const NQN_MAX: usize = 223;
+
+/// A subsystem NQN as `--nqn` may give it: `nqn.` and at most 223 bytes of printable
+/// characters without `/` (it names a configfs directory: `x/y` built a nested
+/// directory no listing or `unexport` saw; found by review, 2026-11-29).
+pub fn check_nqn(nqn: &str) -> Result<(), CliError> {
+    let bad = |why: &str| {
+        CliError::BadArgs(format!(
+            "--nqn {nqn:?}: {why} (e.g. nqn.2014-08.org.example:disk1)"
+        ))
+    };
+    if !nqn.starts_with("nqn.") {
+        return Err(bad("an NQN starts with \"nqn.\""));
+    }
+    if nqn.len() > NQN_MAX {
+        return Err(bad("longer than 223 bytes"));
+    }
+    if nqn
+        .chars()
+        .any(|c| c == '/' || c.is_whitespace() || c.is_control())
+    {
+        return Err(bad("no '/', spaces or control characters"));
+    }
+    Ok(())
+}
+
+/// What [`export`] created so far, undone in reverse order when a later step fails: a
+/// failed export left its subsystem (without a device path: invisible to `list` and
+/// `unexport`, and the next export failed on EEXIST) or the new port it made (found by
+/// review, 2026-11-29). Only what this call made goes; a port other exports use stays.
+#[derive(Default)]
+struct Made {
+    sub: Option<PathBuf>,
+    ns: Option<PathBuf>,
+    port: Option<PathBuf>,
+    link: Option<PathBuf>,
+}
+
+impl Made {
+    fn undo(self) {
+        if let Some(l) = &self.link {
+            let _ = std::fs::remove_file(l);
+        }
+        if let Some(p) = &self.port {
+            let _ = remove_dir(p);
+        }
+        if let Some(ns) = &self.ns {
+            let _ = write(&ns.join("enable"), "0");
+            let _ = remove_dir(ns);
+        }
+        if let Some(sub) = &self.sub {
+            let _ = remove_dir(sub);
+        }
+    }
+}
+
+// Test failpoints of [`export`]: the step named here fails; and a hook run with the new
+// port's path just before it is created (another export taking that number meanwhile).
+#[cfg(test)]
+thread_local! {
+    static FAIL_AT: std::cell::Cell<Option<&'static str>> = const { std::cell::Cell::new(None) };
+    static BEFORE_PORT: std::cell::Cell<Option<fn(&Path)>> = const { std::cell::Cell::new(None) };
+}
+
+fn step(_name: &'static str) -> Result<(), CliError> {
+    #[cfg(test)]
+    if FAIL_AT.with(|f| f.get()) == Some(_name) {
+        return Err(CliError::Device(format!("failpoint {_name}")));
+    }
+    Ok(())
+}
+
+/// Exports `device` as namespace 1 of subsystem `nqn` on `ep`, under `root`. On an error
+/// nothing it created is left.
 pub fn export(root: &Path, nqn: &str, device: &Path, ep: &Endpoint) -> Result<(), CliError> {
+    check_nqn(nqn)?;
     if let Some(e) = exports(root).into_iter().find(|e| e.device == device) {
         return Err(CliError::Device(format!(
             "{} is already exported as {} on {}",
@@ -129,28 +204,37 @@ pub fn export(root: &Path, nqn: &str, device: &Path, ep: &Endpoint) -> Result<()
             e.ports.join(", ")
         )));
     }
-    let sub = root.join("subsystems").join(nqn);
-    std::fs::create_dir(&sub).map_err(|e| io("creating", &sub, e))?;
+    let mut made = Made::default();
     let done = (|| {
+        let sub = root.join("subsystems").join(nqn);
+        std::fs::create_dir(&sub).map_err(|e| io("creating", &sub, e))?;
+        made.sub = Some(sub.clone());
         write(&sub.join("attr_allow_any_host"), "1")?;
         let ns = sub.join("namespaces").join("1");
         std::fs::create_dir_all(&ns).map_err(|e| io("creating", &ns, e))?;
+        made.ns = Some(ns.clone());
+        step("device_path")?;
         write(&ns.join("device_path"), &device.display().to_string())?;
+        step("enable")?;
         write(&ns.join("enable"), "1")?;
-        let port = port_for(root, ep)?;
+        let port = port_for(root, ep, &mut made)?;
         let links = port.join("subsystems");
         std::fs::create_dir_all(&links).map_err(|e| io("creating", &links, e))?;
         let link = links.join(nqn);
-        std::os::unix::fs::symlink(&sub, &link).map_err(|e| io("linking", &link, e))
+        step("link")?;
+        std::os::unix::fs::symlink(&sub, &link).map_err(|e| io("linking", &link, e))?;
+        made.link = Some(link);
+        step("after link")
     })();
     if done.is_err() {
-        let _ = unexport(root, device);
+        made.undo();
     }
     done
 }
 
-/// The port directory serving `ep`: an existing one with the same address, or a new one.
-fn port_for(root: &Path, ep: &Endpoint) -> Result<PathBuf, CliError> {
+/// The port directory serving `ep`: an existing one with the same address, or a new one
+/// (noted in `made`).
+fn port_for(root: &Path, ep: &Endpoint, made: &mut Made) -> Result<PathBuf, CliError> {
     let ports = root.join("ports");
     let mut used = Vec::new();
     if let Ok(rd) = std::fs::read_dir(&ports) {
@@ -167,9 +251,30 @@ fn port_for(root: &Path, ep: &Endpoint) -> Result<PathBuf, CliError> {
             }
         }
     }
-    let id = (1..).find(|n| !used.contains(n)).unwrap_or(1);
-    let p = ports.join(id.to_string());
-    std::fs::create_dir_all(&p).map_err(|e| io("creating", &p, e))?;
+    // The lowest free number, created with create_dir: an export running beside this one
+    // that picked the same number made it first, and this one takes the next (with
+    // create_dir_all both used it, and the second's address overwrote the first's).
+    let mut id = 1u32;
+    let p = loop {
+        if used.contains(&id) {
+            id += 1;
+            continue;
+        }
+        let p = ports.join(id.to_string());
+        #[cfg(test)]
+        if let Some(hook) = BEFORE_PORT.with(|h| h.take()) {
+            hook(&p);
+        }
+        match std::fs::create_dir(&p) {
+            Ok(()) => break p,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && id < u16::MAX as u32 => {
+                id += 1
+            }
+            Err(e) => return Err(io("creating", &p, e)),
+        }
+    };
+    made.port = Some(p.clone());
+    step("port")?;
     write(&p.join("addr_trtype"), "tcp")?;
     write(
         &p.join("addr_adrfam"),
@@ -326,5 +431,87 @@ mod tests {
         assert!(!root.join("ports/1").exists(), "an unused port goes");
         assert!(exports(root).is_empty());
         assert_eq!(unexport(root, b).unwrap(), 0);
+    }
+
+    /// Every file and directory under `root`, for comparing trees.
+    fn tree(root: &Path) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut todo = vec![root.to_path_buf()];
+        while let Some(d) = todo.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                let p = e.path();
+                out.push(p.strip_prefix(root).unwrap().display().to_string());
+                if e.file_type().unwrap().is_dir() {
+                    todo.push(p);
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// An export that fails at any step leaves nothing it made: not its subsystem, not
+    /// the port it created; a port another export uses stays.
+    #[test]
+    fn a_failed_export_leaves_nothing_it_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("subsystems")).unwrap();
+        std::fs::create_dir_all(root.join("ports")).unwrap();
+        let shared: Endpoint = "tcp:127.0.0.1:4420".parse().unwrap();
+        let other: Endpoint = "tcp:127.0.0.2:4421".parse().unwrap();
+        export(root, &nqn_of("aaa"), Path::new("/dev/ublkb0"), &shared).unwrap();
+        let before = tree(root);
+        for ep in [&shared, &other] {
+            for at in ["device_path", "enable", "port", "link", "after link"] {
+                if at == "port" && ep == &shared {
+                    continue; // an existing port is not created
+                }
+                FAIL_AT.with(|f| f.set(Some(at)));
+                let r = export(root, &nqn_of("bbb"), Path::new("/dev/ublkb1"), ep);
+                FAIL_AT.with(|f| f.set(None));
+                assert!(r.is_err(), "{at}");
+                assert_eq!(tree(root), before, "failed at {at} on {ep:?}");
+            }
+        }
+        // And it works afterwards (no subsystem left to collide with).
+        export(root, &nqn_of("bbb"), Path::new("/dev/ublkb1"), &other).unwrap();
+        assert_eq!(exports(root).len(), 2);
+    }
+
+    /// A port number another export took between this one's listing and its create is
+    /// not shared: the next number is used, and the other's address is left.
+    #[test]
+    fn a_port_number_taken_meanwhile_is_not_shared() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("ports")).unwrap();
+        let ep: Endpoint = "tcp:127.0.0.3:4420".parse().unwrap();
+        BEFORE_PORT.with(|h| {
+            h.set(Some(|p: &Path| {
+                std::fs::create_dir(p).unwrap();
+                std::fs::write(p.join("addr_traddr"), "10.0.0.1").unwrap();
+            }))
+        });
+        let mut made = Made::default();
+        let p = port_for(root, &ep, &mut made).unwrap();
+        assert_eq!(p, root.join("ports/2"));
+        assert_eq!(read(&root.join("ports/1/addr_traddr")), "10.0.0.1");
+        assert_eq!(read(&root.join("ports/2/addr_traddr")), "127.0.0.3");
+    }
+
+    #[test]
+    fn nqns_are_checked() {
+        check_nqn(&nqn_of("0b3c")).unwrap();
+        for (bad, why) in [
+            ("x/y", "nqn."),
+            ("nqn.2014-08.org.example:a/b", "'/'"),
+            ("nqn.2014-08.org.example:a b", "spaces"),
+        ] {
+            let e = check_nqn(bad).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        let long = format!("nqn.{}", "a".repeat(220));
+        assert!(check_nqn(&long).unwrap_err().to_string().contains("223"));
     }
 }
