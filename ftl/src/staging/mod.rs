@@ -274,6 +274,14 @@ pub struct StagingArea {
     region: Region,
     slots: usize,
     free: Mutex<Vec<u32>>,
+    /// Slots given up while they still held writes a replay needs (sealed, or open with
+    /// entries: a seal that failed or panicked, chunks dropped unwritten by a failing or
+    /// dying FTL): never handed out again in this session, only to replay ([`Self::take`]),
+    /// and freed by the next [`Self::reset`]. Given back to `free`, a sealed slot whose
+    /// seal failed was the next writer's, its state and entries overwritten: a kill then
+    /// lost its chunk and the roll-forward stopped there (found by review, 2026-11-29).
+    /// Locked after `free` when both are.
+    kept: Mutex<Vec<u32>>,
     freed: Condvar,
 }
 
@@ -337,6 +345,7 @@ impl StagingArea {
             region,
             slots,
             free: Mutex::new((0..slots as u32).rev().collect()),
+            kept: Mutex::new(Vec::new()),
             freed: Condvar::new(),
         })
     }
@@ -488,6 +497,11 @@ impl StagingArea {
     /// refuse the area as damaged instead of ignoring it as another boot's (found by
     /// review, 2026-11-27). Fails only if that write-back fails.
     pub fn reset(&self, owner: AreaOwner, next_chunk_seq: u64) -> std::io::Result<()> {
+        {
+            // No slot is taken: the kept ones hold nothing a replay still needs.
+            let mut free = lock(&self.free);
+            free.append(&mut lock(&self.kept));
+        }
         for s in 0..self.slots as u32 {
             let at = Self::slot_at(s);
             self.atomic32(at + s_at::STATE)
@@ -537,11 +551,16 @@ impl StagingArea {
         })
     }
 
-    /// Slot `slot`, if it is free (replay takes the slots it rewrites).
+    /// Slot `slot`, if it is free or kept (replay takes the slots it rewrites).
     pub(crate) fn take(self: &Arc<Self>, slot: u32) -> Option<ChunkBuf> {
         let mut free = lock(&self.free);
-        let pos = free.iter().position(|&s| s == slot)?;
-        free.swap_remove(pos);
+        let mut kept = lock(&self.kept);
+        if let Some(pos) = free.iter().position(|&s| s == slot) {
+            free.swap_remove(pos);
+        } else {
+            let pos = kept.iter().position(|&s| s == slot)?;
+            kept.swap_remove(pos);
+        }
         Some(ChunkBuf {
             area: self.clone(),
             slot,
@@ -557,6 +576,13 @@ impl StagingArea {
     }
 
     fn give_back(&self, slot: u32) {
+        let at = Self::slot_at(slot);
+        let state = self.atomic32(at + s_at::STATE).load(Ordering::Acquire);
+        let count = self.atomic32(at + s_at::COUNT).load(Ordering::Acquire);
+        if state == STATE_SEALED || (state == STATE_OPEN && count > 0) {
+            lock(&self.kept).push(slot);
+            return;
+        }
         lock(&self.free).push(slot);
         self.freed.notify_one();
     }
@@ -564,6 +590,11 @@ impl StagingArea {
     /// Slots currently free (for tests and stats).
     pub fn free_slots(&self) -> usize {
         lock(&self.free).len()
+    }
+
+    /// Slots kept out of use because they hold writes a replay needs (the `kept` field).
+    pub fn kept_slots(&self) -> usize {
+        lock(&self.kept).len()
     }
 
     /// What slot `slot` holds, as replay sees it: state, place, chunk number and the

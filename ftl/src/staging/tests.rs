@@ -450,3 +450,57 @@ fn a_reset_writes_a_file_backed_header_back() {
     let bytes = std::fs::read(dir.path().join("area.stage")).unwrap();
     assert_eq!(&bytes[..8], MAGIC);
 }
+
+/// A seal that panics (or fails) after its slot was marked sealed keeps the slot out of
+/// use: another writer of the dying FTL (one in the middle of a multi-chunk write) took
+/// it from the free list and opened it over the sealed chunk, and after a kill the
+/// replay found no chunk of that number, losing its completed writes and every chunk
+/// after it.
+#[test]
+fn a_slot_whose_seal_failed_is_not_handed_out_again() {
+    use crate::append::tests::PANIC_IN_SEAL;
+    use crate::model::{block_for, observe, Observed};
+    use crate::{Config, Ftl, StreamId};
+    let (dev, idx, f) = tiny_mem_ftl();
+    let f = Arc::new(f);
+    let staging = f.staging().clone();
+    for lba in 0..3u64 {
+        f.write(lba, &block_for(lba, 7), false, StreamId(1))
+            .unwrap();
+    }
+    let free_before = staging.free_slots();
+    let f2 = f.clone();
+    let dying = std::thread::spawn(move || {
+        PANIC_IN_SEAL.with(|p| p.set(true));
+        let _ = f2.flush();
+    });
+    assert!(dying.join().is_err(), "the injected panic happened");
+    assert_eq!(staging.kept_slots(), 1, "the sealed slot is kept");
+    assert_eq!(staging.free_slots(), free_before, "and not given back");
+    // Another writer of the same process takes every slot it can and opens it.
+    let mut taken = Vec::new();
+    while let Some(mut b) = staging.try_take() {
+        b.open(SlotPlace {
+            stream: 2,
+            seg: 9,
+            offset: 0,
+            start_pba: 9 * 16,
+        });
+        taken.push(b);
+    }
+    drop(taken);
+    // The process dies; the next one replays the area.
+    drop(f);
+    let (f, rep) = Ftl::open_staged(dev, idx, Config::default(), staging.clone()).unwrap();
+    let mut b = vec![0u8; 4096];
+    for lba in 0..3u64 {
+        f.read(lba, &mut b).unwrap();
+        assert_eq!(
+            observe(lba, &b),
+            Observed::Tag(7),
+            "lba {lba} lost ({:?})",
+            rep.recovery
+        );
+    }
+    assert_eq!(staging.kept_slots(), 0, "the next session's reset frees it");
+}
