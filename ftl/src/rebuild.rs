@@ -78,6 +78,11 @@ pub struct RebuildReport {
     /// completed), or that name an LBA past the end; entries with a sequence number out
     /// of range (damage).
     pub entries_skipped: u64,
+    /// Of `entries_skipped`: data blocks that fail their checksum.
+    pub checksum_failures: u64,
+    /// LBAs whose newest record in the log failed its checksum, rebuilt to their older
+    /// copy or unmapped (a warning names them).
+    pub older_copies: u64,
     /// Chunks whose summary holds an epoch or chunk number out of range (damage).
     pub chunks_out_of_range: u64,
     /// Chunks whose summary fails its checksum, walked past to the chunks after them
@@ -612,6 +617,32 @@ struct Facts {
     /// The smallest entry number of the segment's records (`u64::MAX`: none).
     opened: Vec<u64>,
     max_seq: u64,
+    /// Data entries whose block fails its checksum, as `[lba, epoch, seq + 1]` (the
+    /// winners' key), at most [`BAD_TRACKED`]: [`older_copies`] finds those that were
+    /// their LBA's newest record.
+    bad: Vec<[u64; 3]>,
+}
+
+/// Checksum failures [`Facts::bad`] keeps; past it they are counted, not named.
+const BAD_TRACKED: usize = 1 << 16;
+
+/// LBAs that LBA-range slice `w` maps to an older copy (or leaves unmapped) because their
+/// newest record in the log is one of `bad`. A rebuild cannot tell a write that never
+/// completed (its older copy is right: recovery does the same) from a damaged block of
+/// data that was durable (the lost index would have read it as EIO): such LBAs are
+/// named in the report's warnings instead of going by silently (found by review,
+/// 2026-11-29).
+fn older_copies(w: &Winners, bad: &[[u64; 3]], out: &mut Vec<u64>) {
+    let hi = w.lo + w.w.len() as u64;
+    for &[lba, epoch, key_seq] in bad {
+        if lba < w.lo || lba >= hi {
+            continue;
+        }
+        let won = w.w[(lba - w.lo) as usize];
+        if (epoch, key_seq) > (won[0], won[1]) {
+            out.push(lba);
+        }
+    }
 }
 
 /// Pass 2: reads each segment with chunks (the blocks its walk covers), checks every
@@ -632,6 +663,7 @@ fn scan<D: BlockDevice>(
         stream: vec![None; n as usize],
         opened: vec![u64::MAX; n as usize],
         max_seq: 0,
+        bad: Vec::new(),
     };
     let mut window = AlignedBuf::new(bps as usize * BLOCK_SIZE);
     let mut chunks = 0u64;
@@ -679,14 +711,23 @@ fn scan<D: BlockDevice>(
                         let blk = off as usize + 1 + k;
                         k += 1;
                         let data = &window[blk * BLOCK_SIZE..(blk + 1) * BLOCK_SIZE];
-                        if lba >= geo.exported_blocks
-                            || past_sane(seq)
-                            || crc32c::crc32c(data) != crc
-                        {
-                            report.entries_skipped += 1;
+                        if lba >= geo.exported_blocks || past_sane(seq) {
+                            report.entries_skipped += !past_break as u64;
                             continue;
                         }
-                        report.data_entries += 1;
+                        if crc32c::crc32c(data) != crc {
+                            if !past_break {
+                                report.entries_skipped += 1;
+                                report.checksum_failures += 1;
+                                if facts.bad.len() < BAD_TRACKED {
+                                    facts.bad.push([lba, s.epoch, seq + 1]);
+                                }
+                            }
+                            continue;
+                        }
+                        // Counted only when applied: a chunk past its epoch's break is
+                        // not part of the log.
+                        report.data_entries += !past_break as u64;
                         Rec {
                             epoch: s.epoch,
                             seq,
@@ -696,11 +737,11 @@ fn scan<D: BlockDevice>(
                         }
                     }
                     Entry::Trim { seq, .. } if past_sane(seq) => {
-                        report.entries_skipped += 1;
+                        report.entries_skipped += !past_break as u64;
                         continue;
                     }
                     Entry::Trim { lba, seq, count } => {
-                        report.trim_entries += 1;
+                        report.trim_entries += !past_break as u64;
                         Rec {
                             epoch: s.epoch,
                             seq,
@@ -855,18 +896,43 @@ pub fn rebuild_with<D: BlockDevice, I: IndexStore>(
     // last.
     index.clear()?;
     let mut out = PageOut::new(index, geo, opts.batch.max(1));
+    let mut older = Vec::new();
     match &mut sink {
-        Sink::Whole(w) => out.slice(w)?,
+        Sink::Whole(w) => {
+            older_copies(w, &facts.bad, &mut older);
+            out.slice(w)?
+        }
         Sink::Spilled(s) => {
             for b in 0..slices {
                 let lo = b * slice_blocks;
                 let mut w = Winners::new(lo, slice_blocks.min(blocks - lo));
                 s.drain(b, &mut |r| w.apply(r))?;
+                older_copies(&w, &facts.bad, &mut older);
                 out.slice(&w)?;
             }
         }
     }
     drop(sink);
+    older.sort_unstable();
+    older.dedup();
+    report.older_copies = older.len() as u64;
+    if !older.is_empty() {
+        const NAMED: usize = 16;
+        let names: Vec<String> = older.iter().take(NAMED).map(u64::to_string).collect();
+        report.warnings.push(format!(
+            "{} LBA(s) read as an older copy, or unmapped, because their newest copy in the \
+             log fails its checksum: a write that never completed (then this is right), or \
+             a damaged block (then its data is lost and the older copy is stale): LBA {}{}{}",
+            older.len(),
+            names.join(", "),
+            if older.len() > NAMED { " ..." } else { "" },
+            if report.checksum_failures > BAD_TRACKED as u64 {
+                " (only the first 65536 checksum failures were looked at)"
+            } else {
+                ""
+            }
+        ));
+    }
     out.end_page()?;
     let valid = std::mem::take(&mut out.valid);
     let mut ops = std::mem::take(&mut out.ops);

@@ -965,3 +965,37 @@ fn an_open_refused_by_the_roll_forward_zeroes_nothing() {
         "the chunk past the break was zeroed by an open that was refused"
     );
 }
+
+/// A rebuild cannot tell a write that never completed from a damaged block of data that
+/// was durable: both fail their checksum, and the LBA is rebuilt to its older copy.
+/// Where that older copy is what the LBA now reads, the report names it (a warning, and
+/// `older_copies`); a damaged block that was not its LBA's newest changes nothing and is
+/// not named. It went by silently: a damaged newest copy came back as the stale one.
+#[test]
+fn a_rebuild_names_the_lbas_it_gives_an_older_copy() {
+    for damaged_newest in [true, false] {
+        let (dev, _idx, f) = tiny_crash();
+        f.write(5, &block_for(5, 1), false, S0).unwrap();
+        f.flush().unwrap();
+        let old = f.map_entry(5).unwrap().pba().unwrap() as u64;
+        f.write(5, &block_for(5, 2), false, S0).unwrap();
+        f.flush().unwrap();
+        let new = f.map_entry(5).unwrap().pba().unwrap() as u64;
+        f.close().unwrap();
+        let geo = *f.geometry();
+        drop(f);
+        let pba = if damaged_newest { new } else { old };
+        let seg = geo.segment_of(pba);
+        flip_a_byte(&dev, seg, (pba - geo.segment_start(seg)) as u32);
+        let (_, r) = rebuild_into(&dev);
+        assert_eq!(r.checksum_failures, 1, "{r:?}");
+        let named = r.warnings.iter().any(|w| w.contains("LBA 5"));
+        if damaged_newest {
+            assert_eq!(r.older_copies, 1, "{r:?}");
+            assert!(named, "{:?}", r.warnings);
+        } else {
+            assert_eq!(r.older_copies, 0, "{r:?}");
+            assert!(!named, "{:?}", r.warnings);
+        }
+    }
+}
