@@ -486,6 +486,18 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         report.chunks_replayed += 1;
     }
 
+    // Staging rule 4: every chunk the staging area replayed continues the chain, so the
+    // roll-forward reached it. One it did not reach holds completed writes this open
+    // would lose without a word (a slot numbered out of the chain by a damaged area).
+    if let Some(last) = report.staged.last_chunk {
+        if expected <= last {
+            return Err(Error::Corrupt(format!(
+                "the staging area replayed chunks up to {last}, but the log ends at chunk \
+                 {expected}: completed writes would be lost; keep the staging file for \
+                 analysis, or remove it to open without them"
+            )));
+        }
+    }
     // Free rule 6: every death the free records relied on was replayed.
     if let Some(f) = frees.iter().max_by_key(|f| f.chain) {
         if expected < f.chain {

@@ -36,6 +36,10 @@ pub struct StagedReport {
     /// block that fails its checksum for damage, not for a write a power cut tore
     /// (recovery rule 3).
     pub same_boot: bool,
+    /// The highest chunk number written (`None`: none): recovery checks that its
+    /// roll-forward reached it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_chunk: Option<u64>,
 }
 
 /// Replays `area` into `dev` when it belongs to the session that wrote the checkpoint
@@ -82,6 +86,22 @@ pub fn replay<D: BlockDevice>(
     // writes that returned.
     report.same_boot = area.same_boot() && !area.device_error();
     let recorded_mark = area.next_chunk_mark();
+    // The mark numbers the open slots. Below the checkpoint's next chunk, or out of any
+    // sane range, it would number them where the roll-forward never looks, and their
+    // completed writes would be lost with no error (the mark lies outside the header's
+    // checksum; found by review, 2026-11-29). No session writes such a mark.
+    let open_writes = slots
+        .iter()
+        .any(|s| s.state == SlotState::Open && !s.entries.is_empty());
+    if open_writes && (recorded_mark < ck_next_chunk || crate::recovery::past_sane(recorded_mark)) {
+        return Err(bad_area(
+            area,
+            format!(
+                "its next-chunk mark {recorded_mark} is not a chunk number of the session \
+                 (the checkpoint's next chunk is {ck_next_chunk})"
+            ),
+        ));
+    }
     // Rule 2: a slot is sealed BEFORE the mark is raised past its number, so a process
     // that died in between left one sealed slot numbered exactly at the mark. Every
     // number handed out is below the mark so corrected.
@@ -89,7 +109,7 @@ pub fn replay<D: BlockDevice>(
         .iter()
         .any(|s| s.state == SlotState::Sealed(recorded_mark))
     {
-        recorded_mark + 1
+        recorded_mark.saturating_add(1)
     } else {
         recorded_mark
     };
@@ -200,6 +220,7 @@ pub fn replay<D: BlockDevice>(
             area.mark_device_error();
             Error::io("staged chunk write", at, e)
         })?;
+        report.last_chunk = report.last_chunk.max(Some(chunk_seq));
         if chunk_seq >= mark {
             report.open_chunks += 1;
         } else {

@@ -417,6 +417,55 @@ fn a_staged_entry_below_the_count_that_fails_its_checksum_refuses_the_open() {
     );
 }
 
+/// A next-chunk mark below the checkpoint's next chunk (it lies outside the header's
+/// checksum) would number the open slots where the roll-forward never looks: refused
+/// before anything is written. A mark out of any sane range too.
+#[test]
+fn a_next_chunk_mark_below_the_checkpoint_refuses_the_open() {
+    damaged_area_refuses_the_open(
+        |a, _| {
+            a.atomic64(h_at::NEXT_CHUNK_MARK)
+                .store(0, Ordering::Release)
+        },
+        "next-chunk mark 0",
+    );
+    damaged_area_refuses_the_open(
+        |a, _| {
+            a.atomic64(h_at::NEXT_CHUNK_MARK)
+                .store(u64::MAX, Ordering::Release)
+        },
+        "is not a chunk number of the session",
+    );
+}
+
+/// A mark above the chain (sane, but past chunks no session sealed) numbers the open
+/// slots past a gap the roll-forward stops at: recovery refuses the open instead of
+/// losing their completed writes without a word.
+#[test]
+fn staged_chunks_the_roll_forward_does_not_reach_refuse_the_open() {
+    use crate::model::block_for;
+    use crate::{Config, Ftl, StreamId};
+    let (dev, idx, f) = tiny_mem_ftl();
+    for lba in 0..3u64 {
+        f.write(lba, &block_for(lba, 7), false, StreamId(1))
+            .unwrap();
+    }
+    let staging = f.staging().clone();
+    drop(f);
+    let mark = staging.next_chunk_mark();
+    staging
+        .atomic64(h_at::NEXT_CHUNK_MARK)
+        .store(mark + 1000, Ordering::Release);
+    let err = match Ftl::open_staged(dev, idx, Config::default(), staging) {
+        Ok(_) => panic!("writes numbered past the chain were dropped silently"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("the staging area replayed chunks up to"),
+        "{err}"
+    );
+}
+
 /// A reset cut short by a process death (it frees every slot BEFORE it writes the
 /// header) leaves a header that does not read over free slots: nothing to replay, and
 /// the open goes on.
