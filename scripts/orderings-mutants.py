@@ -217,7 +217,7 @@ MUTANTS = [
      [ORDERINGS]),
     ("discard-5", "discard rule 5: the discarder leaves the reserve and one more in the free list",
      "ftl/src/engine/discard.rs",
-     [("""            let keep = self.cfg.gc_reserve_segments + 1;""", """            let keep = 0;""")],
+     [("""        self.discard_queue(cutoff, self.cfg.gc_reserve_segments + 1)""", """        self.discard_queue(cutoff, 0)""")],
      [ORDERINGS]),
     ("space-wait", "a writer waits for space from the generation it saw when it found no room",
      "ftl/src/engine/mod.rs",

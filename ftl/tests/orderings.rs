@@ -190,6 +190,42 @@ fn a_segment_being_discarded_later_is_not_allocatable_meanwhile() {
     });
 }
 
+/// `Ftl::close` discards every freed segment still waiting, the reserve's too: the
+/// discarder leaves the reserve and one more segment in the free list while writers may
+/// run (rule 5), and close used it, so on a nearly full device up to that many freed
+/// segments kept their backing space after a clean stop (the queue is lost with the
+/// process). Found by review, 2026-11-29.
+#[test]
+fn close_discards_every_segment_waiting_for_its_discard() {
+    let cfg = Config {
+        discard_delay: Duration::from_secs(3600),
+        ..Config::default()
+    };
+    let keep = cfg.gc_reserve_segments as usize + 1;
+    let (dev, _idx, f) = gated(cfg);
+    let cap = f.capacity_blocks();
+    // Sequential overwrites (no cleaner runs): whole segments die and writers free them.
+    let mut n = 0u64;
+    while n < cap || !(f.free_segments() <= keep && f.undiscarded_segments() >= 1) {
+        let l = n % cap;
+        f.write(l, &block_for(l, 1 + n / cap), false, StreamId(1))
+            .unwrap();
+        n += 1;
+        assert!(
+            n < 100 * cap,
+            "never reached {keep} free segments, some freed"
+        );
+    }
+    let before = dev.inner().discarded_bytes();
+    f.close().unwrap();
+    assert_eq!(
+        f.undiscarded_segments(),
+        0,
+        "close left freed segments undiscarded"
+    );
+    assert!(dev.inner().discarded_bytes() > before);
+}
+
 /// Discard rule 2: a free segment a writer took before its deferred
 /// discard is never discarded afterwards (the discard would wipe what the writer wrote).
 #[test]

@@ -733,7 +733,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     pub fn close(&self) -> Result<()> {
         self.flush()?;
         self.checkpoint()?;
-        self.discard_waiting(true);
+        self.discard_all_at_close();
         self.log.staging().remove_file()
     }
 }
