@@ -201,7 +201,7 @@ fn close_discards_every_segment_waiting_for_its_discard() {
         discard_delay: Duration::from_secs(3600),
         ..Config::default()
     };
-    let keep = cfg.gc_reserve_segments as usize + 1;
+    let keep = cfg.gc_reserve_segments + 1;
     let (dev, _idx, f) = gated(cfg);
     let cap = f.capacity_blocks();
     // Sequential overwrites (no cleaner runs): whole segments die and writers free them.
