@@ -59,6 +59,22 @@ pub fn replay<D: BlockDevice>(
         // Rule 5: not an area another boot left.
         AreaHeader::Owned(o)
             if o.uuid == sb.uuid && o.epoch == ck_epoch && !area.from_another_boot() => {}
+        // A session newer than the checkpoint's: no open takes an area before its
+        // session's checkpoint is durable (rule 4), so the index was rolled back (restored
+        // from a copy). Ignoring the area dropped its completed writes without a word
+        // (found by review, 2026-11-29), where log chunks of a newer session refuse the
+        // open (`newer_than_index`).
+        AreaHeader::Owned(o) if o.uuid == sb.uuid && o.epoch > ck_epoch && holds_writes(&slots) => {
+            return Err(bad_area(
+                area,
+                format!(
+                    "it holds writes of session {}, newer than the index's checkpoint \
+                     (session {ck_epoch}): the index is older than the backing (restored \
+                     from a copy?)",
+                    o.epoch
+                ),
+            ));
+        }
         AreaHeader::Owned(_) => {
             report.ignored_stale = true;
             return Ok(report);
@@ -230,6 +246,14 @@ pub fn replay<D: BlockDevice>(
     // Rule 4: these chunks continue the chain the roll-forward follows next; recovery
     // syncs everything it rolled forward before the open checkpoint names it.
     Ok(report)
+}
+
+/// Whether any slot holds writes a replay would apply (sealed, or open with entries).
+fn holds_writes(slots: &[StagedSlot]) -> bool {
+    slots.iter().any(|s| {
+        matches!(s.state, SlotState::Sealed(_))
+            || (s.state == SlotState::Open && !s.entries.is_empty())
+    })
 }
 
 fn bad(area: &StagingArea, slot: u32, why: String) -> Error {

@@ -438,6 +438,23 @@ fn a_next_chunk_mark_below_the_checkpoint_refuses_the_open() {
     );
 }
 
+/// An area of a session newer than the index's checkpoint (the index was restored from
+/// a copy) with writes in it refuses the open: ignored as stale, its completed writes
+/// were dropped without a word.
+#[test]
+fn an_area_newer_than_the_index_refuses_the_open() {
+    damaged_area_refuses_the_open(
+        |a, _| {
+            let o = a.owner().unwrap();
+            let h = a.bytes_mut(0, h_at::NEXT_CHUNK_MARK);
+            put(h, h_at::EPOCH, &(o.epoch + 1).to_le_bytes());
+            let crc = crc32c::crc32c(&h[..h_at::CRC]);
+            put(h, h_at::CRC, &crc.to_le_bytes());
+        },
+        "newer than the index's checkpoint",
+    );
+}
+
 /// A mark above the chain (sane, but past chunks no session sealed) numbers the open
 /// slots past a gap the roll-forward stops at: recovery refuses the open instead of
 /// losing their completed writes without a word.
