@@ -107,6 +107,31 @@ fn read_superblock_inner<D: BlockDevice>(
     let mut warnings = Vec::new();
     let sb = match (a, b) {
         (Ok(sa), Some((_, Ok(sb)))) if sa == sb => sa,
+        // Both whole but different: a format cut short between its two writes (format
+        // rule 2 writes copy B first, after the index was reset to it). The newer one is
+        // that format's, and copy A is completed from it; A won before, B was rewritten
+        // back to the old format and the open failed on the index the format had reset
+        // (found by review, 2026-11-29).
+        (Ok(sa), Some((_, Ok(sb)))) if sb.created_secs > sa.created_secs => {
+            warnings.push(format!(
+                "superblock copy A was of an earlier format than copy B (a format cut short); \
+                 {} from copy B",
+                if repair { "rewritten" } else { "read-only: to be rewritten by the next open" }
+            ));
+            if repair {
+                write_sb(dev, &sb, 0)?;
+            }
+            sb
+        }
+        // A copy of a newer version is not damage to repair from an older copy: an older
+        // build rewrote it (it was taken for damaged before this arm).
+        (Err(SbDecode::Version(v)), _) => {
+            return Err(Error::UnsupportedVersion {
+                backing: name,
+                found: v,
+                supported: SB_VERSION,
+            })
+        }
         (Ok(sa), other) => {
             let off = Geometry::superblock_offset(1, sa.geometry.segment_bytes);
             warnings.push(format!(
@@ -129,13 +154,6 @@ fn read_superblock_inner<D: BlockDevice>(
                 write_sb(dev, &sb, 0)?;
             }
             sb
-        }
-        (Err(SbDecode::Version(v)), _) => {
-            return Err(Error::UnsupportedVersion {
-                backing: name,
-                found: v,
-                supported: SB_VERSION,
-            })
         }
         (Err(SbDecode::NoMagic), _) => {
             return Err(Error::NotFormatted(
@@ -312,9 +330,12 @@ pub fn format<D: BlockDevice, I: IndexStore>(
     // finds only this format's.
     let zero = AlignedBuf::new(BLOCK_SIZE);
     let mut seg = MIN_SEGMENT_BYTES;
-    while seg <= MAX_SEGMENT_BYTES && seg <= dev.size() {
+    // Within the area this format takes (`--size` may leave the rest of the device to
+    // something else: it zeroed blocks there; found by review, 2026-11-29).
+    let area = geometry.backing_bytes;
+    while seg <= MAX_SEGMENT_BYTES && seg <= area {
         let off = Geometry::superblock_offset(1, seg);
-        if seg != geometry.segment_bytes && off + BLOCK_SIZE as u64 <= dev.size() {
+        if seg != geometry.segment_bytes && off + BLOCK_SIZE as u64 <= area {
             dev.write_at(off, &zero)
                 .map_err(|e| Error::io("clearing an old superblock copy", off, e))?;
         }

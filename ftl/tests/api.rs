@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use ftl::device::mem::MemDevice;
-use ftl::device::{BlockDevice, BLOCK_SIZE};
+use ftl::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
 use ftl::index::mem::MemIndex;
 use ftl::model::{block_for, Model};
 use ftl::{Config, Error, FormatOptions, Ftl, StreamId};
@@ -849,4 +849,89 @@ fn a_writer_reads_its_map_page_before_it_locks_its_stream() {
     );
     f.read(far, &mut b).unwrap();
     assert_eq!(b, block_for(far, 2));
+}
+
+/// A format cut short between its two superblock writes (copy B first, the index already
+/// reset to it) leaves copy A of the earlier format: the newer copy wins and A is
+/// completed from it. A won before: B was rewritten to the old format, and the open
+/// failed on the index the format had reset.
+#[test]
+fn a_format_cut_short_between_its_superblock_copies_completes_from_the_newer() {
+    let dev = Arc::new(MemDevice::new(32 * (1 << 20)));
+    let idx = Arc::new(MemIndex::new());
+    let opts = FormatOptions {
+        segment_bytes: Some(1 << 20),
+        ..Default::default()
+    };
+    let old = ftl::format(&dev, &idx, &opts, false).unwrap();
+    let new = ftl::format(&dev, &idx, &opts, true).unwrap();
+    assert_ne!(old.uuid, new.uuid);
+    // Copy A as the earlier format left it (an earlier second than the new one).
+    let mut a = old.clone();
+    a.created_secs = new.created_secs - 10;
+    dev.write_at(0, &a.encode()).unwrap();
+    let (f, _) = Ftl::open(dev.clone(), idx.clone(), Config::default())
+        .expect("the newer copy's format opens");
+    assert_eq!(f.superblock().uuid, new.uuid);
+    let mut b = AlignedBuf::new(BLOCK_SIZE);
+    dev.read_at(0, &mut b).unwrap();
+    assert_eq!(
+        ftl::superblock::Superblock::decode(&b).unwrap().uuid,
+        new.uuid
+    );
+}
+
+/// A copy A of a newer superblock version is not damage: an older build refuses it,
+/// and does not rewrite it from copy B.
+#[test]
+fn a_newer_superblock_version_is_refused_not_repaired() {
+    use ftl::superblock::offsets as o;
+    let dev = Arc::new(MemDevice::new(32 * (1 << 20)));
+    let idx = Arc::new(MemIndex::new());
+    let opts = FormatOptions {
+        segment_bytes: Some(1 << 20),
+        ..Default::default()
+    };
+    let sb = ftl::format(&dev, &idx, &opts, false).unwrap();
+    let mut a = sb.encode();
+    a[o::VERSION..o::VERSION + 4].copy_from_slice(&2u32.to_le_bytes());
+    let crc = crc32c::crc32c(&a[..o::CRC]);
+    a[o::CRC..o::CRC + 4].copy_from_slice(&crc.to_le_bytes());
+    dev.write_at(0, &a).unwrap();
+    match Ftl::open(dev.clone(), idx.clone(), Config::default()) {
+        Err(Error::UnsupportedVersion { found: 2, .. }) => {}
+        Err(e) => panic!("unclear error: {e}"),
+        Ok(_) => panic!("a newer version was opened (and copy A rewritten)"),
+    }
+    let mut b = AlignedBuf::new(BLOCK_SIZE);
+    dev.read_at(0, &mut b).unwrap();
+    assert_eq!(&b[..], &a[..], "copy A was rewritten");
+}
+
+/// A format of part of a device (`--size`) writes nothing past that part: clearing old
+/// superblock copies of other segment sizes zeroed blocks beyond it.
+#[test]
+fn a_format_of_part_of_a_device_writes_nothing_past_it() {
+    let dev = Arc::new(ftl::device::sparse::SparseDevice::new(2 << 30));
+    let idx = Arc::new(MemIndex::new());
+    let marks: Vec<u64> = [512u64 << 20, 1 << 30]
+        .iter()
+        .map(|&o| o - BLOCK_SIZE as u64)
+        .collect();
+    for &m in &marks {
+        dev.write_at(m, &[0x5a; BLOCK_SIZE]).unwrap();
+    }
+    let opts = FormatOptions {
+        size_bytes: Some(256 << 20),
+        ..Default::default()
+    };
+    ftl::format(&dev, &idx, &opts, false).unwrap();
+    let mut b = AlignedBuf::new(BLOCK_SIZE);
+    for &m in &marks {
+        dev.read_at(m, &mut b).unwrap();
+        assert!(
+            b.iter().all(|&x| x == 0x5a),
+            "format wrote at {m}, past its 256 MiB"
+        );
+    }
 }
