@@ -1439,6 +1439,12 @@ pub mod ops {
                 if let Some((l, b)) = fua_range(op) {
                     m.fua_completed(l, b);
                 }
+                // A FLUSH that returned Ok under the fault promised what any FLUSH does:
+                // the next power cut must keep what it covered (not recorded, a flush
+                // that swallowed a failed sync went unseen; found by review, 2026-11-29).
+                if matches!(op, Op::Flush) {
+                    m.flush();
+                }
                 return Ok(FaultEnd::Continue);
             }
             Err(Error::NoSpace) => return Ok(FaultEnd::NoSpace),

@@ -18,7 +18,7 @@ use crate::error::Error;
 use crate::index::mem::MemIndex;
 use crate::model::{observe, Crash, History};
 use crate::staging::StagingArea;
-use crate::{Config, FormatOptions, Ftl, StreamId, GC_STREAM};
+use crate::{FormatOptions, Ftl, StreamId, GC_STREAM};
 use std::sync::{Arc, Mutex};
 
 /// LBAs each script thread owns (thread `t`: `t * SPAN ..`); step LBAs are taken modulo.
@@ -116,8 +116,10 @@ impl crate::BlockDevice for Latent {
         self.dev.write_at(offset, buf)
     }
     fn sync(&self) -> std::io::Result<()> {
+        // Durable: what completed before the sync was issued, not what lands during it.
+        let mark = self.dev.sync_mark()?;
         shuttle::thread::yield_now();
-        self.dev.sync()
+        self.dev.sync_upto(mark)
     }
     fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
         lock(&self.discarding).push((offset, len));
@@ -156,8 +158,12 @@ pub fn run(s: &Scenario) -> Result<(), String> {
     let dev = Arc::new(CrashDevice::new(32 * (64 << 10)));
     let idx = Arc::new(MemIndex::new());
     crate::format(&dev, &idx, &tiny(), false).map_err(|e| e.to_string())?;
-    let (f, _) = Ftl::open(Latent::new(dev.clone()), idx.clone(), Config::default())
-        .map_err(|e| e.to_string())?;
+    let (f, _) = Ftl::open(
+        Latent::new(dev.clone()),
+        idx.clone(),
+        crate::model::test_config(),
+    )
+    .map_err(|e| e.to_string())?;
     let f = Arc::new(f);
     let history = Arc::new(Mutex::new(History::new()));
     if s.prefill {
@@ -204,7 +210,7 @@ pub fn run(s: &Scenario) -> Result<(), String> {
         ));
     }
     drop(f);
-    check_cut(c, s.crash, threads)
+    check_cut(c, s.crash)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -355,7 +361,7 @@ fn take_cut(
 
 /// The checker must be clean on the copy (with the staging area, after a process death)
 /// and every LBA must read what the history allows.
-fn check_cut(c: Cut, crash: Crash, threads: usize) -> Result<(), String> {
+fn check_cut(c: Cut, crash: Crash) -> Result<(), String> {
     let dev = Arc::new(CrashDevice::from_image(c.image));
     let idx = Arc::new(c.index);
     let report = crate::check::check_staged(&dev, &idx, true, c.staging.clone())
@@ -370,11 +376,13 @@ fn check_cut(c: Cut, crash: Crash, threads: usize) -> Result<(), String> {
         Some(s) => s,
         None => StagingArea::in_memory(crate::staging::DEFAULT_SLOTS).map_err(|e| e.to_string())?,
     };
-    let (f, _) = Ftl::open_staged(dev, idx, Config::default(), staging)
+    let (f, _) = Ftl::open_staged(dev, idx, crate::model::test_config(), staging)
         .map_err(|e| format!("reopen after the {crash:?}: {e}"))?;
     let mut h = c.history;
     let mut b = vec![0u8; 4096];
-    for lba in 0..threads as u64 * SPAN {
+    // Every LBA, not only the threads' spans: a relocation or recovery that maps data
+    // onto an LBA outside them went unseen (found by review, 2026-11-29).
+    for lba in 0..f.capacity_blocks() {
         f.read(lba, &mut b)
             .map_err(|e| format!("read {lba} after the {crash:?}: {e}"))?;
         h.settle(lba, observe(lba, &b), crash)?;

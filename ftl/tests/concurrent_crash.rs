@@ -443,8 +443,10 @@ impl BlockDevice for Jittery {
         self.dev.write_at(offset, buf)
     }
     fn sync(&self) -> std::io::Result<()> {
+        // Durable: what completed before the sync was issued, not what lands during it.
+        let mark = self.dev.sync_mark()?;
         self.jitter.pause(500, 50);
-        self.dev.sync()
+        self.dev.sync_upto(mark)
     }
     fn discard(&self, offset: u64, len: u64) -> std::io::Result<()> {
         self.jitter.pause(3000, 80);

@@ -744,15 +744,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
                 };
                 let before = f.stats().map_cache;
                 let read = |verify, seed| {
-                    threaded_reads(
-                        &f,
-                        ops,
-                        a.qd,
-                        a.read_threads,
-                        seed,
-                        verify,
-                        sampler.clone(),
-                    )
+                    threaded_reads(&f, ops, a.qd, a.read_threads, seed, verify, sampler.clone())
                 };
                 let secs = read(true, a.seed + 1)?;
                 let after = f.stats().map_cache;

@@ -31,11 +31,18 @@ struct State {
     durable: Vec<u8>,
     /// Unsynced block writes in issue order: (block number, contents).
     pending: Vec<(u64, Box<[u8]>)>,
+    /// Blocks ever recorded, and blocks taken off the front of `pending` (made durable
+    /// or lost in a crash): `pending` holds those numbered `drained..recorded`.
+    recorded: u64,
+    drained: u64,
     syncs: u64,
     discarded: u64,
 }
 
 /// Crash-simulating in-memory device.
+/// What a discarded block of a [`CrashDevice`] reads as.
+pub const DISCARDED_BYTE: u8 = 0xD5;
+
 pub struct CrashDevice {
     state: Mutex<State>,
     size: u64,
@@ -60,6 +67,8 @@ impl CrashDevice {
                 current: vec![0; size as usize],
                 durable: vec![0; size as usize],
                 pending: Vec::new(),
+                recorded: 0,
+                drained: 0,
                 syncs: 0,
                 discarded: 0,
             }),
@@ -76,6 +85,8 @@ impl CrashDevice {
                 current: image.clone(),
                 durable: image,
                 pending: Vec::new(),
+                recorded: 0,
+                drained: 0,
                 syncs: 0,
                 discarded: 0,
             }),
@@ -90,6 +101,7 @@ impl CrashDevice {
         let mut st = self.state.lock().map_err(|_| poisoned())?;
         let (image, kept, lost) = Self::cut(&st, seed);
         st.pending.clear();
+        st.drained = st.recorded;
         st.durable = image.clone();
         st.current = image;
         Ok((kept, lost))
@@ -126,6 +138,32 @@ impl CrashDevice {
     }
 
     /// Block writes not yet synced.
+    /// Where a sync issued now ends: [`Self::sync_upto`] with it makes durable the writes
+    /// that completed before this call, not those that complete while the sync is on its
+    /// way (a real fsync promises no more). A wrapper that delays its syncs takes the
+    /// mark on entry: a sync that made durable every write landing during its delay hid a
+    /// FLUSH that did not wait for a chunk write in flight (found by review, 2026-11-29).
+    pub fn sync_mark(&self) -> io::Result<u64> {
+        Ok(self.state.lock().map_err(|_| poisoned())?.recorded)
+    }
+
+    /// The second half of a sync begun at `mark` ([`Self::sync_mark`]).
+    pub fn sync_upto(&self, mark: u64) -> io::Result<()> {
+        if self.faults.syncs.load(Ordering::SeqCst) {
+            return Err(injected("sync"));
+        }
+        let mut st = self.state.lock().map_err(|_| poisoned())?;
+        let n = (mark.saturating_sub(st.drained) as usize).min(st.pending.len());
+        let done: Vec<(u64, Box<[u8]>)> = st.pending.drain(..n).collect();
+        for (block, data) in done {
+            let off = block as usize * BLOCK_SIZE;
+            st.durable[off..off + BLOCK_SIZE].copy_from_slice(&data);
+        }
+        st.drained += n as u64;
+        st.syncs += 1;
+        Ok(())
+    }
+
     pub fn unsynced_blocks(&self) -> usize {
         self.state.lock().map(|s| s.pending.len()).unwrap_or(0)
     }
@@ -154,6 +192,7 @@ impl CrashDevice {
         for (i, block) in data.chunks(BLOCK_SIZE).enumerate() {
             st.pending
                 .push((offset / BLOCK_SIZE as u64 + i as u64, block.into()));
+            st.recorded += 1;
         }
     }
 }
@@ -190,25 +229,18 @@ impl BlockDevice for CrashDevice {
         Ok(())
     }
     fn sync(&self) -> io::Result<()> {
-        if self.faults.syncs.load(Ordering::SeqCst) {
-            return Err(injected("sync"));
-        }
-        let mut st = self.state.lock().map_err(|_| poisoned())?;
-        let pending = std::mem::take(&mut st.pending);
-        for (block, data) in pending {
-            let off = block as usize * BLOCK_SIZE;
-            st.durable[off..off + BLOCK_SIZE].copy_from_slice(&data);
-        }
-        st.syncs += 1;
-        Ok(())
+        let mark = self.sync_mark()?;
+        self.sync_upto(mark)
     }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(self.size, offset, len as usize)?;
         let mut st = self.state.lock().map_err(|_| poisoned())?;
-        // A discard is modelled as unsynced zero writes: after a crash each block may or
-        // may not have been zeroed, which is what a real TRIM permits.
-        let zeros = vec![0u8; len as usize];
-        Self::record(&mut st, offset, &zeros);
+        // A discard is modelled as unsynced writes of bytes no write produced: a real
+        // TRIM need not read back as zeros (discard rule 3), and after a crash each block
+        // may or may not have changed. Zeros hid any reliance on discarded blocks reading
+        // as zeros (found by review, 2026-11-29).
+        let garbage = vec![DISCARDED_BYTE; len as usize];
+        Self::record(&mut st, offset, &garbage);
         st.discarded += len;
         Ok(())
     }
@@ -220,6 +252,33 @@ impl BlockDevice for CrashDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sync makes durable what completed before it was issued, not what lands while it
+    /// is on its way.
+    #[test]
+    fn a_sync_covers_the_writes_before_its_mark_only() {
+        let d = CrashDevice::new(1 << 20);
+        d.write_at(0, &[1u8; 4096]).unwrap();
+        let mark = d.sync_mark().unwrap();
+        d.write_at(4096, &[2u8; 4096]).unwrap();
+        d.sync_upto(mark).unwrap();
+        assert_eq!(
+            d.unsynced_blocks(),
+            1,
+            "the write after the mark is not durable"
+        );
+        let mut b = vec![0u8; 4096];
+        d.read_durable(0, &mut b).unwrap();
+        assert_eq!(b[0], 1);
+        d.read_durable(4096, &mut b).unwrap();
+        assert_eq!(b[0], 0);
+        // An older mark after a newer sync: nothing left to do, nothing undone.
+        d.sync().unwrap();
+        d.sync_upto(mark).unwrap();
+        d.read_durable(4096, &mut b).unwrap();
+        assert_eq!(b[0], 2);
+        assert_eq!(d.unsynced_blocks(), 0);
+    }
 
     #[test]
     fn synced_survives_unsynced_may_not() {
