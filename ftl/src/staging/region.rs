@@ -65,8 +65,32 @@ impl Region {
             .create(true)
             .truncate(false)
             .mode(0o600)
+            // Not through a symlink, and only a regular file of this user's (below): in a
+            // run directory others may write to (`FTLBLK_RUN_DIR` under /tmp), a file or
+            // link planted there was taken, and its owner could change staged writes
+            // before they were replayed (found by review, 2026-11-29).
+            .custom_flags(libc::O_NOFOLLOW)
             .open(path)
             .map_err(|e| open_err(path, e))?;
+        {
+            use std::os::unix::fs::MetadataExt;
+            let m = file.metadata().map_err(|e| open_err(path, e))?;
+            // SAFETY: geteuid has no preconditions.
+            let me = unsafe { libc::geteuid() };
+            if !m.file_type().is_file() || m.uid() != me {
+                return Err(open_err(
+                    path,
+                    std::io::Error::new(
+                        std::io::ErrorKind::PermissionDenied,
+                        format!(
+                            "not a regular file of user {me} (owner {}): remove it, or use a \
+                             run directory only this user can write",
+                            m.uid()
+                        ),
+                    ),
+                ));
+            }
+        }
         // SAFETY: flock on an fd we own.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             let e = std::io::Error::last_os_error();

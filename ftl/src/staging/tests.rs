@@ -570,3 +570,17 @@ fn a_slot_whose_seal_failed_is_not_handed_out_again() {
     }
     assert_eq!(staging.kept_slots(), 0, "the next session's reset frees it");
 }
+
+/// A staging file is opened only as a regular file, not through a symlink planted at its
+/// path (a run directory others can write to): the link's target was resized and written.
+#[test]
+fn a_symlink_at_the_staging_path_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let target = d.path().join("victim");
+    std::fs::write(&target, b"precious").unwrap();
+    let link = d.path().join("x.stage");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let e = StagingArea::open_file(&link, 1).expect_err("a symlink was followed");
+    assert!(matches!(e, crate::Error::Open { .. }), "{e}");
+    assert_eq!(std::fs::read(&target).unwrap(), b"precious");
+}
