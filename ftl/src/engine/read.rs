@@ -211,7 +211,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             let l = lba + b.idx as u64;
             let blk = &mut buf[b.idx * BLOCK_SIZE..(b.idx + 1) * BLOCK_SIZE];
             if !self.verify_block(l, b.entry, blk)? {
-                self.reread_block(l, blk)?;
+                self.reread_block_as(l, blk, foreground)?;
             }
         }
         let reads = spans.len();
@@ -222,8 +222,15 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// the entry it was located by), locating it again up to [`READ_RETRIES`] times. The
     /// one retry path of every reader.
     pub fn reread_block(&self, lba: u64, blk: &mut [u8]) -> Result<()> {
+        self.reread_block_as(lba, blk, true)
+    }
+
+    /// [`Ftl::reread_block`]; `foreground` as in [`Ftl::locate_as`] (defragmentation's
+    /// re-reads counted as a user's requests, and the cleaner's runner saw a busy device;
+    /// found by review, 2026-11-29).
+    fn reread_block_as(&self, lba: u64, blk: &mut [u8], foreground: bool) -> Result<()> {
         for _ in 0..READ_RETRIES {
-            match self.locate(lba, blk)? {
+            match self.locate_as(lba, blk, foreground)? {
                 BlockLocation::Zero => {
                     blk.fill(0);
                     return Ok(());
