@@ -42,7 +42,18 @@
 //!    after a reboot anyway; elsewhere (`FTLBLK_RUN_DIR` on a disk, a container whose
 //!    `/run` is not tmpfs) a stale copy of it survived, and replaying its slots wrote
 //!    chunks older than the FLUSH-acknowledged ones at the same places over them (found
-//!    by review, 2026-11-27). Test: `process_crash::an_area_from_another_boot_is_ignored`.
+//!    by review, 2026-11-27). Test: `process_crash::an_area_from_another_boot_is_ignored`;
+//! 6. (see [`StagingArea::reset`]) a reset frees every slot BEFORE it writes the header;
+//! 7. a slot given up while it still holds writes a replay needs (sealed, or open with
+//!    entries) is kept out of use until the next reset, handed only to replay. Test:
+//!    `a_slot_whose_seal_failed_is_not_handed_out_again`;
+//! 8. replay refuses a next-chunk mark (outside the header's checksum) below the
+//!    checkpoint's next chunk or out of range while open slots hold writes, and an area
+//!    of a session newer than the checkpoint holding writes; recovery refuses an open
+//!    whose roll-forward stopped short of the last chunk replayed. Tests:
+//!    `a_next_chunk_mark_below_the_checkpoint_refuses_the_open`,
+//!    `staged_chunks_the_roll_forward_does_not_reach_refuse_the_open`,
+//!    `an_area_newer_than_the_index_refuses_the_open`.
 //!
 //! ## Layout (little-endian; the file is `4096 + slots * SLOT_BYTES` bytes)
 //! ```text
@@ -274,7 +285,7 @@ pub struct StagingArea {
     region: Region,
     slots: usize,
     free: Mutex<Vec<u32>>,
-    /// Slots given up while they still held writes a replay needs (sealed, or open with
+    /// Rule 7: slots given up while they still held writes a replay needs (sealed, or open with
     /// entries: a seal that failed or panicked, chunks dropped unwritten by a failing or
     /// dying FTL): never handed out again in this session, only to replay ([`Self::take`]),
     /// and freed by the next [`Self::reset`]. Given back to `free`, a sealed slot whose

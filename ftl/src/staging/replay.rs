@@ -59,7 +59,7 @@ pub fn replay<D: BlockDevice>(
         // Rule 5: not an area another boot left.
         AreaHeader::Owned(o)
             if o.uuid == sb.uuid && o.epoch == ck_epoch && !area.from_another_boot() => {}
-        // A session newer than the checkpoint's: no open takes an area before its
+        // Rule 8: a session newer than the checkpoint's: no open takes an area before its
         // session's checkpoint is durable (rule 4), so the index was rolled back (restored
         // from a copy). Ignoring the area dropped its completed writes without a word
         // (found by review, 2026-11-29), where log chunks of a newer session refuse the
@@ -102,7 +102,7 @@ pub fn replay<D: BlockDevice>(
     // writes that returned.
     report.same_boot = area.same_boot() && !area.device_error();
     let recorded_mark = area.next_chunk_mark();
-    // The mark numbers the open slots. Below the checkpoint's next chunk, or out of any
+    // Rule 8: the mark numbers the open slots. Below the checkpoint's next chunk, or out of any
     // sane range, it would number them where the roll-forward never looks, and their
     // completed writes would be lost with no error (the mark lies outside the header's
     // checksum; found by review, 2026-11-29). No session writes such a mark.
