@@ -5,12 +5,13 @@
 #
 #   --host  (default when no flag is given) build/test tools for the host:
 #           fio, clang, libclang-dev (bindgen for libublk-rs-sys), pkg-config,
-#           fonts-dejavu-core (text in the replay plots).
+#           fonts-dejavu-core (text in the replay plots); the Rust toolchain with
+#           rustup (stable, rustfmt, clippy) when there is no cargo.
 #   --vm    everything --host installs, plus what scripts/vm-run.sh needs to boot
 #           a ublk-capable kernel under QEMU software emulation:
 #             qemu-system-x86, the newest linux-image-6.12.*+deb12-amd64-unsigned
 #             (ships ublk_drv.ko; the host kernel has no ublk), busybox-static,
-#             e2fsprogs, xfsprogs, btrfs-progs, f2fs-tools, util-linux, kmod, and
+#             e2fsprogs, xfsprogs, btrfs-progs, f2fs-tools, util-linux, kmod, procps, and
 #             virtme-ng from PyPI in a venv at $VNG_VENV (default /opt/virtme-ng),
 #             with `vng` and its helper `virtme-run` etc. linked into /usr/local/bin.
 #
@@ -87,13 +88,31 @@ fi
 if [ "$want_vm" = 1 ]; then
     # curl + python3: the metrics scrape and its check; nvme-cli: the NVMe-oF export test.
     pkgs+=(qemu-system-x86 busybox-static e2fsprogs xfsprogs btrfs-progs f2fs-tools util-linux kmod
-        curl python3 iproute2 nvme-cli)
+        curl python3 iproute2 nvme-cli procps)
 fi
+# curl: the Rust toolchain below, when there is none.
+pkgs+=(curl ca-certificates)
 missing=()
 for p in "${pkgs[@]}"; do
     pkg_installed "$p" || missing+=("$p")
 done
 apt_install "${missing[@]+"${missing[@]}"}"
+
+# --- The Rust toolchain -------------------------------------------------------
+# cargo with rustfmt (`cargo fmt --check` is a step of the suite) and clippy; rustup's
+# stable when there is no cargo at all (into $CARGO_HOME, default ~/.cargo: callers add
+# ~/.cargo/bin to their PATH, as scripts/test.sh does).
+export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+if ! command -v cargo >/dev/null 2>&1; then
+    log "no cargo: installing the stable Rust toolchain with rustup"
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs \
+        | sh -s -- -y --profile minimal --component rustfmt,clippy >/dev/null \
+        || die "installing Rust with rustup failed (https://rustup.rs)"
+    installed+=(rust)
+fi
+if ! cargo fmt --version >/dev/null 2>&1 && command -v rustup >/dev/null 2>&1; then
+    rustup component add rustfmt clippy >/dev/null 2>&1 || die "rustup component add rustfmt clippy failed"
+fi
 
 # --- The 6.12 kernel with ublk ----------------------------------------------
 newest_installed_612() {

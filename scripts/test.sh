@@ -41,6 +41,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target/suite}"
 
 step "dependencies (scripts/install-deps.sh --vm)"
 scripts/install-deps.sh --vm
+# Where rustup puts cargo on a machine install-deps.sh gave a toolchain.
+export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 command -v cargo >/dev/null || { echo "test.sh: cargo not found (install rustup)" >&2; exit 1; }
 
 step "cargo fmt --check"
@@ -64,8 +66,12 @@ filtered() { # log pattern command...
 
 step "cargo test (workspace, release)"
 status=0
-filtered /tmp/ftlblk-test.log "^(test result|running|error|warning: unused)|FAILED|panicked" \
-    cargo test --workspace --release || status=$?
+# Every cargo step under a timeout, and libtest's "has been running for over 60 seconds"
+# shown: a hung test (a deadlock, what the crash harness and shuttle hunt for) ran to
+# CI's own limit with nothing in its output (found by review, 2026-11-29). The times
+# are several times a step's usual (compiling included).
+filtered /tmp/ftlblk-test.log "^(test result|running|error|warning: unused)|FAILED|panicked|has been running" \
+    timeout -k 30 2400 cargo test --workspace --release || status=$?
 if [ "$status" -ne 0 ]; then
     echo "test.sh: cargo test failed (exit $status; full log: /tmp/ftlblk-test.log)" >&2
     tail -50 /tmp/ftlblk-test.log >&2
@@ -83,16 +89,16 @@ fi
 # target/suite then (cargo-fuzz builds into fuzz/target).
 beside() {
     step "schedule exploration under shuttle (ftl --features shuttle)"
-    filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked|scenario [0-9]+:" \
-        cargo test -p ftl --features shuttle --test shuttle --release \
+    filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked|scenario [0-9]+:|has been running" \
+        timeout -k 30 1800 cargo test -p ftl --features shuttle --test shuttle --release \
         || { echo "test.sh: shuttle tests failed (full log: /tmp/ftlblk-test.log)"; tail -40 /tmp/ftlblk-test.log; return 1; }
 
     step "fuzz regressions and seed corpus replay (stable)"
-    filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked" \
-        cargo test --manifest-path fuzz/Cargo.toml --release \
+    filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked|has been running" \
+        timeout -k 30 1800 cargo test --manifest-path fuzz/Cargo.toml --release \
         || { echo "test.sh: fuzz regression tests failed"; tail -40 /tmp/ftlblk-test.log; return 1; }
-    filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked" \
-        cargo test --manifest-path fuzz/Cargo.toml --release --features sched --test sched \
+    filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked|has been running" \
+        timeout -k 30 1800 cargo test --manifest-path fuzz/Cargo.toml --release --features sched --test sched \
         || { echo "test.sh: sched fuzz regression tests failed"; tail -40 /tmp/ftlblk-test.log; return 1; }
 
     step "fuzzing: every target ${FUZZ_SECONDS:-30} s from the committed seeds"
