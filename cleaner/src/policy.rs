@@ -1,7 +1,8 @@
 //! Victim selection: pure functions over plain segment statistics.
 //!
-//! `u` is a segment's utilisation (live blocks / blocks per segment), `age` how many
-//! writes ago (entry sequence numbers) it was opened.
+//! `u` is a segment's utilisation (live blocks / the data blocks a segment holds, its
+//! blocks less the chunk summaries: [`ftl::data_room_from`]), `age` how many writes ago
+//! (entry sequence numbers) it was opened.
 //! - greedy: fewest live blocks (least copying now) — foreground cleaning;
 //! - cost-benefit (LFS): maximise (1 - u) * age / (1 + u) — old, emptyish segments;
 //! - cost-hotness (SFS): maximise (1 - u) * age / (2 * u): a segment's hotness is
@@ -34,17 +35,25 @@ impl std::str::FromStr for Policy {
     }
 }
 
-/// Score of one candidate: higher is a better victim. `None` when not a candidate.
-pub fn score(
-    policy: Policy,
-    s: &SegmentSnapshot,
-    now_seq: u64,
-    blocks_per_segment: u32,
-) -> Option<f64> {
-    if s.state != "closed" || s.segment == 0 || s.valid == 0 || s.valid >= blocks_per_segment {
+/// The data blocks a segment of `blocks_per_segment` holds when written whole: its
+/// blocks less the chunk summaries. Utilisation is measured against it: against the
+/// segment's blocks, a segment with every data block live (1019 of 1024 with 4 MiB
+/// segments) was a candidate at u = 0.995, and an old one of cold data outscored real
+/// victims under cost-hotness and cost-benefit: cleaning it freed nothing, idle cleaning
+/// stopped (its best pick above the background bound) and the throttle measured a
+/// cleaning rate near zero (found by review, 2026-11-29).
+pub fn data_capacity(blocks_per_segment: u32) -> u32 {
+    (ftl::data_room_from(blocks_per_segment, 0) as u32).max(1)
+}
+
+/// Score of one candidate: higher is a better victim. `None` when not a candidate: not
+/// closed, nothing live, or nothing to gain (`valid` at the segment's `capacity` of data
+/// blocks, [`data_capacity`]).
+pub fn score(policy: Policy, s: &SegmentSnapshot, now_seq: u64, capacity: u32) -> Option<f64> {
+    if s.state != "closed" || s.segment == 0 || s.valid == 0 || s.valid >= capacity {
         return None;
     }
-    let u = s.valid as f64 / blocks_per_segment as f64;
+    let u = s.valid as f64 / capacity as f64;
     let age = now_seq.saturating_sub(s.opened_seq).max(1) as f64;
     Some(match policy {
         Policy::Greedy => 1.0 - u,
@@ -62,11 +71,12 @@ pub fn pick_victim(
     exclude: &[u32],
 ) -> Option<u32> {
     let mut best: Option<(f64, u32)> = None;
+    let capacity = data_capacity(blocks_per_segment);
     for s in segs {
         if exclude.contains(&s.segment) {
             continue;
         }
-        if let Some(sc) = score(policy, s, now_seq, blocks_per_segment) {
+        if let Some(sc) = score(policy, s, now_seq, capacity) {
             if best.is_none_or(|(b, _)| sc > b) {
                 best = Some((sc, s.segment));
             }
@@ -196,6 +206,29 @@ pub fn wear_victim(segs: &[SegmentSnapshot], exclude: &[u32]) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A segment whose every data block is live (a 4 MiB segment holds 1019 beside its
+    /// 5 summaries) is no candidate, however old: against its 1024 blocks it scored as
+    /// 0.5% dead, and cold data old enough outscored a half-dead victim under the
+    /// age-aware policies (cleaning it frees nothing).
+    #[test]
+    fn a_segment_with_every_data_block_live_is_no_victim() {
+        let bps = 1024;
+        let full = data_capacity(bps);
+        assert_eq!(full, 1019);
+        let segs = [seg(1, full, 0), seg(2, 512, 999_000)];
+        for p in [Policy::Greedy, Policy::CostBenefit, Policy::CostHotness] {
+            assert_eq!(pick_victim(p, &segs, 1_000_000, bps, &[]), Some(2), "{p:?}");
+            assert_eq!(
+                pick_victim(p, &segs[..1], 1_000_000, bps, &[]),
+                None,
+                "{p:?}"
+            );
+        }
+        // One block less than whole (a dead block, or a flash page's padding) is a
+        // candidate.
+        assert!(score(Policy::Greedy, &seg(1, full - 1, 0), 10, full).is_some());
+    }
 
     #[test]
     fn wear_levelling_spends_at_most_its_budget() {

@@ -659,7 +659,11 @@ fn worth_background<D: BlockDevice, I: IndexStore>(
 ) -> bool {
     let snap = ftl.segment_snapshot();
     match crate::policy::pick_victim(policy, &snap, ftl.current_seq(), bps as u32, &[]) {
-        Some(v) => (ftl.segment_valid(v) as f64 / bps) <= max_u,
+        // Against the data a segment holds, as the policy measures it.
+        Some(v) => {
+            let cap = crate::policy::data_capacity(bps as u32) as f64;
+            (ftl.segment_valid(v) as f64 / cap) <= max_u
+        }
         None => false,
     }
 }

@@ -387,8 +387,8 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
             self.stats.wear_victims += prepared.wear as u64;
             self.stats.chosen_ahead += prepared.ahead as u64;
             self.stats.wear_extra_blocks = self.wear.spent();
-            let bps = self.ftl.geometry().blocks_per_segment();
-            let tenth = (prepared.blocks.len() as u64 * 10 / u64::from(bps.max(1))).min(9) as usize;
+            let cap = crate::policy::data_capacity(self.ftl.geometry().blocks_per_segment());
+            let tenth = (prepared.blocks.len() as u64 * 10 / u64::from(cap)).min(9) as usize;
             self.victim_utilization[tenth] += 1;
             let victim = prepared.victim;
             self.ctx = Some(Context {
