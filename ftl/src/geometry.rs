@@ -142,12 +142,21 @@ impl Geometry {
         let op_bytes = backing_bytes * op_permille as u64 / 1000;
         let exported_bytes = backing_bytes - op_bytes - segment_bytes;
         let exported_blocks = exported_bytes / bs;
-        // The log needs room beyond the exported data: the reserve segments the cleaner
-        // needs plus summary blocks. Demand at least four spare log segments.
-        let log_blocks = (segment_count - 1) * segment_bytes / bs;
-        if exported_blocks + 4 * (segment_bytes / bs) > log_blocks {
+        // The log needs room beyond the exported data: the cleaner's reserve (two
+        // segments by default) and one more to make progress with. Demand three spare
+        // log segments, counted in the data blocks a segment holds beside its chunk
+        // summaries (four counted in blocks, as before, is about as much on devices of
+        // a few dozen segments, the smallest format allows). Counted in blocks, a device whose
+        // log could not hold its exported capacity was accepted (1000 segments of 64 KiB
+        // at 3%: 15,504 blocks exported, 14,985 data blocks in the log), and once it was
+        // written whole the cleaner took one full victim after another and freed nothing
+        // (found by review, 2026-11-29).
+        let per_segment = crate::log::data_room_from((segment_bytes / bs) as u32, 0);
+        let log_blocks = (segment_count - 1) * per_segment;
+        if exported_blocks + 3 * per_segment > log_blocks {
             return Err(Error::InvalidParameters(format!(
-                "over-provisioning {op_permille} per mille leaves fewer than 4 spare segments"
+                "over-provisioning {op_permille} per mille leaves fewer than 3 spare segments \
+                 of data beside the exported capacity"
             )));
         }
         Ok(Geometry {
@@ -223,6 +232,31 @@ mod tests {
     use super::*;
 
     const GIB: u64 = 1 << 30;
+
+    /// The spare is counted in data blocks: a log whose segments, less their chunk
+    /// summaries, cannot hold the exported capacity and three segments more is refused.
+    #[test]
+    fn the_spare_is_counted_in_the_data_a_segment_holds() {
+        let opts = FormatOptions {
+            segment_bytes: Some(64 << 10),
+            op_permille: Some(30),
+            ..Default::default()
+        };
+        match Geometry::resolve(1000 << 16, &opts) {
+            Err(Error::InvalidParameters(why)) => assert!(why.contains("spare"), "{why}"),
+            other => panic!("a log smaller than its exported data was accepted: {other:?}"),
+        }
+        let g = Geometry::resolve(
+            1000 << 16,
+            &FormatOptions {
+                op_permille: Some(120),
+                ..opts
+            },
+        )
+        .unwrap();
+        let per = crate::log::data_room_from(g.blocks_per_segment(), 0);
+        assert!(g.exported_blocks + 3 * per <= (g.segment_count as u64 - 1) * per);
+    }
 
     #[test]
     fn defaults_for_two_gib() {
