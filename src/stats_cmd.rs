@@ -76,7 +76,25 @@ fn fetch_stats(id: u32) -> Result<String, CliError> {
             });
         }
     };
-    read_document(s, &sock)
+    let doc = read_document(s, &sock)?;
+    match daemon_error(&doc) {
+        // `stats --json` printed the daemon's error as its document and exited 0.
+        Some(why) => Err(CliError::Device(format!(
+            "the daemon of device {id} could not build its stats: {why}"
+        ))),
+        None => Ok(doc),
+    }
+}
+
+/// The daemon's error, when what it sent is one (`{"error": ...}`) instead of a stats
+/// document.
+fn daemon_error(doc: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(doc).ok()?;
+    let o = v.as_object()?;
+    match (o.len(), o.get("error")) {
+        (1, Some(e)) => Some(e.as_str().map_or_else(|| e.to_string(), str::to_string)),
+        _ => None,
+    }
 }
 
 /// Reads a connected socket to its end (the daemon closes it after one document).
@@ -411,6 +429,21 @@ mod tests {
         ] {
             assert!(t.contains(want), "missing {want:?} in\n{t}");
         }
+    }
+
+    /// A daemon that could not build its document sends `{"error": ...}`: an error for
+    /// the command (it printed as the document, exit 0), not a document.
+    #[test]
+    fn the_daemons_error_is_an_error() {
+        assert_eq!(
+            daemon_error(r#"{"error":"index read failed"}"#).as_deref(),
+            Some("index read failed")
+        );
+        assert_eq!(
+            daemon_error(&StatsDocument::default().to_json().unwrap()),
+            None
+        );
+        assert_eq!(daemon_error("not json"), None);
     }
 
     #[test]
