@@ -64,6 +64,28 @@ filtered() { # log pattern command...
 }
 : > /tmp/ftlblk-test.log
 
+# tmo SECONDS command...: the command under `timeout`, which puts itself in a process
+# group of its own (and on expiry signals all of it: cargo and the test binary it runs);
+# its pid, that group's id, is recorded so that the EXIT trap stops the group too when
+# the suite stops early (Ctrl-C, a failed step): the trap's kill of the suite's own
+# groups no longer reached them (found by review, 2026-11-29).
+tmo_pids=$(mktemp)
+tmo() {
+    local secs=$1
+    shift
+    timeout -k 30 "$secs" "$@" &
+    local p=$!
+    echo "$p" >> "$tmo_pids"
+    wait "$p"
+}
+stop_all() {
+    [ -z "${beside_pid:-}" ] || kill -- -"$beside_pid" 2>/dev/null || true
+    local p
+    while read -r p; do kill -- -"$p" 2>/dev/null || true; done < "$tmo_pids"
+    rm -f "$tmo_pids"
+}
+trap stop_all EXIT
+
 step "cargo test (workspace, release)"
 status=0
 # Every cargo step under a timeout, and libtest's "has been running for over 60 seconds"
@@ -71,7 +93,7 @@ status=0
 # CI's own limit with nothing in its output (found by review, 2026-11-29). The times
 # are several times a step's usual (compiling included).
 filtered /tmp/ftlblk-test.log "^(test result|running|error|warning: unused)|FAILED|panicked|has been running" \
-    timeout -k 30 2400 cargo test --workspace --release || status=$?
+    tmo 2400 cargo test --workspace --release || status=$?
 if [ "$status" -ne 0 ]; then
     echo "test.sh: cargo test failed (exit $status; full log: /tmp/ftlblk-test.log)" >&2
     tail -50 /tmp/ftlblk-test.log >&2
@@ -90,15 +112,15 @@ fi
 beside() {
     step "schedule exploration under shuttle (ftl --features shuttle)"
     filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked|scenario [0-9]+:|has been running" \
-        timeout -k 30 1800 cargo test -p ftl --features shuttle --test shuttle --release \
+        tmo 1800 cargo test -p ftl --features shuttle --test shuttle --release \
         || { echo "test.sh: shuttle tests failed (full log: /tmp/ftlblk-test.log)"; tail -40 /tmp/ftlblk-test.log; return 1; }
 
     step "fuzz regressions and seed corpus replay (stable)"
     filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked|has been running" \
-        timeout -k 30 1800 cargo test --manifest-path fuzz/Cargo.toml --release \
+        tmo 1800 cargo test --manifest-path fuzz/Cargo.toml --release \
         || { echo "test.sh: fuzz regression tests failed"; tail -40 /tmp/ftlblk-test.log; return 1; }
     filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked|has been running" \
-        timeout -k 30 1800 cargo test --manifest-path fuzz/Cargo.toml --release --features sched --test sched \
+        tmo 1800 cargo test --manifest-path fuzz/Cargo.toml --release --features sched --test sched \
         || { echo "test.sh: sched fuzz regression tests failed"; tail -40 /tmp/ftlblk-test.log; return 1; }
 
     step "fuzzing: every target ${FUZZ_SECONDS:-30} s from the committed seeds"
@@ -123,7 +145,6 @@ set -m
 ( renice -n 19 -p "$BASHPID" >/dev/null; beside ) > /tmp/ftlblk-beside.log 2>&1 &
 beside_pid=$!
 set +m
-trap '[ -z "${beside_pid:-}" ] || kill -- -"$beside_pid" 2>/dev/null || true' EXIT
 : > /tmp/ftlblk-e2e.log
 e2e_status=0
 filtered /tmp/ftlblk-e2e.log "^(==|e2e|vm-run|vm-e2e|kill [0-9]|check while|backing allocation)|: ok|IOPS" \

@@ -41,7 +41,8 @@ use tokio::net::UnixListener;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
-/// Metrics connections served at once; more are closed as they are accepted.
+/// Metrics and stats connections served at once (one cap for both); more are closed as
+/// they are accepted.
 const METRICS_CONNECTIONS: usize = 16;
 
 /// How long a metrics connection may take to send its request, and to take the reply.
@@ -275,7 +276,7 @@ async fn serve(
     let mut discarding: Option<tokio::task::JoinHandle<()>> = None;
     let failures = Arc::new(Repeats::new("background checkpoints"));
     let record_writes = Repeats::new("device record writes");
-    let metrics_slots = Arc::new(tokio::sync::Semaphore::new(METRICS_CONNECTIONS));
+    let doc_slots = Arc::new(tokio::sync::Semaphore::new(METRICS_CONNECTIONS));
     let own = runfiles::own_process();
     let mut plans_seen = classifier.plans();
     loop {
@@ -361,7 +362,7 @@ async fn serve(
                 }
             }
             conn = accept_metrics(&metrics) => match conn {
-                Ok(stream) => match metrics_slots.clone().try_acquire_owned() {
+                Ok(stream) => match doc_slots.clone().try_acquire_owned() {
                     Ok(slot) => {
                         let (p, rec) = (parts.clone(), record.clone());
                         tokio::spawn(serve_metrics(stream, p, rec, slot));
@@ -375,9 +376,15 @@ async fn serve(
             },
             conn = accept(&listener) => match conn {
                 Ok(mut stream) => {
-                    // Built off the runtime's thread, as a metrics scrape's.
+                    // Built off the runtime's thread, as a metrics scrape's, and within
+                    // the same cap of connections at once (more are closed).
+                    let Ok(slot) = doc_slots.clone().try_acquire_owned() else {
+                        drop(stream);
+                        continue;
+                    };
                     let (p, rec) = (parts.clone(), record.clone());
                     tokio::spawn(async move {
+                        let _slot = slot;
                         let doc = tokio::task::spawn_blocking(move || stats_text(&p, rec.as_ref()));
                         let Ok(doc) = doc.await else { return };
                         let _ = tokio::time::timeout(METRICS_IO_TIMEOUT, async {

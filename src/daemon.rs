@@ -419,6 +419,12 @@ fn serve(
     if let Err(e) = runfiles::write_record(&record) {
         eprintln!("ftlblk: warning: {e}; trying again once the device is live");
     }
+    // A new device (`add`) that fails to start from here is deleted (libublk's drop of
+    // its control handle, or the failed start below): its record goes with it, or it
+    // named a dead pid and a device id another server may take next (found by review
+    // of this change, 2026-11-29). A recovered device stays, quiesced: its record keeps
+    // what the next `recover` needs.
+    let record_guard = runfiles::RecordGuard::new(id, matches!(cfg.mode, Mode::Add { .. }));
     let backing_fd = ftl.device().raw_fd().ok_or(CliError::NoBackingFd)?;
 
     let tgt_ftl = ftl.clone();
@@ -511,20 +517,25 @@ fn serve(
     );
     ctrl.run_target(tgt_init, q_fn, device_fn)
         .map_err(|e| CliError::ublk(format!("ublk device {id} failed"), e))?;
+    // Ran: a failed start below removes the record itself, a clean stop leaves it to
+    // `serve_device`.
+    record_guard.disarm();
     offload.shutdown();
     eprintln!("ftlblk: device {id} stopped; closing the FTL");
     // The queues are gone: delete the device (a recovered one is not deleted on drop).
     // Without waiting for its last opener: a synchronous DEL_DEV waits until nothing holds
     // /dev/ublkbN open (a mounted file system, the kernel's NVMe-oF target), and a SIGTERM
     // then hung here, before the FTL's checkpoint and close, until a SIGKILL (found by
-    // review, 2026-11-29). Kernels without DEL_DEV_ASYNC (before 6.6) take the waiting one.
+    // review, 2026-11-29). Kernels without DEL_DEV_ASYNC (before 6.9: their drivers answer
+    // ENOTSUPP, 524, or EOPNOTSUPP) and any other failure of it take the waiting one.
     let deleted = match kctl::check(ctrl.del_dev_async()) {
         Err(libublk::UblkError::UringIOError(n)) | Err(libublk::UblkError::OtherError(n))
-            if n == -libc::EOPNOTSUPP || n == -libc::EINVAL =>
+            if n == -libc::ENODEV || n == -libc::ENOENT =>
         {
-            kctl::check(ctrl.del_dev())
+            Err(libublk::UblkError::OtherError(n))
         }
-        r => r,
+        Err(_) => kctl::check(ctrl.del_dev()),
+        ok => ok,
     };
     match deleted {
         Ok(_) => {}

@@ -105,7 +105,9 @@ pub struct DeviceRecord {
 pub fn write_record(rec: &DeviceRecord) -> Result<(), CliError> {
     let dir = ensure_run_dir()?;
     let path = record_path(rec.id);
-    let tmp = dir.join(format!(".{}.json.tmp", rec.id));
+    // Its own temp file per process: an old daemon's timer (keep_record) and a new one's
+    // start writing the same id's record at once wrote into one file.
+    let tmp = dir.join(format!(".{}.json.{}.tmp", rec.id, std::process::id()));
     let context = || format!("cannot write the device record {}", path.display());
     let text = serde_json::to_string_pretty(rec).map_err(|e| CliError::json(context(), e))?;
     let write = || -> io::Result<()> {
@@ -119,6 +121,33 @@ pub fn write_record(rec: &DeviceRecord) -> Result<(), CliError> {
         std::fs::File::open(&dir)?.sync_all()
     };
     write().map_err(|e| CliError::io(context(), e))
+}
+
+/// Removes this process's record of device `id` when dropped armed (the daemon's guard
+/// over a new device's start: one that fails is deleted, and its record must go with it).
+pub struct RecordGuard {
+    id: u32,
+    armed: bool,
+}
+
+impl RecordGuard {
+    pub fn new(id: u32, armed: bool) -> Self {
+        RecordGuard { id, armed }
+    }
+
+    /// The device started: the record stays.
+    pub fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for RecordGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            let (pid, start) = own_process();
+            remove_record_of(self.id, pid, start);
+        }
+    }
 }
 
 /// Writes `rec` (this process's record, `own`: pid and start time) unless `N.json`
@@ -324,6 +353,12 @@ mod tests {
         remove_record(7);
         assert!(keep_record(&rec, (rec.pid, 0)).unwrap());
         assert_eq!(read_record(7).unwrap(), Some(rec.clone()));
+        // The start guard: armed, it removes this process's record; disarmed, not.
+        RecordGuard::new(7, true).disarm();
+        assert_eq!(read_record(7).unwrap(), Some(rec.clone()));
+        drop(RecordGuard::new(7, true));
+        assert_eq!(read_record(7).unwrap(), None);
+        write_record(&rec).unwrap();
         assert!(remove_record_of(7, rec.pid + 1, 0));
         assert_eq!(read_record(7).unwrap(), None);
         remove_record(7);

@@ -39,10 +39,10 @@ struct State {
     discarded: u64,
 }
 
-/// Crash-simulating in-memory device.
 /// What a discarded block of a [`CrashDevice`] reads as.
 pub const DISCARDED_BYTE: u8 = 0xD5;
 
+/// Crash-simulating in-memory device.
 pub struct CrashDevice {
     state: Mutex<State>,
     size: u64,
@@ -137,7 +137,6 @@ impl CrashDevice {
         (image, kept, lost)
     }
 
-    /// Block writes not yet synced.
     /// Where a sync issued now ends: [`Self::sync_upto`] with it makes durable the writes
     /// that completed before this call, not those that complete while the sync is on its
     /// way (a real fsync promises no more). A wrapper that delays its syncs takes the
@@ -164,6 +163,7 @@ impl CrashDevice {
         Ok(())
     }
 
+    /// Block writes not yet synced.
     pub fn unsynced_blocks(&self) -> usize {
         self.state.lock().map(|s| s.pending.len()).unwrap_or(0)
     }

@@ -712,7 +712,8 @@ pub(crate) struct StagedSlot {
 }
 
 /// Exclusive use of one slot: its chunk buffer (as bytes) and its metadata. Dropping it
-/// returns the slot to the area's free list (the metadata is left as it is).
+/// returns the slot to the area's free list (the metadata is left as it is), or, while
+/// the slot still holds writes a replay needs, to the kept ones (rule 7).
 pub struct ChunkBuf {
     area: Arc<StagingArea>,
     slot: u32,
