@@ -70,39 +70,38 @@ fn read_superblock_inner<D: BlockDevice>(
         ));
     }
     let a = Superblock::decode(&read_block(dev, 0)?);
-    // Copy B sits at the end of segment 0; without a good copy A, probe every legal size.
+    // Copy B sits at the end of segment 0, where copy A's segment size puts it; without a
+    // good copy A, or with one B does not match, every legal size is probed.
     let b = match &a {
-        Ok(sb) => {
-            let off = Geometry::superblock_offset(1, sb.geometry.segment_bytes);
-            (off < dev.size())
+        Ok(sa) => {
+            let off = Geometry::superblock_offset(1, sa.geometry.segment_bytes);
+            let at_a = (off < dev.size())
                 .then(|| read_block(dev, off).map(|b| (off, Superblock::decode(&b))))
-                .transpose()?
-        }
-        // Every legal size is probed and the newest format's copy taken: an earlier
-        // format with smaller segments left its copy B where no later format writes
-        // (format does not clear segment 0), and the first one found "repaired" copy A
-        // with the old format (found by review, 2026-11-27).
-        Err(_) => {
-            let mut found: Option<(u64, Superblock)> = None;
-            let mut seg = MIN_SEGMENT_BYTES;
-            while seg <= MAX_SEGMENT_BYTES && seg <= dev.size() {
-                let off = Geometry::superblock_offset(1, seg);
-                // A block that does not read is no copy (the log may hold anything).
-                if off < dev.size() {
-                    let block = read_block(dev, off).ok();
-                    if let Some(Ok(sb)) = block.map(|b| Superblock::decode(&b)) {
-                        let newer = found
-                            .as_ref()
-                            .is_none_or(|(_, f)| sb.created_secs > f.created_secs);
-                        if sb.geometry.segment_bytes == seg && newer {
-                            found = Some((off, sb));
-                        }
+                .transpose()?;
+            match &at_a {
+                Some((_, Ok(sb))) if sb == sa => at_a,
+                // A format cut short between its two writes with another segment size
+                // wrote its copy B elsewhere (and cleared this one): the newer copy is
+                // that format's. Looked for at A's offset only, B was "repaired" from the
+                // old A and the open failed on the index the format had reset (found by
+                // review, 2026-11-29). A copy of a newer version there is refused.
+                _ => {
+                    let (newest, newer_version) = probe_copies_b(dev);
+                    if let Some(v) = newer_version {
+                        return Err(Error::UnsupportedVersion {
+                            backing: name,
+                            found: v,
+                            supported: SB_VERSION,
+                        });
+                    }
+                    match newest {
+                        Some((o, sb)) if sb.created_secs > sa.created_secs => Some((o, Ok(sb))),
+                        _ => at_a,
                     }
                 }
-                seg *= 2;
             }
-            found.map(|(off, sb)| (off, Ok(sb)))
         }
+        Err(_) => probe_copies_b(dev).0.map(|(off, sb)| (off, Ok(sb))),
     };
     let mut warnings = Vec::new();
     let sb = match (a, b) {
@@ -184,6 +183,38 @@ fn read_superblock_inner<D: BlockDevice>(
         });
     }
     Ok((sb, warnings))
+}
+
+/// Every legal place of copy B (the end of segment 0 for each segment size) probed: the
+/// newest whole copy whose segment size puts it where it was found, and the version of
+/// any copy of a version this build does not know. Every legal size is probed and the
+/// newest format's copy taken: an earlier format with smaller segments left its copy B
+/// where no later format writes (format does not clear segment 0), and the first one
+/// found "repaired" copy A with the old format (found by review, 2026-11-27).
+fn probe_copies_b<D: BlockDevice>(dev: &D) -> (Option<(u64, Superblock)>, Option<u32>) {
+    let mut found: Option<(u64, Superblock)> = None;
+    let mut newer_version = None;
+    let mut seg = MIN_SEGMENT_BYTES;
+    while seg <= MAX_SEGMENT_BYTES && seg <= dev.size() {
+        let off = Geometry::superblock_offset(1, seg);
+        // A block that does not read is no copy (the log may hold anything).
+        if off < dev.size() {
+            match read_block(dev, off).ok().map(|b| Superblock::decode(&b)) {
+                Some(Ok(sb)) => {
+                    let newer = found
+                        .as_ref()
+                        .is_none_or(|(_, f)| sb.created_secs > f.created_secs);
+                    if sb.geometry.segment_bytes == seg && newer {
+                        found = Some((off, sb));
+                    }
+                }
+                Some(Err(SbDecode::Version(v))) => newer_version = Some(v),
+                _ => {}
+            }
+        }
+        seg *= 2;
+    }
+    (found, newer_version)
 }
 
 fn describe(b: &Option<(u64, std::result::Result<Superblock, SbDecode>)>) -> String {

@@ -935,3 +935,42 @@ fn a_format_of_part_of_a_device_writes_nothing_past_it() {
         );
     }
 }
+
+/// The same with a format of another segment size: its copy B is elsewhere (and the
+/// one at the old size's place cleared), and it is still the newer copy that wins.
+#[test]
+fn a_reformat_of_another_segment_size_cut_short_completes_from_its_copy() {
+    let dev = Arc::new(MemDevice::new(32 * (2 << 20)));
+    let idx = Arc::new(MemIndex::new());
+    let small = FormatOptions {
+        segment_bytes: Some(1 << 20),
+        ..Default::default()
+    };
+    let old = ftl::format(&dev, &idx, &small, false).unwrap();
+    let big = FormatOptions {
+        segment_bytes: Some(2 << 20),
+        ..Default::default()
+    };
+    let new = ftl::format(&dev, &idx, &big, true).unwrap();
+    let mut a = old.clone();
+    a.created_secs = new.created_secs - 10;
+    dev.write_at(0, &a.encode()).unwrap();
+    let (f, _) = Ftl::open(dev.clone(), idx.clone(), Config::default())
+        .expect("the newer copy's format opens");
+    assert_eq!(f.superblock().uuid, new.uuid);
+    assert_eq!(f.geometry().segment_bytes, 2 << 20);
+    // A copy B of a newer version where A's does not match: refused, A left alone.
+    drop(f);
+    use ftl::superblock::offsets as o;
+    let mut b = new.encode();
+    b[o::VERSION..o::VERSION + 4].copy_from_slice(&2u32.to_le_bytes());
+    let crc = crc32c::crc32c(&b[..o::CRC]);
+    b[o::CRC..o::CRC + 4].copy_from_slice(&crc.to_le_bytes());
+    dev.write_at(ftl::Geometry::superblock_offset(1, 2 << 20), &b)
+        .unwrap();
+    match Ftl::open(dev.clone(), idx.clone(), Config::default()) {
+        Err(Error::UnsupportedVersion { found: 2, .. }) => {}
+        Err(e) => panic!("unclear error: {e}"),
+        Ok(_) => panic!("copy B of a newer version was repaired over"),
+    }
+}
