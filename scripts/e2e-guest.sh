@@ -84,6 +84,14 @@ step() { echo; echo "== [${SECONDS}s] $*"; }
 # yet: under emulation that gap made an exit check fail at random; found by review,
 # 2026-11-29).
 gone() { [ ! -e "/proc/$1" ] || [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = Z ]; }
+# wait_gone PID: waits up to 60 s for gone PID; fails (status 1) if it is not by then.
+wait_gone() {
+    for _ in $(seq 1 600); do
+        gone "$1" && return 0
+        sleep 0.1
+    done
+    gone "$1"
+}
 fail() {
     echo "e2e: FAIL: $*" >&2
     for l in /run/ftlblk/*.log; do
@@ -577,11 +585,7 @@ fi
 step "7. SIGTERM removes the device cleanly"
 pid="$(daemon_pid)"
 kill -TERM "$pid"
-for _ in $(seq 1 600); do
-    gone "$pid" && break
-    sleep 0.1
-done
-gone "$pid" || fail "daemon $pid did not exit after SIGTERM"
+wait_gone "$pid" || fail "daemon $pid did not exit after SIGTERM"
 [ ! -e "$DEV" ] || fail "$DEV still exists after SIGTERM"
 [ ! -e "/run/ftlblk/$ID.json" ] || fail "record left after SIGTERM"
 grep -q "FTL checkpointed and closed" "/run/ftlblk/$ID.log" || fail "daemon did not close the FTL"
@@ -598,12 +602,8 @@ grep "ftlblk: opened" "/run/ftlblk/$ID.log" | tail -n1 | grep -q '"chunks_replay
 exec 3<"$DEV"
 pid="$(daemon_pid)"
 kill -TERM "$pid"
-for _ in $(seq 1 600); do
-    gone "$pid" && break
-    sleep 0.1
-done
 held_exit=1
-gone "$pid" && held_exit=0
+wait_gone "$pid" && held_exit=0
 exec 3<&-
 [ "$held_exit" = 0 ] || fail "daemon $pid did not exit after SIGTERM while its device was held open"
 grep -q "FTL checkpointed and closed" "/run/ftlblk/$ID.log" \

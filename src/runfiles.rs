@@ -301,14 +301,12 @@ fn pid_alive(pid: u32) -> bool {
 mod tests {
     use super::*;
 
-    #[test]
-    fn record_round_trip_and_listing() {
-        let dir = tempfile::tempdir().unwrap();
-        std::env::set_var("FTLBLK_RUN_DIR", dir.path());
-        let rec = DeviceRecord {
-            id: 7,
-            block_device: bdev_path(7),
-            char_device: cdev_path(7),
+    /// A record of device `id` for the tests (this process's pid).
+    fn sample(id: u32) -> DeviceRecord {
+        DeviceRecord {
+            id,
+            block_device: bdev_path(id),
+            char_device: cdev_path(id),
             backing: "/tmp/x.img".into(),
             index: "/tmp/x.img.ftlidx".into(),
             size_bytes: 1 << 30,
@@ -319,14 +317,21 @@ mod tests {
             cleaner: true,
             pid: std::process::id(),
             pid_start: 0,
-            socket: socket_path(7),
+            socket: socket_path(id),
             log: None,
             uuid: "u".into(),
             recoveries: 0,
             map_cache_bytes: 64 << 20,
             metrics_listen: Some("127.0.0.1:9400".into()),
             discard_delay_ms: Some(2000),
-        };
+        }
+    }
+
+    #[test]
+    fn record_round_trip_and_listing() {
+        let dir = tempfile::tempdir().unwrap();
+        std::env::set_var("FTLBLK_RUN_DIR", dir.path());
+        let rec = sample(7);
         write_record(&rec).unwrap();
         assert_eq!(read_record(7).unwrap(), Some(rec.clone()));
         assert_eq!(read_record(8).unwrap(), None);
@@ -372,26 +377,10 @@ mod tests {
     #[test]
     fn a_record_is_written_again_only_when_it_is_not_ours_or_another_live_daemons() {
         let rec = DeviceRecord {
-            id: 3,
-            block_device: bdev_path(3),
-            char_device: cdev_path(3),
-            backing: "/tmp/y.img".into(),
-            index: "/tmp/y.img.ftlidx".into(),
-            size_bytes: 1 << 30,
-            block_size: 4096,
-            queues: 1,
-            depth: 64,
-            io_buf_bytes: 512 << 10,
-            cleaner: true,
             pid: 100,
             pid_start: 5,
-            socket: socket_path(3),
-            log: None,
-            uuid: "u".into(),
             recoveries: 1,
-            map_cache_bytes: 0,
-            metrics_listen: None,
-            discard_delay_ms: None,
+            ..sample(3)
         };
         let own = (100, 5);
         let dead = |_: &DeviceRecord| false;

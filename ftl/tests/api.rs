@@ -166,19 +166,7 @@ fn one_damaged_superblock_copy_is_repaired_both_is_an_error() {
 /// takes the newest copy it finds.
 #[test]
 fn copy_a_lost_after_a_reformat_is_repaired_from_the_new_formats_copy() {
-    let dev = Arc::new(MemDevice::new(64 << 20));
-    let idx = Arc::new(MemIndex::new());
-    let small = FormatOptions {
-        segment_bytes: Some(64 << 10),
-        ..FormatOptions::default()
-    };
-    let old = ftl::format(&dev, &idx, &small, false).unwrap();
-    let large = FormatOptions {
-        segment_bytes: Some(128 << 10),
-        ..FormatOptions::default()
-    };
-    let new = ftl::format(&dev, &idx, &large, true).unwrap();
-    assert_ne!(old.uuid, new.uuid);
+    let (dev, idx, old, new) = formatted_twice(64 << 20, 64 << 10, 128 << 10);
     dev.write_at(0, &[0u8; 4096]).unwrap();
     let (sb, warnings) = ftl::read_superblock(&dev).unwrap();
     assert_eq!(sb.uuid, new.uuid, "{warnings:?}");
@@ -851,21 +839,37 @@ fn a_writer_reads_its_map_page_before_it_locks_its_stream() {
     assert_eq!(b, block_for(far, 2));
 }
 
+/// A device of `bytes` formatted with segments of `first` bytes, then again (forced)
+/// with `second`: the device, its index, and the two formats' superblocks.
+fn formatted_twice(
+    bytes: u64,
+    first: u64,
+    second: u64,
+) -> (
+    Arc<MemDevice>,
+    Arc<MemIndex>,
+    ftl::superblock::Superblock,
+    ftl::superblock::Superblock,
+) {
+    let dev = Arc::new(MemDevice::new(bytes));
+    let idx = Arc::new(MemIndex::new());
+    let opts = |seg: u64| FormatOptions {
+        segment_bytes: Some(seg),
+        ..FormatOptions::default()
+    };
+    let old = ftl::format(&dev, &idx, &opts(first), false).unwrap();
+    let new = ftl::format(&dev, &idx, &opts(second), true).unwrap();
+    assert_ne!(old.uuid, new.uuid);
+    (dev, idx, old, new)
+}
+
 /// A format cut short between its two superblock writes (copy B first, the index already
 /// reset to it) leaves copy A of the earlier format: the newer copy wins and A is
 /// completed from it. A won before: B was rewritten to the old format, and the open
 /// failed on the index the format had reset.
 #[test]
 fn a_format_cut_short_between_its_superblock_copies_completes_from_the_newer() {
-    let dev = Arc::new(MemDevice::new(32 * (1 << 20)));
-    let idx = Arc::new(MemIndex::new());
-    let opts = FormatOptions {
-        segment_bytes: Some(1 << 20),
-        ..Default::default()
-    };
-    let old = ftl::format(&dev, &idx, &opts, false).unwrap();
-    let new = ftl::format(&dev, &idx, &opts, true).unwrap();
-    assert_ne!(old.uuid, new.uuid);
+    let (dev, idx, old, new) = formatted_twice(32 << 20, 1 << 20, 1 << 20);
     // Copy A as the earlier format left it (an earlier second than the new one).
     let mut a = old.clone();
     a.created_secs = new.created_secs - 10;
@@ -940,18 +944,7 @@ fn a_format_of_part_of_a_device_writes_nothing_past_it() {
 /// one at the old size's place cleared), and it is still the newer copy that wins.
 #[test]
 fn a_reformat_of_another_segment_size_cut_short_completes_from_its_copy() {
-    let dev = Arc::new(MemDevice::new(32 * (2 << 20)));
-    let idx = Arc::new(MemIndex::new());
-    let small = FormatOptions {
-        segment_bytes: Some(1 << 20),
-        ..Default::default()
-    };
-    let old = ftl::format(&dev, &idx, &small, false).unwrap();
-    let big = FormatOptions {
-        segment_bytes: Some(2 << 20),
-        ..Default::default()
-    };
-    let new = ftl::format(&dev, &idx, &big, true).unwrap();
+    let (dev, idx, old, new) = formatted_twice(64 << 20, 1 << 20, 2 << 20);
     let mut a = old.clone();
     a.created_secs = new.created_secs - 10;
     dev.write_at(0, &a.encode()).unwrap();
