@@ -69,20 +69,28 @@ filtered() { # log pattern command...
 # its pid, that group's id, is recorded so that the EXIT trap stops the group too when
 # the suite stops early (Ctrl-C, a failed step): the trap's kill of the suite's own
 # groups no longer reached them (found by review, 2026-11-29).
-tmo_pids=$(mktemp)
+# One file per running timeout, removed once it ended: a pid recorded after its process
+# ended could be another group's by the time the trap runs.
+tmo_dir=$(mktemp -d)
 tmo() {
     local secs=$1
     shift
     timeout -k 30 "$secs" "$@" &
     local p=$!
-    echo "$p" >> "$tmo_pids"
-    wait "$p"
+    : > "$tmo_dir/$p"
+    local st=0
+    wait "$p" || st=$?
+    rm -f "$tmo_dir/$p"
+    return "$st"
 }
 stop_all() {
     [ -z "${beside_pid:-}" ] || kill -- -"$beside_pid" 2>/dev/null || true
-    local p
-    while read -r p; do kill -- -"$p" 2>/dev/null || true; done < "$tmo_pids"
-    rm -f "$tmo_pids"
+    local f
+    for f in "$tmo_dir"/*; do
+        [ -e "$f" ] || continue
+        kill -- -"$(basename "$f")" 2>/dev/null || true
+    done
+    rm -rf "$tmo_dir"
 }
 trap stop_all EXIT
 

@@ -41,8 +41,8 @@ use tokio::net::UnixListener;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
-/// Metrics and stats connections served at once (one cap for both); more are closed as
-/// they are accepted.
+/// Metrics connections served at once, and as many stats connections (each its own
+/// cap); more are closed as they are accepted.
 const METRICS_CONNECTIONS: usize = 16;
 
 /// How long a metrics connection may take to send its request, and to take the reply.
@@ -276,7 +276,9 @@ async fn serve(
     let mut discarding: Option<tokio::task::JoinHandle<()>> = None;
     let failures = Arc::new(Repeats::new("background checkpoints"));
     let record_writes = Repeats::new("device record writes");
+    // Caps of their own: remote metrics clients holding every slot starved `ftlblk stats`.
     let doc_slots = Arc::new(tokio::sync::Semaphore::new(METRICS_CONNECTIONS));
+    let stats_slots = Arc::new(tokio::sync::Semaphore::new(METRICS_CONNECTIONS));
     let own = runfiles::own_process();
     let mut plans_seen = classifier.plans();
     loop {
@@ -376,9 +378,9 @@ async fn serve(
             },
             conn = accept(&listener) => match conn {
                 Ok(mut stream) => {
-                    // Built off the runtime's thread, as a metrics scrape's, and within
-                    // the same cap of connections at once (more are closed).
-                    let Ok(slot) = doc_slots.clone().try_acquire_owned() else {
+                    // Built off the runtime's thread, as a metrics scrape's, under a cap
+                    // of connections at once (more are closed).
+                    let Ok(slot) = stats_slots.clone().try_acquire_owned() else {
                         drop(stream);
                         continue;
                     };

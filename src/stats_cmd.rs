@@ -76,7 +76,20 @@ fn fetch_stats(id: u32) -> Result<String, CliError> {
             });
         }
     };
-    let doc = read_document(s, &sock)?;
+    checked_document(id, read_document(s, &sock)?)
+}
+
+/// What the daemon of device `id` sent, if it is a document: nothing (closed unanswered)
+/// and `{"error": ...}` are errors.
+fn checked_document(id: u32, doc: String) -> Result<String, CliError> {
+    if doc.trim().is_empty() {
+        // Closed unanswered: the daemon serves its cap of stats connections at once (it
+        // printed an empty line and exited 0).
+        return Err(CliError::Device(format!(
+            "the daemon of device {id} closed the connection without its stats (too many \
+             connections at once?); try again"
+        )));
+    }
     match daemon_error(&doc) {
         // `stats --json` printed the daemon's error as its document and exited 0.
         Some(why) => Err(CliError::Device(format!(
@@ -444,6 +457,14 @@ mod tests {
             None
         );
         assert_eq!(daemon_error("not json"), None);
+        let e = checked_document(3, String::new()).unwrap_err().to_string();
+        assert!(e.contains("without its stats"), "{e}");
+        let e = checked_document(3, r#"{"error":"x"}"#.into())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("could not build its stats: x"), "{e}");
+        let doc = StatsDocument::default().to_json().unwrap();
+        assert_eq!(checked_document(3, doc.clone()).unwrap(), doc);
     }
 
     #[test]

@@ -81,11 +81,14 @@ fn read_superblock_inner<D: BlockDevice>(
             match &at_a {
                 Some((_, Ok(sb))) if sb == sa => at_a,
                 // A format cut short between its two writes with another segment size
-                // wrote its copy B elsewhere (and cleared this one): the newer copy is
-                // that format's. Looked for at A's offset only, B was "repaired" from the
-                // old A and the open failed on the index the format had reset (found by
-                // review, 2026-11-29). A copy of a newer version there is refused.
-                _ => {
+                // wrote its copy B elsewhere and cleared this one (format clears the
+                // places of other sizes): the newer copy is that format's. Looked for at
+                // A's offset only, B was "repaired" from the old A and the open failed on
+                // the index the format had reset (found by review, 2026-11-29). Only a
+                // cleared place (no magic) sends the probe beyond segment 0 of A, into
+                // A's log, where user data could look like a superblock; a copy there of
+                // a newer version is refused.
+                Some((_, Err(SbDecode::NoMagic))) | None => {
                     let (newest, newer_version) = probe_copies_b(dev);
                     if let Some(v) = newer_version {
                         return Err(Error::UnsupportedVersion {
@@ -99,6 +102,18 @@ fn read_superblock_inner<D: BlockDevice>(
                         _ => at_a,
                     }
                 }
+                // A copy of a newer version at A's own place: a newer build's format cut
+                // short (it writes B first), not damage to repair.
+                Some((_, Err(SbDecode::Version(v)))) => {
+                    return Err(Error::UnsupportedVersion {
+                        backing: name,
+                        found: *v,
+                        supported: SB_VERSION,
+                    })
+                }
+                // Damaged (a magic with a bad checksum, another geometry): repaired from
+                // A below.
+                _ => at_a,
             }
         }
         Err(_) => probe_copies_b(dev).0.map(|(off, sb)| (off, Ok(sb))),
