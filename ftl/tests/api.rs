@@ -863,6 +863,28 @@ fn formatted_twice(
     (dev, idx, old, new)
 }
 
+/// Copy A as the earlier format `old` left it, a second earlier than format `new`: a
+/// format cut short between its copy B and its copy A.
+fn earlier_copy_a(
+    dev: &MemDevice,
+    old: &ftl::superblock::Superblock,
+    new: &ftl::superblock::Superblock,
+) {
+    let mut a = old.clone();
+    a.created_secs = new.created_secs - 10;
+    dev.write_at(0, &a.encode()).unwrap();
+}
+
+/// `sb` encoded as version 2 (a version this build does not know), its checksum whole.
+fn of_version_2(sb: &ftl::superblock::Superblock) -> Vec<u8> {
+    use ftl::superblock::offsets as o;
+    let mut b = sb.encode();
+    b[o::VERSION..o::VERSION + 4].copy_from_slice(&2u32.to_le_bytes());
+    let crc = crc32c::crc32c(&b[..o::CRC]);
+    b[o::CRC..o::CRC + 4].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
 /// A format cut short between its two superblock writes (copy B first, the index already
 /// reset to it) leaves copy A of the earlier format: the newer copy wins and A is
 /// completed from it. A won before: B was rewritten to the old format, and the open
@@ -870,10 +892,7 @@ fn formatted_twice(
 #[test]
 fn a_format_cut_short_between_its_superblock_copies_completes_from_the_newer() {
     let (dev, idx, old, new) = formatted_twice(32 << 20, 1 << 20, 1 << 20);
-    // Copy A as the earlier format left it (an earlier second than the new one).
-    let mut a = old.clone();
-    a.created_secs = new.created_secs - 10;
-    dev.write_at(0, &a.encode()).unwrap();
+    earlier_copy_a(&dev, &old, &new);
     let (f, _) = Ftl::open(dev.clone(), idx.clone(), Config::default())
         .expect("the newer copy's format opens");
     assert_eq!(f.superblock().uuid, new.uuid);
@@ -889,7 +908,6 @@ fn a_format_cut_short_between_its_superblock_copies_completes_from_the_newer() {
 /// and does not rewrite it from copy B.
 #[test]
 fn a_newer_superblock_version_is_refused_not_repaired() {
-    use ftl::superblock::offsets as o;
     let dev = Arc::new(MemDevice::new(32 * (1 << 20)));
     let idx = Arc::new(MemIndex::new());
     let opts = FormatOptions {
@@ -897,10 +915,7 @@ fn a_newer_superblock_version_is_refused_not_repaired() {
         ..Default::default()
     };
     let sb = ftl::format(&dev, &idx, &opts, false).unwrap();
-    let mut a = sb.encode();
-    a[o::VERSION..o::VERSION + 4].copy_from_slice(&2u32.to_le_bytes());
-    let crc = crc32c::crc32c(&a[..o::CRC]);
-    a[o::CRC..o::CRC + 4].copy_from_slice(&crc.to_le_bytes());
+    let a = of_version_2(&sb);
     dev.write_at(0, &a).unwrap();
     match Ftl::open(dev.clone(), idx.clone(), Config::default()) {
         Err(Error::UnsupportedVersion { found: 2, .. }) => {}
@@ -945,20 +960,14 @@ fn a_format_of_part_of_a_device_writes_nothing_past_it() {
 #[test]
 fn a_reformat_of_another_segment_size_cut_short_completes_from_its_copy() {
     let (dev, idx, old, new) = formatted_twice(64 << 20, 1 << 20, 2 << 20);
-    let mut a = old.clone();
-    a.created_secs = new.created_secs - 10;
-    dev.write_at(0, &a.encode()).unwrap();
+    earlier_copy_a(&dev, &old, &new);
     let (f, _) = Ftl::open(dev.clone(), idx.clone(), Config::default())
         .expect("the newer copy's format opens");
     assert_eq!(f.superblock().uuid, new.uuid);
     assert_eq!(f.geometry().segment_bytes, 2 << 20);
     // A copy B of a newer version where A's does not match: refused, A left alone.
     drop(f);
-    use ftl::superblock::offsets as o;
-    let mut b = new.encode();
-    b[o::VERSION..o::VERSION + 4].copy_from_slice(&2u32.to_le_bytes());
-    let crc = crc32c::crc32c(&b[..o::CRC]);
-    b[o::CRC..o::CRC + 4].copy_from_slice(&crc.to_le_bytes());
+    let b = of_version_2(&new);
     dev.write_at(ftl::Geometry::superblock_offset(1, 2 << 20), &b)
         .unwrap();
     match Ftl::open(dev.clone(), idx.clone(), Config::default()) {

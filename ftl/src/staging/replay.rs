@@ -106,9 +106,7 @@ pub fn replay<D: BlockDevice>(
     // sane range, it would number them where the roll-forward never looks, and their
     // completed writes would be lost with no error (the mark lies outside the header's
     // checksum; found by review, 2026-11-29). No session writes such a mark.
-    let open_writes = slots
-        .iter()
-        .any(|s| s.state == SlotState::Open && !s.entries.is_empty());
+    let open_writes = slots.iter().any(open_with_writes);
     if open_writes && (recorded_mark < ck_next_chunk || crate::recovery::past_sane(recorded_mark)) {
         return Err(bad_area(
             area,
@@ -250,10 +248,14 @@ pub fn replay<D: BlockDevice>(
 
 /// Whether any slot holds writes a replay would apply (sealed, or open with entries).
 fn holds_writes(slots: &[StagedSlot]) -> bool {
-    slots.iter().any(|s| {
-        matches!(s.state, SlotState::Sealed(_))
-            || (s.state == SlotState::Open && !s.entries.is_empty())
-    })
+    slots
+        .iter()
+        .any(|s| matches!(s.state, SlotState::Sealed(_)) || open_with_writes(s))
+}
+
+/// Whether slot `s` is open with entries recorded (completed writes never sealed).
+fn open_with_writes(s: &StagedSlot) -> bool {
+    s.state == SlotState::Open && !s.entries.is_empty()
 }
 
 fn bad(area: &StagingArea, slot: u32, why: String) -> Error {
