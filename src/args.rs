@@ -17,8 +17,8 @@ pub struct BackingArgs {
     /// Backing file or block device.
     #[arg(long)]
     pub backing: PathBuf,
-    /// Directory of the sled index (default: <backing>.ftlidx beside a file,
-    /// /var/lib/ftlblk/<name>.ftlidx for a block device).
+    /// Directory of the sled index (default: <backing>.ftlidx beside a file; for a block
+    /// device /var/lib/ftlblk/<its path, / as ->.ftlidx, e.g. dev-vg0-data.ftlidx).
     #[arg(long)]
     pub index: Option<PathBuf>,
 }

@@ -71,8 +71,8 @@ pub struct AddArgs {
     /// backing. Suffixes K, M, G, T.
     #[arg(long, value_parser = parse_size)]
     pub size: Option<u64>,
-    /// Directory of the sled index (default: <backing>.ftlidx beside a file,
-    /// /var/lib/ftlblk/<name>.ftlidx for a block device).
+    /// Directory of the sled index (default: <backing>.ftlidx beside a file; for a block
+    /// device /var/lib/ftlblk/<its path, / as ->.ftlidx, e.g. dev-vg0-data.ftlidx).
     #[arg(long)]
     pub index: Option<PathBuf>,
     /// Hardware queues of the device, each served by its own thread (default: the number

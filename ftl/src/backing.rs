@@ -19,23 +19,78 @@ use std::path::{Path, PathBuf};
 /// The FTL over a file or block device with a sled index.
 pub type FileFtl = Ftl<FileDevice, SledIndex>;
 
+/// Where the index of a block device lives when the user names none.
+pub const BLOCK_INDEX_ROOT: &str = "/var/lib/ftlblk";
+
 /// Where the index lives when the user names none: beside a file backing
-/// (`<backing>.ftlidx`), under `/var/lib/ftlblk/` for a block device.
+/// (`<backing>.ftlidx`); for a block device under [`BLOCK_INDEX_ROOT`], named by the
+/// device's whole path ([`block_index_name`]: `/dev/vg0/data` -> `dev-vg0-data.ftlidx`).
+///
+/// It was named by the basename alone, so `/dev/vg0/data` and `/dev/vg1/data` shared one
+/// index: the second format was refused, and a `format --force` of one cleared the other's
+/// map (found by review, 2026-11-29). An index of that earlier name is still used for a
+/// device that is formatted and has no index of the new name; a new format always takes
+/// the new name.
 pub fn default_index_dir(backing: &Path) -> PathBuf {
     let is_blockdev = std::fs::metadata(backing)
         .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
         .unwrap_or(false);
-    let name = backing
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "backing".into());
-    if is_blockdev {
-        PathBuf::from("/var/lib/ftlblk").join(format!("{name}.ftlidx"))
-    } else {
+    if !is_blockdev {
         let mut p = backing.as_os_str().to_owned();
         p.push(".ftlidx");
-        PathBuf::from(p)
+        return PathBuf::from(p);
     }
+    block_index_dir(Path::new(BLOCK_INDEX_ROOT), backing, || {
+        holds_superblock(backing)
+    })
+}
+
+/// A block device's index under `root`: [`block_index_name`]'s directory; or, when that
+/// does not exist, the earlier basename's (`<name>.ftlidx`) if it exists and `formatted()`
+/// says the device holds an ftlblk format (the index's own uuid check then refuses one of
+/// another device of that name with a clear error).
+pub fn block_index_dir(root: &Path, backing: &Path, formatted: impl FnOnce() -> bool) -> PathBuf {
+    let named = root.join(block_index_name(backing));
+    if named.exists() {
+        return named;
+    }
+    let legacy = backing
+        .file_name()
+        .map(|n| root.join(format!("{}.ftlidx", n.to_string_lossy())));
+    match legacy {
+        Some(legacy) if legacy.exists() && formatted() => legacy,
+        _ => named,
+    }
+}
+
+/// The index directory's name for a block device: its absolute path without the leading
+/// `/`, each `/` written `-` and each `-` and `%` percent-encoded (`%2D`, `%25`), so two
+/// paths never share a name: `/dev/mapper/vg0-data` -> `dev-mapper-vg0%2Ddata.ftlidx`.
+pub fn block_index_name(backing: &Path) -> String {
+    let abs = std::path::absolute(backing).unwrap_or_else(|_| backing.to_path_buf());
+    let text = abs.to_string_lossy();
+    let mut name = String::with_capacity(text.len() + 8);
+    for c in text.trim_start_matches('/').chars() {
+        match c {
+            '%' => name.push_str("%25"),
+            '-' => name.push_str("%2D"),
+            '/' => name.push('-'),
+            c => name.push(c),
+        }
+    }
+    name.push_str(".ftlidx");
+    name
+}
+
+/// Whether `path` holds an ftlblk superblock at its start (copy A; read with a plain
+/// shared open, since another server may hold the device; any error reads as no).
+fn holds_superblock(path: &Path) -> bool {
+    use std::io::Read;
+    let mut buf = vec![0u8; crate::device::BLOCK_SIZE];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .is_ok()
+        && Superblock::decode(&buf).is_ok()
 }
 
 /// How long `open_device` keeps trying a held lock: a server that just exited may hold
@@ -314,4 +369,61 @@ pub fn rebuild_backing_index(
         report,
         old_index_moved_to: moved,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_devices_of_one_basename_get_indexes_of_their_own() {
+        let a = block_index_name(Path::new("/dev/vg0/data"));
+        let b = block_index_name(Path::new("/dev/vg1/data"));
+        assert_eq!(a, "dev-vg0-data.ftlidx");
+        assert_eq!(b, "dev-vg1-data.ftlidx");
+        // `-` and `/` never read alike, nor does an escape typed as a name.
+        let dashed = block_index_name(Path::new("/dev/mapper/vg0-data"));
+        let slashed = block_index_name(Path::new("/dev/mapper/vg0/data"));
+        let typed = block_index_name(Path::new("/dev/mapper/vg0%2Ddata"));
+        assert_eq!(dashed, "dev-mapper-vg0%2Ddata.ftlidx");
+        assert_ne!(dashed, slashed);
+        assert_ne!(dashed, typed);
+    }
+
+    #[test]
+    fn an_index_of_the_earlier_name_is_used_only_for_a_formatted_device_without_a_new_one() {
+        let root = tempfile::tempdir().unwrap();
+        let dev = Path::new("/dev/vg0/data");
+        let named = root.path().join("dev-vg0-data.ftlidx");
+        let legacy = root.path().join("data.ftlidx");
+        // Nothing yet: the new name.
+        assert_eq!(block_index_dir(root.path(), dev, || true), named);
+        // The earlier name exists: used for a formatted device (its own, or another's
+        // of that basename that the index's uuid check refuses), not for a new format.
+        std::fs::create_dir(&legacy).unwrap();
+        assert_eq!(block_index_dir(root.path(), dev, || true), legacy);
+        assert_eq!(block_index_dir(root.path(), dev, || false), named);
+        // Once the new name exists it wins, formatted or not.
+        std::fs::create_dir(&named).unwrap();
+        assert_eq!(block_index_dir(root.path(), dev, || true), named);
+        assert_eq!(block_index_dir(root.path(), dev, || false), named);
+    }
+
+    #[test]
+    fn a_superblock_is_found_at_a_formatted_backings_start_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("b.img");
+        assert!(!holds_superblock(&img), "a missing path");
+        std::fs::File::create(&img).and_then(|f| f.set_len(32 << 20)).unwrap();
+        assert!(!holds_superblock(&img), "zeros");
+        format_backing(
+            &img,
+            &dir.path().join("b.ftlidx"),
+            None,
+            &FormatOptions::default(),
+            false,
+        )
+        .unwrap_or_else(|e| panic!("format: {e}"));
+        assert!(holds_superblock(&img));
+    }
 }
