@@ -452,6 +452,12 @@ MUTANTS = [
     }""",
        "")],
      [PROCESS, MODEL]),
+    ("open-1", "open rule 1: a damaged superblock copy is rewritten only AFTER recovery accepted the index",
+     "ftl/src/lifecycle.rs",
+     [("""        let (parts, recovery) = recover(dev, index, sb.clone(), cfg, "index", staging)?;""",
+       """        repair_superblock(&dev, &sb, rewrite)?;
+        let (parts, recovery) = recover(dev, index, sb.clone(), cfg, "index", staging)?;""")],
+     ["cargo test --release -p ftl --test api a_refused_open_leaves_block_0"]),
     ("open-3", "open rule 3: a checkpoint of the new epoch is durable BEFORE its chunks",
      "ftl/src/engine/mod.rs",
      [("""    pub(crate) fn start_session(&self) -> Result<()> {

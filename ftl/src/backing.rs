@@ -244,9 +244,9 @@ pub fn open_backing_staged(
     place: &StagingPlace,
 ) -> Result<(FileFtl, OpenReport)> {
     let dev = open_device(path, None)?;
-    // Repairs a damaged copy; the open's own read then finds both good, so the report
-    // carries these warnings (they were dropped: a repair went unreported).
-    let (sb, repaired) = crate::lifecycle::read_superblock(&dev)?;
+    // A look: the open below repairs a damaged copy once it found the index to be this
+    // backing's, and reports it.
+    let (sb, _) = crate::lifecycle::read_superblock_readonly(&dev)?;
     if !index_dir.exists() {
         return Err(Error::IndexMismatch {
             path: index_dir.display().to_string(),
@@ -262,10 +262,7 @@ pub fn open_backing_staged(
             StagingArea::open_file(&staging_file(dir, &sb.uuid_string()), DEFAULT_SLOTS)?
         }
     };
-    let (f, mut report) =
-        Ftl::open_staged(dev, index, cfg, staging).map_err(|e| e.naming_index(index_dir, path))?;
-    report.warnings.splice(0..0, repaired);
-    Ok((f, report))
+    Ftl::open_staged(dev, index, cfg, staging).map_err(|e| e.naming_index(index_dir, path))
 }
 
 /// What [`rebuild_backing_index`] did.
@@ -414,7 +411,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let img = dir.path().join("b.img");
         assert!(!holds_superblock(&img), "a missing path");
-        std::fs::File::create(&img).and_then(|f| f.set_len(32 << 20)).unwrap();
+        std::fs::File::create(&img)
+            .and_then(|f| f.set_len(32 << 20))
+            .unwrap();
         assert!(!holds_superblock(&img), "zeros");
         format_backing(
             &img,

@@ -8,7 +8,9 @@
 //!    one copy is whole.
 //!
 //! Rules of `open`:
-//! 1. the superblock is validated (a damaged copy is repaired from the good one);
+//! 1. the superblock is validated; a damaged copy is repaired from the good one only
+//!    AFTER recovery found the index to be this backing's (a refused open writes nothing
+//!    to a backing that may no longer be ftlblk's);
 //! 2. recovery rebuilds the state from the checkpoint and the log;
 //! 3. a checkpoint with the new epoch is durable BEFORE any chunk of the session is
 //!    written (see `recovery.rs` for why).
@@ -48,20 +50,34 @@ fn read_block<D: BlockDevice>(dev: &D, offset: u64) -> Result<AlignedBuf> {
     Ok(b)
 }
 
-/// Reads and validates the superblock; repairs one damaged copy from the other.
+/// Reads and validates the superblock; names a damaged copy in the warnings. Never
+/// writes: [`Ftl::open`] repairs the copy, once recovery found the index to be this
+/// backing's (rule 1 of open, above).
 pub fn read_superblock<D: BlockDevice>(dev: &D) -> Result<(Superblock, Vec<String>)> {
-    read_superblock_inner(dev, true)
+    read_superblock_inner(dev, true).map(|(sb, w, _)| (sb, w))
 }
 
-/// Like [`read_superblock`] but never writes (for the offline checker).
+/// Like [`read_superblock`], its warnings saying nothing is rewritten (for the offline
+/// checker and tools that only look).
 pub fn read_superblock_readonly<D: BlockDevice>(dev: &D) -> Result<(Superblock, Vec<String>)> {
-    read_superblock_inner(dev, false)
+    read_superblock_inner(dev, false).map(|(sb, w, _)| (sb, w))
 }
 
+/// Writes the superblock `sb` at `offset`: the copy [`read_superblock_inner`] found
+/// damaged.
+fn repair_superblock<D: BlockDevice>(dev: &D, sb: &Superblock, offset: Option<u64>) -> Result<()> {
+    match offset {
+        Some(off) => write_sb(dev, sb, off),
+        None => Ok(()),
+    }
+}
+
+/// The superblock, the warnings naming a damaged copy (`repair`: saying it will be
+/// rewritten) and where the copy to rewrite is. Never writes.
 fn read_superblock_inner<D: BlockDevice>(
     dev: &D,
     repair: bool,
-) -> Result<(Superblock, Vec<String>)> {
+) -> Result<(Superblock, Vec<String>, Option<u64>)> {
     let name = dev.describe();
     if dev.size() < 2 * BLOCK_SIZE as u64 {
         return Err(Error::NotFormatted(
@@ -119,6 +135,7 @@ fn read_superblock_inner<D: BlockDevice>(
         Err(_) => probe_copies_b(dev).0.map(|(off, sb)| (off, Ok(sb))),
     };
     let mut warnings = Vec::new();
+    let mut rewrite = None;
     let sb = match (a, b) {
         (Ok(sa), Some((_, Ok(sb)))) if sa == sb => sa,
         // Both whole but different: a format cut short between its two writes (format
@@ -132,9 +149,7 @@ fn read_superblock_inner<D: BlockDevice>(
                  {} from copy B",
                 if repair { "rewritten" } else { "read-only: to be rewritten by the next open" }
             ));
-            if repair {
-                write_sb(dev, &sb, 0)?;
-            }
+            rewrite = Some(0);
             sb
         }
         // A copy of a newer version is not damage to repair from an older copy: an older
@@ -153,9 +168,7 @@ fn read_superblock_inner<D: BlockDevice>(
                 describe(&other),
                 if repair { "rewritten" } else { "read-only: to be rewritten by the next open" }
             ));
-            if repair {
-                write_sb(dev, &sa, off)?;
-            }
+            rewrite = Some(off);
             sa
         }
         (Err(ea), Some((_, Ok(sb)))) => {
@@ -164,9 +177,7 @@ fn read_superblock_inner<D: BlockDevice>(
                 describe_err(&ea),
                 if repair { "rewritten" } else { "read-only: to be rewritten by the next open" }
             ));
-            if repair {
-                write_sb(dev, &sb, 0)?;
-            }
+            rewrite = Some(0);
             sb
         }
         (Err(SbDecode::NoMagic), _) => {
@@ -197,7 +208,7 @@ fn read_superblock_inner<D: BlockDevice>(
             now: dev.size(),
         });
     }
-    Ok((sb, warnings))
+    Ok((sb, warnings, rewrite))
 }
 
 /// Every legal place of copy B (the end of segment 0 for each segment size) probed: the
@@ -413,8 +424,15 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         cfg: Config,
         staging: Arc<StagingArea>,
     ) -> Result<(Self, OpenReport)> {
-        let (sb, mut warnings) = read_superblock(&dev)?;
-        let (parts, recovery) = recover(dev, index, sb, cfg, "index", staging)?;
+        let (sb, mut warnings, rewrite) = read_superblock_inner(&dev, true)?;
+        let (parts, recovery) = recover(dev, index, sb.clone(), cfg, "index", staging)?;
+        // Rule 1 of open: a damaged superblock copy is rewritten only AFTER recovery found
+        // the index to be this backing's (its checkpoint's uuid and geometry). Copy A
+        // without a magic and a copy B found in segment 0 was "repaired" at once: a disk
+        // given to another file system or volume manager since it held ftlblk (block 0
+        // theirs, an old copy B left) lost its block 0 to an `add` that then failed on
+        // the index (found by review, 2026-11-29).
+        repair_superblock(&parts.dev, &sb, rewrite)?;
         if recovery.entries_corrupt > 0 {
             warnings.push(format!(
                 "{} blocks written before the server died fail their checksum: damaged on \

@@ -160,6 +160,35 @@ fn one_damaged_superblock_copy_is_repaired_both_is_an_error() {
     assert!(matches!(e, Error::Corrupt(_)), "{e}");
 }
 
+/// Open rule 1: a backing whose block 0 another user took (an old copy B still in
+/// segment 0) is refused by an index that is not its own, and nothing is written: block 0
+/// keeps the other user's bytes. With its own index the open repairs copy A.
+#[test]
+fn a_refused_open_leaves_block_0_as_it_found_it() {
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    let idx = Arc::new(MemIndex::new());
+    let sb = ftl::format(&dev, &idx, &FormatOptions::default(), false).unwrap();
+    let theirs = [0xABu8; 4096];
+    dev.write_at(0, &theirs).unwrap();
+    let other = Arc::new(MemIndex::new());
+    let e = Ftl::open(dev.clone(), other, Config::default())
+        .err()
+        .unwrap();
+    assert!(matches!(e, Error::IndexMismatch { .. }), "{e}");
+    let mut b = vec![0u8; 4096];
+    dev.read_at(0, &mut b).unwrap();
+    assert!(b == theirs, "a refused open rewrote block 0");
+    let (f, report) = Ftl::open(dev.clone(), idx, Config::default()).unwrap();
+    assert_eq!(report.warnings.len(), 1, "{:?}", report.warnings);
+    drop(f);
+    dev.read_at(0, &mut b).unwrap();
+    assert_eq!(
+        &b[..],
+        &sb.encode()[..],
+        "copy A rewritten by the accepted open"
+    );
+}
+
 /// Copy A lost after a re-format with larger segments: the copy B found is the new
 /// format's, not the one the earlier format (smaller segments) left inside segment 0,
 /// and copy A is repaired from it. The re-format clears the old copy, and the probe
