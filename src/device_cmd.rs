@@ -53,7 +53,8 @@ const CONFIG_KEYS: [&str; 11] = [
 A backing whose daemon died while its device stayed in the kernel is re-attached
 (as `ftlblk recover`) instead of getting a second device.")]
 pub struct AddArgs {
-    /// Backing file or block device. A missing file is created sparse (see --size) and
+    /// Backing file or block device. A missing file is created sparse (see --size; never
+    /// under /dev, where a missing path is a device not there yet) and
     /// formatted; an existing regular file without an ftlblk format is formatted only
     /// when its first and last MiB read as zeros and its index holds no other backing's
     /// map (else: `ftlblk format --force`); a formatted backing is opened, recovering

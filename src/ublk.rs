@@ -112,7 +112,7 @@ pub fn init_target(dev: &mut UblkDev, ftl: &FileFtl, backing_fd: RawFd) -> Resul
     tgt.nr_fds += 1;
     // One uring_cmd per tag plus its backing reads (a fragmented READ issues several).
     tgt.sq_depth = depth.saturating_mul(2);
-    tgt.cq_depth = depth.saturating_mul(4);
+    tgt.cq_depth = cq_depth(depth);
     Ok(())
 }
 
@@ -355,6 +355,18 @@ pub(crate) fn spans_in_flight(depth: u16) -> usize {
         .max(1)
 }
 
+/// Completion entries of a queue's ring of `depth` tags: one for every future its tags
+/// may have pending at once ([`spans_in_flight`] spans and [`TAG_OTHER_FUTURES`] each).
+/// It was 4 x depth: past that the kernel keeps completions in an overflow list, one
+/// atomic allocation each, and one that fails is dropped: the ring's next wait fails
+/// (EBADR), the queue's loop ends and its requests hang, under the memory pressure a
+/// block device serving writeback meets (found by review, 2026-11-29). About 64K entries
+/// of 16 bytes: 1 MiB a queue.
+pub(crate) fn cq_depth(depth: u16) -> u16 {
+    let need = depth as usize * (spans_in_flight(depth) + TAG_OTHER_FUTURES);
+    need.max(depth as usize * 4).min(u16::MAX as usize) as u16
+}
+
 /// Runs `submit` for each of `items`, at most `window` of its futures pending at once
 /// (each window's futures created together, then awaited, before the next window's);
 /// their results in the order of `items`.
@@ -534,6 +546,11 @@ mod tests {
                 depth as usize * (w + TAG_OTHER_FUTURES) <= QUEUE_KEYS,
                 "depth {depth}: {w} spans per tag"
             );
+        }
+        // Their completions fit the ring: none goes to the kernel's overflow list.
+        for depth in 1..=sys::UBLK_MAX_QUEUE_DEPTH as u16 {
+            let pending = depth as usize * (spans_in_flight(depth) + TAG_OTHER_FUTURES);
+            assert!(pending <= cq_depth(depth) as usize, "depth {depth}");
         }
         // The defaults (depth 128, 512 KiB buffers): a READ is never split.
         assert!(spans_in_flight(128) >= (512 << 10) / BLOCK_SIZE);

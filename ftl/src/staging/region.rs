@@ -110,6 +110,15 @@ impl Region {
         if len != have {
             file.set_len(len as u64).map_err(|e| open_err(path, e))?;
         }
+        // Allocated whole before it is mapped: a sparse file on a full tmpfs took the
+        // server down with SIGBUS at its first write to a page not yet there, and again
+        // at every restart (found by review, 2026-11-29). Now a full file system fails
+        // the open with ENOSPC.
+        // SAFETY: fallocate on an fd we own, within its length.
+        let r = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len as libc::off_t) };
+        if r != 0 {
+            return Err(open_err(path, std::io::Error::from_raw_os_error(r)));
+        }
         let ptr = map(len, libc::MAP_SHARED, file.as_raw_fd()).map_err(|e| open_err(path, e))?;
         Ok(Region::Mapped {
             ptr,

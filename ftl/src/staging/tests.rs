@@ -584,3 +584,20 @@ fn a_symlink_at_the_staging_path_is_refused() {
     assert!(matches!(e, crate::Error::Open { .. }), "{e}");
     assert_eq!(std::fs::read(&target).unwrap(), b"precious");
 }
+
+#[test]
+fn a_staging_file_is_allocated_whole_before_it_is_mapped() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("area.stage");
+    let a = StagingArea::open_file(&p, 2).unwrap();
+    let m = std::fs::metadata(&p).unwrap();
+    assert!(m.len() > 0);
+    assert!(
+        m.blocks() * 512 >= m.len(),
+        "{} of {} bytes allocated: a full file system would SIGBUS the first write",
+        m.blocks() * 512,
+        m.len()
+    );
+    drop(a);
+}

@@ -87,6 +87,15 @@ pub struct OpenOptions {
     pub direct: bool,
 }
 
+/// Whether `path` lies under `/dev` (its parent directory resolved through links): a
+/// place for device nodes, never for a backing file.
+pub(crate) fn names_a_device(path: &Path) -> bool {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let parent = abs.parent().unwrap_or(Path::new("/"));
+    let parent = std::fs::canonicalize(parent).unwrap_or_else(|_| parent.to_path_buf());
+    parent.starts_with("/dev")
+}
+
 impl Default for OpenOptions {
     fn default() -> Self {
         OpenOptions {
@@ -133,6 +142,20 @@ impl FileDevice {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 if opts.create_size.is_none() {
                     return Err(with_path(e, "cannot open backing"));
+                }
+                if names_a_device(path) {
+                    // A device node that does not exist (yet): a by-id link udev has not
+                    // made, a typo. A file created there lives in devtmpfs, in RAM, and
+                    // the device's data was gone at reboot (found by review, 2026-11-29).
+                    return Err(io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!(
+                            "backing {} does not exist; a path under /dev names a device, and \
+                             a file created there would keep the data in RAM (devtmpfs): check \
+                             the path, or wait for the device to appear",
+                            path.display()
+                        ),
+                    ));
                 }
                 // Create without O_DIRECT (a file system refusing O_DIRECT may still create
                 // the file before failing the open); the real open happens below.

@@ -631,3 +631,26 @@ fn a_sparse_file_past_its_file_systems_free_space_is_reported() {
         .expect("holes past the free space reported");
     assert!(holes > free && holes <= len, "{holes} {free}");
 }
+
+#[test]
+fn a_missing_path_under_dev_is_not_created() {
+    let path = PathBuf::from(format!("/dev/ftlblk-missing-{}", std::process::id()));
+    let e = FileDevice::open(
+        &path,
+        &OpenOptions {
+            create_size: Some(64 * MIB),
+            ..OpenOptions::default()
+        },
+    )
+    .err()
+    .expect("refused");
+    assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
+    assert!(e.to_string().contains("devtmpfs"), "{e}");
+    assert!(!path.exists(), "a file was created in /dev");
+    // Through a link to /dev too; a scratch directory is no device's place.
+    let dir = scratch();
+    std::os::unix::fs::symlink("/dev", dir.path().join("devlink")).unwrap();
+    assert!(names_a_device(&dir.path().join("devlink").join("x")));
+    assert!(!names_a_device(&dir.path().join("x")));
+    assert!(!names_a_device(Path::new("/var/tmp/devices.img")));
+}
