@@ -141,6 +141,8 @@ fn choose<D: BlockDevice, I: IndexStore>(
     // Before any listing: a release between this read and the list shows as another
     // count (the check after cleaning then says nothing).
     let reuses = ftl.segment_reuses(victim);
+    #[cfg(test)]
+    tests::after_pick(victim);
     // The victim's live share, of the segment: against one window (the same on devices
     // whose segments fit a window, up to 8 MiB) a 16 MiB segment was read whole from 42%
     // live and a 256 MiB one from 2.7%, its first window however dead (found by review,
@@ -259,10 +261,49 @@ pub(crate) fn prepare<D: BlockDevice, I: IndexStore>(
     buf: Option<&mut AlignedBuf>,
 ) -> Result<Option<Prepared>, crate::Error> {
     let given = buf.is_some();
-    match choose(ftl, budget, policy, exclude, given, false)? {
-        Some(c) => finish_or_refund(ftl, budget, c, window_blocks, buf).map(Some),
-        None => Ok(None),
+    let mut buf = buf;
+    let mut exclude = exclude.to_vec();
+    // A victim freed between its pick and its listing or first read (users overwrote its
+    // last live blocks, a free record returned it) fails as "not a closed log segment":
+    // that is its death, not its fault. It was shunned for a minute and the cleaner
+    // slept 100 ms while writers waited for space (found by review, 2026-11-29); the
+    // next is picked instead, a few times at most.
+    for _ in 0..PICK_ATTEMPTS {
+        let c = match choose(ftl, budget, policy, &exclude, given, false) {
+            Ok(Some(c)) => c,
+            Ok(None) => return Ok(None),
+            Err(e) => match e.victim_at_fault() {
+                Some(v) if !closed_now(ftl, v) => {
+                    exclude.push(v);
+                    continue;
+                }
+                _ => return Err(e),
+            },
+        };
+        let (victim, reuses) = (c.victim, c.reuses);
+        match finish_or_refund(ftl, budget, c, window_blocks, buf.as_deref_mut()) {
+            Ok(p) => return Ok(Some(p)),
+            Err(_) if died_since(ftl, victim, reuses) => exclude.push(victim),
+            Err(e) => return Err(e),
+        }
     }
+    Ok(None)
+}
+
+/// Victims [`prepare`] picks at most when each died before it was listed.
+const PICK_ATTEMPTS: usize = 4;
+
+/// Whether `victim` left the life its reuse count `reuses` was read in: freed (no longer
+/// closed), or freed and taken again.
+fn died_since<D: BlockDevice, I: IndexStore>(ftl: &Ftl<D, I>, victim: u32, reuses: u32) -> bool {
+    ftl.segment_reuses(victim) != reuses || !closed_now(ftl, victim)
+}
+
+/// Whether `seg` is a closed log segment now (one the cleaner may take).
+fn closed_now<D: BlockDevice, I: IndexStore>(ftl: &Ftl<D, I>, seg: u32) -> bool {
+    ftl.segment_snapshot()
+        .get(seg as usize)
+        .is_some_and(|s| s.state == "closed")
 }
 
 /// What static wear levelling spent: copies of its victims beyond those of the victims
@@ -559,6 +600,78 @@ mod tests {
         assert!(p.wear, "the wear victim {w} is picked, not {}", p.victim);
         assert!(p.wear_spent > 0);
         assert_eq!(budget.spent(), p.wear_spent);
+    }
+
+    thread_local! {
+        /// Test hook: run between a victim's pick and its listing, on this thread.
+        static AFTER_PICK: std::cell::RefCell<Option<Box<dyn FnMut(u32)>>> =
+            std::cell::RefCell::new(None);
+    }
+
+    pub(super) fn after_pick(victim: u32) {
+        AFTER_PICK.with(|h| {
+            if let Some(f) = h.borrow_mut().as_mut() {
+                f(victim)
+            }
+        });
+    }
+
+    /// A victim freed between its pick and its listing (users overwrote its last live
+    /// blocks and a free record returned it) is its death, not its fault: the next one is
+    /// picked, no error (it was shunned for a minute and the cleaner slept 100 ms).
+    #[test]
+    fn a_victim_freed_between_its_pick_and_its_listing_is_passed_over() {
+        let f = Arc::new(small_segments(32));
+        let bps = f.geometry().blocks_per_segment() as u64;
+        for l in 0..6 * bps {
+            f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
+        }
+        // Segments of the first two runs of LBAs mostly dead, the first the emptier.
+        for l in (0..bps).filter(|l| l % 8 != 0) {
+            f.write(l, &block_for(l, 2), false, StreamId(1)).unwrap();
+        }
+        for l in (bps..2 * bps).filter(|l| l % 4 != 0) {
+            f.write(l, &block_for(l, 2), false, StreamId(1)).unwrap();
+        }
+        f.checkpoint().unwrap();
+        let hooked = f.clone();
+        let killed = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let k = killed.clone();
+        AFTER_PICK.with(|h| {
+            *h.borrow_mut() = Some(Box::new(move |victim| {
+                if !k.lock().unwrap().is_empty() {
+                    return;
+                }
+                // Every block still live in the victim overwritten, the segment freed.
+                let start = hooked.geometry().segment_start(victim);
+                for l in 0..hooked.capacity_blocks() {
+                    let e = hooked.map_entry(l).unwrap();
+                    if e.pba().is_some_and(|p| {
+                        (start..start + hooked.geometry().blocks_per_segment() as u64)
+                            .contains(&(p as u64))
+                    }) {
+                        hooked
+                            .write(l, &block_for(l, 3), false, StreamId(2))
+                            .unwrap();
+                    }
+                }
+                hooked.free_dead().unwrap();
+                k.lock().unwrap().push(victim);
+            }))
+        });
+        let budget = WearBudget::default();
+        let p = prepare(&*f, &budget, Policy::Greedy, &[], bps, None);
+        AFTER_PICK.with(|h| *h.borrow_mut() = None);
+        let first = killed.lock().unwrap()[0];
+        assert_eq!(
+            f.segment_snapshot()[first as usize].state,
+            "free",
+            "the hook freed it"
+        );
+        let p = p.unwrap_or_else(|e| panic!("the freed victim {first} failed the pick: {e}"));
+        let p = p.expect("another victim");
+        assert_ne!(p.victim, first);
+        assert!(!p.blocks.is_empty());
     }
 
     /// A memory FTL of `segments` 64 KiB segments.

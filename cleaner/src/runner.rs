@@ -466,6 +466,7 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
                         cfg.background_policy,
                         bps,
                         cfg.max_background_utilization,
+                        &cleaner.shunned_victims(),
                     )
                 {
                     return Ok(false);
@@ -488,7 +489,11 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
             Err(e) => {
                 *last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
                 stats.lock().unwrap_or_else(|p| p.into_inner()).errors += 1;
-                std::thread::sleep(Duration::from_millis(100));
+                // A victim's own failure left it shunned: the next turn cleans another,
+                // at once (writers may be waiting for space). Any other error waits.
+                if e.victim_at_fault().is_none() {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
                 false
             }
         };
@@ -656,9 +661,13 @@ fn worth_background<D: BlockDevice, I: IndexStore>(
     policy: Policy,
     bps: f64,
     max_u: f64,
+    shunned: &[u32],
 ) -> bool {
     let snap = ftl.segment_snapshot();
-    match crate::policy::pick_victim(policy, &snap, ftl.current_seq(), bps as u32, &[]) {
+    // Not one the slice would leave out: a shunned segment nearly empty ranked first
+    // here, and the slice then took the next victim however full, so an idle device was
+    // cleaned down to segments of one dead block (found by review, 2026-11-29).
+    match crate::policy::pick_victim(policy, &snap, ftl.current_seq(), bps as u32, shunned) {
         // Against the data a segment holds, as the policy measures it.
         Some(v) => {
             let cap = crate::policy::data_capacity(bps as u32) as f64;

@@ -308,6 +308,11 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
         }
     }
 
+    /// The victims left after a failure, for [`SHUN_FOR`] each: no slice takes them.
+    pub fn shunned_victims(&mut self) -> Vec<u32> {
+        self.shunned()
+    }
+
     /// The victims left after a failure, those left for [`SHUN_FOR`] dropped.
     fn shunned(&mut self) -> Vec<u32> {
         self.shunned.retain(|(_, at)| at.elapsed() < SHUN_FOR);

@@ -384,3 +384,78 @@ fn defragmentation_is_paced_under_reads_and_drains_when_idle() {
         assert_eq!(b, block_for(l, gens[l as usize]), "lba {l}");
     }
 }
+
+/// Idle cleaning stops at `max_background_utilization` also when the emptiest victim is
+/// one the cleaner left after a failure (a block that fails its checksum): the check of
+/// whether idle cleaning is worth it ranked that victim first, and the slice then took
+/// the next one however full, so an idle device was cleaned down to segments of one dead
+/// block.
+#[test]
+fn idle_cleaning_passed_a_shunned_victim_takes_none_over_the_limit() {
+    let opts = FormatOptions {
+        segment_bytes: Some(1 << 20),
+        ..Default::default()
+    };
+    let (dev, _, f) = mem_ftl(64 << 20, &opts);
+    let f = Arc::new(f);
+    let cap = f.capacity_blocks();
+    let geo = f.geometry();
+    let bps = geo.blocks_per_segment() as u64;
+    for lba in 0..cap {
+        f.write(lba, &block_for(lba, 1), false, StreamId(1))
+            .unwrap();
+    }
+    let seg_of = |lba: u64| {
+        let p = f.map_entry(lba).unwrap().pba().unwrap();
+        geo.segment_of(p as u64)
+    };
+    // Segment X: all but one block overwritten. Every other segment: one block in 16.
+    let x = seg_of(0);
+    let mut kept = None;
+    for lba in 0..cap {
+        let s = seg_of(lba);
+        let overwrite = if s == x {
+            if kept.is_none() {
+                kept = Some(lba);
+                false
+            } else {
+                true
+            }
+        } else {
+            lba % 16 == 0
+        };
+        if overwrite {
+            f.write(lba, &block_for(lba, 2), false, StreamId(1))
+                .unwrap();
+        }
+    }
+    f.checkpoint().unwrap();
+    // The block X keeps, damaged on the device: cleaning X fails, and X is shunned.
+    let kept = kept.unwrap();
+    let p = f.map_entry(kept).unwrap().pba().unwrap() as u64;
+    dev.write_at(p * 4096, &[0x5A; 4096]).unwrap();
+    let snap = f.segment_snapshot();
+    let cap_data = cleaner::policy::data_capacity(bps as u32) as f64;
+    let fullest_below: Vec<_> = snap
+        .iter()
+        .filter(|s| s.state == "closed" && s.segment != x && s.segment != 0)
+        .filter(|s| s.valid as f64 / cap_data <= 0.9)
+        .map(|s| s.segment)
+        .collect();
+    assert!(
+        fullest_below.is_empty(),
+        "segments at most 90% live: {fullest_below:?}"
+    );
+    let handle = cleaner::spawn(f.clone(), CleanerConfig::default()).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let stats = handle.stats();
+    handle.stop();
+    assert!(
+        stats.cleaner.victims_abandoned >= 1,
+        "X was tried: {stats:?}"
+    );
+    assert_eq!(
+        stats.cleaner.blocks_copied, 0,
+        "idle cleaning took victims over 90% live: {stats:?}"
+    );
+}
