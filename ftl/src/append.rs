@@ -736,6 +736,9 @@ pub(crate) mod tests {
         /// Test hook: `defrag_step` on this thread says it arrived once past its check of
         /// free space for a window, and waits for "go".
         pub(crate) static PARK_AFTER_DEFRAG_CHECK: Park = const { RefCell::new(None) };
+        /// Test hook: `defrag_step` on this thread says it arrived once a window is
+        /// rewritten, and waits for "go" before the next.
+        pub(crate) static PARK_AFTER_DEFRAG_WINDOW: Park = const { RefCell::new(None) };
         /// Test hook: the next checkpoint's page commit on this thread panics (taken once).
         pub(crate) static PANIC_IN_CHECKPOINT: Cell<bool> = const { Cell::new(false) };
         /// Test hook: the next carry of TRIM records on this thread panics (taken once).

@@ -149,6 +149,13 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                     }
                 }
                 r.windows += 1;
+                // Each window's sealed chunks written before the next: held to the end of
+                // the batch, they made every FLUSH, FUA write, free record and checkpoint
+                // wait for the rest of it (its device reads included), and held staging
+                // slots writers wait for (found by review, 2026-11-29).
+                self.write_pending(std::mem::take(&mut pending))?;
+                #[cfg(test)]
+                crate::append::tests::maybe_park(&crate::append::tests::PARK_AFTER_DEFRAG_WINDOW);
             }
             Ok(())
         })();

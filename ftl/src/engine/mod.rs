@@ -1210,6 +1210,55 @@ mod tests {
         );
     }
 
+    /// A FLUSH does not wait for the rest of a defragmentation batch: the chunks a
+    /// window's relocations sealed are written before the next window (they were held to
+    /// the end of the batch, and a FLUSH waits for every chunk numbered below its own).
+    #[test]
+    fn a_flush_does_not_wait_for_the_rest_of_a_defragmentation_batch() {
+        use crate::append::tests::PARK_AFTER_DEFRAG_WINDOW;
+        let opts = FormatOptions {
+            segment_bytes: Some(64 << 10),
+            ..Default::default()
+        };
+        let (_, _, f) = crate::model::mem_ftl(96 * (64 << 10), &opts);
+        let f = Arc::new(f);
+        let region = 256u64;
+        for l in 0..region {
+            f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
+        }
+        for i in 0..96 {
+            let l = i * 97 % region;
+            f.write(l, &block_for(l, 2), false, StreamId(2)).unwrap();
+        }
+        f.flush().unwrap();
+        let mut b = vec![0u8; 32 * crate::device::BLOCK_SIZE];
+        for w in (0..region).step_by(32) {
+            f.read(w, &mut b).unwrap();
+        }
+        assert!(f.defrag_waiting() > 1, "windows queued");
+        let f2 = f.clone();
+        let (go, defrag) = run_parked(&PARK_AFTER_DEFRAG_WINDOW, move || f2.defrag_step(64));
+        // One window rewritten (a chunk sealed at a 16-block segment's end at least).
+        let (tx, rx) = std::sync::mpsc::channel();
+        let f3 = f.clone();
+        let flusher = std::thread::spawn(move || {
+            let _ = tx.send(f3.flush());
+        });
+        let flushed = rx.recv_timeout(Duration::from_secs(10));
+        go.send(()).unwrap();
+        let r = defrag.join().unwrap().unwrap();
+        flusher.join().unwrap();
+        flushed
+            .expect("the FLUSH waited for the defragmentation batch")
+            .unwrap();
+        assert!(r.windows > 1 && r.moved > 0, "{r:?}");
+        for l in 0..region {
+            f.read(l, &mut b[..crate::device::BLOCK_SIZE]).unwrap();
+            let g = if (0..96).any(|i| i * 97 % region == l) { 2 } else { 1 };
+            assert!(b[..crate::device::BLOCK_SIZE] == block_for(l, g)[..], "lba {l}");
+        }
+    }
+
     /// Runs `job` on a thread of its own that parks at `park` (a hook of
     /// `append::tests`); returns once it is parked, with the sender whose message lets it go on.
     fn run_parked<T: Send + 'static>(
