@@ -602,10 +602,11 @@ mod tests {
         assert_eq!(budget.spent(), p.wear_spent);
     }
 
+    type Hook = std::cell::RefCell<Option<Box<dyn FnMut(u32)>>>;
+
     thread_local! {
         /// Test hook: run between a victim's pick and its listing, on this thread.
-        static AFTER_PICK: std::cell::RefCell<Option<Box<dyn FnMut(u32)>>> =
-            std::cell::RefCell::new(None);
+        static AFTER_PICK: Hook = const { std::cell::RefCell::new(None) };
     }
 
     pub(super) fn after_pick(victim: u32) {
