@@ -20,6 +20,7 @@
 //!
 //! Created by [`crate::daemon`], used by the queues of [`crate::ublk`]; a leaf.
 
+use crate::output::errln;
 use libublk::io::UblkQueue;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -100,7 +101,7 @@ impl Offload {
         let job: Job = Box::new(move || {
             let r =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
-                    eprintln!("ftlblk: panic in an I/O worker; completing with -EIO");
+                    errln!("ftlblk: panic in an I/O worker; completing with -EIO");
                     -libc::EIO
                 });
             slot.store(r, Ordering::Release);
@@ -140,7 +141,7 @@ fn signal(fd: &OwnedFd) {
         }
         let e = std::io::Error::last_os_error();
         if e.kind() != std::io::ErrorKind::Interrupted {
-            eprintln!("ftlblk: waking a queue tag failed: {e}");
+            errln!("ftlblk: waking a queue tag failed: {e}");
             return;
         }
     }
@@ -180,7 +181,7 @@ impl TagEvent {
             }
             if r != -libc::EINTR && r != -libc::EAGAIN {
                 // Cannot wait through the ring: the job still finishes; poll for it.
-                eprintln!("ftlblk: eventfd read through the queue ring failed ({r}); polling");
+                errln!("ftlblk: eventfd read through the queue ring failed ({r}); polling");
                 self.wait_blocking();
                 return;
             }

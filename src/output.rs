@@ -36,6 +36,81 @@ macro_rules! outln {
 }
 pub(crate) use outln;
 
+/// Writes `text` and a newline to `w`, ignoring any failure: what the server logs from
+/// its data path must not stop it. `eprintln!` panics when stderr fails, and the
+/// daemon's stderr is its log in `/run` (tmpfs): once that was full, a request whose
+/// failure was being logged never completed (found by review, 2026-11-29).
+pub fn write_line_lossy(w: &mut impl std::io::Write, text: &str) {
+    let _ = w
+        .write_all(text.as_bytes())
+        .and_then(|()| w.write_all(b"\n"))
+        .and_then(|()| w.flush());
+}
+
+/// `eprintln!` that never panics ([`write_line_lossy`] on stderr).
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::output::write_line_lossy(&mut std::io::stderr().lock(), &format!($($arg)*))
+    };
+}
+pub(crate) use errln;
+
+/// A kind of log line printed at most [`RateLimited::PER_SECOND`] times a second; the
+/// lines left out are counted and their number said with the next line printed. For the
+/// lines one request can cause (a failed read): a failing backing logged one per
+/// request, as fast as requests came, into a log on tmpfs.
+pub struct RateLimited {
+    second: std::sync::atomic::AtomicU64,
+    printed: std::sync::atomic::AtomicU64,
+    left_out: std::sync::atomic::AtomicU64,
+}
+
+impl RateLimited {
+    pub const PER_SECOND: u64 = 10;
+
+    pub const fn new() -> Self {
+        use std::sync::atomic::AtomicU64;
+        RateLimited {
+            second: AtomicU64::new(0),
+            printed: AtomicU64::new(0),
+            left_out: AtomicU64::new(0),
+        }
+    }
+
+    /// The line `text` gives, with the count of lines left out before it, if this second
+    /// has room for it (`now_secs`: the current second).
+    pub fn admit(&self, now_secs: u64, text: impl FnOnce() -> String) -> Option<String> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.second.swap(now_secs, Relaxed) != now_secs {
+            self.printed.store(0, Relaxed);
+        }
+        if self.printed.fetch_add(1, Relaxed) >= Self::PER_SECOND {
+            self.left_out.fetch_add(1, Relaxed);
+            return None;
+        }
+        Some(match self.left_out.swap(0, Relaxed) {
+            0 => text(),
+            n => format!("{} ({n} more like it left out of the log)", text()),
+        })
+    }
+
+    /// Logs the line `text` gives on stderr if this second has room for it.
+    pub fn log(&self, text: impl FnOnce() -> String) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if let Some(line) = self.admit(now, text) {
+            write_line_lossy(&mut std::io::stderr().lock(), &line);
+        }
+    }
+}
+
+impl Default for RateLimited {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// `b` bytes in the largest binary unit that keeps the figure at least 1 (one decimal).
 pub fn human_bytes(b: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -55,6 +130,42 @@ pub fn human_bytes(b: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A writer that always fails: what a full file system under stderr is.
+    struct Full;
+    impl std::io::Write for Full {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::Error::from_raw_os_error(libc::ENOSPC))
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Err(std::io::Error::from_raw_os_error(libc::ENOSPC))
+        }
+    }
+
+    #[test]
+    fn a_log_line_on_a_full_file_system_is_lost_not_a_panic() {
+        write_line_lossy(&mut Full, "ftlblk: read of block 7: I/O error");
+        let mut ok = Vec::new();
+        write_line_lossy(&mut ok, "line");
+        assert_eq!(ok, b"line\n");
+    }
+
+    #[test]
+    fn a_line_per_request_is_limited_per_second_and_the_rest_counted() {
+        let r = RateLimited::new();
+        let printed: Vec<String> = (0..100)
+            .filter_map(|i| r.admit(5, || format!("failed {i}")))
+            .collect();
+        assert_eq!(printed.len() as u64, RateLimited::PER_SECOND);
+        assert_eq!(printed[0], "failed 0");
+        // The next second: room again, and the 90 left out are said.
+        let next = r.admit(6, || "failed 100".into()).expect("a new second");
+        assert_eq!(next, "failed 100 (90 more like it left out of the log)");
+        assert_eq!(
+            r.admit(6, || "failed 101".into()).as_deref(),
+            Some("failed 101")
+        );
+    }
 
     #[test]
     fn sizes_read_well() {

@@ -37,6 +37,7 @@
 
 use crate::metrics::Live;
 use crate::offload::{Lane, Offload, TagEvent};
+use crate::output::{errln, RateLimited};
 use ftl::backing::FileFtl;
 use ftl::classify::Classifier;
 use ftl::device::{ScratchBuf, BLOCK_SIZE};
@@ -130,7 +131,7 @@ pub fn run_queue(
     let q = match UblkQueue::new(qid, dev) {
         Ok(q) => Rc::new(q),
         Err(e) => {
-            eprintln!("ftlblk: queue {qid}: cannot set up: {e:?}");
+            errln!("ftlblk: queue {qid}: cannot set up: {e:?}");
             return;
         }
     };
@@ -148,7 +149,7 @@ pub fn run_queue(
         tasks.push(exe.spawn(async move {
             match serve_tag(&q, tag, &ctx).await {
                 Ok(()) | Err(UblkError::QueueIsDown) => {}
-                Err(e) => eprintln!("ftlblk: queue {qid} tag {tag}: {e:?}"),
+                Err(e) => errln!("ftlblk: queue {qid} tag {tag}: {e:?}"),
             }
         }));
     }
@@ -159,7 +160,7 @@ pub fn run_queue(
         let done = || tasks.iter().all(|t| t.is_finished());
         if let Err(e) = libublk::wait_and_handle_io_events(&qq, Some(20), run_ops, done).await {
             if !matches!(e, UblkError::QueueIsDown) {
-                eprintln!("ftlblk: queue {qid}: event loop: {e:?}");
+                errln!("ftlblk: queue {qid}: event loop: {e:?}");
             }
         }
     }));
@@ -175,7 +176,7 @@ pub fn set_io_flusher() {
     // SAFETY: prctl with integer arguments only.
     let r = unsafe { libc::prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) };
     if r != 0 {
-        eprintln!(
+        errln!(
             "ftlblk: PR_SET_IO_FLUSHER failed: {}",
             std::io::Error::last_os_error()
         );
@@ -207,7 +208,7 @@ async fn serve_tag(q: &UblkQueue<'_>, tag: u16, ctx: &TagContext) -> Result<(), 
             .catch_unwind()
             .await
             .unwrap_or_else(|_| {
-                eprintln!("ftlblk: panic while handling {iod:?}; completing with -EIO");
+                errln!("ftlblk: panic while handling {iod:?}; completing with -EIO");
                 -libc::EIO
             });
         if let Some(op) = latency_op(iod.op_flags) {
@@ -461,9 +462,13 @@ fn verify(ftl: &FileFtl, lba: u64, entry: MapEntry, blk: &[u8]) -> Result<bool, 
         .map_err(|e| read_failed(lba, e))
 }
 
+/// The log lines of failed reads: one per request at most, a failing backing fails every
+/// request.
+static READ_FAILURES: RateLimited = RateLimited::new();
+
 /// Logs a failed read of block `lba` and gives its errno.
 fn read_failed(lba: u64, e: ftl::Error) -> i32 {
-    eprintln!("ftlblk: read of block {lba}: {e}");
+    READ_FAILURES.log(|| format!("ftlblk: read of block {lba}: {e}"));
     e.errno()
 }
 
@@ -508,7 +513,7 @@ fn backing_error(res: i32, offset: u64, len: usize) -> i32 {
     } else {
         std::io::Error::from_raw_os_error(-res).to_string()
     };
-    eprintln!("ftlblk: backing read of {len} bytes at {offset} failed: {what}");
+    READ_FAILURES.log(|| format!("ftlblk: backing read of {len} bytes at {offset} failed: {what}"));
     -libc::EIO
 }
 
