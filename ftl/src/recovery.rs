@@ -49,7 +49,6 @@ use crate::index::pages::IndexPages;
 use crate::map::{L2p, MapEntry};
 use crate::records::{
     CheckpointRecord, FreeRecord, MapPage, PartialCheckpoint, SegState, SegmentRecord,
-    PAGE_ENTRIES,
 };
 use crate::segments::Segments;
 use crate::stream::STREAMS;
@@ -111,7 +110,7 @@ pub(crate) fn page_reader<I: IndexStore>(index: &I, sb: &Superblock) -> IndexPag
     let geo = &sb.geometry;
     IndexPages::new(
         index.reader(),
-        geo.exported_blocks.div_ceil(PAGE_ENTRIES as u64),
+        geo.exported_blocks,
         geo.segment_start(1),
         geo.physical_blocks(),
     )
