@@ -131,6 +131,14 @@ impl Superblock {
         if version != SB_VERSION {
             return Err(SbDecode::Version(version));
         }
+        // Reserved, written 0: a bit set is a feature of a newer build this one would
+        // rewrite without knowing (found by review, 2026-11-29).
+        let flags = r.seek(o::FLAGS).and_then(|r| r.u32()).map_err(c)?;
+        if flags != 0 {
+            return Err(SbDecode::Corrupt(format!(
+                "superblock flags {flags:#x} unknown to this build (a newer build's format?)"
+            )));
+        }
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(r.seek(o::UUID).and_then(|r| r.bytes(16)).map_err(c)?);
         let mut u32_at = |at| r.seek(at).and_then(|r| r.u32()).map_err(c);
@@ -281,6 +289,16 @@ mod tests {
         let crc = crc32c::crc32c(&v2[..BLOCK_SIZE - 4]);
         v2[BLOCK_SIZE - 4..].copy_from_slice(&crc.to_le_bytes());
         assert!(matches!(Superblock::decode(&v2), Err(SbDecode::Version(2))));
+        // A reserved flag set (and the checksum made right): refused, not taken.
+        let mut flagged = b.clone();
+        flagged[o::FLAGS] = 1;
+        let crc = crc32c::crc32c(&flagged[..BLOCK_SIZE - 4]);
+        flagged[BLOCK_SIZE - 4..].copy_from_slice(&crc.to_le_bytes());
+        assert!(
+            matches!(Superblock::decode(&flagged), Err(SbDecode::Corrupt(ref w)) if w.contains("flags")),
+            "{:?}",
+            Superblock::decode(&flagged)
+        );
         assert!(matches!(
             Superblock::decode(&b[..100]),
             Err(SbDecode::Corrupt(_))
