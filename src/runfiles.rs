@@ -109,7 +109,9 @@ pub fn write_record(rec: &DeviceRecord) -> Result<(), CliError> {
     // start writing the same id's record at once wrote into one file.
     let tmp = dir.join(format!(".{}.json.{}.tmp", rec.id, std::process::id()));
     let context = || format!("cannot write the device record {}", path.display());
-    let text = serde_json::to_string_pretty(rec).map_err(|e| CliError::json(context(), e))?;
+    let mut doc = serde_json::to_value(rec).map_err(|e| CliError::json(context(), e))?;
+    doc["version"] = RECORD_VERSION.into();
+    let text = serde_json::to_string_pretty(&doc).map_err(|e| CliError::json(context(), e))?;
     let write = || -> io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(text.as_bytes())?;
@@ -185,16 +187,44 @@ fn record_needs_writing(
     }
 }
 
-/// Reads `N.json`; `Ok(None)` when there is none.
+/// The version of the device record's layout, its `version` field (records of daemons
+/// before it have none: version 1 too). A later one is refused: its fields may mean what
+/// this build does not know, and `recover` acts on them.
+pub const RECORD_VERSION: u32 = 1;
+
+/// Reads `N.json`; `Ok(None)` when there is none. A record of a later layout, or one
+/// naming another device than its file, is an error (found by review, 2026-11-29: any
+/// record was taken, and `recover` reused its queues and paths).
 pub fn read_record(id: u32) -> Result<Option<DeviceRecord>, CliError> {
     let path = record_path(id);
     match std::fs::read_to_string(&path) {
-        Ok(s) => serde_json::from_str(&s)
+        Ok(s) => parse_record(id, &s)
             .map(Some)
-            .map_err(|e| CliError::json(path.display().to_string(), e)),
+            .map_err(|why| CliError::Device(format!("device record {}: {why}", path.display()))),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(CliError::io(path.display().to_string(), e)),
     }
+}
+
+/// The record of device `id` in `text`, checked: its layout's version, its id.
+fn parse_record(id: u32, text: &str) -> Result<DeviceRecord, String> {
+    #[derive(Deserialize)]
+    struct Head {
+        version: Option<u32>,
+    }
+    let head: Head = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let version = head.version.unwrap_or(1);
+    if version > RECORD_VERSION {
+        return Err(format!(
+            "written by a later ftlblk (record version {version}; this build reads up to \
+             {RECORD_VERSION})"
+        ));
+    }
+    let rec: DeviceRecord = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    if rec.id != id {
+        return Err(format!("it names device {}, not {id}", rec.id));
+    }
+    Ok(rec)
 }
 
 /// Every readable record in the run directory, by id.
@@ -325,6 +355,28 @@ mod tests {
             metrics_listen: Some("127.0.0.1:9400".into()),
             discard_delay_ms: Some(2000),
         }
+    }
+
+    /// A record is read back as written (its version added), one without a version is
+    /// an older daemon's (version 1), one of a later version or naming another device
+    /// is refused.
+    #[test]
+    fn a_record_of_a_later_layout_or_another_device_is_refused() {
+        let rec = sample(7);
+        let mut doc = serde_json::to_value(&rec).unwrap();
+        let older = doc.to_string();
+        assert_eq!(
+            parse_record(7, &older).unwrap(),
+            rec,
+            "no version: version 1"
+        );
+        doc["version"] = RECORD_VERSION.into();
+        assert_eq!(parse_record(7, &doc.to_string()).unwrap(), rec);
+        doc["version"] = (RECORD_VERSION + 1).into();
+        let e = parse_record(7, &doc.to_string()).unwrap_err();
+        assert!(e.contains("later ftlblk"), "{e}");
+        let e = parse_record(8, &older).unwrap_err();
+        assert!(e.contains("names device 7, not 8"), "{e}");
     }
 
     #[test]
