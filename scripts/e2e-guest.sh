@@ -125,14 +125,25 @@ PY
 # prom FILE SAMPLE: the value of the sample line that starts with SAMPLE (name and labels).
 prom() { awk -v k="$2 " 'index($0, k) == 1 { print $NF; exit }' "$1"; }
 # add_dev [args...]: `ftlblk add --backing $IMG ...`, sets ID and DEV.
+# A daemon's log is renamed over /run/ftlblk/N.log by the next daemon of the same id: each
+# is looked at for panics (a background thread's, with I/O still served) before a new
+# daemon can take its place, not only the last one's at the end.
+no_panics() {
+    if grep -qi "panick" /run/ftlblk/*.log 2>/dev/null; then
+        grep -i -B2 -A5 "panick" /run/ftlblk/*.log | head -40
+        fail "a daemon panicked"
+    fi
+}
 add_dev() {
     local out
+    no_panics
     out="$("$BIN" add --backing "$IMG" "$@")" || fail "add $* failed"
     ID="$(echo "$out" | json_num id)"
     DEV="/dev/ublkb$ID"
     [ -b "$DEV" ] || fail "$DEV is not a block device after add"
 }
 del_dev() {
+    no_panics
     "$BIN" del -n "$ID" || fail "del -n $ID failed"
     [ ! -e "$DEV" ] || fail "$DEV still exists after del"
     [ ! -e "/run/ftlblk/$ID.json" ] || fail "record /run/ftlblk/$ID.json left after del"
@@ -589,7 +600,7 @@ wait_gone "$pid" || fail "daemon $pid did not exit after SIGTERM"
 [ ! -e "$DEV" ] || fail "$DEV still exists after SIGTERM"
 [ ! -e "/run/ftlblk/$ID.json" ] || fail "record left after SIGTERM"
 grep -q "FTL checkpointed and closed" "/run/ftlblk/$ID.log" || fail "daemon did not close the FTL"
-if grep -qi "panick" /run/ftlblk/*.log; then fail "a daemon panicked"; fi
+no_panics
 listed="$("$BIN" list)" || fail "list failed"
 if echo "$listed" | grep -q "ublkb$ID "; then fail "list still shows ublkb$ID"; fi
 offline_check "SIGTERM"
