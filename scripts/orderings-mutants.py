@@ -452,6 +452,13 @@ MUTANTS = [
     }""",
        "")],
      [PROCESS, MODEL]),
+    ("index-1", "index rule 1: a commit ends with an fdatasync of sled's data file after sled's flush",
+     "ftl/src/index/sled_store.rs",
+     [("""        self.flush_sled()?;
+        self.sync_data_file()""",
+       """        self.sync_data_file()?;
+        self.flush_sled()""")],
+     ["cargo test --release -p ftl --lib a_commit_syncs_the_data_file"]),
     ("open-1", "open rule 1: a damaged superblock copy is rewritten only AFTER recovery accepted the index",
      "ftl/src/lifecycle.rs",
      [("""        let (parts, recovery) = recover(dev, index, sb.clone(), cfg, "index", staging)?;""",

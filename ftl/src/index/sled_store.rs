@@ -20,11 +20,11 @@ pub struct SledIndex {
     path: PathBuf,
     /// sled's data file, for rule 1's fdatasync.
     data: std::fs::File,
+    /// What `make_durable` did, in order (for the test of rule 1; one per index, so
+    /// other tests committing meanwhile count nothing here).
+    #[cfg(test)]
+    steps: std::sync::Mutex<Vec<&'static str>>,
 }
-
-/// fdatasyncs of [`SledIndex`] data files (for the test of rule 1).
-#[cfg(test)]
-static DATA_SYNCS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// sled's own cache. The map's page cache (`map.rs`) is the cache that matters; sled
 /// holds several times its `cache_capacity` in RAM (its issue 1309: "about ten times"):
@@ -86,6 +86,8 @@ impl SledIndex {
                         db,
                         path: path.to_path_buf(),
                         data,
+                        #[cfg(test)]
+                        steps: Default::default(),
                     });
                 }
                 Err(e) if is_lock_error(&e) => {
@@ -114,13 +116,40 @@ impl SledIndex {
 
     /// sled's `flush`, then rule 1's fdatasync of its data file.
     fn make_durable(&self) -> Result<()> {
+        self.flush_sled()?;
+        self.sync_data_file()
+    }
+
+    /// sled's own flush (its last step `sync_file_range`: no cache flush, no size).
+    fn flush_sled(&self) -> Result<()> {
         self.db.flush().map_err(|e| err(&self.path, e))?;
+        #[cfg(test)]
+        self.step("flush");
+        Ok(())
+    }
+
+    /// fdatasync of sled's data file.
+    fn sync_data_file(&self) -> Result<()> {
         self.data
             .sync_data()
             .map_err(|e| Error::Index(format!("{} (fdatasync): {e}", self.path.display())))?;
         #[cfg(test)]
-        DATA_SYNCS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.step("sync");
         Ok(())
+    }
+
+    #[cfg(test)]
+    fn step(&self, what: &'static str) {
+        self.steps
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(what);
+    }
+
+    /// The steps `make_durable` took since the last call (test of rule 1).
+    #[cfg(test)]
+    fn take_steps(&self) -> Vec<&'static str> {
+        std::mem::take(&mut *self.steps.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
 
@@ -233,16 +262,15 @@ mod tests {
     /// Rule 1: every commit and clear ends with an fdatasync of sled's data file.
     #[test]
     fn a_commit_syncs_the_data_file_before_it_returns() {
-        use std::sync::atomic::Ordering::SeqCst;
         let dir = tempfile::tempdir().unwrap();
         let s = SledIndex::open(&dir.path().join("idx")).unwrap();
-        let before = DATA_SYNCS.load(SeqCst);
+        s.take_steps();
         s.commit(vec![Op::Put(b"a".to_vec(), b"1".to_vec())])
             .unwrap();
-        assert!(DATA_SYNCS.load(SeqCst) > before, "a commit synced nothing");
-        let before = DATA_SYNCS.load(SeqCst);
+        // sled's flush ends with sync_file_range: the fdatasync comes after it.
+        assert_eq!(s.take_steps(), ["flush", "sync"], "a commit");
         s.clear().unwrap();
-        assert!(DATA_SYNCS.load(SeqCst) > before, "a clear synced nothing");
+        assert_eq!(s.take_steps(), ["flush", "sync"], "a clear");
     }
 
     #[test]
