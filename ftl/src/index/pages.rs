@@ -104,7 +104,7 @@ mod tests {
     fn a_short_page_is_damage_and_a_whole_last_page_is_not() {
         let unmapped = u64::MAX;
         let r = pages_over(1000, &[(0, vec![100])]);
-        let e = r.read_page(0).err().expect("a short page refused");
+        let e = r.read_page(0).expect_err("a short page refused");
         assert!(matches!(e, Error::Corrupt(_)), "{e}");
         // The last page (488 blocks) stored whole, or as long as it is.
         let mut whole = vec![unmapped; PAGE_ENTRIES];
