@@ -459,6 +459,11 @@ MUTANTS = [
        """        self.sync_data_file()?;
         self.flush_sled()""")],
      ["cargo test --release -p ftl --lib a_commit_syncs_the_data_file"]),
+    ("staging-1", "staging rule 1: an entry is whole BEFORE the count covers it",
+     "ftl/src/staging/mod.rs",
+     [("""pub(crate) const RECORD_STEPS: [RecordStep; 2] = [RecordStep::Entry, RecordStep::Count];""",
+       """pub(crate) const RECORD_STEPS: [RecordStep; 2] = [RecordStep::Count, RecordStep::Entry];""")],
+     ["cargo test --release -p ftl --lib a_death_between_an_entrys_stores"]),
     ("open-1", "open rule 1: a damaged superblock copy is rewritten only AFTER recovery accepted the index",
      "ftl/src/lifecycle.rs",
      [("""        let (parts, recovery) = recover(dev, index, sb.clone(), cfg, "index", staging)?;""",

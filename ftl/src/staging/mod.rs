@@ -219,6 +219,28 @@ pub(crate) enum SealStep {
     Mark,
 }
 
+/// The stores of staging rule 1, in the order [`ChunkBuf::record`] makes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RecordStep {
+    /// The entry's fields and its checksum.
+    Entry,
+    /// The slot's entry count raised past it (release).
+    Count,
+}
+
+/// The entry whole BEFORE the count covers it: a death in between leaves an entry the
+/// count does not cover (its write had not completed); the other order left a count over
+/// an entry not written, and replay refused the area (staging rule 6) or took a stale one.
+pub(crate) const RECORD_STEPS: [RecordStep; 2] = [RecordStep::Entry, RecordStep::Count];
+
+#[cfg(test)]
+thread_local! {
+    /// Test hook: the next `record` on this thread makes only this many of
+    /// [`RECORD_STEPS`] (a process dying in between; taken once).
+    pub(crate) static RECORD_UPTO: std::cell::Cell<Option<usize>> =
+        const { std::cell::Cell::new(None) };
+}
+
 /// Sealed BEFORE the mark is raised: a death in between leaves a sealed slot whose
 /// number equals the mark (replay raises the mark past it); the other order left a mark
 /// past a number no slot carried, and replay numbered the open slots after a gap that
@@ -764,17 +786,28 @@ impl ChunkBuf {
             Entry::Data { lba, seq, crc } => (lba, seq, crc),
             Entry::Trim { lba, seq, count } => (lba | TRIM_FLAG, seq, count),
         };
-        let m = self
-            .area
-            .bytes_mut(at + META_HEADER + k * META_ENTRY, META_ENTRY);
-        put(m, s_at::ENTRY_KEY, &key.to_le_bytes());
-        put(m, s_at::ENTRY_SEQ, &seq.to_le_bytes());
-        put(m, s_at::ENTRY_VALUE, &v.to_le_bytes());
-        let crc = crc32c::crc32c(&m[..s_at::ENTRY_CRC]);
-        put(m, s_at::ENTRY_CRC, &crc.to_le_bytes());
-        self.area
-            .atomic32(at + s_at::COUNT)
-            .store(k as u32 + 1, Ordering::Release);
+        #[cfg(test)]
+        let upto = RECORD_UPTO.with(|u| u.take()).unwrap_or(RECORD_STEPS.len());
+        #[cfg(not(test))]
+        let upto = RECORD_STEPS.len();
+        for step in &RECORD_STEPS[..upto.min(RECORD_STEPS.len())] {
+            match step {
+                RecordStep::Entry => {
+                    let m = self
+                        .area
+                        .bytes_mut(at + META_HEADER + k * META_ENTRY, META_ENTRY);
+                    put(m, s_at::ENTRY_KEY, &key.to_le_bytes());
+                    put(m, s_at::ENTRY_SEQ, &seq.to_le_bytes());
+                    put(m, s_at::ENTRY_VALUE, &v.to_le_bytes());
+                    let crc = crc32c::crc32c(&m[..s_at::ENTRY_CRC]);
+                    put(m, s_at::ENTRY_CRC, &crc.to_le_bytes());
+                }
+                RecordStep::Count => self
+                    .area
+                    .atomic32(at + s_at::COUNT)
+                    .store(k as u32 + 1, Ordering::Release),
+            }
+        }
     }
 
     /// Rule 2: the chunk got number `chunk_seq` (call under the tracker lock).

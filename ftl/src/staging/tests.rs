@@ -228,6 +228,43 @@ fn a_death_between_any_two_sealing_stores_loses_no_completed_write() {
     }
 }
 
+/// Staging rule 1: a process dying between an entry's stores and its count loses no
+/// write completed before it, and the area opens; the write being recorded reads back
+/// whole, old or new. (With the count stored first, replay found the count over an entry
+/// never written and refused the area.)
+#[test]
+fn a_death_between_an_entrys_stores_and_its_count_loses_no_completed_write() {
+    use crate::model::{block_for, observe, Observed};
+    use crate::{Config, Ftl, StreamId};
+    for upto in 0..=RECORD_STEPS.len() {
+        let (dev, idx, f) = tiny_mem_ftl();
+        for lba in 0..3u64 {
+            f.write(lba, &block_for(lba, 7), false, StreamId(1))
+                .unwrap();
+        }
+        // The fourth write's recording stops after `upto` stores; the process dies.
+        RECORD_UPTO.with(|u| u.set(Some(upto)));
+        f.write(1, &block_for(1, 8), false, StreamId(1)).unwrap();
+        let staging = f.staging().clone();
+        drop(f);
+        let (f, rep) = Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), staging)
+            .unwrap_or_else(|e| panic!("died after {upto} recording stores: {e}"));
+        let mut b = vec![0u8; 4096];
+        for lba in [0u64, 2] {
+            f.read(lba, &mut b).unwrap();
+            assert_eq!(
+                observe(lba, &b),
+                Observed::Tag(7),
+                "upto {upto}: lba {lba} ({:?})",
+                rep.recovery
+            );
+        }
+        f.read(1, &mut b).unwrap();
+        let want = if upto == RECORD_STEPS.len() { 8 } else { 7 };
+        assert_eq!(observe(1, &b), Observed::Tag(want), "upto {upto}: lba 1");
+    }
+}
+
 #[test]
 fn a_header_of_another_layout_is_foreign_not_blank() {
     let a = StagingArea::in_memory(2).unwrap();
