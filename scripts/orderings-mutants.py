@@ -464,6 +464,26 @@ MUTANTS = [
      [("""pub(crate) const RECORD_STEPS: [RecordStep; 2] = [RecordStep::Entry, RecordStep::Count];""",
        """pub(crate) const RECORD_STEPS: [RecordStep; 2] = [RecordStep::Count, RecordStep::Entry];""")],
      ["cargo test --release -p ftl --lib a_death_between_an_entrys_stores"]),
+    ("checkpoint-2", "checkpoint rule 2: the snapshot is taken with every stream lock held",
+     "ftl/src/engine/checkpoint.rs",
+     [("""        let next_chunk_seq = self.log.tracker().next_seq();
+        // Rule 2.""",
+       """        let next_chunk_seq = self.log.tracker().next_seq();
+        let early: Vec<_> = guards.iter().map(|g| g.cursor).collect();
+        drop(guards);
+        // Rule 2."""),
+      ("""            cursors: guards.iter().map(|g| g.cursor).collect(),""",
+       """            cursors: early,"""),
+      ("""        segs.young_reset(header.cursors.iter().flatten().map(|&(s, _)| s));
+        drop(guards);""",
+       """        segs.young_reset(header.cursors.iter().flatten().map(|&(s, _)| s));""")],
+     [MODEL, POWER, SHUTTLE]),
+    ("tombstone-2", "tombstone rule 2: the chunk with carried records notes the carried segment as killed",
+     "ftl/src/append.rs",
+     [("""        chunk.push_trim(start, seq, n as u32);
+        chunk.note_killed(from);""",
+       """        chunk.push_trim(start, seq, n as u32);""")],
+     [REBUILD, POWER]),
     ("open-1", "open rule 1: a damaged superblock copy is rewritten only AFTER recovery accepted the index",
      "ftl/src/lifecycle.rs",
      [("""        let (parts, recovery) = recover(dev, index, sb.clone(), cfg, "index", staging)?;""",
