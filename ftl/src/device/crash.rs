@@ -107,6 +107,17 @@ impl CrashDevice {
         Ok((kept, lost))
     }
 
+    /// A power cut that loses every write not yet synced (the worst case `crash` draws
+    /// only by chance). Returns how many pending writes were lost.
+    pub fn crash_losing_all(&self) -> io::Result<usize> {
+        let mut st = self.state.lock().map_err(|_| poisoned())?;
+        let lost = st.pending.len();
+        st.pending.clear();
+        st.drained = st.recorded;
+        st.current = st.durable.clone();
+        Ok(lost)
+    }
+
     /// What a power cut right now would leave (the same choice [`CrashDevice::crash`]
     /// makes for `seed`), without changing the device: for a cut while other threads
     /// keep using it.
