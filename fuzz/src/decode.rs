@@ -15,8 +15,8 @@
 
 use ftl::device::BLOCK_SIZE;
 use ftl::records::{
-    CheckpointRecord, FreeRecord, MapPage, PartialCheckpoint, SegmentRecord,
-    PAGE_ENTRIES, PARTIAL_RECORD_BYTES, SEG_RECORD_BYTES,
+    CheckpointRecord, FreeRecord, MapPage, PartialCheckpoint, SegmentRecord, PAGE_ENTRIES,
+    PARTIAL_RECORD_BYTES, SEG_RECORD_BYTES,
 };
 use ftl::summary::ChunkSummary;
 use ftl::superblock::Superblock;
