@@ -1155,22 +1155,15 @@ mod tests {
         );
     }
 
-    /// Read-driven defragmentation never takes the cleaner's reserve: a window passed
-    /// its check of free space, writers then took the free segments down to the
-    /// reserve, and its relocations into the GC stream (which may open a reserve
-    /// segment, for the cleaner) took one. Now each block moves only while the spare
-    /// holds or the GC stream's open segment has room.
-    #[test]
-    fn defragmentation_never_takes_the_reserve() {
-        use crate::append::tests::PARK_AFTER_DEFRAG_CHECK;
+    /// A memory FTL of 96 segments of 64 KiB: 256 blocks written in order, 96 of them
+    /// overwritten in a scattered order (generation 2, `i * 97 % 256`), then read in
+    /// 32-block windows: windows queued for defragmentation. Returns it and the region.
+    fn scattered_and_read() -> (Arc<crate::model::MemFtl>, u64) {
         let opts = FormatOptions {
             segment_bytes: Some(64 << 10),
             ..Default::default()
         };
         let (_, _, f) = crate::model::mem_ftl(96 * (64 << 10), &opts);
-        let f = Arc::new(f);
-        // 256 blocks in order, 96 of them overwritten in a scattered order, then read:
-        // windows queued.
         let region = 256u64;
         for l in 0..region {
             f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
@@ -1184,6 +1177,19 @@ mod tests {
         for w in (0..region).step_by(32) {
             f.read(w, &mut b).unwrap();
         }
+        (Arc::new(f), region)
+    }
+
+    /// Read-driven defragmentation never takes the cleaner's reserve: a window passed
+    /// its check of free space, writers then took the free segments down to the
+    /// reserve, and its relocations into the GC stream (which may open a reserve
+    /// segment, for the cleaner) took one. Now each block moves only while the spare
+    /// holds or the GC stream's open segment has room.
+    #[test]
+    fn defragmentation_never_takes_the_reserve() {
+        use crate::append::tests::PARK_AFTER_DEFRAG_CHECK;
+        let (f, region) = scattered_and_read();
+        let mut b = vec![0u8; 32 * crate::device::BLOCK_SIZE];
         assert!(f.defrag_waiting() > 0, "windows queued");
         let reserve = f.gc_reserve_segments();
         // Free segments taken by new blocks, then by every other one of them written
@@ -1216,25 +1222,8 @@ mod tests {
     #[test]
     fn a_flush_does_not_wait_for_the_rest_of_a_defragmentation_batch() {
         use crate::append::tests::PARK_AFTER_DEFRAG_WINDOW;
-        let opts = FormatOptions {
-            segment_bytes: Some(64 << 10),
-            ..Default::default()
-        };
-        let (_, _, f) = crate::model::mem_ftl(96 * (64 << 10), &opts);
-        let f = Arc::new(f);
-        let region = 256u64;
-        for l in 0..region {
-            f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
-        }
-        for i in 0..96 {
-            let l = i * 97 % region;
-            f.write(l, &block_for(l, 2), false, StreamId(2)).unwrap();
-        }
-        f.flush().unwrap();
+        let (f, region) = scattered_and_read();
         let mut b = vec![0u8; 32 * crate::device::BLOCK_SIZE];
-        for w in (0..region).step_by(32) {
-            f.read(w, &mut b).unwrap();
-        }
         assert!(f.defrag_waiting() > 1, "windows queued");
         let f2 = f.clone();
         let (go, defrag) = run_parked(&PARK_AFTER_DEFRAG_WINDOW, move || f2.defrag_step(64));
