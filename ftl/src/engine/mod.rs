@@ -1189,7 +1189,6 @@ mod tests {
     fn defragmentation_never_takes_the_reserve() {
         use crate::append::tests::PARK_AFTER_DEFRAG_CHECK;
         let (f, region) = scattered_and_read();
-        let mut b = vec![0u8; 32 * crate::device::BLOCK_SIZE];
         assert!(f.defrag_waiting() > 0, "windows queued");
         let reserve = f.gc_reserve_segments();
         // Free segments taken by new blocks, then by every other one of them written
