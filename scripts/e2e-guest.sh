@@ -261,6 +261,10 @@ for fs in $FILESYSTEMS; do
     fs_check "$fs" "$DEV" || fail "$fs checker found problems"
     mount "$DEV" "$MNT" || fail "remount $fs"
     verify_sums "$MNT" "$WORK/sums.$fs" "on $fs after remount"
+    # A mounted device is refused by del (a waiting DEL_DEV hung until the unmount).
+    if out="$(timeout 60 "$BIN" del -n "$ID" 2>&1)"; then fail "del of a mounted $DEV succeeded"; fi
+    echo "$out" | grep -q "in use" || fail "del of a mounted $DEV: $out"
+    [ -b "$DEV" ] || fail "$DEV gone after a refused del"
     umount "$MNT"
     del_dev
     offline_check "$fs"

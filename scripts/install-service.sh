@@ -18,6 +18,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ "$(id -u)" = 0 ] || { echo "install-service.sh: run as root (it writes /etc and $PREFIX)" >&2; exit 1; }
+export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"  # where install-deps.sh puts Rust
 if [ "$BUILD" = 1 ]; then
     scripts/install-deps.sh
     cargo build --release --bin ftlblk

@@ -33,6 +33,10 @@ mkdir -p "$DIR"
 DIR="$(cd "$DIR" && pwd -P)"
 export FTLBLK_RUN_SIZE="$SIZE" FTLBLK_RUN_DIR_DATA="$DIR" FTLBLK_RUN_FIO_SECONDS="$FIO_SECONDS" FTLBLK_RUN_KEEP="$KEEP"
 
+# install-deps.sh installs Rust under ~/.cargo when the machine has none (as test.sh
+# does, its bin is put on the PATH here: without it a fresh machine stopped at "cargo:
+# command not found"; found by review, 2026-11-29).
+export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 if [ -e /dev/ublk-control ] || modprobe ublk_drv 2>/dev/null; then
     scripts/install-deps.sh --host
     cargo build --release

@@ -455,6 +455,15 @@ fn del_one(id: u32, timeout: Duration, force: bool) -> Result<String, CliError> 
         };
     }
     owned_or_forced(id, rec.is_some(), unreadable.as_deref(), force)?;
+    // A device a file system has mounted (or anyone claims exclusively) is refused: the
+    // waiting DEL_DEV blocks until its last opener lets go, and `del` hung there, before
+    // its --timeout (found by review, 2026-11-29).
+    if kctl::claimed(&runfiles::bdev_path(id)) {
+        return Err(CliError::Device(format!(
+            "ublk device {id} is in use (mounted, or claimed by another user): unmount it \
+             first"
+        )));
+    }
     kctl::kill_and_delete(id)?;
     if let Some((pid, start)) = daemon {
         let deadline = Instant::now() + timeout;

@@ -108,3 +108,14 @@ mod tests {
         }
     }
 }
+
+/// Whether block device `path` is claimed exclusively (a mounted file system, a device
+/// mapper or md member): an `O_EXCL` open fails with EBUSY. A missing node is not.
+pub fn claimed(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL | libc::O_CLOEXEC)
+        .open(path)
+        .is_err_and(|e| e.raw_os_error() == Some(libc::EBUSY))
+}
