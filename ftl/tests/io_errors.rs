@@ -410,3 +410,30 @@ fn a_failing_index_refuses_writes_rather_than_grow_the_map_cache() {
         check_read(&f, &m, p * 512 + 1, 1).unwrap();
     }
 }
+
+/// A checkpoint that fails gives back the count of blocks appended since the one before:
+/// it was reset at the snapshot, so the next was due only `checkpoint_blocks` later
+/// (recovery's replay bound doubled, dead segments waited).
+#[test]
+fn a_failed_checkpoint_leaves_the_next_one_due() {
+    let (dev, idx) = ftl::model::tiny::formatted().unwrap();
+    let cfg = Config {
+        checkpoint_blocks: 64,
+        ..Config::default()
+    };
+    let (f, _) = Ftl::open(dev.clone(), idx.clone(), cfg).unwrap();
+    f.checkpoint().unwrap();
+    for l in 0..64 {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+    }
+    assert!(f.checkpoint_due(), "64 blocks appended");
+    idx.fail_commits.store(true, Ordering::SeqCst);
+    assert!(f.checkpoint().is_err());
+    idx.fail_commits.store(false, Ordering::SeqCst);
+    assert!(
+        f.checkpoint_due(),
+        "the failed checkpoint's blocks still count"
+    );
+    f.checkpoint().unwrap();
+    assert!(!f.checkpoint_due());
+}

@@ -362,7 +362,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         // their changes, and a restart lost them (found by review, 2026-11-27). They are
         // dirty again then, and the FTL read-only: a restart recovers from the last
         // checkpoint that was whole.
+        let appended_back = std::cell::Cell::new(0u64);
         let unwinding = OnUnwind(Some(|| {
+            ck.appended.fetch_add(appended_back.get(), Ordering::Relaxed);
             map.uncommitted(&dirty);
             lock(&ck.closed).clear();
             segs.young_off();
@@ -387,7 +389,11 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             counters: tables.counters.get(),
             cursors: guards.iter().map(|g| g.cursor).collect(),
         };
-        ck.appended.store(0, Ordering::Relaxed);
+        // Given back if the checkpoint fails or panics: a failed checkpoint reset the
+        // count, so the next one was due only `checkpoint_blocks` later (recovery's replay
+        // bound doubled, dead segments waited; found by review, 2026-11-29).
+        let appended = ck.appended.swap(0, Ordering::Relaxed);
+        appended_back.set(appended);
         // Free rule 7: the streams' open segments and those opened from here on are
         // young to this checkpoint (their chunks from here on are listed).
         segs.young_reset(header.cursors.iter().flatten().map(|&(s, _)| s));
@@ -455,6 +461,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         });
         unwinding.disarm();
         if let Err(e) = committed {
+            ck.appended.fetch_add(appended, Ordering::Relaxed);
             map.uncommitted(&dirty);
             // The commit may have been applied all the same (an index that fails after
             // writing): its table may record as free segments the old bitmap says are
