@@ -437,3 +437,60 @@ fn a_failed_checkpoint_leaves_the_next_one_due() {
     f.checkpoint().unwrap();
     assert!(!f.checkpoint_due());
 }
+
+/// A writer waiting for free space when a chunk write fails returns "read-only" at once:
+/// it waited out `space_wait` for space nothing would free any more, then failed with
+/// "device full" (ENOSPC) instead of EROFS.
+#[test]
+fn a_writer_waiting_for_space_sees_the_device_turn_read_only() {
+    let (dev, idx) = ftl::model::tiny::formatted().unwrap();
+    let cfg = Config {
+        space_wait: std::time::Duration::from_secs(10),
+        ..Config::default()
+    };
+    let (f, _) = Ftl::open(dev.clone(), idx, cfg).unwrap();
+    let f = std::sync::Arc::new(f);
+    let cap = f.capacity_blocks();
+    for l in 0..cap {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+    }
+    // A stream with an open segment, for the write that fails below.
+    f.write(1, &block_for(1, 2), false, ftl::StreamId(3))
+        .unwrap();
+    // Every other block overwritten: no segment dies whole, the spare runs out (no
+    // cleaner attached: ENOSPC at once).
+    let mut next = None;
+    for l in (0..cap).step_by(2) {
+        match f.write(l, &block_for(l, 2), false, S0) {
+            Ok(()) => {}
+            Err(Error::NoSpace) => {
+                next = Some(l);
+                break;
+            }
+            Err(e) => panic!("lba {l}: {e}"),
+        }
+    }
+    let next = next.expect("the spare ran out");
+    // A cleaner "attached" that frees nothing: the writer waits for space.
+    f.attach_cleaner(true);
+    let w = f.clone();
+    let writer = std::thread::spawn(move || {
+        let t = std::time::Instant::now();
+        let r = w.write(next, &block_for(next, 3), false, S0);
+        (r, t.elapsed())
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    dev.faults.writes.store(true, Ordering::SeqCst);
+    f.write(1, &block_for(1, 3), false, ftl::StreamId(3))
+        .unwrap();
+    assert!(f.flush().is_err(), "the open chunk's write fails");
+    let (r, waited) = writer.join().unwrap();
+    assert!(
+        matches!(r, Err(Error::ReadOnly(_))),
+        "{r:?} after {waited:?}"
+    );
+    assert!(
+        waited < std::time::Duration::from_secs(5),
+        "the writer waited {waited:?} of its 10 s for space after the device failed"
+    );
+}

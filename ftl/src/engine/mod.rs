@@ -190,6 +190,9 @@ fn after_free_record(enough: bool, dead_now: bool, relocation: bool) -> AfterFre
 /// ([`Ftl::append_loop`]) before it stops trying and reports it has none.
 const MAX_OTHERS_ROUNDS: u32 = 4;
 
+/// How often a writer waiting for space looks whether the FTL turned read-only.
+const POISON_LOOK: std::time::Duration = std::time::Duration::from_millis(100);
+
 impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     pub(crate) fn from_parts(p: Parts<D, I>) -> Self {
         let geo = p.sb.geometry;
@@ -537,6 +540,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                         last_try = true;
                         continue;
                     }
+                    self.check_poison()?;
                     return Err(Error::NoSpace);
                 }
                 let since = *stalled.get_or_insert_with(std::time::Instant::now);
@@ -545,11 +549,28 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 // writer waits for them (two streams opening segments while one
                 // discard ran failed with ENOSPC, the first taking the one segment rule
                 // 5 leaves; found by review, 2026-11-29).
-                let waited = if self.space.attached() {
-                    self.space.wait(no_room_at, self.cfg.space_wait)
-                } else {
-                    self.t.segs.discarding() > 0
-                        && self.space.wait_unattached(no_room_at, self.cfg.space_wait)
+                // In steps, the poison looked at between them: a device failure while a
+                // writer waited left it waiting out `space_wait` (30 s) for space nothing
+                // would free any more, then failing with ENOSPC instead of EROFS (found
+                // by review, 2026-11-29).
+                let deadline = std::time::Instant::now() + self.cfg.space_wait;
+                let waited = loop {
+                    let step = deadline
+                        .saturating_duration_since(std::time::Instant::now())
+                        .min(POISON_LOOK);
+                    let w = if self.space.attached() {
+                        self.space.wait(no_room_at, step)
+                    } else {
+                        self.t.segs.discarding() > 0
+                            && self.space.wait_unattached(no_room_at, step)
+                    };
+                    self.check_poison()?;
+                    if w || std::time::Instant::now() >= deadline {
+                        break w;
+                    }
+                    if !self.space.attached() && self.t.segs.discarding() == 0 {
+                        break false;
+                    }
                 };
                 if !waited {
                     // A segment freed between the failed allocation and the look at the
