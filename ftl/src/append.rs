@@ -775,6 +775,9 @@ pub(crate) mod tests {
         /// lock go after its snapshot (in flight, checkpoint rule 8), and waits for "go"
         /// before it writes its sealed chunks and syncs.
         pub(crate) static PARK_IN_CHECKPOINT: Park = const { RefCell::new(None) };
+        /// Test hook: a checkpoint on this thread says it arrived with every stream lock
+        /// held, its chunks sealed, before its snapshot of the map (checkpoint rule 2).
+        pub(crate) static PARK_AT_SNAPSHOT: Park = const { RefCell::new(None) };
     }
 
     /// A parking place: a channel to say "here", one to wait for "go". A test that

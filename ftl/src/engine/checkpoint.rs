@@ -353,6 +353,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         }
         let next_chunk_seq = self.log.tracker().next_seq();
         // Rule 2.
+        #[cfg(test)]
+        crate::append::tests::maybe_park(&crate::append::tests::PARK_AT_SNAPSHOT);
         // Map rule 2: the taken pages stay cached until the commit returned.
         let pages = map.take_dirty();
         let dirty: Vec<u64> = pages.iter().map(|p| p.0).collect();
