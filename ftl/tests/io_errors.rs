@@ -494,3 +494,24 @@ fn a_writer_waiting_for_space_sees_the_device_turn_read_only() {
         "the writer waited {waited:?} of its 10 s for space after the device failed"
     );
 }
+
+/// A close whose last discards fail to zero a freed segment's head is an error, not a
+/// clean close.
+#[test]
+fn a_close_whose_last_zeroing_fails_is_an_error() {
+    let (dev, idx) = ftl::model::tiny::formatted().unwrap();
+    let (f, _) = Ftl::open(dev.clone(), idx, Config::default()).unwrap();
+    let per_seg = f.geometry().blocks_per_segment() as u64;
+    for round in 1..=3 {
+        for l in 0..2 * per_seg {
+            f.write(l, &block_for(l, round), false, S0).unwrap();
+        }
+        f.flush().unwrap();
+        f.checkpoint().unwrap();
+    }
+    dev.faults.writes.store(true, Ordering::SeqCst);
+    assert!(
+        f.close().is_err(),
+        "a close that failed to zero a freed segment said Ok"
+    );
+}

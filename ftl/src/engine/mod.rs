@@ -755,6 +755,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.flush()?;
         self.checkpoint()?;
         self.discard_all_at_close();
+        // A freed segment's head whose zeroing failed there turned the FTL read-only: not
+        // a clean close (it said so, removed the staging file and the daemon reported
+        // "checkpointed and closed"; found by review, 2026-11-29).
+        self.check_poison()?;
         self.log.staging().remove_file()
     }
 }
