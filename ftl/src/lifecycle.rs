@@ -132,7 +132,18 @@ fn read_superblock_inner<D: BlockDevice>(
                 _ => at_a,
             }
         }
-        Err(_) => probe_copies_b(dev).0.map(|(off, sb)| (off, Ok(sb))),
+        Err(_) => {
+            let (found, _) = probe_copies_b(dev);
+            // No copy found where a place did not read: that is an I/O error, not a
+            // backing that never held ftlblk (its message offers `ftlblk format`, which
+            // erases it; found by review, 2026-11-29).
+            if found.is_none() {
+                if let Some(e) = probe_read_error(dev) {
+                    return Err(e);
+                }
+            }
+            found.map(|(off, sb)| (off, Ok(sb)))
+        }
     };
     let mut warnings = Vec::new();
     let mut rewrite = None;
@@ -241,6 +252,21 @@ fn probe_copies_b<D: BlockDevice>(dev: &D) -> (Option<(u64, Superblock)>, Option
         seg *= 2;
     }
     (found, newer_version)
+}
+
+/// The first of copy B's possible places (every legal segment size) that does not read.
+fn probe_read_error<D: BlockDevice>(dev: &D) -> Option<Error> {
+    let mut seg = MIN_SEGMENT_BYTES;
+    while seg <= MAX_SEGMENT_BYTES && seg <= dev.size() {
+        let off = Geometry::superblock_offset(1, seg);
+        if off < dev.size() {
+            if let Err(e) = read_block(dev, off) {
+                return Some(e);
+            }
+        }
+        seg *= 2;
+    }
+    None
 }
 
 fn describe(b: &Option<(u64, std::result::Result<Superblock, SbDecode>)>) -> String {

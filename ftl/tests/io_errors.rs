@@ -515,3 +515,21 @@ fn a_close_whose_last_zeroing_fails_is_an_error() {
         "a close that failed to zero a freed segment said Ok"
     );
 }
+
+/// Copy A gone (no magic) and copy B's place not reading: an I/O error, not "not an
+/// ftlblk backing", whose message offers `ftlblk format` (which erases it).
+#[test]
+fn an_unreadable_copy_b_is_an_io_error_not_an_unformatted_backing() {
+    use ftl::device::BlockDevice;
+    let (dev, idx) = ftl::model::tiny::formatted().unwrap();
+    let sb = ftl::read_superblock(&*dev).unwrap().0;
+    dev.write_at(0, &[0u8; 4096]).unwrap();
+    let copy_b = sb.geometry.segment_bytes / 4096 - 1;
+    dev.faults.unreadable.store(copy_b + 1, Ordering::SeqCst);
+    let e = ftl::read_superblock(&*dev).expect_err("copy B does not read");
+    assert!(!matches!(e, Error::NotFormatted(..)), "{e}");
+    let e = Ftl::open(dev.clone(), idx, Config::default())
+        .err()
+        .expect("no open");
+    assert!(!matches!(e, Error::NotFormatted(..)), "{e}");
+}
