@@ -74,7 +74,8 @@ fn fd_limit_plan(queues: u16, depth: u16, soft: u64, hard: u64) -> Result<Option
         Err(CliError::Device(format!(
             "{queues} queues of depth {depth} need about {needed} open files (one eventfd \
              per tag), but the hard limit is {hard}: raise it (`ulimit -Hn`, or \
-             LimitNOFILE= in a systemd unit) or use fewer --queues or a smaller --depth"
+             LimitNOFILE= in a systemd unit) or use fewer --queues or a smaller --depth \
+             (a device re-attached by `recover` keeps its own: `del` it, then `add` it again)"
         )))
     }
 }

@@ -57,7 +57,7 @@ pub struct AddArgs {
     /// under /dev, where a missing path is a device not there yet) and
     /// formatted; an existing regular file without an ftlblk format is formatted only
     /// when its first and last MiB read as zeros and its index holds no other backing's
-    /// map (else: `ftlblk format --force`); a formatted backing is opened, recovering
+    /// map (else: `ftlblk format --backing B --force`); a formatted backing is opened, recovering
     /// after a crash. A block device is never formatted implicitly (use `ftlblk format`).
     #[arg(long, required_unless_present = "config")]
     pub backing: Option<PathBuf>,
@@ -140,7 +140,9 @@ pub struct DelArgs {
         conflicts_with = "all"
     )]
     pub id: Option<u32>,
-    /// Delete every device that has a record in /run/ftlblk.
+    /// Delete every device that has a record in /run/ftlblk and is still in the kernel
+    /// or served (a record left by a dead daemon of a device already gone stays: `del -n`
+    /// removes it).
     #[arg(short = 'a', long)]
     pub all: bool,
     /// Seconds to wait for each daemon to checkpoint and exit.

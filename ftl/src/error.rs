@@ -51,10 +51,10 @@ pub enum Error {
     /// The backing holds no ftlblk format but other data (a file system, partition
     /// table, image, or an ftlblk backing whose superblocks are lost) and `force` was not
     /// given.
-    #[error("{0} holds data that is not an ftlblk format ({1}): a file system, partition table or disk image? Formatting would destroy it; check the path, or format it with `ftlblk format --force` (a device that reads back ones after a discard: zero it with blkdiscard -z)")]
+    #[error("{0} holds data that is not an ftlblk format ({1}): a file system, partition table or disk image? Formatting would destroy it; check the path, or format it with `ftlblk format --backing ... --force` (a device that reads back ones after a discard: zero it with blkdiscard -z)")]
     ForeignData(String, String),
     /// The index directory holds the checkpoint of a backing and `force` was not given.
-    #[error("{index} holds the map of the ftlblk backing {uuid}; formatting would erase it. Give this backing an index of its own (--index), remove that index if its backing is gone, or format anyway with `ftlblk format --force`")]
+    #[error("{index} holds the map of the ftlblk backing {uuid}; formatting would erase it. Give this backing an index of its own (--index), remove that index if its backing is gone, or format anyway with `ftlblk format --backing ... --force`")]
     IndexInUse { index: String, uuid: String },
     /// No valid superblock.
     #[error("no valid ftlblk superblock on {0}: {1}")]

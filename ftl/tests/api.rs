@@ -115,7 +115,11 @@ fn format_refuses_foreign_data_and_an_index_in_use_without_force() {
     let e = ftl::format(&b, &idx, &FormatOptions::default(), false).unwrap_err();
     assert!(matches!(e, Error::IndexInUse { .. }), "{e}");
     assert!(e.to_string().contains(&sb.uuid_string()), "{e}");
-    assert!(e.to_string().contains("ftlblk format --force"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("ftlblk format --backing ... --force"),
+        "{e}"
+    );
     ftl::format(&b, &idx, &FormatOptions::default(), true).unwrap();
 }
 

@@ -161,6 +161,12 @@ impl FileDevice {
                 // the file before failing the open); the real open happens below.
                 // Readable by its owner only: it holds the device's data (found by
                 // review, 2026-11-27: 0644 let every local user read a 0660 device).
+                // Its directory too (`--backing /var/lib/ftlblk/a.img` on a fresh machine
+                // failed with "No such file or directory"; found by review, 2026-11-29).
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir)
+                        .map_err(|e| with_path(e, "cannot create the directory of backing"))?;
+                }
                 match std::fs::OpenOptions::new()
                     .read(true)
                     .write(true)

@@ -654,3 +654,12 @@ fn a_missing_path_under_dev_is_not_created() {
     assert!(!names_a_device(&dir.path().join("x")));
     assert!(!names_a_device(Path::new("/var/tmp/devices.img")));
 }
+
+#[test]
+fn a_new_backing_gets_its_directory() {
+    let dir = scratch();
+    let path = dir.path().join("a/b/dev.img");
+    let dev = create(&path, 8 * MIB);
+    assert_eq!(dev.size(), 8 * MIB);
+    assert!(path.is_file());
+}
