@@ -92,6 +92,17 @@ pub fn kill_and_delete(id: u32) -> Result<(), CliError> {
     }
 }
 
+/// Whether block device `path` is claimed exclusively (a mounted file system, a device
+/// mapper or md member): an `O_EXCL` open fails with EBUSY. A missing node is not.
+pub fn claimed(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL | libc::O_CLOEXEC)
+        .open(path)
+        .is_err_and(|e| e.raw_os_error() == Some(libc::EBUSY))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,15 +118,4 @@ mod tests {
             assert!(open(0).is_err());
         }
     }
-}
-
-/// Whether block device `path` is claimed exclusively (a mounted file system, a device
-/// mapper or md member): an `O_EXCL` open fails with EBUSY. A missing node is not.
-pub fn claimed(path: &std::path::Path) -> bool {
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_EXCL | libc::O_CLOEXEC)
-        .open(path)
-        .is_err_and(|e| e.raw_os_error() == Some(libc::EBUSY))
 }
