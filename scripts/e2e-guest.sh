@@ -309,6 +309,7 @@ step "3b. a deleted and fstrim'd file goes back to the backing's file system"
 # On the guest's tmpfs, which punches holes (the host's /tmp over 9p would not). A second
 # device, beside the first.
 mkdir -p "$PUNCH" "$MNT2"
+no_panics
 out="$("$BIN" add --backing "$PUNCH/b.img" --size 512M)" || fail "add on $PUNCH"
 ID2="$(echo "$out" | json_num id)"
 mkfs_of ext4 "/dev/ublkb$ID2" || fail "mkfs ext4 on ublkb$ID2"
@@ -336,6 +337,7 @@ echo "backing allocation: $alloc_before bytes before fstrim, $alloc_after after 
     || fail "the backing's allocation did not shrink by 40% within 15 s ($alloc_before -> $alloc_after)"
 "$BIN" stats -n "$ID2" | grep -q "backing allocated" || fail "stats does not show the backing's allocation"
 umount "$MNT2"
+no_panics
 "$BIN" del -n "$ID2" || fail "del -n $ID2"
 "$BIN" check --backing "$PUNCH/b.img" || fail "ftlblk check found problems after 3b"
 ID2=""
@@ -461,6 +463,7 @@ mount "$DEV" "$MNT" || fail "remount after the index rebuild"
 # ---------------------------------------------------------------------------------------
 step "4c. NVMe-oF: export over TCP, connect, mkfs + fio verify across a kill -9 + recover, disconnect, unexport"
 NV="$DATA/nv.img"
+no_panics
 out="$("$BIN" add --backing "$NV" --size 512M --queues 2)" || fail "add $NV"
 NVID="$(echo "$out" | json_num id)"
 out="$("$BIN" export -n "$NVID" --nvmet tcp:127.0.0.1:4420)" || fail "export -n $NVID"
@@ -513,6 +516,7 @@ nvme disconnect -n "$nqn" || fail "nvme disconnect"
 # Looked at in what list printed (a list that failed would show nothing, and pass).
 listed="$("$BIN" list)" || fail "list failed"
 echo "$listed" | grep -q "exported over NVMe-oF" && fail "list still shows an export"
+no_panics
 "$BIN" del -n "$NVID" || fail "del -n $NVID after unexport"
 "$BIN" check --backing "$NV" || fail "check of the exported backing"
 rm -rf "$NV" "$NV.ftlidx"
@@ -520,6 +524,7 @@ rm -rf "$NV" "$NV.ftlidx"
 # ---------------------------------------------------------------------------------------
 step "4d. a map cache smaller than the map: READs that miss it (index read on an I/O worker) verify"
 MC="$DATA/mc.img"
+no_panics
 out="$("$BIN" add --backing "$MC" --size 512M --map-cache 64K)" || fail "add $MC --map-cache 64K"
 MCID="$(echo "$out" | json_num id)"
 MCDEV="/dev/ublkb$MCID"
@@ -547,6 +552,7 @@ fio --name=mapmiss-qd --filename="$MCDEV" --size=256M --rw=randread --bs=4k --nu
     || { cat "$WORK/fio-mapmiss-qd.log"; fail "fio randread at depth 32 through a 64 KiB map cache"; }
 grep -q "err= 0" "$WORK/fio-mapmiss-qd.log" || { cat "$WORK/fio-mapmiss-qd.log"; fail "fio randread at depth 32 reported errors"; }
 echo "fio randwrite + verify, verify_only ($((after - before)) READ misses) and randread QD32 through a 64 KiB map cache: ok"
+no_panics
 "$BIN" del -n "$MCID" || fail "del -n $MCID"
 "$BIN" check --backing "$MC" || fail "check of the small-cache backing"
 rm -rf "$MC" "$MC.ftlidx"

@@ -29,6 +29,13 @@ impl BackingArgs {
             .clone()
             .unwrap_or_else(|| default_index_dir(&self.backing))
     }
+
+    /// [`BackingArgs::index_dir`] for a new format: never an index of the earlier name.
+    pub fn index_dir_for_format(&self) -> PathBuf {
+        self.index
+            .clone()
+            .unwrap_or_else(|| ftl::backing::default_index_dir_for_format(&self.backing))
+    }
 }
 
 /// Geometry options of `format`.

@@ -31,17 +31,12 @@ pub struct FormatArgs {
 /// `ftlblk format`.
 pub fn format(a: FormatArgs) -> Result<(), CliError> {
     let opts = a.geometry.options()?;
-    let sb = format_backing(
-        &a.backing.backing,
-        &a.backing.index_dir(),
-        a.geometry.size,
-        &opts,
-        a.force,
-    )?;
+    let index = a.backing.index_dir_for_format();
+    let sb = format_backing(&a.backing.backing, &index, a.geometry.size, &opts, a.force)?;
     let g = sb.geometry;
     let out = serde_json::json!({
         "backing": a.backing.backing,
-        "index": a.backing.index_dir(),
+        "index": index,
         "uuid": sb.uuid_string(),
         "exported_bytes": g.exported_bytes(),
         "segment_bytes": g.segment_bytes,

@@ -159,14 +159,9 @@ impl Drop for RecordGuard {
 /// may be another device's once ours is deleted). The control plane calls it on its
 /// timer, so a record that could not be written at the start is written once it can be.
 pub fn keep_record(rec: &DeviceRecord, own: (u32, u64)) -> Result<bool, CliError> {
-    let found = read_record(rec.id);
+    let found = read_record_lenient(rec.id);
     let alive = |r: &DeviceRecord| daemon_alive(r);
-    if !record_needs_writing(
-        found.as_ref().ok().and_then(Option::as_ref),
-        rec,
-        own,
-        alive,
-    ) {
+    if !record_needs_writing(found.as_ref(), rec, own, alive) {
         return Ok(false);
     }
     write_record(rec).map(|_| true)
@@ -206,6 +201,15 @@ pub fn read_record(id: u32) -> Result<Option<DeviceRecord>, CliError> {
     }
 }
 
+/// `N.json` as far as it parses, unchecked (its version and id): for telling whose it
+/// is (pid, start time) and for listing. A record `read_record` refuses is still a live
+/// daemon's: removed or overwritten as unreadable, a later build's record lost its
+/// protection (found by review of the version check, 2026-11-29).
+fn read_record_lenient(id: u32) -> Option<DeviceRecord> {
+    let text = std::fs::read_to_string(record_path(id)).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
 /// The record of device `id` in `text`, checked: its layout's version, its id.
 fn parse_record(id: u32, text: &str) -> Result<DeviceRecord, String> {
     #[derive(Deserialize)]
@@ -237,7 +241,7 @@ pub fn all_records() -> Vec<DeviceRecord> {
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
             let id: u32 = name.strip_suffix(".json")?.parse().ok()?;
-            read_record(id).ok().flatten()
+            read_record_lenient(id)
         })
         .collect();
     out.sort_by_key(|r| r.id);
@@ -258,8 +262,8 @@ pub fn remove_record(id: u32) {
 /// 2026-11-27). The start time tells the new daemon from the old when the kernel gave it
 /// the old one's pid. Says whether it removed them.
 pub fn remove_record_of(id: u32, pid: u32, start: u64) -> bool {
-    match read_record(id) {
-        Ok(Some(r)) if another_daemons(&r, (pid, start), || daemon_alive(&r)) => false,
+    match read_record_lenient(id) {
+        Some(r) if another_daemons(&r, (pid, start), || daemon_alive(&r)) => false,
         _ => {
             remove_record(id);
             true
@@ -420,6 +424,15 @@ mod tests {
         assert_eq!(read_record(7).unwrap(), None);
         remove_record(7);
         assert_eq!(read_record(7).unwrap(), None);
+        // A later build's record: refused by read_record, still whose it is for the
+        // ownership checks, and listed.
+        let mut doc = serde_json::to_value(&rec).unwrap();
+        doc["version"] = (RECORD_VERSION + 1).into();
+        std::fs::write(record_path(7), doc.to_string()).unwrap();
+        assert!(read_record(7).is_err());
+        assert_eq!(read_record_lenient(7).map(|r| r.pid), Some(rec.pid));
+        assert!(all_records().iter().any(|r| r.id == 7));
+        remove_record(7);
         std::env::remove_var("FTLBLK_RUN_DIR");
     }
 

@@ -310,6 +310,9 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
     let mut last_activity = Instant::now();
     let mut last_checkpoint = Instant::now();
     let mut last_defrag = Instant::now();
+    // Whether the last turn ended in an error (a victim's own failure does not pause the
+    // cleaner unless the one before failed too).
+    let mut failed_before = false;
     let mut rate = CleanRate::new(&cleaner.stats);
     let mut appended = AppendRate::new(ftl.counters().backing_blocks_written);
     // Recent checkpoint duration (exponential average), for `checkpoint_urgent`.
@@ -485,15 +488,21 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
         };
         let began = Instant::now();
         let worked = match turn() {
-            Ok(w) => w,
+            Ok(w) => {
+                failed_before = false;
+                w
+            }
             Err(e) => {
                 *last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
                 stats.lock().unwrap_or_else(|p| p.into_inner()).errors += 1;
-                // A victim's own failure left it shunned: the next turn cleans another,
-                // at once (writers may be waiting for space). Any other error waits.
-                if e.victim_at_fault().is_none() {
+                // A victim's own failure left it shunned: the next turn cleans another at
+                // once (writers may be waiting for space), unless the turn before failed
+                // too (a backing whose reads fail would have every segment tried back to
+                // back). Any other error waits.
+                if e.victim_at_fault().is_none() || failed_before {
                     std::thread::sleep(Duration::from_millis(100));
                 }
+                failed_before = true;
                 false
             }
         };

@@ -28,9 +28,10 @@ pub const BLOCK_INDEX_ROOT: &str = "/var/lib/ftlblk";
 ///
 /// It was named by the basename alone, so `/dev/vg0/data` and `/dev/vg1/data` shared one
 /// index: the second format was refused, and a `format --force` of one cleared the other's
-/// map (found by review, 2026-11-29). An index of that earlier name is still used for a
-/// device that is formatted and has no index of the new name; a new format always takes
-/// the new name.
+/// map (found by review, 2026-11-29). An index of that earlier name is still used to
+/// open a device that is formatted and has no index of the new name (recovery refuses
+/// one of another backing by its uuid); a format takes the new name
+/// ([`default_index_dir_for_format`]).
 pub fn default_index_dir(backing: &Path) -> PathBuf {
     let is_blockdev = std::fs::metadata(backing)
         .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
@@ -43,6 +44,20 @@ pub fn default_index_dir(backing: &Path) -> PathBuf {
     block_index_dir(Path::new(BLOCK_INDEX_ROOT), backing, || {
         holds_superblock(backing)
     })
+}
+
+/// Where a new format's index goes when the user names none: [`default_index_dir`], but
+/// never an index of the earlier name (a `format --force` of `/dev/vg1/data` took
+/// `data.ftlidx`, maybe `/dev/vg0/data`'s, and cleared it).
+pub fn default_index_dir_for_format(backing: &Path) -> PathBuf {
+    let is_blockdev = std::fs::metadata(backing)
+        .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
+        .unwrap_or(false);
+    if is_blockdev {
+        Path::new(BLOCK_INDEX_ROOT).join(block_index_name(backing))
+    } else {
+        default_index_dir(backing)
+    }
 }
 
 /// A block device's index under `root`: [`block_index_name`]'s directory; or, when that

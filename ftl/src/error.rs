@@ -59,6 +59,9 @@ pub enum Error {
     /// No valid superblock.
     #[error("no valid ftlblk superblock on {0}: {1}")]
     NotFormatted(String, String),
+    /// Superblock with reserved flags set: a newer build's feature.
+    #[error("{backing} holds an ftlblk superblock with flags {flags:#x} this build does not know: a newer ftlblk formatted it, serve it with that one")]
+    UnsupportedFeatures { backing: String, flags: u32 },
     /// Superblock from a newer or unknown version.
     #[error("{backing} holds an ftlblk superblock of version {found}; this build knows version {supported}: a newer ftlblk formatted it, serve it with that one")]
     UnsupportedVersion {
@@ -165,7 +168,9 @@ impl Error {
                 libc::EEXIST
             }
             Error::NotFormatted(..) | Error::IndexMismatch { .. } => libc::EINVAL,
-            Error::UnsupportedVersion { .. } => libc::EPROTONOSUPPORT,
+            Error::UnsupportedVersion { .. } | Error::UnsupportedFeatures { .. } => {
+                libc::EPROTONOSUPPORT
+            }
             Error::Shrunk { .. } => libc::EINVAL,
             Error::ReadOnly(_) => libc::EROFS,
         };

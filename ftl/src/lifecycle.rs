@@ -54,7 +54,7 @@ fn read_block<D: BlockDevice>(dev: &D, offset: u64) -> Result<AlignedBuf> {
 /// writes: [`Ftl::open`] repairs the copy, once recovery found the index to be this
 /// backing's (rule 1 of open, above).
 pub fn read_superblock<D: BlockDevice>(dev: &D) -> Result<(Superblock, Vec<String>)> {
-    read_superblock_inner(dev, true).map(|(sb, w, _)| (sb, w))
+    read_superblock_inner(dev, false).map(|(sb, w, _)| (sb, w))
 }
 
 /// Like [`read_superblock`], its warnings saying nothing is rewritten (for the offline
@@ -105,13 +105,9 @@ fn read_superblock_inner<D: BlockDevice>(
                 // A's log, where user data could look like a superblock; a copy there of
                 // a newer version is refused.
                 Some((_, Err(SbDecode::NoMagic))) | None => {
-                    let (newest, newer_version) = probe_copies_b(dev);
-                    if let Some(v) = newer_version {
-                        return Err(Error::UnsupportedVersion {
-                            backing: name,
-                            found: v,
-                            supported: SB_VERSION,
-                        });
+                    let (newest, newer) = probe_copies_b(dev);
+                    if let Some(e) = newer {
+                        return Err(refused(name, &e));
                     }
                     match newest {
                         Some((o, sb)) if sb.created_secs > sa.created_secs => Some((o, Ok(sb))),
@@ -120,12 +116,8 @@ fn read_superblock_inner<D: BlockDevice>(
                 }
                 // A copy of a newer version at A's own place: a newer build's format cut
                 // short (it writes B first), not damage to repair.
-                Some((_, Err(SbDecode::Version(v)))) => {
-                    return Err(Error::UnsupportedVersion {
-                        backing: name,
-                        found: *v,
-                        supported: SB_VERSION,
-                    })
+                Some((_, Err(e @ (SbDecode::Version(_) | SbDecode::Flags(_))))) => {
+                    return Err(refused(name, e))
                 }
                 // Damaged (a magic with a bad checksum, another geometry): repaired from
                 // A below.
@@ -165,13 +157,7 @@ fn read_superblock_inner<D: BlockDevice>(
         }
         // A copy of a newer version is not damage to repair from an older copy: an older
         // build rewrote it (it was taken for damaged before this arm).
-        (Err(SbDecode::Version(v)), _) => {
-            return Err(Error::UnsupportedVersion {
-                backing: name,
-                found: v,
-                supported: SB_VERSION,
-            })
-        }
+        (Err(e @ (SbDecode::Version(_) | SbDecode::Flags(_))), _) => return Err(refused(name, &e)),
         (Ok(sa), other) => {
             let off = Geometry::superblock_offset(1, sa.geometry.segment_bytes);
             warnings.push(format!(
@@ -228,7 +214,7 @@ fn read_superblock_inner<D: BlockDevice>(
 /// newest format's copy taken: an earlier format with smaller segments left its copy B
 /// where no later format writes (format does not clear segment 0), and the first one
 /// found "repaired" copy A with the old format (found by review, 2026-11-27).
-fn probe_copies_b<D: BlockDevice>(dev: &D) -> (Option<(u64, Superblock)>, Option<u32>) {
+fn probe_copies_b<D: BlockDevice>(dev: &D) -> (Option<(u64, Superblock)>, Option<SbDecode>) {
     let mut found: Option<(u64, Superblock)> = None;
     let mut newer_version = None;
     let mut seg = MIN_SEGMENT_BYTES;
@@ -245,13 +231,27 @@ fn probe_copies_b<D: BlockDevice>(dev: &D) -> (Option<(u64, Superblock)>, Option
                         found = Some((off, sb));
                     }
                 }
-                Some(Err(SbDecode::Version(v))) => newer_version = Some(v),
+                Some(Err(e @ (SbDecode::Version(_) | SbDecode::Flags(_)))) => newer_version = Some(e),
                 _ => {}
             }
         }
         seg *= 2;
     }
     (found, newer_version)
+}
+
+/// The refusal of a copy a newer build wrote (a version or flags this one does not know):
+/// not damage to repair from an older copy.
+fn refused(backing: String, e: &SbDecode) -> Error {
+    match *e {
+        SbDecode::Flags(flags) => Error::UnsupportedFeatures { backing, flags },
+        SbDecode::Version(found) => Error::UnsupportedVersion {
+            backing,
+            found,
+            supported: SB_VERSION,
+        },
+        _ => Error::Corrupt(format!("{backing}: superblock refused")),
+    }
 }
 
 /// The first of copy B's possible places (every legal segment size) that does not read.
@@ -282,6 +282,7 @@ fn describe_err(e: &SbDecode) -> String {
         SbDecode::NoMagic => "no magic".into(),
         SbDecode::Corrupt(w) => w.clone(),
         SbDecode::Version(v) => format!("version {v}"),
+        SbDecode::Flags(f) => format!("flags {f:#x}"),
     }
 }
 
@@ -350,6 +351,8 @@ pub fn formattable<D: BlockDevice>(dev: &D, opts: &FormatOptions, force: bool) -
     if !force {
         match read_superblock_readonly(dev) {
             Err(Error::NotFormatted(..)) => {}
+            // A place that does not read is said as such, not as "already formatted".
+            Err(e @ Error::Io { .. }) => return Err(e),
             _ => return Err(Error::AlreadyFormatted(dev.describe())),
         }
         // Only a blank backing is formatted without `force` (found by review,

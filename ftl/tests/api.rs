@@ -207,6 +207,32 @@ fn copy_a_lost_after_a_reformat_is_repaired_from_the_new_formats_copy() {
     assert_eq!(f.superblock().uuid, new.uuid);
 }
 
+/// A copy B with a reserved flag set (a newer build's format cut short: it writes B
+/// first) is refused, not "repaired" from the older copy A, which would undo the newer
+/// format unknowingly; nothing is written.
+#[test]
+fn a_copy_with_unknown_flags_is_refused_not_repaired() {
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    let idx = Arc::new(MemIndex::new());
+    let sb = ftl::format(&dev, &idx, &FormatOptions::default(), false).unwrap();
+    let mut b = sb.encode();
+    b[12] = 1;
+    let crc = crc32c::crc32c(&b[..4092]);
+    b[4092..].copy_from_slice(&crc.to_le_bytes());
+    let copy_b = sb.geometry.segment_bytes - 4096;
+    dev.write_at(copy_b, &b).unwrap();
+    let e = Ftl::open(dev.clone(), idx.clone(), Config::default())
+        .err()
+        .unwrap();
+    assert!(
+        matches!(e, Error::UnsupportedFeatures { flags: 1, .. }),
+        "{e}"
+    );
+    let mut now = vec![0u8; 4096];
+    dev.read_at(copy_b, &mut now).unwrap();
+    assert!(now == b, "copy B was rewritten");
+}
+
 #[test]
 fn unknown_version_and_shrunk_backing_are_named() {
     let dev = Arc::new(MemDevice::new(64 << 20));
