@@ -485,7 +485,7 @@ MUTANTS = [
      [("""        chunk.push_trim(start, seq, n as u32);
         chunk.note_killed(from);""",
        """        chunk.push_trim(start, seq, n as u32);""")],
-     [REBUILD, POWER]),
+     [REBUILD]),
     ("open-1", "open rule 1: a damaged superblock copy is rewritten only AFTER recovery accepted the index",
      "ftl/src/lifecycle.rs",
      [("""        let (parts, recovery) = recover(dev, index, sb.clone(), cfg, "index", staging)?;""",

@@ -999,3 +999,54 @@ fn a_rebuild_names_the_lbas_it_gives_an_older_copy() {
         }
     }
 }
+
+/// Tombstone rule 2: the chunk that carries a TRIM segment's records notes that segment
+/// as killed, so the free record that frees it seals and syncs the chunk first. A TRIM
+/// segment of an earlier session (taken over by recovery, young to the session's first
+/// checkpoint, which carries nothing: open rule 3) is closed, carried and freed by a free
+/// record; then a power cut. Without the note the carried records were only in an open chunk: lost,
+/// with their segment freed, and the trimmed blocks came back.
+#[test]
+fn carried_trim_records_are_durable_before_a_free_record_frees_their_segment() {
+    let (dev, idx, f) = tiny_crash();
+    for l in 0..60 {
+        f.write(l, &block_for(l, l + 1), false, StreamId(1))
+            .unwrap();
+    }
+    f.flush().unwrap();
+    f.trim(0, 40).unwrap();
+    f.close_stream(TRIM_STREAM).unwrap();
+    f.flush().unwrap();
+    drop(f);
+    // Recovery takes the segment over as the TRIM stream's open segment (young to the
+    // session's first checkpoint, which carries nothing); closed here, it is the earlier
+    // session's closed TRIM segment a free record may carry and free.
+    let g = tiny::open(&dev, &idx).unwrap();
+    g.close_stream(TRIM_STREAM).unwrap();
+    let trim_segs: Vec<u32> = g
+        .segment_snapshot()
+        .into_iter()
+        .filter(|s| s.stream == TRIM_STREAM.0 && s.state == "closed" && s.segment != 0)
+        .map(|s| s.segment)
+        .collect();
+    assert!(
+        !trim_segs.is_empty(),
+        "the earlier session's TRIM segment is closed"
+    );
+    let r = g.free_dead().unwrap();
+    let snap = g.segment_snapshot();
+    assert!(
+        trim_segs.iter().any(|&s| snap[s as usize].state == "free"),
+        "a free record carried and freed the TRIM segment ({trim_segs:?}): {r:?}"
+    );
+    drop(g);
+    assert!(dev.crash_losing_all().is_ok());
+    let h = tiny::open(&dev, &idx).unwrap();
+    let mut b = vec![0u8; BLOCK_SIZE];
+    for l in 0..60 {
+        h.read(l, &mut b).unwrap();
+        let want = if l < 40 { 0 } else { l + 1 };
+        assert_eq!(observe(l, &b), Observed::Tag(want), "lba {l}");
+    }
+    rebuild_agrees(&dev, &h).unwrap();
+}
