@@ -351,9 +351,6 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         }
     }
     let format_id = sb.format_id();
-    // Staging rule 4: a dead process's staged chunks are in the log before it is scanned.
-    let staged = crate::staging::replay(&dev, &staging, &sb, ck.epoch, ck.next_chunk_seq)?;
-    let accept = |s: &ChunkSummary, seq: u64| s.chunk_seq == seq && s.epoch == ck.epoch;
     // The summary at a block as `ChunkSummary::decode` reads it (`Err`: the magic, a
     // failing checksum: a torn summary); the outer error is the device's.
     let decoded = |seg: u32, off: u32| -> Result<Result<Option<ChunkSummary>>> {
@@ -366,6 +363,28 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
     // A torn or stale block is simply not the chunk we look for.
     let read_summary =
         |seg: u32, off: u32| -> Result<Option<ChunkSummary>> { Ok(decoded(seg, off)?.ok().flatten()) };
+    // An index older than the log is refused BEFORE the staged chunks are written: where
+    // the log goes on (each stream's cursor, the heads of free segments) a chunk of a
+    // later session means the index was restored from a backup, and the replay wrote the
+    // dead session's staged chunks over that session's flushed ones first (found by
+    // review, 2026-11-29). The scans below look again once the replay wrote.
+    if crate::staging::area_holds_writes(&staging) {
+        let places = cursors
+            .iter()
+            .flatten()
+            .copied()
+            .chain((1..geo.segment_count).filter(|&s| segs.state(s) == Some(SegState::Free)).map(|s| (s, 0)));
+        for (seg, off) in places {
+            if let Some(s) = read_summary(seg, off)? {
+                if s.in_place(seg, off, format_id, bps) {
+                    newer_than_index(&s, ck.epoch, index_name)?;
+                }
+            }
+        }
+    }
+    // Staging rule 4: a dead process's staged chunks are in the log before it is scanned.
+    let staged = crate::staging::replay(&dev, &staging, &sb, ck.epoch, ck.next_chunk_seq)?;
+    let accept = |s: &ChunkSummary, seq: u64| s.chunk_seq == seq && s.epoch == ck.epoch;
 
     // Heads of segments free at the checkpoint, by chain number.
     let mut heads: HashMap<u64, (u32, ChunkSummary)> = HashMap::new();

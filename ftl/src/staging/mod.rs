@@ -95,6 +95,7 @@
 mod region;
 mod replay;
 
+pub(crate) use replay::area_holds_writes;
 pub use replay::{replay, StagedReport};
 
 use crate::codec::Reader;

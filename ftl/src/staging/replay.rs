@@ -246,6 +246,14 @@ pub fn replay<D: BlockDevice>(
     Ok(report)
 }
 
+/// Whether `area` holds writes a replay would apply.
+pub(crate) fn area_holds_writes(area: &Arc<StagingArea>) -> bool {
+    let slots: Vec<StagedSlot> = (0..area.slot_count() as u32)
+        .map(|slot| area.read_slot(slot))
+        .collect();
+    holds_writes(&slots)
+}
+
 /// Whether any slot holds writes a replay would apply (sealed, or open with entries).
 fn holds_writes(slots: &[StagedSlot]) -> bool {
     slots
