@@ -715,8 +715,10 @@ pub mod ops {
             blocks: u8,
             kind: u8,
         },
-        /// Inject an I/O fault into the next operation only: `kind % 4` = 0 device writes
-        /// fail, 1 device syncs fail, 2 device reads fail, 3 index commits fail. If that
+        /// Inject an I/O fault into the next operation only: `kind % 5` = 0 device writes
+        /// fail, 1 device syncs fail, 2 device reads fail, 3 index commits fail (nothing
+        /// applied), 4 index commits are applied and then reported failed (as sled may;
+        /// never injected here before, found by review, 2026-11-29). If that
         /// operation fails, reads must keep working (unflushed data included) and a device
         /// write/sync failure must turn the FTL read-only; then, unless only a read or a
         /// checkpoint's index commit failed, the run crashes with `seed` (the fault
@@ -873,7 +875,7 @@ pub mod ops {
                 }
                 (Op::Crash { seed }, _) => Some(*seed),
                 (Op::Fault { kind, seed }, _) => {
-                    self.armed = Some((kind % 4, *seed));
+                    self.armed = Some((kind % 5, *seed));
                     None
                 }
                 (_, Some((kind, seed))) => {
@@ -1327,7 +1329,8 @@ pub mod ops {
             0 => &dev.faults.writes,
             1 => &dev.faults.syncs,
             2 => &dev.faults.reads,
-            _ => &idx.fail_commits,
+            3 => &idx.fail_commits,
+            _ => &idx.fail_after_apply,
         };
         sw.store(on, Ordering::SeqCst);
     }
@@ -1467,6 +1470,23 @@ pub mod ops {
         let skip = touched(op).unwrap_or((0, 0));
         for l in (BASE..BASE + SPAN).filter(|&l| l < skip.0 || l >= skip.0 + skip.1) {
             check_read(ftl, m, l, 1).map_err(|e| format!("after {err}: {e}"))?;
+        }
+        // Those it touched read too, each a version of its own LBA the model allows (the
+        // old or the new; not garbage, another LBA's block or an error): they were not
+        // read at all before the power cut (found by review, 2026-11-29).
+        let mut b = vec![0u8; BLOCK_SIZE];
+        for l in skip.0..skip.0 + skip.1 {
+            ftl.read(l, &mut b)
+                .map_err(|e| format!("after {err}: read of lba {l} it touched: {e}"))?;
+            let got = super::observe(l, &b);
+            let ok =
+                matches!(got, super::Observed::Tag(t) if m.allowed_after_crash(l).contains(&t));
+            if !ok {
+                return Err(format!(
+                    "after {err}: lba {l} it touched reads {got:?}, allowed {:?}",
+                    m.allowed_after_crash(l)
+                ));
+            }
         }
         if (matches!(err, Error::Io { .. }) || read_only) && kind <= 1 {
             // A failed log write or sync turns the device read-only.

@@ -279,17 +279,34 @@ fn script_thread(f: &TinyFtl, h: &Mutex<History>, t: usize, script: &[Step]) -> 
             }
             Step::Read { lba } => {
                 let lba = base + lba as u64 % SPAN;
-                let want = lock(h).current(lba);
+                let (want, versions) = {
+                    let h = lock(h);
+                    (
+                        h.current(lba),
+                        h.allowed(lba, crate::model::Crash::ProcessDeath),
+                    )
+                };
                 let mut b = vec![0u8; 4096];
                 f.read(lba, &mut b).map_err(fail)?;
                 let got = observe(lba, &b);
-                if let Some(w) = want {
-                    if got != crate::model::Observed::Tag(w) {
+                match want {
+                    Some(w) if got != crate::model::Observed::Tag(w) => {
                         return Err(format!(
                             "thread {t} step {i}: read of lba {lba} returned {got:?}, the \
                              last completed write there was tag {w}"
                         ));
                     }
+                    // The last write or TRIM failed (out of space): a version of this LBA
+                    // the history allows, not anything (it was not checked at all; found
+                    // by review, 2026-11-29).
+                    None if !matches!(got, crate::model::Observed::Tag(v) if versions.contains(&v)) =>
+                    {
+                        return Err(format!(
+                            "thread {t} step {i}: read of lba {lba} returned {got:?} after a \
+                             failed write, allowed {versions:?}"
+                        ));
+                    }
+                    _ => {}
                 }
             }
             Step::Checkpoint => {

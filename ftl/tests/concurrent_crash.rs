@@ -365,7 +365,10 @@ where
         let pool = (t % 2 == 1).then(|| pool.clone());
         hs.push(std::thread::spawn(move || {
             let r = writer(&*f, &*rec, &plan, t, &stop, pool.as_deref());
-            if r.is_err() {
+            if let Err(e) = &r {
+                // Said at once: a child killed before every thread is joined still
+                // tells its parent.
+                println!("FAIL {e}");
                 stop.store(true, Ordering::SeqCst);
             }
             r
@@ -374,7 +377,8 @@ where
     let (f, seed, stop) = (f.clone(), plan.seed, stop.clone());
     hs.push(std::thread::spawn(move || {
         let r = background(&*f, seed, &stop);
-        if r.is_err() {
+        if let Err(e) = &r {
+            println!("FAIL {e}");
             stop.store(true, Ordering::SeqCst);
         }
         r
@@ -882,18 +886,17 @@ impl Replayed {
                 let token = self.h.flush_started();
                 self.flushes.insert(num(1)?, token);
             }
-            Some(k @ ("D" | "E")) => {
+            // The child injects no faults and every thread fails on any error: an "E" is
+            // a failure, reported here at once (its "FAIL" line comes only after every
+            // thread was joined, and a kill in between let the error pass; found by
+            // review, 2026-11-29).
+            Some("E") => return Err(format!("the child's operation failed: {line}")),
+            Some("D") => {
                 let id = num(1)?;
                 if let Some(token) = self.flushes.remove(&id) {
-                    if k == "D" {
-                        self.h.flush_completed(token);
-                    }
+                    self.h.flush_completed(token);
                 } else if let Some(&op) = self.ops.get(&id) {
-                    if k == "D" {
-                        self.h.complete(op)
-                    } else {
-                        self.h.fail(op)
-                    }
+                    self.h.complete(op)
                 }
             }
             Some("FAIL") => return Err(format!("the child failed: {line}")),
