@@ -207,6 +207,15 @@ fn copy_a_lost_after_a_reformat_is_repaired_from_the_new_formats_copy() {
     assert_eq!(f.superblock().uuid, new.uuid);
 }
 
+/// `sb` encoded with byte `at` set to `v` and its checksum made right again.
+fn encoded_with(sb: &ftl::superblock::Superblock, at: usize, v: u8) -> Vec<u8> {
+    let mut b = sb.encode();
+    b[at] = v;
+    let crc = crc32c::crc32c(&b[..4092]);
+    b[4092..].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
 /// A copy B with a reserved flag set (a newer build's format cut short: it writes B
 /// first) is refused, not "repaired" from the older copy A, which would undo the newer
 /// format unknowingly; nothing is written.
@@ -215,10 +224,8 @@ fn a_copy_with_unknown_flags_is_refused_not_repaired() {
     let dev = Arc::new(MemDevice::new(64 << 20));
     let idx = Arc::new(MemIndex::new());
     let sb = ftl::format(&dev, &idx, &FormatOptions::default(), false).unwrap();
-    let mut b = sb.encode();
-    b[12] = 1;
-    let crc = crc32c::crc32c(&b[..4092]);
-    b[4092..].copy_from_slice(&crc.to_le_bytes());
+    // A reserved flag set, the checksum made right.
+    let b = encoded_with(&sb, 12, 1);
     let copy_b = sb.geometry.segment_bytes - 4096;
     dev.write_at(copy_b, &b).unwrap();
     let e = Ftl::open(dev.clone(), idx.clone(), Config::default())
@@ -239,10 +246,7 @@ fn unknown_version_and_shrunk_backing_are_named() {
     let idx = Arc::new(MemIndex::new());
     let sb = ftl::format(&dev, &idx, &FormatOptions::default(), false).unwrap();
     // A superblock claiming version 9 in both copies.
-    let mut b = sb.encode();
-    b[8] = 9;
-    let crc = crc32c::crc32c(&b[..4092]);
-    b[4092..].copy_from_slice(&crc.to_le_bytes());
+    let b = encoded_with(&sb, 8, 9);
     dev.write_at(0, &b).unwrap();
     dev.write_at(sb.geometry.segment_bytes - 4096, &b).unwrap();
     let e = Ftl::open(dev.clone(), idx.clone(), Config::default())

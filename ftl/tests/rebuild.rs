@@ -200,12 +200,7 @@ fn a_trimmed_range_stays_trimmed_after_its_trim_segment_is_freed() {
     f.trim(0, 40).unwrap();
     // Its records alone in a segment of the TRIM stream, closed and then dead.
     f.close_stream(TRIM_STREAM).unwrap();
-    let trim_segs: Vec<u32> = f
-        .segment_snapshot()
-        .into_iter()
-        .filter(|s| s.stream == TRIM_STREAM.0 && s.state == "closed" && s.segment != 0)
-        .map(|s| s.segment)
-        .collect();
+    let trim_segs = closed_trim_segments(&f);
     assert!(!trim_segs.is_empty(), "the TRIM segment is closed");
     f.checkpoint().unwrap();
     f.checkpoint().unwrap();
@@ -1004,8 +999,8 @@ fn a_rebuild_names_the_lbas_it_gives_an_older_copy() {
 /// as killed, so the free record that frees it seals and syncs the chunk first. A TRIM
 /// segment of an earlier session (taken over by recovery, young to the session's first
 /// checkpoint, which carries nothing: open rule 3) is closed, carried and freed by a free
-/// record; then a power cut. Without the note the carried records were only in an open chunk: lost,
-/// with their segment freed, and the trimmed blocks came back.
+/// record; then a power cut. Without the note the carried records were only in an open
+/// chunk: lost, with their segment freed, and the trimmed blocks came back.
 #[test]
 fn carried_trim_records_are_durable_before_a_free_record_frees_their_segment() {
     let (dev, idx, f) = tiny_crash();
@@ -1023,12 +1018,7 @@ fn carried_trim_records_are_durable_before_a_free_record_frees_their_segment() {
     // session's closed TRIM segment a free record may carry and free.
     let g = tiny::open(&dev, &idx).unwrap();
     g.close_stream(TRIM_STREAM).unwrap();
-    let trim_segs: Vec<u32> = g
-        .segment_snapshot()
-        .into_iter()
-        .filter(|s| s.stream == TRIM_STREAM.0 && s.state == "closed" && s.segment != 0)
-        .map(|s| s.segment)
-        .collect();
+    let trim_segs = closed_trim_segments(&g);
     assert!(
         !trim_segs.is_empty(),
         "the earlier session's TRIM segment is closed"
@@ -1049,4 +1039,13 @@ fn carried_trim_records_are_durable_before_a_free_record_frees_their_segment() {
         assert_eq!(observe(l, &b), Observed::Tag(want), "lba {l}");
     }
     rebuild_agrees(&dev, &h).unwrap();
+}
+
+/// The closed segments of the TRIM stream.
+fn closed_trim_segments(f: &CrashFtl) -> Vec<u32> {
+    f.segment_snapshot()
+        .into_iter()
+        .filter(|s| s.stream == TRIM_STREAM.0 && s.state == "closed" && s.segment != 0)
+        .map(|s| s.segment)
+        .collect()
 }
