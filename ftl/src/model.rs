@@ -1371,6 +1371,11 @@ pub mod ops {
         op: &Op,
         kind: u8,
     ) -> Result<FaultEnd, String> {
+        // What each block the operation touches held before it: after a failure a block
+        // reads that or the operation's own version, nothing older.
+        let before: Vec<super::Tag> = touched(op)
+            .map(|(l, b)| (l..l + b).map(|x| m.expected(x)).collect())
+            .unwrap_or_default();
         set_fault(dev, idx, kind, true);
         let r: crate::Result<()> = match *op {
             Op::Write {
@@ -1471,20 +1476,19 @@ pub mod ops {
         for l in (BASE..BASE + SPAN).filter(|&l| l < skip.0 || l >= skip.0 + skip.1) {
             check_read(ftl, m, l, 1).map_err(|e| format!("after {err}: {e}"))?;
         }
-        // Those it touched read too, each a version of its own LBA the model allows (the
-        // old or the new; not garbage, another LBA's block or an error): they were not
-        // read at all before the power cut (found by review, 2026-11-29).
+        // Those it touched read too, each what it held before the operation or the
+        // operation's own version (not an older one, garbage, another LBA's block or an
+        // error): they were not read at all before the power cut (found by review,
+        // 2026-11-29).
         let mut b = vec![0u8; BLOCK_SIZE];
-        for l in skip.0..skip.0 + skip.1 {
+        for (i, l) in (skip.0..skip.0 + skip.1).enumerate() {
             ftl.read(l, &mut b)
                 .map_err(|e| format!("after {err}: read of lba {l} it touched: {e}"))?;
             let got = super::observe(l, &b);
-            let ok =
-                matches!(got, super::Observed::Tag(t) if m.allowed_after_crash(l).contains(&t));
-            if !ok {
+            let allowed = [before.get(i).copied().unwrap_or(0), m.expected(l)];
+            if !matches!(got, super::Observed::Tag(t) if allowed.contains(&t)) {
                 return Err(format!(
-                    "after {err}: lba {l} it touched reads {got:?}, allowed {:?}",
-                    m.allowed_after_crash(l)
+                    "after {err}: lba {l} it touched reads {got:?}, allowed {allowed:?}"
                 ));
             }
         }

@@ -217,9 +217,11 @@ pub fn replay<D: BlockDevice>(
         };
         valid.push((chunk_seq, p.stream, open));
     }
+    let mut sealed_all = Vec::with_capacity(valid.len());
     for (chunk_seq, stream, open) in valid {
         report.entries += open.entries.len() as u64;
         let at = open.start_pba * BLOCK_SIZE as u64;
+        let (seg, offset) = (open.seg, open.offset);
         let params = SealParams {
             chunk_seq,
             epoch: ck_epoch,
@@ -229,6 +231,36 @@ pub fn replay<D: BlockDevice>(
             blocks_per_segment: bps,
         };
         let (sealed, _) = seal(open, &params)?;
+        sealed_all.push((chunk_seq, at, seg, offset, sealed));
+    }
+    // Where a staged chunk goes, a chunk of a later session than the checkpoint's means
+    // the index was restored from a copy: refused BEFORE anything is written, or the
+    // replay wrote the dead session's chunk over the later one's flushed data (found by
+    // review, 2026-11-29; recovery looks at the cursors and free heads too).
+    for (_, at, seg, offset, sealed) in &sealed_all {
+        let mut b = crate::device::AlignedBuf::new(sealed.bytes().len());
+        dev.read_at(*at, &mut b)
+            .map_err(|e| Error::io("staged chunk place read", *at, e))?;
+        for (i, blk) in b.chunks(BLOCK_SIZE).enumerate() {
+            if let Ok(Some(found)) = crate::summary::ChunkSummary::decode(blk) {
+                if found.in_place(*seg, offset + i as u32, sb.format_id(), bps)
+                    && found.epoch > ck_epoch
+                    && !crate::recovery::past_sane(found.epoch)
+                {
+                    return Err(bad_area(
+                        area,
+                        format!(
+                            "its chunks go where the log holds a chunk of session {} \
+                             (the index's checkpoint is of session {ck_epoch}): the index is \
+                             older than the backing (restored from a copy?)",
+                            found.epoch
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    for (chunk_seq, at, _, _, sealed) in sealed_all {
         dev.write_at(at, sealed.bytes()).map_err(|e| {
             // Recovery rule 3: a failed device write marks the area.
             area.mark_device_error();

@@ -647,40 +647,60 @@ fn a_staging_file_is_allocated_whole_before_it_is_mapped() {
 fn an_older_index_with_its_staging_area_is_refused_before_the_replay_writes() {
     use crate::model::{block_for, observe, Observed};
     use crate::{Config, Ftl, StreamId};
-    let (dev, idx, f) = tiny_mem_ftl();
-    // Session E: a completed write staged, never flushed; the index copied; the process
-    // dies.
-    f.write(0, &block_for(0, 1), false, StreamId(1)).unwrap();
-    let (old_idx, ()) = idx.snapshot_while(|| ()).unwrap();
-    let area_e = f.staging().clone();
-    drop(f);
-    // Session E+1 with an area of its own: writes at the same place, flushed, closed.
-    let (g, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
-    for l in 0..8 {
-        g.write(l, &block_for(l, 2), false, StreamId(1)).unwrap();
-    }
-    g.flush().unwrap();
-    g.close().unwrap();
-    drop(g);
-    let image = |d: &crate::device::mem::MemDevice| {
-        use crate::device::BlockDevice;
-        let mut v = vec![0u8; d.size() as usize];
-        d.read_at(0, &mut v).unwrap();
-        v
-    };
-    let before = image(&dev);
-    let e = Ftl::open_staged(dev.clone(), Arc::new(old_idx), Config::default(), area_e)
-        .err()
-        .expect("an index older than the log");
-    assert!(matches!(e, crate::Error::IndexMismatch { .. }), "{e}");
-    assert!(
-        image(&dev) == before,
-        "the refused open wrote to the backing"
-    );
-    let (h, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
-    let mut b = vec![0u8; 4096];
-    for l in 0..8 {
-        h.read(l, &mut b).unwrap();
-        assert_eq!(observe(l, &b), Observed::Tag(2), "lba {l}");
+    // The staged chunk at the checkpoint's cursor, or past a chunk flushed after it (the
+    // first form of the check looked only at cursors and free heads).
+    for flushed_first in [false, true] {
+        let (dev, idx, f) = tiny_mem_ftl();
+        // Session E: a completed write staged, never flushed; the index copied; the process
+        // dies.
+        if flushed_first {
+            for l in 20..24 {
+                f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
+            }
+            f.flush().unwrap();
+        }
+        f.write(0, &block_for(0, 1), false, StreamId(1)).unwrap();
+        let (old_idx, ()) = idx.snapshot_while(|| ()).unwrap();
+        let area_e = f.staging().clone();
+        drop(f);
+        // Session E+1 with an area of its own: writes at the same place, flushed, closed.
+        let (g, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
+        for l in 0..8 {
+            g.write(l, &block_for(l, 2), false, StreamId(1)).unwrap();
+        }
+        g.flush().unwrap();
+        g.close().unwrap();
+        drop(g);
+        let image = |d: &crate::device::mem::MemDevice| {
+            use crate::device::BlockDevice;
+            let mut v = vec![0u8; d.size() as usize];
+            d.read_at(0, &mut v).unwrap();
+            v
+        };
+        let before = image(&dev);
+        let e = Ftl::open_staged(dev.clone(), Arc::new(old_idx), Config::default(), area_e)
+            .err()
+            .expect("an index older than the log");
+        assert!(
+            matches!(
+                e,
+                crate::Error::IndexMismatch { .. } | crate::Error::Corrupt(_)
+            ),
+            "{e}"
+        );
+        assert!(
+            image(&dev) == before,
+            "the refused open wrote to the backing"
+        );
+        let (h, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
+        let mut b = vec![0u8; 4096];
+        for l in 0..8 {
+            h.read(l, &mut b).unwrap();
+            assert_eq!(
+                observe(l, &b),
+                Observed::Tag(2),
+                "lba {l} ({flushed_first})"
+            );
+        }
     }
 }
