@@ -33,10 +33,7 @@ pub const BLOCK_INDEX_ROOT: &str = "/var/lib/ftlblk";
 /// one of another backing by its uuid); a format takes the new name
 /// ([`default_index_dir_for_format`]).
 pub fn default_index_dir(backing: &Path) -> PathBuf {
-    let is_blockdev = std::fs::metadata(backing)
-        .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
-        .unwrap_or(false);
-    if !is_blockdev {
+    if !is_block_device(backing) {
         let mut p = backing.as_os_str().to_owned();
         p.push(".ftlidx");
         return PathBuf::from(p);
@@ -50,14 +47,18 @@ pub fn default_index_dir(backing: &Path) -> PathBuf {
 /// never an index of the earlier name (a `format --force` of `/dev/vg1/data` took
 /// `data.ftlidx`, maybe `/dev/vg0/data`'s, and cleared it).
 pub fn default_index_dir_for_format(backing: &Path) -> PathBuf {
-    let is_blockdev = std::fs::metadata(backing)
-        .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
-        .unwrap_or(false);
-    if is_blockdev {
+    if is_block_device(backing) {
         Path::new(BLOCK_INDEX_ROOT).join(block_index_name(backing))
     } else {
         default_index_dir(backing)
     }
+}
+
+/// Whether `path` is a block device (a missing path is not).
+fn is_block_device(path: &Path) -> bool {
+    std::fs::metadata(path)
+        .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
+        .unwrap_or(false)
 }
 
 /// A block device's index under `root`: [`block_index_name`]'s directory; or, when that

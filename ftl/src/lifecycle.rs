@@ -57,10 +57,10 @@ pub fn read_superblock<D: BlockDevice>(dev: &D) -> Result<(Superblock, Vec<Strin
     read_superblock_inner(dev, false).map(|(sb, w, _)| (sb, w))
 }
 
-/// Like [`read_superblock`], its warnings saying nothing is rewritten (for the offline
-/// checker and tools that only look).
+/// [`read_superblock`] under the name the offline checker and the tools that only look
+/// have called it by (both never write).
 pub fn read_superblock_readonly<D: BlockDevice>(dev: &D) -> Result<(Superblock, Vec<String>)> {
-    read_superblock_inner(dev, false).map(|(sb, w, _)| (sb, w))
+    read_superblock(dev)
 }
 
 /// Writes the superblock `sb` at `offset`: the copy [`read_superblock_inner`] found
@@ -105,11 +105,11 @@ fn read_superblock_inner<D: BlockDevice>(
                 // A's log, where user data could look like a superblock; a copy there of
                 // a newer version is refused.
                 Some((_, Err(SbDecode::NoMagic))) | None => {
-                    let (newest, newer) = probe_copies_b(dev);
-                    if let Some(e) = newer {
+                    let probed = probe_copies_b(dev);
+                    if let Some(e) = probed.newer {
                         return Err(refused(name, &e));
                     }
-                    match newest {
+                    match probed.newest {
                         Some((o, sb)) if sb.created_secs > sa.created_secs => Some((o, Ok(sb))),
                         _ => at_a,
                     }
@@ -125,16 +125,14 @@ fn read_superblock_inner<D: BlockDevice>(
             }
         }
         Err(_) => {
-            let (found, _) = probe_copies_b(dev);
+            let probed = probe_copies_b(dev);
             // No copy found where a place did not read: that is an I/O error, not a
             // backing that never held ftlblk (its message offers `ftlblk format`, which
             // erases it; found by review, 2026-11-29).
-            if found.is_none() {
-                if let Some(e) = probe_read_error(dev) {
-                    return Err(e);
-                }
+            match (probed.newest, probed.read_error) {
+                (None, Some(e)) => return Err(e),
+                (found, _) => found.map(|(off, sb)| (off, Ok(sb))),
             }
-            found.map(|(off, sb)| (off, Ok(sb)))
         }
     };
     let mut warnings = Vec::new();
@@ -209,35 +207,50 @@ fn read_superblock_inner<D: BlockDevice>(
 }
 
 /// Every legal place of copy B (the end of segment 0 for each segment size) probed: the
-/// newest whole copy whose segment size puts it where it was found, and the version of
-/// any copy of a version this build does not know. Every legal size is probed and the
+/// newest whole copy whose segment size puts it where it was found, any copy a newer build
+/// wrote, and the first place that did not read ([`ProbedB`]). Every legal size is probed and the
 /// newest format's copy taken: an earlier format with smaller segments left its copy B
 /// where no later format writes (format does not clear segment 0), and the first one
 /// found "repaired" copy A with the old format (found by review, 2026-11-27).
-fn probe_copies_b<D: BlockDevice>(dev: &D) -> (Option<(u64, Superblock)>, Option<SbDecode>) {
-    let mut found: Option<(u64, Superblock)> = None;
-    let mut newer_version = None;
+fn probe_copies_b<D: BlockDevice>(dev: &D) -> ProbedB {
+    let mut p = ProbedB::default();
     let mut seg = MIN_SEGMENT_BYTES;
     while seg <= MAX_SEGMENT_BYTES && seg <= dev.size() {
         let off = Geometry::superblock_offset(1, seg);
-        // A block that does not read is no copy (the log may hold anything).
+        // A block that does not read is no copy (the log may hold anything); the first
+        // such error is kept.
         if off < dev.size() {
-            match read_block(dev, off).ok().map(|b| Superblock::decode(&b)) {
-                Some(Ok(sb)) => {
-                    let newer = found
+            match read_block(dev, off).map(|b| Superblock::decode(&b)) {
+                Ok(Ok(sb)) => {
+                    let newer = p
+                        .newest
                         .as_ref()
                         .is_none_or(|(_, f)| sb.created_secs > f.created_secs);
                     if sb.geometry.segment_bytes == seg && newer {
-                        found = Some((off, sb));
+                        p.newest = Some((off, sb));
                     }
                 }
-                Some(Err(e @ (SbDecode::Version(_) | SbDecode::Flags(_)))) => newer_version = Some(e),
-                _ => {}
+                Ok(Err(e @ (SbDecode::Version(_) | SbDecode::Flags(_)))) => p.newer = Some(e),
+                Ok(Err(_)) => {}
+                Err(e) => {
+                    p.read_error.get_or_insert(e);
+                }
             }
         }
         seg *= 2;
     }
-    (found, newer_version)
+    p
+}
+
+/// What [`probe_copies_b`] found.
+#[derive(Default)]
+struct ProbedB {
+    /// The newest whole copy, where it was found.
+    newest: Option<(u64, Superblock)>,
+    /// A copy a newer build wrote (a version or flags this one does not know).
+    newer: Option<SbDecode>,
+    /// The first place that did not read.
+    read_error: Option<Error>,
 }
 
 /// The refusal of a copy a newer build wrote (a version or flags this one does not know):
@@ -252,21 +265,6 @@ fn refused(backing: String, e: &SbDecode) -> Error {
         },
         _ => Error::Corrupt(format!("{backing}: superblock refused")),
     }
-}
-
-/// The first of copy B's possible places (every legal segment size) that does not read.
-fn probe_read_error<D: BlockDevice>(dev: &D) -> Option<Error> {
-    let mut seg = MIN_SEGMENT_BYTES;
-    while seg <= MAX_SEGMENT_BYTES && seg <= dev.size() {
-        let off = Geometry::superblock_offset(1, seg);
-        if off < dev.size() {
-            if let Err(e) = read_block(dev, off) {
-                return Some(e);
-            }
-        }
-        seg *= 2;
-    }
-    None
 }
 
 fn describe(b: &Option<(u64, std::result::Result<Superblock, SbDecode>)>) -> String {
