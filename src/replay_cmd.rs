@@ -184,7 +184,18 @@ pub fn run(a: ReplayArgs) -> Result<(), CliError> {
                     );
                 }
             }
-            let mut ops = Vec::with_capacity(once.len() * a.loops as usize);
+            let total = (once.len() as u64)
+                .checked_mul(a.loops)
+                .filter(|&n| {
+                    n <= isize::MAX as u64 / std::mem::size_of::<replay::trace::TraceOp>() as u64
+                })
+                .ok_or_else(|| {
+                    CliError::BadArgs(format!(
+                        "--loops {} replays more requests than memory holds",
+                        a.loops
+                    ))
+                })?;
+            let mut ops = Vec::with_capacity(total as usize);
             for _ in 0..a.loops {
                 ops.extend_from_slice(&once);
             }
@@ -201,7 +212,17 @@ pub fn run(a: ReplayArgs) -> Result<(), CliError> {
                 probabilities = Some(write_probabilities(&workload, logical.max(1), a.seed).into());
             }
             (
-                generate(&workload, logical.max(1), a.loops * logical, a.seed),
+                generate(
+                    &workload,
+                    logical.max(1),
+                    a.loops.checked_mul(logical).ok_or_else(|| {
+                        CliError::BadArgs(format!(
+                            "--loops {} writes more blocks than a u64 counts",
+                            a.loops
+                        ))
+                    })?,
+                    a.seed,
+                ),
                 w.clone(),
             )
         }
@@ -233,13 +254,23 @@ pub fn run(a: ReplayArgs) -> Result<(), CliError> {
             let _ = std::io::stderr().flush();
         }
     })
-    .map_err(|e| match (a.capacity, e) {
-        (Capacity::WorkingSet, replay::Error::Ftl(e)) => CliError::BadArgs(format!(
-            "{e}: the device sized from the trace's working set holds {} MiB; \
-             a smaller --segment-size or a higher --op fits a small trace",
-            (capacity * 4096) >> 20
-        )),
-        (_, e) => e.into(),
+    .map_err(|e| {
+        // Only the sizing errors get advice on sizing: every FTL error got "a smaller
+        // --segment-size", an invalid one too (found by review, 2026-11-29).
+        let sized = format!(
+            "--capacity wss sized the device from the trace's working set: {} MiB at --utilization {}%",
+            (capacity * 4096) >> 20,
+            a.utilization
+        );
+        match (a.capacity, e) {
+            (Capacity::WorkingSet, e @ replay::Error::Config(_)) => {
+                CliError::BadArgs(format!("{e} ({sized})"))
+            }
+            (Capacity::WorkingSet, replay::Error::Ftl(e @ ftl::Error::NoSpace)) => {
+                CliError::BadArgs(format!("{e} ({sized}): give a higher --op or a lower --utilization"))
+            }
+            (_, e) => e.into(),
+        }
     })?;
     if tty {
         eprintln!();
@@ -350,8 +381,25 @@ mod tests {
         ]))
         .unwrap_err();
         assert!(e.to_string().contains("power of two"), "{e}");
-        // One block of data (it panicked in the workload's clamp) replays.
+        // Two blocks of data (one panicked in the workload's clamp; the smallest
+        // device holds 16 segments) replay.
         run(args(&[
+            "--workload",
+            "hotcold:90/10",
+            "--capacity",
+            "1M",
+            "--segment-size",
+            "64K",
+            "--utilization",
+            "1",
+            "--loops",
+            "2",
+        ]))
+        .expect("two blocks of hotcold replay");
+        // A capacity too small for the segments is an error: the device was grown until
+        // they fitted, and the workload replayed at a fraction of the utilisation asked
+        // for (found by review, 2026-11-29).
+        let e = run(args(&[
             "--workload",
             "hotcold:90/10",
             "--capacity",
@@ -359,7 +407,8 @@ mod tests {
             "--loops",
             "2",
         ]))
-        .expect("one block of hotcold replays");
+        .unwrap_err();
+        assert!(e.to_string().contains("too small for segments"), "{e}");
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.csv");
         std::fs::write(&path, "r,0,4096\n").unwrap();
@@ -422,7 +471,27 @@ mod tests {
         ]))
         .unwrap_err()
         .to_string();
-        assert!(e.contains("--segment-size"), "{e}");
+        assert!(e.contains("too small for segments"), "{e}");
+        assert!(
+            e.contains("--segment-size") && e.contains("working set"),
+            "{e}"
+        );
+        // A segment size the format refuses is not a question of size: no advice to
+        // make it smaller.
+        let e = run(args(&[
+            "--trace",
+            p,
+            "--format",
+            "alibaba",
+            "--capacity",
+            "wss",
+            "--segment-size",
+            "32K",
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("power of two between"), "{e}");
+        assert!(!e.contains("smaller --segment-size"), "{e}");
         // Volumes listed when the trace holds several.
         std::fs::write(&path, "0,W,0,4096,1\n5,W,0,4096,2\n").unwrap();
         let e = run(args(&["--trace", p, "--format", "alibaba"])).unwrap_err();

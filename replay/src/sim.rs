@@ -141,7 +141,16 @@ fn build(cfg: &SimConfig) -> Result<(Arc<SimFtl>, u64), Error> {
                 return Ok((Arc::new(f), g.exported_blocks));
             }
             Ok(_) => backing += seg,
-            Err(ftl::Error::TooSmall(_)) => backing += backing / 4 + seg,
+            // Growing the device until it holds enough segments replayed the workload
+            // at a fraction of the utilisation asked for, and said nothing (found by
+            // review, 2026-11-29).
+            Err(ftl::Error::TooSmall(e)) => {
+                return Err(Error::Config(format!(
+                    "a capacity of {} blocks is too small for segments of {} KiB ({e}): give a smaller --segment-size or a larger --capacity",
+                    cfg.capacity_blocks,
+                    seg >> 10
+                )))
+            }
             Err(e) => return Err(e.into()),
         }
     }
@@ -199,6 +208,11 @@ pub fn simulate(
         match *op {
             TraceOp::Write { lba, blocks } => {
                 for l in lba..lba + blocks as u64 {
+                    // Taken before the write, so a run of one write has it in its second
+                    // half (found by review, 2026-11-29).
+                    if half.is_none() && wi >= total_writes / 2 {
+                        half = Some(f.stats().counters);
+                    }
                     let stream: StreamId = placer.user(l);
                     checkpoints += write_cleaning(&f, &mut cleaner, cfg.policy, l, &zero, stream)?;
                     if placer.plans() != plans {
@@ -220,9 +234,6 @@ pub fn simulate(
                         ));
                         progress(wi, total_writes);
                     }
-                    if half.is_none() && wi >= total_writes / 2 {
-                        half = Some(f.stats().counters);
-                    }
                 }
             }
             TraceOp::Trim { lba, blocks } => {
@@ -233,6 +244,9 @@ pub fn simulate(
             TraceOp::Read { .. } => {}
         }
     }
+    // The open chunks' blocks count as written: a run short enough to end inside its
+    // first chunks gave a WAF of 0 (found by review, 2026-11-29).
+    f.flush()?;
     let end = f.stats().counters;
     let mid = half.unwrap_or_default();
     // Per user block written over the second half of the run.

@@ -187,6 +187,9 @@ pub fn parse_reader<R: BufRead>(
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
+        // A header is recognised on the first line that is not blank or a comment, not
+        // only on the file's first line (found by review, 2026-11-29).
+        let first = !any;
         any = true;
         let err = |msg: String| Error::Parse {
             file: file.to_string(),
@@ -195,10 +198,10 @@ pub fn parse_reader<R: BufRead>(
         };
         let (vol, op) = match format {
             Format::FioIolog => (None, parse_fio(line).map_err(err)?),
-            Format::Msr => split_volume(parse_msr(line, i == 0).map_err(err)?),
-            Format::Csv => (None, parse_csv(line, i == 0).map_err(err)?),
-            Format::Alibaba => split_volume(parse_alibaba(line, i == 0).map_err(err)?),
-            Format::Tencent => split_volume(parse_tencent(line, i == 0).map_err(err)?),
+            Format::Msr => split_volume(parse_msr(line, first).map_err(err)?),
+            Format::Csv => (None, parse_csv(line, first).map_err(err)?),
+            Format::Alibaba => split_volume(parse_alibaba(line, first).map_err(err)?),
+            Format::Tencent => split_volume(parse_tencent(line, first).map_err(err)?),
             Format::Blkparse => {
                 let (op, action) = parse_blkparse(line).map_err(err)?;
                 // Count each request once: its Q (queued) event.
@@ -427,13 +430,16 @@ fn parse_blkparse(line: &str) -> Result<(Option<TraceOp>, String), String> {
 }
 
 /// Maps trace LBAs densely into `[0, capacity)` when the trace's address space is larger
-/// than the device: 1 MiB extents in first-seen order (keeping sequential runs
-/// sequential), wrapping if even the touched extents do not fit. A request is split at
-/// extent boundaries and each piece mapped by its own extent (pieces landing next to each
-/// other stay one request): mapped by its first block only, a request crossing a
-/// boundary spilled into another trace extent's place (found by review, 2026-11-27).
-/// Returns the requests and how many extents were folded onto others (distinct data then
-/// shares blocks: the caller warns).
+/// than the device: 1 MiB extents in the order of their first write (keeping sequential
+/// runs sequential), wrapping if even the written extents do not fit. Only written
+/// extents take a place: reads and trims of extents never written are dropped, since they
+/// neither place nor free anything (a read or an mkfs discard numbered first took a place
+/// of its own and had two written extents share one; found by review, 2026-11-29). A
+/// request is split at extent boundaries and each piece mapped by its own extent (pieces
+/// landing next to each other stay one request): mapped by its first block only, a
+/// request crossing a boundary spilled into another trace extent's place (found by
+/// review, 2026-11-27). Returns the requests and how many written extents were folded
+/// onto others (distinct data then shares blocks: the caller warns).
 pub fn remap_dense(ops: Vec<TraceOp>, capacity: u64) -> (Vec<TraceOp>, u64) {
     let max_end = ops
         .iter()
@@ -446,6 +452,17 @@ pub fn remap_dense(ops: Vec<TraceOp>, capacity: u64) -> (Vec<TraceOp>, u64) {
     let ext_blocks = 256u64.min(capacity);
     let extents = capacity / ext_blocks;
     let mut map: HashMap<u64, u64> = HashMap::new();
+    for op in &ops {
+        if let TraceOp::Write { lba, blocks } = *op {
+            if blocks == 0 {
+                continue;
+            }
+            for ext in lba / ext_blocks..=(lba + blocks as u64 - 1) / ext_blocks {
+                let next = map.len() as u64;
+                map.entry(ext).or_insert(next % extents);
+            }
+        }
+    }
     let mut out = Vec::with_capacity(ops.len());
     for op in ops {
         let (lba, blocks) = op.range();
@@ -455,10 +472,16 @@ pub fn remap_dense(ops: Vec<TraceOp>, capacity: u64) -> (Vec<TraceOp>, u64) {
         while at < end {
             let ext = at / ext_blocks;
             let piece_end = end.min((ext + 1) * ext_blocks);
-            let next = map.len() as u64;
-            let dense = *map.entry(ext).or_insert(next % extents);
-            let new_lba = dense * ext_blocks + at % ext_blocks;
             let n = (piece_end - at) as u32;
+            let Some(&dense) = map.get(&ext) else {
+                // Never written: nothing to read or free there.
+                if let Some((l, b)) = run.take() {
+                    out.push(op.with_range(l, b));
+                }
+                at = piece_end;
+                continue;
+            };
+            let new_lba = dense * ext_blocks + at % ext_blocks;
             run = match run {
                 Some((l, b)) if l + b as u64 == new_lba => Some((l, b + n)),
                 Some((l, b)) => {
@@ -641,6 +664,64 @@ mod tests {
         assert!(small
             .iter()
             .all(|o| o.range().0 + o.range().1 as u64 <= 100));
+    }
+
+    /// Only written extents take a place: a read (or an mkfs discard) numbered first had
+    /// two written extents share one place, and the replay counted an overwrite that the
+    /// trace never made.
+    #[test]
+    fn reads_and_trims_of_unwritten_extents_take_no_place() {
+        let w = |lba, blocks| TraceOp::Write { lba, blocks };
+        let r = |lba, blocks| TraceOp::Read { lba, blocks };
+        let (ops, folded) = remap_dense(vec![w(0, 1), r(256, 1), w(512, 1)], 512);
+        assert_eq!(folded, 0);
+        assert_eq!(ops, vec![w(0, 1), w(256, 1)]);
+        // A discard of the whole space first, then two writes: both keep a place, and the
+        // discard keeps only the written extents' pieces.
+        let (ops, folded) = remap_dense(
+            vec![
+                TraceOp::Trim {
+                    lba: 0,
+                    blocks: 4096,
+                },
+                w(3000, 1),
+                r(1 << 20, 8),
+                w(256, 2),
+                r(3000, 1),
+            ],
+            512,
+        );
+        assert_eq!(folded, 0);
+        assert_eq!(
+            ops,
+            vec![
+                TraceOp::Trim {
+                    lba: 256,
+                    blocks: 256
+                },
+                TraceOp::Trim {
+                    lba: 0,
+                    blocks: 256
+                },
+                w(3000 % 256, 1),
+                w(256, 2),
+                r(3000 % 256, 1),
+            ]
+        );
+    }
+
+    /// A header after comment lines (or a blank first line) is still a header.
+    #[test]
+    fn a_header_after_comments_is_a_header() {
+        let ops = parse(
+            "\n# recorded 2026\nop,offset,length\nw,0,4096\n",
+            Format::Csv,
+            "c",
+        )
+        .unwrap();
+        assert_eq!(ops, vec![TraceOp::Write { lba: 0, blocks: 1 }]);
+        // The second line of data is never a header.
+        assert!(parse("w,0,4096\nop,offset,length\n", Format::Csv, "c").is_err());
     }
 
     #[test]

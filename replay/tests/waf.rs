@@ -194,3 +194,55 @@ fn per_stream_figures_add_up() {
         }
     }
 }
+
+fn small_cfg(capacity_blocks: u64, segment_bytes: Option<u64>) -> SimConfig {
+    SimConfig {
+        capacity_blocks,
+        op_permille: 200,
+        segment_bytes,
+        classifier: ClassifierKind::Online,
+        classes: 7,
+        tracked_blocks: None,
+        wear_levelling: true,
+        write_probabilities: None,
+        policy: Policy::Greedy,
+        series_points: 20,
+    }
+}
+
+/// A run that ends inside its first chunks counts the blocks they hold, and a run of one
+/// write has it in its second half: a WAF of 0 (whole run and second half) was printed
+/// for a short trace (found by review, 2026-11-29).
+#[test]
+fn a_run_of_one_write_counts_it() {
+    use replay::trace::TraceOp;
+    let r = simulate(
+        &[TraceOp::Write { lba: 0, blocks: 1 }],
+        &small_cfg(16384, Some(1 << 20)),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert!(
+        r.waf >= 1.0 && r.waf_steady >= 1.0,
+        "{} {}",
+        r.waf,
+        r.waf_steady
+    );
+}
+
+/// A capacity too small for its segments is an error, not a larger device: the
+/// workload replayed at a fraction of the utilisation asked for (found by review,
+/// 2026-11-29).
+#[test]
+fn a_capacity_of_too_few_segments_is_an_error() {
+    use replay::trace::TraceOp;
+    let ops = [TraceOp::Write { lba: 0, blocks: 1 }];
+    let e = simulate(&ops, &small_cfg(2048, Some(1 << 20)), &mut |_, _| {}).unwrap_err();
+    assert!(e.to_string().contains("too small for segments"), "{e}");
+    let r = simulate(&ops, &small_cfg(8192, Some(256 << 10)), &mut |_, _| {}).unwrap();
+    assert!(
+        r.geometry.exported_blocks <= 8192 + 256,
+        "{}",
+        r.geometry.exported_blocks
+    );
+}
