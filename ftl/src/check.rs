@@ -12,7 +12,16 @@
 //! 5. every mapped block's data matches the crc32c in its map entry (unless skipped);
 //! 6. free segments hold no live block; open segments belong to a stream cursor;
 //! 7. a free record counts more reuses of its segment than the segment table (one more
-//!    for each time it was freed since the checkpoint).
+//!    for each time it was freed since the checkpoint);
+//! 8. the map is what the log says: each LBA's newest record (epoch, entry number) in
+//!    the summaries of the segments in use is the write its map entry points at, or a
+//!    TRIM (or nothing) when it is unmapped. That is the map `--rebuild-index` would make
+//!    of the log; checks 4-6 compare the map only with the summaries of the blocks it
+//!    names, so a map entry pointing at an older copy of its block, a mapped block whose
+//!    TRIM record is the newest (the rebuild hands trimmed data back) and an unmapped
+//!    block whose newest record is a write (a lost write) passed them. A newest write
+//!    whose block fails its checksum (torn by a power cut, skipped by recovery rule 3
+//!    and by the rebuild) leaves its LBA unchecked.
 //!
 //! It checks what the next open would see: recovery, including the replay of what a dead
 //! server left in its staging area when one is given ([`check_staged`]), runs through an
@@ -29,6 +38,7 @@ use crate::device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
 use crate::error::Result;
 use crate::index::IndexStore;
 use crate::map::MapEntry;
+use crate::rebuild::{Rec, Winners, TRIM_PBA};
 use crate::records::{SegState, PAGE_ENTRIES};
 use crate::recovery::{for_each_map_page, load_index, recover};
 use crate::summary::Entry;
@@ -41,6 +51,12 @@ const DETAIL_BLOCKS: usize = 1 << 20;
 /// Passes over the map the detail pass makes at most; the segments past them are
 /// reported one problem each.
 const DETAIL_PASSES: usize = 8;
+/// LBAs whose newest log record check 8 holds at once (24 bytes each: 192 MiB, a 32 GiB
+/// device); a larger device is checked in slices of LBAs, one pass over the summaries
+/// each (summaries only: about one block in 200 of the log).
+const NEWEST_SLICE_BLOCKS: u64 = 1 << 23;
+/// Problems check 8 names one by one; past them, one more says how many there were.
+const NEWEST_NAMED: usize = 1000;
 
 /// One violated invariant.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -94,7 +110,58 @@ pub fn check_in_groups<D: BlockDevice, I: IndexStore>(
     detail_blocks: usize,
     passes: usize,
 ) -> Result<CheckReport> {
-    check_with(dev, index, verify_data, None, (detail_blocks, passes))
+    check_with(
+        dev,
+        index,
+        verify_data,
+        None,
+        Limits {
+            detail_blocks,
+            detail_passes: passes,
+            newest_slice: NEWEST_SLICE_BLOCKS,
+        },
+    )
+}
+
+/// [`check`], holding the newest records of check 8 for `slice` LBAs at a time (rounded
+/// up to a map page): for tests of the slicing.
+#[cfg(feature = "internals")]
+pub fn check_in_slices<D: BlockDevice, I: IndexStore>(
+    dev: D,
+    index: I,
+    slice: u64,
+) -> Result<CheckReport> {
+    check_with(
+        dev,
+        index,
+        false,
+        None,
+        Limits {
+            newest_slice: slice,
+            ..Limits::default()
+        },
+    )
+}
+
+/// How much of the map and the log the checker holds in memory at once.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    /// Check 4's detail pass: summary entries held at once.
+    detail_blocks: usize,
+    /// Check 4's detail pass: passes over the map at most.
+    detail_passes: usize,
+    /// Check 8: LBAs whose newest record is held at once.
+    newest_slice: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            detail_blocks: DETAIL_BLOCKS,
+            detail_passes: DETAIL_PASSES,
+            newest_slice: NEWEST_SLICE_BLOCKS,
+        }
+    }
 }
 
 /// [`check`], with the staging area a dead server of this backing left (opened with
@@ -107,13 +174,7 @@ pub fn check_staged<D: BlockDevice, I: IndexStore>(
     verify_data: bool,
     staging: Option<std::sync::Arc<crate::staging::StagingArea>>,
 ) -> Result<CheckReport> {
-    check_with(
-        dev,
-        index,
-        verify_data,
-        staging,
-        (DETAIL_BLOCKS, DETAIL_PASSES),
-    )
+    check_with(dev, index, verify_data, staging, Limits::default())
 }
 
 fn check_with<D: BlockDevice, I: IndexStore>(
@@ -121,8 +182,13 @@ fn check_with<D: BlockDevice, I: IndexStore>(
     index: I,
     verify_data: bool,
     staging: Option<std::sync::Arc<crate::staging::StagingArea>>,
-    (detail_blocks, detail_passes): (usize, usize),
+    limits: Limits,
 ) -> Result<CheckReport> {
+    let Limits {
+        detail_blocks,
+        detail_passes,
+        newest_slice,
+    } = limits;
     let dev = crate::device::overlay::OverlayDevice::new(dev);
     let mut report = CheckReport::default();
     let mut problems = Vec::new();
@@ -408,6 +474,77 @@ fn check_with<D: BlockDevice, I: IndexStore>(
             }
         })?;
     }
+    // 8. The map against the newest record of each LBA in the log, a slice of LBAs at a
+    // time (whole map pages).
+    let page = PAGE_ENTRIES as u64;
+    let slice = newest_slice.max(1).div_ceil(page) * page;
+    let mut named = 0usize;
+    let mut lo = 0u64;
+    while lo < geo.exported_blocks {
+        let len = slice.min(geo.exported_blocks - lo);
+        let mut newest = Winners::new(lo, len);
+        for seg in 1..geo.segment_count {
+            records_of(&dev, geo, segs, seg, format_id, below, &mut |r| {
+                newest.apply(&r)
+            })?;
+        }
+        map.try_for_pages(lo / page..(lo + len).div_ceil(page), |p, entries| {
+            let base = p * page;
+            for (i, &raw) in entries.iter().enumerate() {
+                let lba = base + i as u64;
+                if lba < lo || lba >= lo + len {
+                    continue;
+                }
+                let k = (lba - lo) as usize;
+                let (have, want) = (MapEntry(raw), newest.entry(k));
+                // The checksum is check 4's: a write's own entry differs from the map's
+                // only there.
+                if have.pba() == want.pba() {
+                    continue;
+                }
+                // A write whose block fails its checksum was torn by a power cut: recovery
+                // skipped it (recovery rule 3), and so does the rebuild. The copy before
+                // it is not held here, so the map's entry stands unchecked for this LBA.
+                if let Some(q) = want.pba() {
+                    let b = read_block(&dev, q as u64 * BLOCK_SIZE as u64)?;
+                    if crc32c::crc32c(&b) != want.crc() {
+                        continue;
+                    }
+                }
+                named += 1;
+                if named > NEWEST_NAMED {
+                    continue;
+                }
+                let detail = match (have.pba(), want.pba()) {
+                    (Some(p), Some(q)) => format!(
+                        "lba {lba} -> block {p}, but the log's newest record of it is the write at block {q} (the map points at an older copy, or at no record)"
+                    ),
+                    (Some(p), None) if newest.named(k) => format!(
+                        "lba {lba} -> block {p}, but the log's newest record of it is a TRIM (a rebuild from the log would unmap it)"
+                    ),
+                    (Some(p), None) => format!(
+                        "lba {lba} -> block {p}, but no record in the log names it"
+                    ),
+                    (None, Some(q)) => format!(
+                        "lba {lba} is unmapped, but the log's newest record of it is the write at block {q} (a lost write, or a lost TRIM record)"
+                    ),
+                    (None, None) => continue,
+                };
+                problems.push(Problem::new("map vs log", detail));
+            }
+            Ok(())
+        })?;
+        lo += len;
+    }
+    if named > NEWEST_NAMED {
+        problems.push(Problem::new(
+            "map vs log",
+            format!(
+                "{} more LBAs whose map entry is not the log's newest record (the first {NEWEST_NAMED} named)",
+                named - NEWEST_NAMED
+            ),
+        ));
+    }
     // 6. Live counts after replay, and open segments.
     for seg in 1..geo.segment_count {
         let recorded = segs.valid(seg);
@@ -432,6 +569,55 @@ fn check_with<D: BlockDevice, I: IndexStore>(
     }
     report.problems = problems;
     Ok(report)
+}
+
+/// Every record (data and TRIM) of segment `seg`'s chunks that recovery accepted, as the
+/// rebuild reads them (none for segment 0 or a free segment, whose first block is zeroed
+/// when it is freed; entry numbers past sanity skipped, as the rebuild skips them).
+#[allow(clippy::too_many_arguments)]
+fn records_of<D: BlockDevice>(
+    dev: &D,
+    geo: crate::geometry::Geometry,
+    segs: &crate::segments::Segments,
+    seg: u32,
+    format_id: u64,
+    below: (u64, u64),
+    f: &mut dyn FnMut(Rec),
+) -> Result<()> {
+    if seg == 0 || segs.state(seg) == Some(SegState::Free) {
+        return Ok(());
+    }
+    let start = geo.segment_start(seg);
+    for chunk in SegmentChunks::new(dev, geo, seg, format_id, below) {
+        let (off, s) = chunk?;
+        let mut k = 0u64;
+        for e in &s.entries {
+            let r = match *e {
+                Entry::Data { lba, seq, crc } => {
+                    let pba = start + off as u64 + 1 + k;
+                    k += 1;
+                    Rec {
+                        epoch: s.epoch,
+                        seq,
+                        lba,
+                        pba: pba as u32,
+                        crc_or_count: crc,
+                    }
+                }
+                Entry::Trim { lba, seq, count } => Rec {
+                    epoch: s.epoch,
+                    seq,
+                    lba,
+                    pba: TRIM_PBA,
+                    crc_or_count: count,
+                },
+            };
+            if !crate::recovery::past_sane(r.seq) {
+                f(r);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Reads of mapped blocks in flight at once when verifying their data.

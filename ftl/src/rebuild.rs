@@ -160,16 +160,16 @@ impl Default for RebuildOptions {
 
 /// One log record.
 #[derive(Debug, Clone, Copy)]
-struct Rec {
-    epoch: u64,
-    seq: u64,
-    lba: u64,
+pub(crate) struct Rec {
+    pub(crate) epoch: u64,
+    pub(crate) seq: u64,
+    pub(crate) lba: u64,
     /// Data: the physical block and its crc; trim: `u32::MAX` and the block count.
-    pba: u32,
-    crc_or_count: u32,
+    pub(crate) pba: u32,
+    pub(crate) crc_or_count: u32,
 }
 
-const TRIM_PBA: u32 = u32::MAX;
+pub(crate) const TRIM_PBA: u32 = u32::MAX;
 
 impl Rec {
     /// A spilled record:
@@ -207,21 +207,22 @@ impl Rec {
 /// entry number plus one (0: no record yet, so that every record beats it) and the map
 /// entry it gives. Applying records in any order leaves what applying them in (epoch,
 /// entry number) order leaves: the newest of each LBA wins, data or TRIM alike.
-/// Allocated zeroed (the pages of LBAs no record names are never touched).
-struct Winners {
+/// Allocated zeroed (the pages of LBAs no record names are never touched). Also the
+/// offline checker's picture of what the log says (`check.rs`, check 8).
+pub(crate) struct Winners {
     lo: u64,
     w: Vec<[u64; 3]>,
 }
 
 impl Winners {
-    fn new(lo: u64, len: u64) -> Winners {
+    pub(crate) fn new(lo: u64, len: u64) -> Winners {
         Winners {
             lo,
             w: vec![[0u64; 3]; len as usize],
         }
     }
 
-    fn apply(&mut self, r: &Rec) {
+    pub(crate) fn apply(&mut self, r: &Rec) {
         let hi = self.lo + self.w.len() as u64;
         let (from, to, entry) = if r.pba == TRIM_PBA {
             let to = r.lba.saturating_add(r.crc_or_count as u64).min(hi);
@@ -241,11 +242,16 @@ impl Winners {
         }
     }
 
-    fn entry(&self, i: usize) -> MapEntry {
+    pub(crate) fn entry(&self, i: usize) -> MapEntry {
         match self.w[i] {
             [_, 0, _] => MapEntry::UNMAPPED,
             [_, _, e] => MapEntry(e),
         }
+    }
+
+    /// Whether some record names LBA `lo + i` (a TRIM too).
+    pub(crate) fn named(&self, i: usize) -> bool {
+        self.w[i][1] != 0
     }
 }
 
