@@ -224,6 +224,10 @@ fn same_backing(a: &Path, b: &Path) -> bool {
     }
 }
 
+/// The smallest `--map-cache`: one map page (512 entries of 8
+/// bytes).
+const MIN_MAP_CACHE: u64 = 512 * 8;
+
 /// `ftlblk add`.
 pub fn add(a: AddArgs) -> Result<(), CliError> {
     let a = match &a.config {
@@ -233,7 +237,6 @@ pub fn add(a: AddArgs) -> Result<(), CliError> {
         }
         None => a,
     };
-    kctl::require_ublk()?;
     let queues = a.queues.unwrap_or_else(default_queues);
     if queues == 0 || queues as u32 > sys::UBLK_MAX_NR_QUEUES {
         return Err(CliError::BadArgs(format!(
@@ -254,11 +257,23 @@ pub fn add(a: AddArgs) -> Result<(), CliError> {
             a.io_buf_size
         )));
     }
+    // 0 in a device's record means "a daemon older than the option" (`recover` then
+    // takes the default), so 0 was not kept across a recover (found by review,
+    // 2026-11-29); the cache holds a map page at least.
+    if a.map_cache < MIN_MAP_CACHE {
+        return Err(CliError::BadArgs(format!(
+            "--map-cache {} must be at least {MIN_MAP_CACHE} bytes (one map page)",
+            a.map_cache
+        )));
+    }
     // A configuration file's delay did not go through the option's parser.
     check_seconds(a.discard_delay)?;
     let Some(backing) = a.backing.as_deref() else {
         return Err(CliError::BadArgs("add needs --backing or --config".into()));
     };
+    // After the arguments: `add --depth 0` on a host without ublk said "needs root"
+    // rather than what was wrong with it (found by review, 2026-11-29).
+    kctl::require_ublk()?;
     let backing = absolute(backing)?;
     if let Some(id) = orphaned_device_of(&backing) {
         eprintln!(
@@ -468,9 +483,11 @@ fn del_one(id: u32, timeout: Duration, force: bool) -> Result<String, CliError> 
     }
     kctl::kill_and_delete(id)?;
     if let Some((pid, start)) = daemon {
-        let deadline = Instant::now() + timeout;
+        // No deadline past what an Instant holds (`--timeout 18446744073709551615`
+        // panicked after the device was deleted; found by review, 2026-11-29).
+        let deadline = Instant::now().checked_add(timeout);
         while runfiles::process_alive(pid, start) {
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(CliError::Device(format!(
                     "ublk device {id} is deleted but its daemon (pid {pid}) did not exit within \
                      {timeout:?}"

@@ -1,6 +1,7 @@
 //! The binary's error type, [`CliError`]: what every fallible function of `src/` returns.
 //!
-//! `main` prints an error's Display on one line after `ftlblk: error: ` and exits 1; a
+//! `main` prints an error's Display on one line after `ftlblk: error: ` and exits with its
+//! [`CliError::exit_code`] (2; 1 for a `check` that found problems); a
 //! daemon also sends it to the `add`/`recover` that launched it ([`crate::launch`]). A
 //! message says what failed, on what (a path, a device, a block) and, where the user can do
 //! something about it, what. Errors of the library crates pass through with their own

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 pub struct ReplayArgs {
-    /// Trace file to replay (give --format); or use --workload.
+    /// Trace file to replay (--format says its format; csv unless given); or use --workload.
     #[arg(long, conflicts_with = "workload")]
     pub trace: Option<PathBuf>,
     /// Trace format: fio-iolog, msr, blkparse, csv (op,offset,length in bytes), alibaba
@@ -33,8 +33,9 @@ pub struct ReplayArgs {
     /// data), seqmix.
     #[arg(long)]
     pub workload: Option<String>,
-    /// Logical capacity of the simulated device (e.g. 1G); the default is the size of the
-    /// file `ftlblk add` creates by default. WAF depends on it: the default geometry cuts
+    /// Logical capacity of the simulated device (e.g. 1G); the default 8G is the size of
+    /// the file `ftlblk add` creates by default (which exports less: its spare comes out
+    /// of the 8G, here it is added). WAF depends on it: the default geometry cuts
     /// a small device into small segments, where the log's metadata weighs more.
     /// `wss` (traces only): the trace's working set (distinct 4 KiB blocks written) divided
     /// by --utilization, with the trace's blocks mapped densely onto it.
@@ -129,9 +130,10 @@ pub fn run(a: ReplayArgs) -> Result<(), CliError> {
             "--volume selects a volume of a --trace".into(),
         ));
     }
-    if !(1.0..90.0).contains(&a.op) {
+    // The format's own range (1 ..= 90%, as `format --op-percent`).
+    if !(1.0..=90.0).contains(&a.op) {
         return Err(CliError::BadArgs(format!(
-            "--op {} must be in 1..90 percent",
+            "--op {} must be in 1..=90 percent",
             a.op
         )));
     }

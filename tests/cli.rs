@@ -124,6 +124,52 @@ fn check_finds_a_damaged_superblock_and_writes_nothing() {
     assert_eq!(code(&out), 0, "check after the repair: {}", text(&out));
 }
 
+/// Damage found in the index is a problem found (exit 1, "NOT CLEAN" with the advice to
+/// rebuild), not a check that could not run (exit 2): a cron job alerting on 1 stayed
+/// silent over another backing's index (found by review, 2026-11-29).
+#[test]
+fn check_of_another_backings_index_finds_a_problem() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    format_64m(dir.path());
+    let out = ftlblk(
+        &["format", "--backing", "c.img", "--size", "64M"],
+        dir.path(),
+    );
+    assert_eq!(code(&out), 0, "format: {}", text(&out));
+    let out = ftlblk(
+        &["check", "--backing", "b.img", "--index", "c.img.ftlidx"],
+        dir.path(),
+    );
+    assert_eq!(code(&out), 1, "check with c's index: {}", text(&out));
+    assert!(
+        text(&out).contains("cannot serve this backing") && text(&out).contains("--rebuild-index"),
+        "{}",
+        text(&out)
+    );
+    assert!(text(&out).contains("NOT CLEAN"), "{}", text(&out));
+}
+
+/// `add` names a bad argument before it looks for ublk (on a host without it, `add
+/// --depth 0` said ublk was missing), and refuses a map cache of 0, which a recover took
+/// for "the default" (found by review, 2026-11-29). Nothing is created.
+#[test]
+fn add_names_a_bad_argument_before_anything_else() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (opt, val) in [("--depth", "0"), ("--map-cache", "0"), ("--queues", "0")] {
+        let out = ftlblk(&["add", "--backing", "b.img", opt, val], dir.path());
+        assert_eq!(code(&out), 2, "add {opt} {val}: {}", text(&out));
+        assert!(
+            text(&out).contains(&format!("{opt} {val}")),
+            "add {opt} {val}: {}",
+            text(&out)
+        );
+    }
+    assert!(
+        !dir.path().join("b.img").exists(),
+        "add created the backing"
+    );
+}
+
 #[test]
 fn check_of_something_that_is_not_a_backing_cannot_check() {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -218,8 +218,17 @@ fn check_with<D: BlockDevice, I: IndexStore>(
     }
     report.uuid = sb.uuid_string();
     report.segments = geo.segment_count;
-    // 2 + 3. Index records and the checkpoint snapshot.
-    let loaded = load_index(&index, &sb, "index")?;
+    // 2 + 3. Index records and the checkpoint snapshot. A record that does not decode
+    // stops the check there, as a problem found (exit 1), not as a check that could not
+    // run (exit 2; found by review, 2026-11-29).
+    let loaded = match load_index(&index, &sb, "index") {
+        Ok(l) => l,
+        Err(e) => {
+            problems.push(index_damage(e)?);
+            report.problems = problems;
+            return Ok(report);
+        }
+    };
     // Reuse counts: a free record counts one more reuse than the table it follows for
     // each time the segment was freed since (more than once when it was reused and
     // freed again before the next checkpoint, free rule 7).
@@ -255,7 +264,7 @@ fn check_with<D: BlockDevice, I: IndexStore>(
         Ok(())
     })?;
     let mut counts = vec![0u32; geo.segment_count as usize];
-    for_each_map_page(&index, &sb, |p| {
+    let pages = for_each_map_page(&index, &sb, |p| {
         for (i, &e) in p.entries.iter().enumerate() {
             if let Some(pba) = MapEntry(e).pba() {
                 let s = geo.segment_of(pba as u64) as usize;
@@ -271,7 +280,12 @@ fn check_with<D: BlockDevice, I: IndexStore>(
                 }
             }
         }
-    })?;
+    });
+    if let Err(e) = pages {
+        problems.push(index_damage(e)?);
+        report.problems = problems;
+        return Ok(report);
+    }
     // After a checkpoint cut between its page batches (checkpoint rule 7) the pages may be
     // newer than the segment records: recovery recounts, and so does check 6 below.
     for r in loaded.segments.iter().filter(|_| loaded.partial.is_none()) {
@@ -308,6 +322,15 @@ fn check_with<D: BlockDevice, I: IndexStore>(
             problems.push(Problem::new(
                 "recovery",
                 format!("the next open fails: {e}"),
+            ));
+            report.problems = problems;
+            return Ok(report);
+        }
+        // The index older than the log (a backup restored), or another backing's.
+        Err(crate::error::Error::IndexMismatch { why, .. }) => {
+            problems.push(Problem::new(
+                "recovery",
+                format!("the next open fails: the index cannot serve this backing: {why}{REBUILD}"),
             ));
             report.problems = problems;
             return Ok(report);
@@ -759,6 +782,27 @@ fn entry_hash(pba: u64, lba: u64, crc: u32) -> u64 {
 impl Problem {
     fn new(check: &'static str, detail: String) -> Self {
         Problem { check, detail }
+    }
+}
+
+/// What the problems that stop the check advise.
+const REBUILD: &str = " (if the index is lost or damaged, rebuild it from the log with \
+                       `ftlblk check --rebuild-index`)";
+
+/// Damage in the index itself, which stops the check where it is found: a problem, not
+/// a failure to check. Other errors (I/O, a busy index) stay errors.
+fn index_damage(e: crate::error::Error) -> Result<Problem> {
+    use crate::error::Error;
+    match e {
+        Error::Corrupt(m) => Ok(Problem::new(
+            "index records",
+            format!("corrupt metadata: {m}{REBUILD}"),
+        )),
+        Error::IndexMismatch { why, .. } => Ok(Problem::new(
+            "index records",
+            format!("the index cannot serve this backing: {why}{REBUILD}"),
+        )),
+        e => Err(e),
     }
 }
 
