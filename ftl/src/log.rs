@@ -84,9 +84,10 @@ impl OpenChunk {
     /// Copies a data block in and records its entry (staging rule 1: data first).
     pub fn push_data(&mut self, lba: u64, seq: u64, crc: u32, data: &[u8]) {
         let at = (1 + self.data_blocks as usize) * BLOCK_SIZE;
-        self.buf[at..at + BLOCK_SIZE].copy_from_slice(data);
+        let e = Entry::Data { lba, seq, crc };
+        self.buf.record(self.entries.len(), &e, Some((at, &data[..BLOCK_SIZE])));
         self.data_blocks += 1;
-        self.push_entry(Entry::Data { lba, seq, crc });
+        self.entries.push(e);
     }
     /// An entry of this chunk unmapped a block of segment `seg`.
     pub fn note_killed(&mut self, seg: u32) {
@@ -103,7 +104,7 @@ impl OpenChunk {
         self.push_entry(Entry::Trim { lba, seq, count });
     }
     fn push_entry(&mut self, e: Entry) {
-        self.buf.record(self.entries.len(), &e);
+        self.buf.record(self.entries.len(), &e, None);
         self.entries.push(e);
     }
     /// The buffered contents of physical block `pba`, if it is one of this chunk's data blocks.

@@ -43,7 +43,8 @@
 //!    `/run` is not tmpfs) a stale copy of it survived, and replaying its slots wrote
 //!    chunks older than the FLUSH-acknowledged ones at the same places over them (found
 //!    by review, 2026-11-27). Test: `process_crash::an_area_from_another_boot_is_ignored`;
-//! 6. (see [`StagingArea::reset`]) a reset frees every slot BEFORE it writes the header;
+//! 6. (see [`StagingArea::reset`]) a reset frees every slot BEFORE it writes the header
+//!    ([`RESET_STEPS`]). Test: `a_death_between_a_resets_steps_loses_nothing`;
 //! 7. a slot given up while it still holds writes a replay needs (sealed, or open with
 //!    entries) is kept out of use until the next reset, handed only to replay. Test:
 //!    `a_slot_whose_seal_failed_is_not_handed_out_again`;
@@ -223,22 +224,53 @@ pub(crate) enum SealStep {
 /// The stores of staging rule 1, in the order [`ChunkBuf::record`] makes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RecordStep {
+    /// A data entry's block copied into the chunk buffer.
+    Data,
     /// The entry's fields and its checksum.
     Entry,
     /// The slot's entry count raised past it (release).
     Count,
 }
 
-/// The entry whole BEFORE the count covers it: a death in between leaves an entry the
-/// count does not cover (its write had not completed); the other order left a count over
-/// an entry not written, and replay refused the area (staging rule 6) or took a stale one.
-pub(crate) const RECORD_STEPS: [RecordStep; 2] = [RecordStep::Entry, RecordStep::Count];
+/// The data and the entry whole BEFORE the count covers them: a death in between leaves
+/// an entry the count does not cover (its write had not completed); the other order left
+/// a count over an entry not written, and replay refused the area (staging rule 6) or
+/// took a stale one, or over a block not copied, which replay wrote to the log: after the
+/// death of only the process such a block is damage (recovery rule 3), and the LBA's
+/// older data read as EIO.
+pub(crate) const RECORD_STEPS: [RecordStep; 3] =
+    [RecordStep::Data, RecordStep::Entry, RecordStep::Count];
 
 #[cfg(test)]
 thread_local! {
     /// Test hook: the next `record` on this thread makes only this many of
     /// [`RECORD_STEPS`] (a process dying in between; taken once).
     pub(crate) static RECORD_UPTO: std::cell::Cell<Option<usize>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// The steps of a reset (staging rule 6), in the order [`StagingArea::reset`] takes
+/// them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ResetStep {
+    /// Every slot marked free.
+    Slots,
+    /// The new session's header written (and written back, for a file).
+    Header,
+}
+
+/// The slots freed BEFORE the header is written: a death in between leaves the old
+/// session's header over free slots (an area of a session older than the checkpoint,
+/// holding nothing); the other order left the new session's header over the slots the
+/// open had just replayed, and the next open replayed them again under new numbers, at
+/// places behind the checkpoint, and was refused.
+pub(crate) const RESET_STEPS: [ResetStep; 2] = [ResetStep::Slots, ResetStep::Header];
+
+#[cfg(test)]
+thread_local! {
+    /// Test hook: the next `reset` on this thread makes only this many of
+    /// [`RESET_STEPS`] (a process dying in between; taken once).
+    pub(crate) static RESET_UPTO: std::cell::Cell<Option<usize>> =
         const { std::cell::Cell::new(None) };
 }
 
@@ -536,13 +568,32 @@ impl StagingArea {
             let mut free = lock(&self.free);
             free.append(&mut lock(&self.kept));
         }
+        #[cfg(test)]
+        let upto = RESET_UPTO.with(|u| u.take()).unwrap_or(RESET_STEPS.len());
+        #[cfg(not(test))]
+        let upto = RESET_STEPS.len();
+        for step in &RESET_STEPS[..upto.min(RESET_STEPS.len())] {
+            match step {
+                ResetStep::Slots => self.free_every_slot(),
+                ResetStep::Header => self.write_header(owner, next_chunk_seq)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Rule 6's first step: every slot marked free with no entries.
+    fn free_every_slot(&self) {
         for s in 0..self.slots as u32 {
             let at = Self::slot_at(s);
             self.atomic32(at + s_at::STATE)
                 .store(STATE_FREE, Ordering::Release);
             self.atomic32(at + s_at::COUNT).store(0, Ordering::Release);
         }
-        // The header's plain stores stay after the slots' (see above).
+    }
+
+    /// Rule 6's second step: the header of a new session, written back when in a file.
+    fn write_header(&self, owner: AreaOwner, next_chunk_seq: u64) -> std::io::Result<()> {
+        // The header's plain stores stay after the slots' (see `reset`).
         std::sync::atomic::fence(Ordering::SeqCst);
         let h = self.bytes_mut(0, h_at::NEXT_CHUNK_MARK);
         h.fill(0);
@@ -777,9 +828,13 @@ impl ChunkBuf {
             .store(STATE_OPEN, Ordering::Release);
     }
 
-    /// Rule 1: records entry number `k` (the data, if any, is already in the buffer).
-    pub(crate) fn record(&mut self, k: usize, e: &Entry) {
+    /// Rule 1: records entry number `k`, a data entry's block `data` copied to byte `at`
+    /// of the buffer first.
+    pub(crate) fn record(&mut self, k: usize, e: &Entry, data: Option<(usize, &[u8])>) {
         if k >= MAX_ENTRIES {
+            if let Some((at, d)) = data {
+                self[at..at + d.len()].copy_from_slice(d);
+            }
             return;
         }
         let at = self.meta_at();
@@ -793,6 +848,11 @@ impl ChunkBuf {
         let upto = RECORD_STEPS.len();
         for step in &RECORD_STEPS[..upto.min(RECORD_STEPS.len())] {
             match step {
+                RecordStep::Data => {
+                    if let Some((at, d)) = data {
+                        self[at..at + d.len()].copy_from_slice(d);
+                    }
+                }
                 RecordStep::Entry => {
                     let m = self
                         .area

@@ -192,7 +192,7 @@ impl Region {
         let start = offset / page * page;
         let end = (offset + len).min(*total);
         #[cfg(test)]
-        super::tests::FILE_SYNCS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        super::tests::FILE_SYNCS.with(|n| n.set(n.get() + 1));
         // SAFETY: `start..end` lies within the mapping (page-aligned start, `end` at most
         // its length); msync only writes the pages back.
         let r = unsafe {
