@@ -443,7 +443,7 @@ MUTANTS = [
      [SHUTTLE, KILL]),
     ("staging-4", "staging rule 4: staged chunks are written BEFORE the log scan",
      "ftl/src/recovery.rs",
-     [("""    let staged = crate::staging::replay(&dev, &staging, &sb, ck.epoch, ck.next_chunk_seq)?;""",
+     [("""    let staged = crate::staging::replay(&dev, &staging, &sb, ck.epoch, ck.next_chunk_seq, ck.session)?;""",
        """    let staged = crate::staging::StagedReport::default();
     let _ = (&staging, crate::staging::replay::<D>);""")],
      [PROCESS, KILL]),
@@ -466,6 +466,12 @@ MUTANTS = [
      [("""    [RecordStep::Data, RecordStep::Entry, RecordStep::Count];""",
        """    [RecordStep::Data, RecordStep::Count, RecordStep::Entry];""")],
      ["cargo test --release -p ftl --lib a_death_between_an_entrys_stores"]),
+    ("staging-9", "staging rule 9: replay takes an area only from the session of the checkpoint it starts from",
+     "ftl/src/staging/replay.rs",
+     [("""                && o.session != ck_session =>""",
+       """                && o.session != ck_session
+                && false =>""")],
+     ["cargo test --release -p ftl --lib another_copys_area"]),
     ("staging-1-data", "staging rule 1: a block's data is copied BEFORE the count covers its entry",
      "ftl/src/staging/mod.rs",
      [("""    [RecordStep::Data, RecordStep::Entry, RecordStep::Count];""",

@@ -307,6 +307,7 @@ fn initial_ops(sb: &Superblock) -> Vec<Op> {
         next_entry_seq: 1,
         exported_blocks: geo.exported_blocks,
         segment_count: geo.segment_count,
+        session: 0,
         counters: Counters::default(),
         cursors: vec![None; STREAMS],
     };

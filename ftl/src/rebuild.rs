@@ -988,6 +988,8 @@ pub fn rebuild_with<D: BlockDevice, I: IndexStore>(
         next_entry_seq: report.next_entry_seq,
         exported_blocks: geo.exported_blocks,
         segment_count: geo.segment_count,
+        // No session owns a staging area from here: the next open starts one.
+        session: 0,
         counters: Counters::default(),
         cursors: vec![None; STREAMS],
     };

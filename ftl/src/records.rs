@@ -485,7 +485,9 @@ pub type Cursor = Option<(u32, u32)>;
 ///     48    8 next_entry_seq  first entry sequence not covered
 ///     56    8 exported_blocks cross-check with the superblock
 ///     64    4 segment_count   cross-check with the superblock
-///     68    4 zero
+///     68    4 session         random number of the session that wrote it (0: written
+///                             by an older build, or by a format or a rebuild): the
+///                             staging area it owns carries the same (staging rule 9)
 ///     72   64 counters        8 x u64 (see Counters)
 ///    136  8*n cursors         segment u32 (u32::MAX = none), offset u32
 ///  136+8n   4 crc32c          of everything before it
@@ -498,6 +500,8 @@ pub struct CheckpointRecord {
     pub next_entry_seq: u64,
     pub exported_blocks: u64,
     pub segment_count: u32,
+    /// The session's random number (0: unknown); see the table above.
+    pub session: u32,
     pub counters: Counters,
     pub cursors: Vec<Cursor>,
 }
@@ -513,6 +517,7 @@ pub mod ckpt_offsets {
     pub const NEXT_ENTRY_SEQ: usize = 48;
     pub const EXPORTED_BLOCKS: usize = 56;
     pub const SEGMENT_COUNT: usize = 64;
+    pub const SESSION: usize = 68;
     pub const COUNTERS: usize = 72;
     pub const CURSORS: usize = 136;
     /// Stream `i`'s cursor: segment at `cursor(i)`, block offset 4 bytes on.
@@ -552,6 +557,8 @@ impl CheckpointRecord {
             .u64(self.exported_blocks)
             .at(o::SEGMENT_COUNT)
             .u32(self.segment_count)
+            .at(o::SESSION)
+            .u32(self.session)
             .at(o::COUNTERS);
         for c in self.counters.to_array() {
             w.u64(c);
@@ -593,6 +600,7 @@ impl CheckpointRecord {
         let next_entry_seq = r.seek(o::NEXT_ENTRY_SEQ)?.u64()?;
         let exported_blocks = r.seek(o::EXPORTED_BLOCKS)?.u64()?;
         let segment_count = r.seek(o::SEGMENT_COUNT)?.u32()?;
+        let session = r.seek(o::SESSION)?.u32()?;
         let mut a = [0u64; Counters::N];
         r.seek(o::COUNTERS)?;
         for x in a.iter_mut() {
@@ -615,6 +623,7 @@ impl CheckpointRecord {
             next_entry_seq,
             exported_blocks,
             segment_count,
+            session,
             counters: Counters::from_array(a),
             cursors,
         })
@@ -813,6 +822,7 @@ mod tests {
             next_entry_seq: 4,
             exported_blocks: 5,
             segment_count: 6,
+            session: 0x5e55_1011,
             counters: Counters {
                 flushes: 7,
                 ..Default::default()
@@ -832,6 +842,7 @@ mod tests {
         at(o::NEXT_ENTRY_SEQ, &4u64.to_le_bytes());
         at(o::EXPORTED_BLOCKS, &5u64.to_le_bytes());
         at(o::SEGMENT_COUNT, &6u32.to_le_bytes());
+        at(o::SESSION, &0x5e55_1011u32.to_le_bytes());
         at(o::COUNTERS + 8 * 5, &7u64.to_le_bytes());
         at(o::cursor(0), &u32::MAX.to_le_bytes());
         at(o::cursor(1), &[4, 0, 0, 0, 128, 0, 0, 0]);

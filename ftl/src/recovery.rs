@@ -383,7 +383,7 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         }
     }
     // Staging rule 4: a dead process's staged chunks are in the log before it is scanned.
-    let staged = crate::staging::replay(&dev, &staging, &sb, ck.epoch, ck.next_chunk_seq)?;
+    let staged = crate::staging::replay(&dev, &staging, &sb, ck.epoch, ck.next_chunk_seq, ck.session)?;
     let accept = |s: &ChunkSummary, seq: u64| s.chunk_seq == seq && s.epoch == ck.epoch;
 
     // Heads of segments free at the checkpoint, by chain number.
@@ -682,6 +682,9 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
             next_chunk_seq: expected,
             next_entry_seq: max_seq,
             epoch: ck.epoch + 1,
+            // Staging rule 9: a number of its own for each session, so that the area of
+            // another copy of this backing (same uuid, same epoch) is not taken for its.
+            session: rand::random::<u32>().max(1),
             counters: ck.counters,
             mapped,
             staging,

@@ -388,6 +388,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             next_entry_seq: self.log.next_entry_seq(),
             exported_blocks: tables.geo.exported_blocks,
             segment_count: tables.geo.segment_count,
+            session: self.session,
             counters: tables.counters.get(),
             cursors: guards.iter().map(|g| g.cursor).collect(),
         };

@@ -95,6 +95,9 @@ pub struct Ftl<D: BlockDevice, I: IndexStore> {
     sb: Superblock,
     cfg: Config,
     epoch: u64,
+    /// This session's random number: in its checkpoints and its staging area's header
+    /// (staging rule 9).
+    session: u32,
     t: Tables,
     log: Appender,
     space: SpaceWaiters,
@@ -144,6 +147,8 @@ pub(crate) struct Parts<D, I> {
     pub next_chunk_seq: u64,
     pub next_entry_seq: u64,
     pub epoch: u64,
+    /// The session's random number (staging rule 9), never 0.
+    pub session: u32,
     pub counters: Counters,
     pub mapped: u64,
     pub staging: Arc<StagingArea>,
@@ -214,6 +219,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             dev: p.dev,
             sb: p.sb,
             epoch: p.epoch,
+            session: p.session,
             t: Tables {
                 geo,
                 map: p.map,
@@ -253,6 +259,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             AreaOwner {
                 uuid: self.sb.uuid,
                 epoch: self.epoch,
+                session: self.session,
             },
             self.log.tracker().next_seq(),
         )

@@ -54,7 +54,16 @@
 //!    whose roll-forward stopped short of the last chunk replayed. Tests:
 //!    `a_next_chunk_mark_below_the_checkpoint_refuses_the_open`,
 //!    `staged_chunks_the_roll_forward_does_not_reach_refuse_the_open`,
-//!    `an_area_newer_than_the_index_refuses_the_open`.
+//!    `an_area_newer_than_the_index_refuses_the_open`;
+//! 9. replay takes an area only from the session that wrote the checkpoint it starts
+//!    from: its session's random number (in every checkpoint, and in the header by the
+//!    reset) must be the checkpoint's. Copies of a backing (a cloned image) share its
+//!    uuid, their epochs can be equal, and the staging file is named by the uuid: a
+//!    copy served after another copy's server died took that server's writes for its
+//!    own and wrote them into its log (found by review, 2026-11-29). An area of another
+//!    session holding writes refuses the open before anything is written (those writes
+//!    are the other copy's, and the reset of this open would lose them); an empty one is
+//!    stale. Test: `another_copys_area_refuses_the_open_and_is_kept`.
 //!
 //! ## Layout (little-endian; the file is `4096 + slots * SLOT_BYTES` bytes)
 //! ```text
@@ -75,7 +84,10 @@
 //!               owning session (zero from an older build), outside the crc; recovery
 //!               rule 3 then takes a block that fails its checksum for one the device
 //!               lost, not for damage
-//!  76  ...      zero
+//!  76  u32      the owning session's random number, as its checkpoints carry it (rule
+//!               9; zero: unknown, as an older build left it)
+//!  80  u32      crc32c of bytes 76..80 (a mismatch reads as unknown)
+//!  84  ...      zero
 //! slot i at 4096 + i * SLOT_BYTES:
 //!   meta, 8192 bytes
 //!     0  u32  state: 0 free, 1 open, 2 sealed (atomic)
@@ -147,6 +159,11 @@ pub mod header_offsets {
     /// u32, not covered by the crc: non-zero once a device write or sync failed in the
     /// owning session (recovery rule 3).
     pub const DEVICE_ERROR: usize = 72;
+    /// u32: the owning session's random number (rule 9), with its own crc32c at
+    /// [`SESSION_CRC`] (an older build left both zero: unknown).
+    pub const SESSION: usize = 76;
+    /// crc32c of bytes `SESSION..SESSION_CRC`.
+    pub const SESSION_CRC: usize = 80;
 }
 
 /// This machine's boot id (`/proc/sys/kernel/random/boot_id`, a UUID), or zeros when it
@@ -288,6 +305,8 @@ const _: () = assert!(SLOT_BYTES.is_multiple_of(BLOCK_SIZE));
 pub struct AreaOwner {
     pub uuid: [u8; 16],
     pub epoch: u64,
+    /// The session's random number (rule 9; 0: unknown, an area an older build reset).
+    pub session: u32,
 }
 
 /// The header's fields as stored (layout in the module docs).
@@ -507,7 +526,11 @@ impl StagingArea {
                 self.slots
             ));
         }
-        AreaHeader::Owned(AreaOwner { uuid, epoch })
+        AreaHeader::Owned(AreaOwner {
+            uuid,
+            epoch,
+            session: self.session(),
+        })
     }
 
     /// Rule 5: whether the area was reset in another boot of the machine (both boot ids
@@ -533,6 +556,19 @@ impl StagingArea {
     }
 
     /// The owner recorded in the header, if the header is intact and of this layout.
+    /// The owning session's random number (rule 9), 0 when unknown (an older build's
+    /// area, or a damaged field).
+    fn session(&self) -> u32 {
+        let s = self.bytes(h_at::SESSION, h_at::SESSION_CRC + 4 - h_at::SESSION);
+        let v = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+        let crc = u32::from_le_bytes([s[4], s[5], s[6], s[7]]);
+        if crc == crc32c::crc32c(&s[..4]) {
+            v
+        } else {
+            0
+        }
+    }
+
     pub fn owner(&self) -> Option<AreaOwner> {
         match self.header() {
             AreaHeader::Owned(o) => Some(o),
@@ -605,6 +641,10 @@ impl StagingArea {
         put(h, h_at::SLOT_BYTES, &(SLOT_BYTES as u32).to_le_bytes());
         let crc = crc32c::crc32c(&h[..h_at::CRC]);
         put(h, h_at::CRC, &crc.to_le_bytes());
+        let s = self.bytes_mut(h_at::SESSION, h_at::SESSION_CRC + 4 - h_at::SESSION);
+        put(s, 0, &owner.session.to_le_bytes());
+        let crc = crc32c::crc32c(&s[..4]);
+        put(s, 4, &crc.to_le_bytes());
         self.atomic64(h_at::NEXT_CHUNK_MARK)
             .store(next_chunk_seq, Ordering::Release);
         self.set_boot_id(boot_id());

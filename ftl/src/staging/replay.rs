@@ -43,19 +43,47 @@ pub struct StagedReport {
 }
 
 /// Replays `area` into `dev` when it belongs to the session that wrote the checkpoint
-/// recovery starts from (`ck_epoch`, chunks from `ck_next_chunk`).
+/// recovery starts from (`ck_epoch`, chunks from `ck_next_chunk`, the session's number
+/// `ck_session`, 0 when unknown).
 pub fn replay<D: BlockDevice>(
     dev: &D,
     area: &Arc<StagingArea>,
     sb: &Superblock,
     ck_epoch: u64,
     ck_next_chunk: u64,
+    ck_session: u32,
 ) -> Result<StagedReport> {
     let mut report = StagedReport::default();
     let slots: Vec<StagedSlot> = (0..area.slot_count() as u32)
         .map(|slot| area.read_slot(slot))
         .collect();
     match area.header() {
+        // Rule 9: the area of another session with this uuid and epoch, a copy of this
+        // backing's (0 on either side: an older build's, unknown). Its writes are that
+        // copy's: refused before anything is written, and the area kept for that copy.
+        AreaHeader::Owned(o)
+            if o.uuid == sb.uuid
+                && o.epoch == ck_epoch
+                && o.session != 0
+                && ck_session != 0
+                && o.session != ck_session =>
+        {
+            if holds_writes(&slots) {
+                return Err(bad_area(
+                    area,
+                    format!(
+                        "it holds completed writes of another copy of this backing (the same \
+                         format uuid, session {:08x}; this index's is {ck_session:08x}): a \
+                         server of that copy (a cloned image?) died with them. Serve that \
+                         copy first (`ftlblk recover`, or `add` of its backing) so they reach \
+                         it",
+                        o.session
+                    ),
+                ));
+            }
+            report.ignored_stale = true;
+            return Ok(report);
+        }
         // Rule 5: not an area another boot left.
         AreaHeader::Owned(o)
             if o.uuid == sb.uuid && o.epoch == ck_epoch && !area.from_another_boot() => {}

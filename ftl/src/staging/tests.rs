@@ -11,6 +11,7 @@ fn owner() -> AreaOwner {
     AreaOwner {
         uuid: [7; 16],
         epoch: 3,
+        session: 0x1234,
     }
 }
 
@@ -747,4 +748,73 @@ fn an_older_index_with_its_staging_area_is_refused_before_the_replay_writes() {
             );
         }
     }
+}
+
+/// Staging rule 9: two copies of a backing (a cloned image: same uuid) opened as many
+/// times have equal epochs, and their servers share the staging file (named by the
+/// uuid). Copy A's server dies with a completed write in the area; copy B, opened next,
+/// took A's write for its own and wrote A's chunk into its log (lba 0 read A's data).
+/// Refused now before anything is written, and the area kept: A's next open replays it.
+#[test]
+fn another_copys_area_refuses_the_open_and_is_kept() {
+    use crate::device::mem::MemDevice;
+    use crate::model::{block_for, observe, Observed};
+    use crate::{BlockDevice, Config, Ftl, StreamId};
+    let (dev, idx, f) = tiny_mem_ftl();
+    f.write(0, &block_for(0, 1), false, StreamId(1)).unwrap();
+    f.close().unwrap();
+    drop(f);
+    let len = 32 * (64 << 10);
+    let image = |d: &MemDevice| {
+        let mut b = crate::device::AlignedBuf::new(len);
+        d.read_at(0, &mut b).unwrap();
+        b.to_vec()
+    };
+    let dev_b = Arc::new(MemDevice::new(len as u64));
+    dev_b.write_at(0, &image(&dev)).unwrap();
+    let idx_b = Arc::new(idx.snapshot_while(|| ()).unwrap().0);
+    // B is served once, a write flushed, and closed: its epoch is the one A gets next.
+    let (b, _) = Ftl::open(dev_b.clone(), idx_b.clone(), Config::default()).unwrap();
+    b.write(0, &block_for(0, 3), true, StreamId(1)).unwrap();
+    b.close().unwrap();
+    drop(b);
+    // A, served with the shared area, completes a write and its server dies.
+    let area = StagingArea::in_memory(8).unwrap();
+    let (a, _) =
+        Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), area.clone()).unwrap();
+    // As many chunks sealed as B's session wrote, then the write left in an open slot.
+    a.write(5, &block_for(5, 2), true, StreamId(1)).unwrap();
+    a.write(0, &block_for(0, 2), false, StreamId(1)).unwrap();
+    drop(a);
+    // B next, with the same area: refused, nothing written.
+    let before = image(&dev_b);
+    let e = Ftl::open_staged(
+        dev_b.clone(),
+        idx_b.clone(),
+        Config::default(),
+        area.clone(),
+    )
+    .err()
+    .expect("B took copy A's staged write for its own");
+    assert!(
+        e.to_string().contains("another copy of this backing"),
+        "{e}"
+    );
+    assert!(image(&dev_b) == before, "the refused open wrote to B");
+    // A's open replays its write.
+    let (a, _) =
+        Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), area.clone()).unwrap();
+    let mut buf = vec![0u8; 4096];
+    a.read(0, &mut buf).unwrap();
+    assert_eq!(
+        observe(0, &buf),
+        Observed::Tag(2),
+        "A lost its completed write"
+    );
+    a.close().unwrap();
+    drop(a);
+    // B opens now (the area is A's newer session's, empty), with its own data.
+    let (b, _) = Ftl::open_staged(dev_b.clone(), idx_b.clone(), Config::default(), area).unwrap();
+    b.read(0, &mut buf).unwrap();
+    assert_eq!(observe(0, &buf), Observed::Tag(3));
 }
