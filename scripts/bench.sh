@@ -100,6 +100,9 @@ while [ $# -gt 0 ]; do
 done
 
 scripts/install-deps.sh --host >/dev/null
+# Where install-deps.sh puts Rust on a machine that had none (its PATH change stays in
+# its own process; a fresh machine stopped here at "cargo: command not found").
+export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 cargo build --release --quiet
 BIN=target/release/ftlblk
 mkdir -p "$DIR"
@@ -263,7 +266,7 @@ PY
         # offsets, and only 1 x QD32, a weaker baseline than the fresh part's).
         fio_json "scaleread-$p" --rw=randread --io_size=$((PAIR_OPS * 4096)) --randseed="$p"
         fio_json "scaleread2-$p" --rw=randread --io_size=$((PAIR_OPS * 4096 / 2)) --numjobs=2 \
-            --iodepth=16 --randseed="$p"
+            --iodepth=16 --randseed="$((1000003 * p + 7))"
         for cache in full small; do
             local bytes=512M
             [ "$cache" = small ] && bytes=$small
@@ -428,7 +431,9 @@ raw_reads() { # pair
     fio_json "pairread-$1" --rw=randread --io_size=$((PAIR_OPS * 4096)) --randseed="$1"
     # Also two jobs of QD16 (the FTL reads with one ring per CPU, as the ublk queues do);
     # the better raw figure is the one compared against.
-    fio_json "pairread2-$1" --rw=randread --io_size=$((PAIR_OPS * 4096 / 2)) --numjobs=2 --iodepth=16 --randseed="$1"
+    # (fio seeds job j with the seed times j: with the 1-job run's seed, job 1 read that
+    # run's offsets again, seconds later.)
+    fio_json "pairread2-$1" --rw=randread --io_size=$((PAIR_OPS * 4096 / 2)) --numjobs=2 --iodepth=16 --randseed="$((1000003 * $1 + 7))"
 }
 ftl_reads() { # pair
     "$BIN" bench --backing "$IMG" --index "$IDX" --tests randread --qd 32 --read-ops "$PAIR_OPS" \

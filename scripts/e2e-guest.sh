@@ -292,17 +292,17 @@ after="$(mapped)"
 echo "mapped blocks: $before before, $after after fstrim"
 [ "$after" -lt "$before" ] || fail "fstrim did not lower mapped_blocks ($before -> $after)"
 "$BIN" stats -n "$ID" || fail "stats"
-"$BIN" stats -n "$ID" --json > /tmp/stats.json || fail "stats --json"
-grep -q '"waf"' /tmp/stats.json || fail "stats --json has no waf"
+"$BIN" stats -n "$ID" --json > "$WORK/stats.json" || fail "stats --json"
+grep -q '"waf"' "$WORK/stats.json" || fail "stats --json has no waf"
 "$BIN" stats -n "$ID" --json | grep -q '"bytes_per_block"' || fail "stats --json has no classifier figures"
 # A file read back from the device (not the page cache) goes through the ublk edge in
 # large reads: counted, and the map's fragmentation sampled (issue 18).
 sync; echo 3 > /proc/sys/vm/drop_caches
 cat "$MNT/big" > /dev/null || fail "reading big back"
-"$BIN" stats -n "$ID" --json > /tmp/stats.json || fail "stats --json"
-large="$(json_num large_reads < /tmp/stats.json)"
+"$BIN" stats -n "$ID" --json > "$WORK/stats.json" || fail "stats --json"
+large="$(json_num large_reads < "$WORK/stats.json")"
 [ "${large:-0}" -gt 0 ] || fail "stats counts no large reads after reading files back"
-grep -q '"map_fragmentation"' /tmp/stats.json || fail "stats --json has no map fragmentation sample"
+grep -q '"map_fragmentation"' "$WORK/stats.json" || fail "stats --json has no map fragmentation sample"
 "$BIN" stats -n "$ID" | grep -E "^(fragmentation|large reads|defragmentation) " || fail "stats shows no fragmentation"
 
 step "3b. a deleted and fstrim'd file goes back to the backing's file system"

@@ -83,7 +83,8 @@ apt_install() {
 pkgs=()
 if [ "$want_host" = 1 ]; then
     # make + a C compiler: tikv-jemalloc-sys builds jemalloc from source.
-    pkgs+=(fio clang libclang-dev pkg-config fonts-dejavu-core make gcc)
+    # python3: scripts/bench.sh and the mutant check read and write JSON with it.
+    pkgs+=(fio clang libclang-dev pkg-config fonts-dejavu-core make gcc python3)
 fi
 if [ "$want_vm" = 1 ]; then
     # curl + python3: the metrics scrape and its check; nvme-cli: the NVMe-oF export test.

@@ -23,13 +23,19 @@ if [ "$BUILD" = 1 ]; then
     scripts/install-deps.sh
     cargo build --release --bin ftlblk
 fi
-install -D -m 0755 target/release/ftlblk "$PREFIX/bin/ftlblk"
+install -D -m 0755 "${CARGO_TARGET_DIR:-target}/release/ftlblk" "$PREFIX/bin/ftlblk"
 unit=/etc/systemd/system/ftlblk@.service
 sed "s#/usr/local/bin/ftlblk#$PREFIX/bin/ftlblk#" scripts/systemd/ftlblk@.service > "$unit.tmp"
 mv "$unit.tmp" "$unit"
 install -d -m 0755 /etc/ftlblk /var/lib/ftlblk
 install -m 0644 scripts/ftlblk-example.toml /etc/ftlblk/example.toml.sample
-echo ublk_drv > /etc/modules-load.d/ftlblk.conf
+if modinfo ublk_drv >/dev/null 2>&1; then
+    echo ublk_drv > /etc/modules-load.d/ftlblk.conf
+else
+    # A stock Debian 12 kernel has no ublk: loading it at every boot would fail, and the
+    # units restart until their start limit.
+    echo "install-service.sh: warning: this kernel has no ublk_drv module (Linux 6.0 or later with CONFIG_BLK_DEV_UBLK); ftlblk@ units cannot start on it" >&2
+fi
 if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
     systemctl daemon-reload
 fi

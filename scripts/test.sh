@@ -62,7 +62,15 @@ filtered() { # log pattern command...
     local st=("${PIPESTATUS[@]}")
     return "${st[0]}"
 }
-: > /tmp/ftlblk-test.log
+# This run's logs and the VM's work directory, under /tmp (shared with the guest): fixed
+# names let two runs on one host empty each other's logs and files, and a log a root run
+# left stopped a later run of another user at "Permission denied" (found by review,
+# 2026-11-29).
+LOGS="$(mktemp -d /tmp/ftlblk-test.XXXXXX)"
+chmod 0755 "$LOGS"
+export FTLBLK_E2E_DIR="$LOGS/e2e"
+echo "test.sh: logs in $LOGS"
+: > "$LOGS/test.log"
 
 # tmo SECONDS command...: the command under `timeout`, which puts itself in a process
 # group of its own (and on expiry signals all of it: cargo and the test binary it runs);
@@ -100,11 +108,11 @@ status=0
 # shown: a hung test (a deadlock, what the crash harness and shuttle hunt for) ran to
 # CI's own limit with nothing in its output (found by review, 2026-11-29). The times
 # are several times a step's usual (compiling included).
-filtered /tmp/ftlblk-test.log "^(test result|running|error|warning: unused)|FAILED|panicked|has been running" \
+filtered "$LOGS/test.log" "^(test result|running|error|warning: unused)|FAILED|panicked|has been running" \
     tmo 2400 cargo test --workspace --release || status=$?
 if [ "$status" -ne 0 ]; then
-    echo "test.sh: cargo test failed (exit $status; full log: /tmp/ftlblk-test.log)" >&2
-    tail -50 /tmp/ftlblk-test.log >&2
+    echo "test.sh: cargo test failed (exit $status; full log: $LOGS/test.log)" >&2
+    tail -50 "$LOGS/test.log" >&2
     exit "$status"
 fi
 # The VM's run is the longest step (13-14 minutes), and its emulated CPUs leave about a
@@ -114,22 +122,22 @@ fi
 # slow it: shuttle and the fuzz crate's tests end within the VM's run, the fuzzing
 # mostly after it (2026-11-28, two targets fuzzed at once: 1769 and 1819 s in all, against
 # 2080 s one step after another).
-# Their output goes to /tmp/ftlblk-beside.log and is shown after the VM's. `cargo test`
+# Their output goes to $LOGS/beside.log and is shown after the VM's. `cargo test`
 # above built the binary the VM tests (tests/cli.rs needs it): nothing else builds into
 # target/suite then (cargo-fuzz builds into fuzz/target).
 beside() {
     step "schedule exploration under shuttle (ftl --features shuttle)"
-    filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked|scenario [0-9]+:|has been running" \
+    filtered "$LOGS/test.log" "^test result|FAILED|panicked|scenario [0-9]+:|has been running" \
         tmo 1800 cargo test -p ftl --features shuttle --test shuttle --release \
-        || { echo "test.sh: shuttle tests failed (full log: /tmp/ftlblk-test.log)"; tail -40 /tmp/ftlblk-test.log; return 1; }
+        || { echo "test.sh: shuttle tests failed (full log: $LOGS/test.log)"; tail -40 "$LOGS/test.log"; return 1; }
 
     step "fuzz regressions and seed corpus replay (stable)"
-    filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked|has been running" \
+    filtered "$LOGS/test.log" "^test result|FAILED|panicked|has been running" \
         tmo 1800 cargo test --manifest-path fuzz/Cargo.toml --release \
-        || { echo "test.sh: fuzz regression tests failed"; tail -40 /tmp/ftlblk-test.log; return 1; }
-    filtered /tmp/ftlblk-test.log "^test result|FAILED|panicked|has been running" \
+        || { echo "test.sh: fuzz regression tests failed"; tail -40 "$LOGS/test.log"; return 1; }
+    filtered "$LOGS/test.log" "^test result|FAILED|panicked|has been running" \
         tmo 1800 cargo test --manifest-path fuzz/Cargo.toml --release --features sched --test sched \
-        || { echo "test.sh: sched fuzz regression tests failed"; tail -40 /tmp/ftlblk-test.log; return 1; }
+        || { echo "test.sh: sched fuzz regression tests failed"; tail -40 "$LOGS/test.log"; return 1; }
 
     step "fuzzing: every target ${FUZZ_SECONDS:-30} s from the committed seeds"
     # cargo-fuzz builds with nightly into fuzz/target (nothing to share), also without
@@ -141,30 +149,32 @@ beside() {
     # a huge allocation). Soaks keep ASan: scripts/fuzz.sh 600, or FUZZ_SANITIZER=address
     # here. Two targets fuzz at once once all are built (FUZZ_JOBS: libFuzzer takes one
     # core). -max_total_time is wall time: beside the VM a target runs fewer cases.
-    env -u CARGO_TARGET_DIR FUZZ_SANITIZER="${FUZZ_SANITIZER:-none}" FUZZ_JOBS="${FUZZ_JOBS:-2}" \
+    # Under tmo too: its builds (and, on a fresh machine, the nightly toolchain and
+    # cargo-fuzz it installs) had no limit of their own.
+    tmo 2400 env -u CARGO_TARGET_DIR FUZZ_SANITIZER="${FUZZ_SANITIZER:-none}" FUZZ_JOBS="${FUZZ_JOBS:-2}" \
         scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
 }
 
 step "ublk end-to-end tests in the VM; beside it (nice 19): shuttle, the fuzz crate's tests, fuzzing"
-: > /tmp/ftlblk-beside.log
+: > "$LOGS/beside.log"
 # A process group of its own (set -m), so that a suite stopped early (Ctrl-C, a failed
 # step) stops its builds and fuzzers too.
 set -m
-( renice -n 19 -p "$BASHPID" >/dev/null; beside ) > /tmp/ftlblk-beside.log 2>&1 &
+( renice -n 19 -p "$BASHPID" >/dev/null; beside ) > "$LOGS/beside.log" 2>&1 &
 beside_pid=$!
 set +m
-: > /tmp/ftlblk-e2e.log
+: > "$LOGS/e2e.log"
 e2e_status=0
-filtered /tmp/ftlblk-e2e.log "^(==|e2e|vm-run|vm-e2e|kill [0-9]|check while|backing allocation)|: ok|IOPS" \
+filtered "$LOGS/e2e.log" "^(==|e2e|vm-run|vm-e2e|kill [0-9]|check while|backing allocation)|: ok|IOPS" \
     scripts/vm-e2e.sh --no-deps --no-build || e2e_status=$?
 step "the VM's run ended (exit $e2e_status); waiting for shuttle and the fuzzing beside it"
 beside_status=0
 wait "$beside_pid" || beside_status=$?
 beside_pid=
-cat /tmp/ftlblk-beside.log
+cat "$LOGS/beside.log"
 if [ "$e2e_status" -ne 0 ]; then
-    echo "test.sh: ublk end-to-end tests failed (exit $e2e_status; full log: /tmp/ftlblk-e2e.log)" >&2
-    tail -60 /tmp/ftlblk-e2e.log >&2
+    echo "test.sh: ublk end-to-end tests failed (exit $e2e_status; full log: $LOGS/e2e.log)" >&2
+    tail -60 "$LOGS/e2e.log" >&2
     exit "$e2e_status"
 fi
 if [ "$beside_status" -ne 0 ]; then
@@ -173,5 +183,5 @@ if [ "$beside_status" -ne 0 ]; then
 fi
 
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
-     END { printf "%d passed, %d failed\n", p, f }' /tmp/ftlblk-test.log
+     END { printf "%d passed, %d failed\n", p, f }' "$LOGS/test.log"
 echo "test.sh: the whole suite passed in ${SECONDS}s"

@@ -43,12 +43,14 @@ fi
 
 if [ ! -e /dev/ublk-control ]; then
     echo "== host without ublk: the CLI must say so"
-    if msg="$("$bin" add --backing /tmp/ftlblk-no-ublk.img --size 64M 2>&1)"; then
+    no_ublk="$(mktemp -d /tmp/ftlblk-no-ublk.XXXXXX)"
+    if msg="$("$bin" add --backing "$no_ublk/b.img" --size 64M 2>&1)"; then
         fail "add succeeded on a host without ublk"
     fi
     echo "$msg"
     echo "$msg" | grep -q "modprobe ublk_drv" || fail "unclear message without ublk: $msg"
-    [ ! -e /tmp/ftlblk-no-ublk.img ] || fail "add created a backing although ublk is missing"
+    [ ! -e "$no_ublk/b.img" ] || fail "add created a backing although ublk is missing"
+    rm -rf "$no_ublk"
 fi
 
 echo "== booting the VM for scripts/e2e-guest.sh"

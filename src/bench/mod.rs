@@ -338,7 +338,12 @@ fn threaded_reads(
             let q = (qd / threads).max(1);
             let sampler = sampler.clone();
             std::thread::spawn(move || {
-                random_reads(&f, per, q, seed + t as u64, verify, sampler.as_deref())
+                // Each (seed, thread) its own offsets: `seed + t` had pair p's thread 1
+                // read what pair p + 1's thread 0 read (found by review, 2026-11-29).
+                let s = seed
+                    .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                    .wrapping_add(t as u64);
+                random_reads(&f, per, q, s, verify, sampler.as_deref())
             })
         })
         .collect();
