@@ -8,7 +8,7 @@
 #   FUZZ_JOBS=2                 targets fuzzed at once, after every one is built (default 1)
 #
 # 1. installs cargo-fuzz if missing (cargo install cargo-fuzz --locked) and checks that
-#    the nightly toolchain exists (installs it with rustup if not);
+#    the pinned nightly toolchain exists (installs it with rustup if not);
 # 2. per target: builds it (-a: debug assertions and overflow checks on), then runs
 #    libFuzzer with -max_total_time=N -rss_limit_mb=2048 on a working corpus
 #    (fuzz/corpus-run/<t>, git-ignored) seeded from the committed fuzz/corpus/<t>, so
@@ -34,13 +34,19 @@ case "$secs" in
 esac
 
 command -v cargo >/dev/null || { echo "fuzz.sh: cargo not found (install rustup)" >&2; exit 1; }
-if ! rustup toolchain list | grep -q nightly; then
-    echo "== installing the nightly toolchain (cargo-fuzz needs it)"
-    rustup toolchain install nightly --profile minimal || exit 1
+# The nightly and the cargo-fuzz this project fuzzes with, pinned: "nightly" took the
+# newest build on a fresh machine, and one that broke libfuzzer-sys or cargo-fuzz would
+# turn the suite red with no change here (found by review, 2026-11-29). FUZZ_NIGHTLY
+# picks another.
+NIGHTLY="${FUZZ_NIGHTLY:-nightly-2026-05-20}"
+CARGO_FUZZ_VERSION=0.13.2
+if ! rustup toolchain list | grep -q "^$NIGHTLY"; then
+    echo "== installing the $NIGHTLY toolchain (cargo-fuzz needs a nightly)"
+    rustup toolchain install "$NIGHTLY" --profile minimal || exit 1
 fi
-if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
-    echo "== installing cargo-fuzz"
-    cargo install cargo-fuzz --locked || exit 1
+if ! cargo "+$NIGHTLY" fuzz --version 2>/dev/null | grep -q " $CARGO_FUZZ_VERSION\$"; then
+    echo "== installing cargo-fuzz $CARGO_FUZZ_VERSION"
+    cargo install cargo-fuzz --version "$CARGO_FUZZ_VERSION" --locked || exit 1
 fi
 
 targets="${FUZZ_TARGETS:-$(ls fuzz/fuzz_targets | sed -n 's/\.rs$//p' | sort | tr '\n' ' ')}"
@@ -80,7 +86,7 @@ for t in $targets; do
     echo "== [${SECONDS}s] $t: building (sanitizer: $san)"
     feat="$(features_for "$t")"
     # shellcheck disable=SC2086
-    if ! cargo +nightly fuzz build -a -s "$san" $feat "$t" >"$logs/$t.build.log" 2>&1; then
+    if ! cargo "+$NIGHTLY" fuzz build -a -s "$san" $feat "$t" >"$logs/$t.build.log" 2>&1; then
         tail -30 "$logs/$t.build.log" >&2
         echo "fuzz.sh: building $t failed (log: $logs/$t.build.log)" >&2
         failed+=("$t (build)")
@@ -101,7 +107,7 @@ run_target() {
     local extra=()
     [ "$san" = address ] && extra+=(-malloc_limit_mb=256)
     # shellcheck disable=SC2086
-    cargo +nightly fuzz run -a -s "$san" $feat "$t" "fuzz/corpus-run/$t" "fuzz/corpus/$t" -- \
+    cargo "+$NIGHTLY" fuzz run -a -s "$san" $feat "$t" "fuzz/corpus-run/$t" "fuzz/corpus/$t" -- \
         -max_total_time="$secs" -rss_limit_mb=2048 -timeout=60 -print_final_stats=1 \
         "${extra[@]}" >"$logs/$t.log" 2>&1
     echo $? >"$logs/$t.rc"

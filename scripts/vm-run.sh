@@ -110,10 +110,12 @@ stop_vm() {
     done
 }
 # shellcheck disable=SC2317  # called through the trap
-cleanup() { stop_vm; [ -n "${VM_RUN_KEEP:-}" ] || rm -rf "$state"; }
+cleanup() { trap '' PIPE; stop_vm; [ -n "${VM_RUN_KEEP:-}" ] || rm -rf "$state"; }
 trap cleanup EXIT
-trap 'echo "vm-run: interrupted: stopping the VM" >&2; exit 130' INT
-trap 'echo "vm-run: terminated: stopping the VM" >&2; exit 143' TERM HUP
+# SIGPIPE ignored first: a Ctrl-C also ends the reader of this script's output (test.sh's
+# tee), and the message into the closed pipe killed the script before its EXIT trap.
+trap 'trap "" PIPE; stop_vm; echo "vm-run: interrupted: stopped the VM" >&2 2>/dev/null; exit 130' INT
+trap 'trap "" PIPE; stop_vm; echo "vm-run: terminated: stopped the VM" >&2 2>/dev/null; exit 143' TERM HUP
 
 # shellcheck disable=SC2016  # $rc is meant to expand in the guest, not here
 {

@@ -22,6 +22,7 @@
 
 use crate::args::parse_size;
 use crate::error::CliError;
+use serde::de::{Unexpected, Visitor};
 use serde::{Deserialize, Deserializer};
 use std::path::{Path, PathBuf};
 
@@ -47,34 +48,55 @@ pub struct DeviceFile {
     pub discard_delay: Option<f64>,
 }
 
-/// Seconds: 2 or 0.5.
+/// Seconds: 2 or 0.5, within what `--discard-delay` takes. A visitor rather than an
+/// untagged enum: `discard_delay = "2"` said "data did not match any variant of
+/// untagged enum", and -1 passed the file to fail later without naming it (found by
+/// review, 2026-11-29).
 fn seconds<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Seconds {
-        Whole(u64),
-        Decimal(f64),
+    struct V;
+    impl V {
+        fn check<E: serde::de::Error>(&self, v: f64) -> Result<f64, E> {
+            crate::args::check_seconds(v).map_err(|e| E::custom(e.to_string()))
+        }
     }
-    Ok(Some(match Seconds::deserialize(d)? {
-        Seconds::Whole(n) => n as f64,
-        Seconds::Decimal(v) => v,
-    }))
+    impl<'de> Visitor<'de> for V {
+        type Value = f64;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a number of seconds, like 2 or 0.5")
+        }
+        fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<f64, E> {
+            self.check(n as f64)
+        }
+        fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<f64, E> {
+            self.check(n as f64)
+        }
+        fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<f64, E> {
+            self.check(v)
+        }
+    }
+    d.deserialize_any(V).map(Some)
 }
 
-/// A size: "8G" (the CLI's suffixes) or a number of bytes.
+/// A size: "8G" (the CLI's suffixes) or a whole number of bytes (a visitor, for the
+/// message: see [`seconds`]).
 fn size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Size {
-        Bytes(u64),
-        Text(String),
+    struct V;
+    impl<'de> Visitor<'de> for V {
+        type Value = u64;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a size like \"8G\" or a whole number of bytes")
+        }
+        fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<u64, E> {
+            u64::try_from(n).map_err(|_| E::invalid_value(Unexpected::Signed(n), &self))
+        }
+        fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<u64, E> {
+            Ok(n)
+        }
+        fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<u64, E> {
+            parse_size(s).map_err(|e| E::custom(format!("invalid size {s:?}: {e}")))
+        }
     }
-    match Size::deserialize(d)? {
-        Size::Bytes(n) => Ok(Some(n)),
-        Size::Text(s) => parse_size(&s)
-            .map(Some)
-            .map_err(|e| serde::de::Error::custom(format!("invalid size {s:?}: {e}"))),
-    }
+    d.deserialize_any(V).map(Some)
 }
 
 /// Parses `text` (the contents of `path`), resolving relative paths against `path`'s
@@ -157,6 +179,15 @@ mod tests {
             ("backing = \"/a\"\nsize = \"8X\"", "size"),
             ("size = \"8G\"", "backing"),
             ("backing = \"/a\"\nqueues = 70000", "queues"),
+            // A wrong type says what is expected, on the key's line (found by review,
+            // 2026-11-29: "did not match any variant of untagged enum Size").
+            ("backing = \"/a\"\nsize = -1", "a size like"),
+            ("backing = \"/a\"\nsize = 1.5", "a size like"),
+            (
+                "backing = \"/a\"\ndiscard_delay = \"2\"",
+                "a number of seconds",
+            ),
+            ("backing = \"/a\"\ndiscard_delay = -1", "discard delay -1 s"),
         ] {
             let e = p(text).unwrap_err();
             assert!(e.contains(want), "{text:?}: {e}");

@@ -366,7 +366,7 @@ pub fn recover(a: RecoverArgs) -> Result<(), CliError> {
         return Err(CliError::Device(format!(
             "ublk device {id} no longer exists in the kernel: nothing to recover; start it \
              anew with `ftlblk add --backing {}`",
-            rec.backing.display()
+            ftl::error::shell_quote(&rec.backing.display().to_string())
         )));
     }
     let cfg = DaemonConfig {

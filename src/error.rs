@@ -55,7 +55,7 @@ pub enum CliError {
     #[error(
         "{} has no ftlblk format; add formats only files: run `ftlblk format --backing {}` first",
         .0.display(),
-        .0.display()
+        ftl::error::shell_quote(&.0.display().to_string())
     )]
     Unformatted(PathBuf),
     /// The backing has no file descriptor to read through.

@@ -94,8 +94,10 @@ pub enum Error {
     /// [`Error::naming_index`] fills them in.)
     #[error(
         "index {path} cannot serve this backing: {why}. If the index of this backing is \
-         lost or damaged, rebuild it from the log: `ftlblk check --backing {backing} \
-         --index {path} --rebuild-index`"
+         lost or damaged, rebuild it from the log: `ftlblk check --backing {} \
+         --index {} --rebuild-index`",
+        shell_quote(.backing),
+        shell_quote(.path)
     )]
     IndexMismatch {
         path: String,
@@ -119,6 +121,20 @@ fn open_message(path: &std::path::Path, source: &io::Error) -> String {
         s
     } else {
         format!("cannot open {p}: {s}")
+    }
+}
+
+/// `s` as one word of a shell command line: as it is when it holds only characters no
+/// shell treats specially, else in single quotes. For the commands messages suggest,
+/// which a user pastes (a path with a space broke them; found by review, 2026-11-29).
+pub fn shell_quote(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_./:=@%+,-".contains(&b));
+    if plain {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
     }
 }
 
@@ -200,5 +216,27 @@ mod tests {
         assert_eq!(Error::NoSpace.errno(), -libc::ENOSPC);
         assert_eq!(Error::DataChecksum { lba: 0, pba: 0 }.errno(), -libc::EIO);
         assert_eq!(Error::KeptMoving { lba: 0, tries: 16 }.errno(), -libc::EIO);
+    }
+
+    /// The commands messages suggest paste whole whatever the paths hold.
+    #[test]
+    fn suggested_commands_quote_their_paths() {
+        assert_eq!(
+            shell_quote("/var/lib/ftlblk/a.img"),
+            "/var/lib/ftlblk/a.img"
+        );
+        assert_eq!(shell_quote("/srv/my disk.img"), "'/srv/my disk.img'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote(""), "''");
+        let e = Error::IndexMismatch {
+            path: "/srv/my disk.ftlidx".into(),
+            backing: "/srv/my disk.img".into(),
+            why: "w".into(),
+        }
+        .to_string();
+        assert!(
+            e.contains("`ftlblk check --backing '/srv/my disk.img' --index '/srv/my disk.ftlidx' --rebuild-index`"),
+            "{e}"
+        );
     }
 }

@@ -603,6 +603,7 @@ fn checkpoint() -> Vec<u8> {
         next_entry_seq: 200,
         exported_blocks: 393,
         segment_count: 32,
+        session: 0x5e55_1011,
         counters: Counters {
             flushes: 4,
             ..Default::default()
