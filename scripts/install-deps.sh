@@ -111,7 +111,22 @@ if ! command -v cargo >/dev/null 2>&1; then
         || die "installing Rust with rustup failed (https://rustup.rs)"
     installed+=(rust)
 fi
-if ! cargo fmt --version >/dev/null 2>&1 && command -v rustup >/dev/null 2>&1; then
+# The workspace's rust-version: Debian's own cargo (1.63 on Debian 12) or an old rustup
+# stable passed the check above and the build then failed on it (found by review,
+# 2026-11-29).
+min_rust=1.88
+rust_v="$(rustc --version 2>/dev/null | awk '{print $2}')"
+if [ -z "$rust_v" ] || [ "$(printf '%s\n%s\n' "$min_rust" "${rust_v%%-*}" | sort -V | head -n1)" != "$min_rust" ]; then
+    if command -v rustup >/dev/null 2>&1; then
+        log "rustc ${rust_v:-missing} is older than $min_rust: rustup update stable"
+        rustup update stable >/dev/null 2>&1 || die "rustup update stable failed"
+    else
+        die "rustc ${rust_v:-missing} is older than the $min_rust this project needs, and there is no rustup: remove the distribution's cargo/rustc (apt-get remove cargo rustc) and run this again, or install rustup (https://rustup.rs)"
+    fi
+fi
+if ! cargo fmt --version >/dev/null 2>&1; then
+    command -v rustup >/dev/null 2>&1 \
+        || die "cargo fmt is missing and there is no rustup to add it (the suite runs cargo fmt --check)"
     rustup component add rustfmt clippy >/dev/null 2>&1 || die "rustup component add rustfmt clippy failed"
 fi
 

@@ -63,7 +63,15 @@
 //!    own and wrote them into its log (found by review, 2026-11-29). An area of another
 //!    session holding writes refuses the open before anything is written (those writes
 //!    are the other copy's, and the reset of this open would lose them); an empty one is
-//!    stale. Test: `another_copys_area_refuses_the_open_and_is_kept`.
+//!    stale. Test: `another_copys_area_refuses_the_open_and_is_kept`. Not covered: an
+//!    area of an earlier session is taken for this backing's own stale one (an open
+//!    that died between its checkpoint and its reset, or a tool that opened the backing
+//!    without the file, leaves one), so a copy opened more often than the one whose
+//!    server died resets the dead server's area, and its unflushed writes are lost for
+//!    that copy. Telling the two apart by the open slots' chunks in the log (tried)
+//!    refused the open after `--rebuild-index` and after such a tool's open; a
+//!    checkpoint naming the session before it would, and is not built. (Copies with
+//!    one uuid are never served at once: the file's lock refuses the second.)
 //!
 //! ## Layout (little-endian; the file is `4096 + slots * SLOT_BYTES` bytes)
 //! ```text
