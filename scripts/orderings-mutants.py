@@ -468,9 +468,10 @@ MUTANTS = [
      ["cargo test --release -p ftl --lib a_death_between_an_entrys_stores"]),
     ("staging-9", "staging rule 9: replay takes an area only from the session of the checkpoint it starts from",
      "ftl/src/staging/replay.rs",
-     [("""                && o.session != ck_session =>""",
-       """                && o.session != ck_session
-                && false =>""")],
+     [("""                && o.session != ck_session
+                // Rule 5 first""",
+       """                && o.session != ck_session && false
+                // Rule 5 first""")],
      ["cargo test --release -p ftl --lib another_copys_area"]),
     ("staging-1-data", "staging rule 1: a block's data is copied BEFORE the count covers its entry",
      "ftl/src/staging/mod.rs",

@@ -66,7 +66,9 @@ pub fn replay<D: BlockDevice>(
                 && o.epoch == ck_epoch
                 && o.session != 0
                 && ck_session != 0
-                && o.session != ck_session =>
+                && o.session != ck_session
+                // Rule 5 first: another boot's area is a voided cache, whoever's.
+                && !area.from_another_boot() =>
         {
             if holds_writes(&slots) {
                 return Err(bad_area(
