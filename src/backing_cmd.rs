@@ -183,7 +183,8 @@ pub fn check(a: CheckArgs) -> Result<(), CliError> {
     if a.rebuild_index {
         rebuild_index(&a)?;
     }
-    let dev = ftl::backing::open_device(&a.backing.backing, None)?;
+    // Read-only: the check writes nothing to the backing (recovery runs on an overlay).
+    let dev = ftl::backing::open_device_read_only(&a.backing.backing)?;
     // Not an ftlblk backing at all: say so before anything about its index.
     ftl::read_superblock_readonly(&dev)?;
     let dir = a.backing.index_dir();

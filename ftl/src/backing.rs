@@ -115,15 +115,31 @@ const LOCK_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Opens a backing exclusively; creates a sparse file of `create_size` bytes if missing.
 pub fn open_device(path: &Path, create_size: Option<u64>) -> Result<FileDevice> {
+    open_device_with(
+        path,
+        &OpenOptions {
+            create_size,
+            ..Default::default()
+        },
+    )
+}
+
+/// [`open_device`] for reading only, under a shared lock (`ftlblk check`: a read-only
+/// image or snapshot failed the read-write open; found by review, 2026-11-29).
+pub fn open_device_read_only(path: &Path) -> Result<FileDevice> {
+    open_device_with(
+        path,
+        &OpenOptions {
+            read_only: true,
+            ..Default::default()
+        },
+    )
+}
+
+fn open_device_with(path: &Path, opts: &OpenOptions) -> Result<FileDevice> {
     let deadline = std::time::Instant::now() + LOCK_GRACE;
     loop {
-        match FileDevice::open(
-            path,
-            &OpenOptions {
-                create_size,
-                ..Default::default()
-            },
-        ) {
+        match FileDevice::open(path, opts) {
             Ok(d) => return Ok(d),
             Err(e)
                 if matches!(

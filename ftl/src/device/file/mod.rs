@@ -41,7 +41,7 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use sys::{block_device_size, lock_exclusive};
+use sys::{block_device_size, lock_exclusive, lock_shared};
 use uring::{annotate, Kind, Op, RING_ENTRIES};
 
 mod sys;
@@ -85,6 +85,10 @@ pub struct OpenOptions {
     /// Open with `O_DIRECT` (default `true`). Silently falls back to buffered I/O when the
     /// file system refuses it.
     pub direct: bool,
+    /// Open for reading only, under a shared lock (an offline check: a read-only image
+    /// or snapshot, which a read-write open refused; never beside a server, whose lock is
+    /// exclusive). Writes fail. Never creates.
+    pub read_only: bool,
 }
 
 /// Whether `path` lies under `/dev` (its parent directory resolved through links): a
@@ -101,6 +105,7 @@ impl Default for OpenOptions {
         OpenOptions {
             create_size: None,
             direct: true,
+            read_only: false,
         }
     }
 }
@@ -140,7 +145,7 @@ impl FileDevice {
         let meta = match std::fs::metadata(path) {
             Ok(m) => m,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                if opts.create_size.is_none() {
+                if opts.create_size.is_none() || opts.read_only {
                     return Err(with_path(e, "cannot open backing"));
                 }
                 if names_a_device(path) {
@@ -210,7 +215,7 @@ impl FileDevice {
             }
             std::fs::OpenOptions::new()
                 .read(true)
-                .write(true)
+                .write(!opts.read_only)
                 .custom_flags(flags)
                 .open(path)
         };
@@ -233,7 +238,12 @@ impl FileDevice {
             Err(e) => return Err(with_path(e, "cannot open backing")),
         };
 
-        if let Err(e) = lock_exclusive(&file, path) {
+        let locked = if opts.read_only {
+            lock_shared(&file, path)
+        } else {
+            lock_exclusive(&file, path)
+        };
+        if let Err(e) = locked {
             // Another opener holds the file: it is theirs now, whoever created it. Removed,
             // a concurrent `format` that won the lock formatted a file with no name left
             // and said it succeeded (found by review, 2026-11-29). Any other lock error

@@ -45,9 +45,18 @@ pub(super) const BLKGETSIZE64: u32 = ioc(ioc::READ, 0x12, 114, std::mem::size_of
 pub(super) const BLKDISCARD: u32 = ioc(ioc::NONE, 0x12, 119, 0);
 
 pub(super) fn lock_exclusive(file: &File, path: &Path) -> io::Result<()> {
+    lock(file, path, libc::LOCK_EX)
+}
+
+/// A shared lock: readers together, but not beside a server's exclusive one.
+pub(super) fn lock_shared(file: &File, path: &Path) -> io::Result<()> {
+    lock(file, path, libc::LOCK_SH)
+}
+
+fn lock(file: &File, path: &Path, how: libc::c_int) -> io::Result<()> {
     loop {
         // SAFETY: flock on an open descriptor owned by `file`; no memory is passed.
-        let ret = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        let ret = unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) };
         if ret == 0 {
             return Ok(());
         }

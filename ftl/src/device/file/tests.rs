@@ -220,6 +220,7 @@ fn buffered_mode_works() {
     let opts = OpenOptions {
         create_size: Some(MIB),
         direct: false,
+        ..OpenOptions::default()
     };
     let dev = FileDevice::open(&dir.path().join("dev"), &opts).expect("open");
     assert!(!dev.is_direct());
@@ -662,4 +663,43 @@ fn a_new_backing_gets_its_directory() {
     let dev = create(&path, 8 * MIB);
     assert_eq!(dev.size(), 8 * MIB);
     assert!(path.is_file());
+}
+
+/// A read-only open (`ftlblk check`) reads, cannot write, creates nothing, shares its
+/// lock with other readers and is refused beside a read-write opener (a server).
+#[test]
+fn a_read_only_open_reads_and_never_writes() {
+    let dir = scratch();
+    let path = dir.path().join("dev");
+    let ro = OpenOptions {
+        read_only: true,
+        ..OpenOptions::default()
+    };
+    assert!(
+        FileDevice::open(&path, &ro).is_err(),
+        "a read-only open created it"
+    );
+    assert!(!path.exists());
+    {
+        let rw = create(&path, MIB);
+        let mut b = AlignedBuf::new(4096);
+        b.fill(7);
+        rw.write_at(4096, &b).expect("write");
+        rw.sync().expect("sync");
+        assert!(
+            FileDevice::open(&path, &ro).is_err(),
+            "read-only beside a server"
+        );
+    }
+    let a = FileDevice::open(&path, &ro).expect("read-only open");
+    let b = FileDevice::open(&path, &ro).expect("a second reader shares the lock");
+    let mut buf = AlignedBuf::new(4096);
+    a.read_at(4096, &mut buf).expect("read");
+    assert!(buf.iter().all(|&x| x == 7));
+    assert!(b.write_at(0, &buf).is_err(), "a read-only device wrote");
+    let rw = OpenOptions::default();
+    assert!(
+        FileDevice::open(&path, &rw).is_err(),
+        "a server opened beside a check"
+    );
 }
