@@ -120,6 +120,36 @@ fn windows_past_the_queue_bound_are_read_again_and_rewritten() {
     read_region(&f, &gens);
 }
 
+/// A turn takes at most `max_windows` windows, those found contiguous again too: a turn
+/// re-read every queued range on the runner's thread (found by review, 2026-11-29).
+#[test]
+fn a_turn_takes_at_most_its_windows_even_when_they_need_nothing() {
+    let (_dev, _idx, f, mut gens) = scattered(Config {
+        defrag_queue_bytes: 1,
+        ..Config::default()
+    });
+    read_region(&f, &gens);
+    let queued = f.defrag_waiting();
+    assert_eq!(queued as u64, REGION / WINDOW, "all queued as ranges");
+    // Rewritten in order since: every range reads as one run now.
+    let mut data = Vec::new();
+    for l in 0..REGION {
+        gens[l as usize] += 1_000_000;
+        data.extend(block(l, gens[l as usize]));
+    }
+    f.write(0, &data, false, StreamId(1)).unwrap();
+    f.flush().unwrap();
+    let r = f.defrag_step(8).unwrap();
+    // (A window across a chunk's end of the rewrite is two runs, and rewritten.)
+    assert!(r.windows <= 2, "{r:?}");
+    assert_eq!(
+        f.defrag_waiting(),
+        queued - 8,
+        "one turn took more than its 8 windows"
+    );
+    read_region(&f, &gens);
+}
+
 #[test]
 fn a_block_written_after_the_read_keeps_its_new_data() {
     let (_dev, _idx, f, mut gens) = scattered(Config::default());

@@ -116,11 +116,17 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         // chunk of relocations open, engine rule 10).
         let margin = 2 + self.t.geo.blocks_per_page() as u64;
         let fits = || -> Result<bool> { Ok(spare() || self.gc_open_room()? >= margin) };
+        // Every window taken counts towards `max_windows`, those found contiguous again
+        // too: counting only the rewritten ones let one turn re-read every queued range
+        // (up to 65,536 of them, gigabytes) on the runner's thread, no cleaning meanwhile,
+        // after the ranges had been rewritten in order (found by review, 2026-11-29).
+        let mut taken = 0usize;
         let res = (|| -> Result<()> {
-            while (r.windows as usize) < max_windows && spare() {
+            while taken < max_windows && spare() {
                 #[cfg(test)]
                 crate::append::tests::maybe_park(&crate::append::tests::PARK_AFTER_DEFRAG_CHECK);
                 let Some(mut w) = self.defrag.take() else { break };
+                taken += 1;
                 if w.blocks.is_empty() {
                     // Queued without its data: read it again (a range rewritten since,
                     // by this or by the cleaner, is left alone).

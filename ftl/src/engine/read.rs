@@ -78,7 +78,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         let mut f = Fragmentation::default();
         let mut w = lba;
         while w < lba + blocks {
-            let end = (w + window).min(lba + blocks);
+            // Saturating: a window near u64::MAX wrapped (found by review, 2026-11-29).
+            let end = w.saturating_add(window).min(lba + blocks);
             let mut dev = Vec::with_capacity((end - w) as usize);
             for l in w..end {
                 if let Some(p) = self.t.map.get(l)?.pba() {
