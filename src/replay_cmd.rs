@@ -461,18 +461,12 @@ mod tests {
         let path = dir.path().join("t.csv");
         std::fs::write(&path, "0,W,0,1048576,1\n0,W,4096,4096,2\n").unwrap();
         let p = path.to_str().unwrap();
-        let e = run(args(&[
-            "--trace",
-            p,
-            "--format",
-            "alibaba",
-            "--capacity",
-            "wss",
-            "--op",
-            "1",
-        ]))
-        .unwrap_err()
-        .to_string();
+        let wss = |extra: &[&str]| {
+            let mut argv = vec!["--trace", p, "--format", "alibaba", "--capacity", "wss"];
+            argv.extend_from_slice(extra);
+            run(args(&argv)).unwrap_err().to_string()
+        };
+        let e = wss(&["--op", "1"]);
         assert!(e.contains("too small for segments"), "{e}");
         assert!(
             e.contains("--segment-size") && e.contains("working set"),
@@ -480,18 +474,7 @@ mod tests {
         );
         // A segment size the format refuses is not a question of size: no advice to
         // make it smaller.
-        let e = run(args(&[
-            "--trace",
-            p,
-            "--format",
-            "alibaba",
-            "--capacity",
-            "wss",
-            "--segment-size",
-            "32K",
-        ]))
-        .unwrap_err()
-        .to_string();
+        let e = wss(&["--segment-size", "32K"]);
         assert!(e.contains("power of two between"), "{e}");
         assert!(!e.contains("smaller --segment-size"), "{e}");
         // Volumes listed when the trace holds several.

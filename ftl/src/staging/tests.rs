@@ -192,9 +192,25 @@ fn tiny_mem_ftl() -> (
     (dev, idx, f)
 }
 
+/// Asserts that every LBA of `lbas` reads back tag `tag` (`what` says after what).
+fn assert_tags(
+    f: &crate::model::MemFtl,
+    lbas: impl IntoIterator<Item = u64>,
+    tag: u64,
+    what: &str,
+) {
+    use crate::model::{observe, Observed};
+    let mut b = vec![0u8; 4096];
+    for lba in lbas {
+        f.read(lba, &mut b)
+            .unwrap_or_else(|e| panic!("{what}: lba {lba}: {e}"));
+        assert_eq!(observe(lba, &b), Observed::Tag(tag), "{what}: lba {lba}");
+    }
+}
+
 #[test]
 fn a_death_between_any_two_sealing_stores_loses_no_completed_write() {
-    use crate::model::{block_for, observe, Observed};
+    use crate::model::block_for;
     use crate::{Config, Ftl, StreamId};
     for upto in 0..=SEAL_STEPS.len() {
         let (dev, idx, f) = tiny_mem_ftl();
@@ -218,19 +234,13 @@ fn a_death_between_any_two_sealing_stores_loses_no_completed_write() {
         drop(f);
         let (f, rep) =
             Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), staging).unwrap();
-        let mut b = vec![0u8; 4096];
-        for s in 1..4u64 {
-            for k in 0..3u64 {
-                let lba = s * 10 + k;
-                f.read(lba, &mut b).unwrap();
-                assert_eq!(
-                    observe(lba, &b),
-                    Observed::Tag(7),
-                    "died after {upto} sealing stores: lba {lba} lost ({:?})",
-                    rep.recovery
-                );
-            }
-        }
+        let lbas = (1..4u64).flat_map(|s| (0..3u64).map(move |k| s * 10 + k));
+        assert_tags(
+            &f,
+            lbas,
+            7,
+            &format!("died after {upto} sealing stores ({:?})", rep.recovery),
+        );
     }
 }
 
@@ -549,7 +559,7 @@ fn a_torn_header_over_free_slots_opens() {
 /// them again at places behind its checkpoint and was refused.)
 #[test]
 fn a_death_between_a_resets_steps_loses_nothing() {
-    use crate::model::{block_for, observe, Observed};
+    use crate::model::block_for;
     use crate::{Config, Ftl, StreamId};
     for upto in 0..=RESET_STEPS.len() {
         let (dev, idx, f) = tiny_mem_ftl();
@@ -567,16 +577,12 @@ fn a_death_between_a_resets_steps_loses_nothing() {
         drop(f);
         let (f, rep) = Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), staging)
             .unwrap_or_else(|e| panic!("died after {upto} reset steps: the next open: {e}"));
-        let mut b = vec![0u8; 4096];
-        for lba in 0..6u64 {
-            f.read(lba, &mut b).unwrap();
-            assert_eq!(
-                observe(lba, &b),
-                Observed::Tag(7),
-                "died after {upto} reset steps: lba {lba} ({:?})",
-                rep.recovery
-            );
-        }
+        assert_tags(
+            &f,
+            0..6u64,
+            7,
+            &format!("died after {upto} reset steps ({:?})", rep.recovery),
+        );
     }
 }
 
@@ -607,7 +613,7 @@ fn a_reset_writes_a_file_backed_header_back() {
 #[test]
 fn a_slot_whose_seal_failed_is_not_handed_out_again() {
     use crate::append::tests::PANIC_IN_SEAL;
-    use crate::model::{block_for, observe, Observed};
+    use crate::model::block_for;
     use crate::{Config, Ftl, StreamId};
     let (dev, idx, f) = tiny_mem_ftl();
     let f = Arc::new(f);
@@ -640,16 +646,12 @@ fn a_slot_whose_seal_failed_is_not_handed_out_again() {
     // The process dies; the next one replays the area.
     drop(f);
     let (f, rep) = Ftl::open_staged(dev, idx, Config::default(), staging.clone()).unwrap();
-    let mut b = vec![0u8; 4096];
-    for lba in 0..3u64 {
-        f.read(lba, &mut b).unwrap();
-        assert_eq!(
-            observe(lba, &b),
-            Observed::Tag(7),
-            "lba {lba} lost ({:?})",
-            rep.recovery
-        );
-    }
+    assert_tags(
+        &f,
+        0..3u64,
+        7,
+        &format!("after the replay ({:?})", rep.recovery),
+    );
     assert_eq!(staging.kept_slots(), 0, "the next session's reset frees it");
 }
 
