@@ -196,9 +196,16 @@ impl DefragQueue {
     }
 
     /// Queues `w`; false when it was dropped (a disabled queue, no room for its data or
-    /// range, or its start is queued already).
-    pub fn offer(&self, w: DefragWindow) -> bool {
+    /// range, or its start is queued already). A window whose data no longer fits (another
+    /// reader's took the room since [`Self::has_room`]) is queued as its range alone, as
+    /// one offered without room would have been (it was dropped; found by review,
+    /// 2026-11-29).
+    pub fn offer(&self, mut w: DefragWindow) -> bool {
         let mut g = self.lock();
+        if !w.data.is_empty() && g.bytes + w.data.len() > self.cap_bytes {
+            w.data = Vec::new();
+            w.blocks = Vec::new();
+        }
         let full = if w.data.is_empty() {
             g.windows.len() >= MAX_QUEUED_RANGES
         } else {
@@ -313,8 +320,13 @@ mod tests {
         assert!(q.has_room(32 * 4096));
         assert!(q.offer(w(32, 32, true)));
         assert!(!q.has_room(4096));
-        assert!(!q.offer(w(64, 1, true)), "data over the bound");
-        assert!(q.offer(w(64, 32, false)), "a range still fits");
+        // Data over the bound (another reader took the room after this one's
+        // `has_room`): queued as its range, not dropped.
+        assert!(
+            q.offer(w(64, 1, true)),
+            "data over the bound: queued as its range"
+        );
+        assert!(!q.offer(w(64, 32, false)), "its range is queued already");
         assert_eq!((q.len(), q.dropped.load(Ordering::Relaxed)), (3, 3));
         assert_eq!(q.take().map(|w| w.lba), Some(0));
         assert!(q.offer(w(0, 32, true)), "taken, so it may come again");
