@@ -205,7 +205,6 @@ impl L2p {
     }
 
     /// The cache's bound, in pages.
-    #[cfg(test)]
     pub fn capacity_pages(&self) -> u64 {
         self.capacity_pages
     }

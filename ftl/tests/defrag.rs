@@ -180,3 +180,40 @@ fn without_defrag_reads_are_only_measured() {
     assert_eq!(f.defrag_step(8).unwrap().windows, 0);
     assert_eq!(f.stats().fragmentation.large_reads, REGION / WINDOW);
 }
+
+/// The sample `ftlblk stats` takes reads no map page the cache does not hold when the
+/// map outgrows its cache: it read 256 windows through the cache, index reads that
+/// evicted the pages users need (found by review, 2026-11-29). A map the cache holds
+/// whole is sampled everywhere.
+#[test]
+fn the_fragmentation_sample_reads_no_index_page_past_the_cache() {
+    let (dev, idx, f, gens) = scattered(Config::default());
+    // All cached: every window sampled (those of the written region count).
+    let all = f.fragmentation_sample(256, WINDOW, 1).unwrap().windows;
+    f.close().unwrap();
+    drop(f);
+    let small = Config {
+        map_cache_bytes: 4 * ftl::map::PAGE_RAM_BYTES,
+        ..Config::default()
+    };
+    let (f, _) = Ftl::open(dev.clone(), idx.clone(), small).unwrap();
+    let c = f.stats().map_cache;
+    assert!(c.map_bytes > 4 * c.capacity_bytes, "{c:?}");
+    // Two pages' worth of the region read: cached now.
+    let mut b = vec![0u8; WINDOW as usize * BLOCK_SIZE];
+    for w in (0..1024).step_by(WINDOW as usize) {
+        f.read(w, &mut b).unwrap();
+    }
+    let before = f.stats().map_cache.misses;
+    let s = f.fragmentation_sample(256, WINDOW, 1).unwrap();
+    assert_eq!(
+        f.stats().map_cache.misses,
+        before,
+        "the sample read index pages"
+    );
+    assert!(s.windows > 0 && s.windows < all, "{s:?} of {all}");
+    drop(f);
+    let (f, _) = Ftl::open(dev, idx, Config::default()).unwrap();
+    assert_eq!(f.fragmentation_sample(256, WINDOW, 1).unwrap().windows, all);
+    read_region(&f, &gens);
+}

@@ -202,6 +202,11 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         if slots == 0 {
             return Ok(f);
         }
+        // A map larger than its cache: only windows whose pages are cached, so that a
+        // look at the figures (every `ftlblk stats`) reads no index page and evicts no
+        // page users need (found by review, 2026-11-29). A map the cache holds whole
+        // evicts nothing: its windows are all taken.
+        let whole = self.t.map.pages() <= self.t.map.capacity_pages();
         let mut x = seed | 1;
         for _ in 0..windows {
             // xorshift64*: plenty for picking sample windows.
@@ -209,6 +214,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             x ^= x << 25;
             x ^= x >> 27;
             let slot = x.wrapping_mul(0x2545_f491_4f6c_dd1d) % slots;
+            if !whole && !self.t.map.cached(slot * window, window) {
+                continue;
+            }
             let one = self.fragmentation(slot * window, window, window)?;
             f.windows += one.windows;
             f.reads += one.reads;
