@@ -409,21 +409,11 @@ fn check_with<D: BlockDevice, I: IndexStore>(
     let marked = |pba: u64| mapped_bits[(pba / 64) as usize] & (1 << (pba % 64)) != 0;
     // The summary entries of segment `seg` (none for a free segment), by block.
     let summaries_of = |seg: u32, f: &mut dyn FnMut(u64, u64, u32)| -> Result<()> {
-        if seg == 0 || segs.state(seg) == Some(SegState::Free) {
-            return Ok(());
-        }
-        let start = geo.segment_start(seg);
-        for chunk in SegmentChunks::new(&dev, geo, seg, format_id, below) {
-            let (off, s) = chunk?;
-            let mut k = 0u64;
-            for e in &s.entries {
-                if let Entry::Data { lba, crc, .. } = *e {
-                    f(start + off as u64 + 1 + k, lba, crc);
-                    k += 1;
-                }
+        records_of(&dev, geo, segs, seg, format_id, below, &mut |r| {
+            if r.pba != TRIM_PBA {
+                f(r.pba as u64, r.lba, r.crc_or_count);
             }
-        }
-        Ok(())
+        })
     };
     for seg in 1..geo.segment_count {
         if segs.state(seg) == Some(SegState::Free) {
@@ -511,8 +501,13 @@ fn check_with<D: BlockDevice, I: IndexStore>(
         let mut newest = Winners::new(lo, len);
         report.log_passes += 1;
         for seg in 1..geo.segment_count {
+            // Entry numbers past sanity and data past the end skipped, as the rebuild
+            // skips them (`apply` would also overflow at an LBA of u64::MAX).
             records_of(&dev, geo, segs, seg, format_id, below, &mut |r| {
-                newest.apply(&r)
+                let past_end = r.pba != TRIM_PBA && r.lba >= geo.exported_blocks;
+                if !past_end && !crate::recovery::past_sane(r.seq) {
+                    newest.apply(&r);
+                }
             })?;
         }
         map.try_for_pages(lo / page..(lo + len).div_ceil(page), |p, entries| {
@@ -609,9 +604,9 @@ fn check_with<D: BlockDevice, I: IndexStore>(
     Ok(report)
 }
 
-/// Every record (data and TRIM) of segment `seg`'s chunks that recovery accepted, as the
-/// rebuild reads them (none for segment 0 or a free segment, whose first block is zeroed
-/// when it is freed; entry numbers past sanity skipped, as the rebuild skips them).
+/// Every record (data and TRIM) of segment `seg`'s chunks that recovery accepted (none
+/// for segment 0 or a free segment, whose first block is zeroed when it is freed): the
+/// one walk of the summaries checks 4 and 8 make.
 #[allow(clippy::too_many_arguments)]
 fn records_of<D: BlockDevice>(
     dev: &D,
@@ -630,34 +625,8 @@ fn records_of<D: BlockDevice>(
         let (off, s) = chunk?;
         let mut k = 0u64;
         for e in &s.entries {
-            let r = match *e {
-                Entry::Data { lba, seq, crc } => {
-                    let pba = start + off as u64 + 1 + k;
-                    k += 1;
-                    // Past the end: damage the rebuild skips too (and `apply` would
-                    // overflow at u64::MAX).
-                    if lba >= geo.exported_blocks {
-                        continue;
-                    }
-                    Rec {
-                        epoch: s.epoch,
-                        seq,
-                        lba,
-                        pba: pba as u32,
-                        crc_or_count: crc,
-                    }
-                }
-                Entry::Trim { lba, seq, count } => Rec {
-                    epoch: s.epoch,
-                    seq,
-                    lba,
-                    pba: TRIM_PBA,
-                    crc_or_count: count,
-                },
-            };
-            if !crate::recovery::past_sane(r.seq) {
-                f(r);
-            }
+            f(Rec::of(s.epoch, e, start + off as u64 + 1 + k));
+            k += u64::from(matches!(e, Entry::Data { .. }));
         }
     }
     Ok(())

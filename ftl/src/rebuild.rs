@@ -172,6 +172,27 @@ pub(crate) struct Rec {
 pub(crate) const TRIM_PBA: u32 = u32::MAX;
 
 impl Rec {
+    /// The record of summary entry `e` of a chunk of session `epoch`; a data entry's
+    /// block is `pba` (a TRIM's is ignored).
+    pub(crate) fn of(epoch: u64, e: &Entry, pba: u64) -> Rec {
+        match *e {
+            Entry::Data { lba, seq, crc } => Rec {
+                epoch,
+                seq,
+                lba,
+                pba: pba as u32,
+                crc_or_count: crc,
+            },
+            Entry::Trim { lba, seq, count } => Rec {
+                epoch,
+                seq,
+                lba,
+                pba: TRIM_PBA,
+                crc_or_count: count,
+            },
+        }
+    }
+
     /// A spilled record:
     /// ```text
     /// 0        8        16       24    28           32
@@ -734,27 +755,15 @@ fn scan<D: BlockDevice>(
                         // Counted only when applied: a chunk past its epoch's break is
                         // not part of the log.
                         report.data_entries += !past_break as u64;
-                        Rec {
-                            epoch: s.epoch,
-                            seq,
-                            lba,
-                            pba: (geo.segment_start(seg) + blk as u64) as u32,
-                            crc_or_count: crc,
-                        }
+                        Rec::of(s.epoch, e, geo.segment_start(seg) + blk as u64)
                     }
                     Entry::Trim { seq, .. } if past_sane(seq) => {
                         report.entries_skipped += !past_break as u64;
                         continue;
                     }
-                    Entry::Trim { lba, seq, count } => {
+                    Entry::Trim { .. } => {
                         report.trim_entries += !past_break as u64;
-                        Rec {
-                            epoch: s.epoch,
-                            seq,
-                            lba,
-                            pba: TRIM_PBA,
-                            crc_or_count: count,
-                        }
+                        Rec::of(s.epoch, e, 0)
                     }
                 };
                 facts.max_seq = facts.max_seq.max(r.seq);
