@@ -12,7 +12,8 @@
 #      its record, removed, is written again by the daemon within 5 s.
 #   2. ext4, xfs, btrfs, f2fs in turn: mkfs, mount, write a tree of files, md5sums,
 #      unmount, the file system's own checker in read-only mode, remount, verify; then
-#      `del`, `ftlblk check`, `add` of the same backing, verify again.
+#      `del` (which leaves the classifier's history in the index directory), `ftlblk
+#      check`, `add` of the same backing (which restores it), verify again.
 #   3. ext4: fstrim after deleting a file lowers `mapped_blocks` in `ftlblk stats`;
 #      3b. a second device on a 512M backing, ext4 on it: a file of 55%
 #      of the free space written three times, deleted and fstrim'd: within 15 s of idle
@@ -290,8 +291,11 @@ for fs in $FILESYSTEMS; do
     [ -b "$DEV" ] || fail "$DEV gone after a refused del"
     umount "$MNT"
     del_dev
+    [ -s "$IMG.ftlidx/ftlblk-classifier" ] || fail "del left no classifier history in $IMG.ftlidx"
     offline_check "$fs"
     add_dev --metrics-listen "$METRICS"
+    grep -q "the classifier's history restored" "/run/ftlblk/$ID.log" \
+        || fail "the add after del did not restore the classifier's history"
     fs_check "$fs" "$DEV" || fail "$fs checker found problems after del + add"
     mount "$DEV" "$MNT" || fail "mount $fs after del + add"
     verify_sums "$MNT" "$WORK/sums.$fs" "on $fs after del + add"
@@ -538,6 +542,7 @@ umount "$NVMNT"
 one_cpu
 nvme disconnect -n "$nqn" || fail "nvme disconnect"
 all_cpus
+nqn=""
 "$BIN" unexport -n "$NVID" || fail "unexport -n $NVID"
 [ ! -e "/sys/kernel/config/nvmet/subsystems/$nqn" ] || fail "unexport left the subsystem in configfs"
 # Looked at in what list printed (a list that failed would show nothing, and pass).

@@ -16,6 +16,7 @@ use cleaner::{CleanerConfig, CleanerHandle};
 use ftl::backing::FileFtl;
 use ftl::classify::Classifier;
 use ftl::ChunkWriters;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Threads writing the chunks user writes fill.
@@ -29,23 +30,70 @@ pub struct Background {
     pub writers: Arc<ChunkWriters>,
     pub cleaner: Option<Arc<CleanerHandle>>,
     pub control: Control,
+    /// Where the classifier's history goes when the machinery stops, for the next start.
+    state: Option<StateFile>,
+}
+
+/// The classifier's state file of one device (`ftl::classify::STATE_FILE` in its index
+/// directory) and what binds it to this session.
+struct StateFile {
+    path: PathBuf,
+    uuid: [u8; 16],
+    epoch: u64,
+}
+
+/// The classifier for `ftl`: the history the previous session saved in `index_dir` if it
+/// is there and this session's (see `ftl/src/classify/state.rs`), else a new one. A file
+/// that is not used is named on stderr with the reason; the device starts without history.
+fn classifier_for(ftl: &FileFtl, state: Option<&StateFile>) -> Classifier {
+    let cap = ftl.capacity_blocks();
+    let params = ftl::classify::Params::for_capacity(cap);
+    let Some(s) = state else {
+        return Classifier::new(cap);
+    };
+    match Classifier::load_state(&s.path, &s.uuid, s.epoch, cap, params) {
+        Ok(Some(c)) => {
+            eprintln!(
+                "ftlblk: the classifier's history restored from {} ({} blocks tracked)",
+                s.path.display(),
+                c.tracked_blocks()
+            );
+            c
+        }
+        Ok(None) => Classifier::new(cap),
+        Err(e) => {
+            eprintln!(
+                "ftlblk: the classifier's history in {} is not used ({e}); starting without one",
+                s.path.display()
+            );
+            Classifier::new(cap)
+        }
+    }
 }
 
 impl Background {
     /// Starts the classifier, the cleaner (unless `cleaner` is false) and the control
     /// plane; `signals`: the control plane handles SIGINT and SIGTERM (the daemon);
-    /// `metrics`: a bound listener the control plane serves the metrics on.
+    /// `metrics`: a bound listener the control plane serves the metrics on;
+    /// `index_dir`: where the classifier's history of the last session is read from and
+    /// this one's is written when it stops (the daemon; `None`: started new, not kept).
     pub fn start(
         ftl: &Arc<FileFtl>,
         cleaner: bool,
         signals: bool,
         metrics: Option<std::net::TcpListener>,
+        index_dir: Option<&Path>,
     ) -> Result<Self, CliError> {
         // The lifetime counters before any thread below writes, relocates or checkpoints:
         // the metrics count from here.
         let live = Arc::new(Live::opened_with(ftl.stats().counters));
-        // Write-time stream classification (in memory, rebuilt from scratch at each start).
-        let classifier = Arc::new(Classifier::new(ftl.capacity_blocks()));
+        // Write-time stream classification: in memory, kept across a clean restart.
+        let state = index_dir.map(|d| StateFile {
+            path: d.join(ftl::classify::STATE_FILE),
+            uuid: ftl.superblock().uuid,
+            epoch: ftl.epoch(),
+        });
+        let classifier = Arc::new(classifier_for(ftl, state.as_ref()));
         let writers = Arc::new(
             ChunkWriters::spawn(ftl, CHUNK_WRITERS, "ftl-chunk-writer")
                 .map_err(|e| CliError::io("cannot start the chunk writers", e))?,
@@ -76,12 +124,95 @@ impl Background {
             writers,
             cleaner,
             control,
+            state,
         })
     }
 
-    /// Stops the control plane (waiting for a running checkpoint), then the cleaner.
+    /// Stops the control plane (waiting for a running checkpoint), then the cleaner, then
+    /// saves the classifier's history (with `index_dir`; a failure is named on stderr and
+    /// costs only the history). Called once nothing writes any more.
     pub fn stop(self) {
         self.control.shutdown();
         drop(self.cleaner);
+        if let Some(s) = &self.state {
+            if let Err(e) = self.classifier.save_state(&s.path, &s.uuid, s.epoch) {
+                eprintln!(
+                    "ftlblk: the classifier's history was not saved ({e}); the next start \
+                     begins without one"
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ftl::backing::{format_backing, open_backing_in};
+    use ftl::classify::write_classified;
+    use ftl::device::BLOCK_SIZE;
+    use ftl::{Config, FormatOptions};
+
+    /// A clean stop saves the classifier's history in the index directory and the next
+    /// start of the device takes it whole; after a start that ended without a stop (the
+    /// server killed), the file is the session before's and is not used.
+    #[test]
+    fn a_clean_restart_keeps_the_classifiers_history_and_a_crash_does_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let (backing, index, staging) = (
+            dir.path().join("b.img"),
+            dir.path().join("b.idx"),
+            dir.path().join("staging"),
+        );
+        format_backing(
+            &backing,
+            &index,
+            Some(64 << 20),
+            &FormatOptions::default(),
+            false,
+        )
+        .unwrap();
+        let open = || {
+            let (f, _) = open_backing_in(&backing, &index, Config::default(), &staging).unwrap();
+            Arc::new(f)
+        };
+        let history = |bg: &Background| bg.classifier.encode_state(&[0; 16], 0);
+        let f = open();
+        let bg = Background::start(&f, false, false, None, Some(&index)).unwrap();
+        let fresh = history(&bg);
+        for round in 0..3u8 {
+            for lba in 0..64 {
+                let data = vec![round; BLOCK_SIZE];
+                write_classified(
+                    &f,
+                    &bg.classifier,
+                    None,
+                    lba * (round as u64 + 1),
+                    &data,
+                    false,
+                )
+                .unwrap();
+            }
+        }
+        let learned = history(&bg);
+        assert_ne!(learned, fresh);
+        bg.stop();
+        f.close().unwrap();
+        drop(f);
+        assert!(index.join(ftl::classify::STATE_FILE).exists());
+
+        let f = open();
+        let bg = Background::start(&f, false, false, None, Some(&index)).unwrap();
+        assert!(history(&bg) == learned, "the history was not restored");
+        write_classified(&f, &bg.classifier, None, 5, &[9u8; BLOCK_SIZE], false).unwrap();
+        // Killed: no stop, no close; the file still holds the first session's history.
+        drop(bg);
+        drop(f);
+
+        let f = open();
+        let bg = Background::start(&f, false, false, None, Some(&index)).unwrap();
+        assert!(history(&bg) == fresh, "a stale history was restored");
+        bg.stop();
+        f.close().unwrap();
     }
 }

@@ -314,7 +314,7 @@ fn serve_device(cfg: DaemonConfig, notifier: &Arc<Notifier>) -> Result<(), CliEr
     {
         eprintln!("{w}");
     }
-    let bg = Background::start(&ftl, cfg.cleaner, true, metrics)?;
+    let bg = Background::start(&ftl, cfg.cleaner, true, metrics, Some(&cfg.index))?;
 
     let result = serve(&cfg, &ftl, &bg, notifier);
 

@@ -55,6 +55,11 @@ pub struct ReplayArgs {
     /// blocks shares the slots, as a large device does): to measure what sharing costs.
     #[arg(long)]
     pub tracked_blocks: Option<u64>,
+    /// Server restarts spread evenly over the run: at each, the online classifier forgets
+    /// every block's history, as a new server process starts with none. To measure what
+    /// a restart costs.
+    #[arg(long, default_value_t = 0)]
+    pub restarts: u32,
     /// Turn off wear-aware allocation and static wear levelling (free segments reused in
     /// the order they were freed): to measure what wear levelling costs and gives.
     #[arg(long)]
@@ -244,6 +249,7 @@ pub fn run(a: ReplayArgs) -> Result<(), CliError> {
         wear_levelling: !a.no_wear_levelling,
         write_probabilities: probabilities,
         policy,
+        restarts: a.restarts,
         series_points: 100,
     };
     let tty = std::io::stderr().is_terminal() && !a.json;

@@ -124,6 +124,17 @@ impl Placer {
         }
     }
 
+    /// The FTL's mapped blocks, the online classifier's scale (as the server's writes
+    /// give it, [`ftl::classify::write_classified`]).
+    pub fn observe_live(&self, mapped: u64) {
+        self.classifier.observe_live(mapped);
+    }
+
+    /// A server restart: the online classifier forgets everything it learned.
+    pub fn restart(&self) {
+        self.classifier.reset();
+    }
+
     /// Stream for relocating `lba`.
     pub fn relocate(&self, lba: u64) -> StreamId {
         match self.kind {

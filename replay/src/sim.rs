@@ -40,6 +40,10 @@ pub struct SimConfig {
     #[serde(skip)]
     pub write_probabilities: Option<Arc<[f64]>>,
     pub policy: Policy,
+    /// Server restarts spread evenly over the run's block writes: at each, the online
+    /// classifier forgets everything (a new process starts with no history).
+    #[serde(default)]
+    pub restarts: u32,
     /// Points of the WAF-over-time series.
     pub series_points: usize,
 }
@@ -204,6 +208,7 @@ pub fn simulate(
     let mut trimmed = 0u64;
     let mut plans = 0u64;
     let mut checkpoints = 0u64;
+    let mut restarts_done = 0u32;
     for op in ops {
         match *op {
             TraceOp::Write { lba, blocks } => {
@@ -213,6 +218,14 @@ pub fn simulate(
                     if half.is_none() && wi >= total_writes / 2 {
                         half = Some(f.stats().counters);
                     }
+                    if restarts_done < cfg.restarts
+                        && wi
+                            >= total_writes / (cfg.restarts as u64 + 1) * (restarts_done as u64 + 1)
+                    {
+                        placer.restart();
+                        restarts_done += 1;
+                    }
+                    placer.observe_live(f.mapped_blocks());
                     let stream: StreamId = placer.user(l);
                     checkpoints += write_cleaning(&f, &mut cleaner, cfg.policy, l, &zero, stream)?;
                     if placer.plans() != plans {

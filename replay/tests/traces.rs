@@ -38,6 +38,7 @@ fn replay(volume: &str, classifier: ClassifierKind, loops: usize) -> (u64, SimRe
         wear_levelling: true,
         write_probabilities: None,
         policy: Policy::CostHotness,
+        restarts: 0,
         series_points: 10,
     };
     let report = simulate(&all, &cfg, &mut |_, _| {}).unwrap();

@@ -20,6 +20,7 @@ fn run_with(workload: &str, classifier: ClassifierKind, policy: Policy, seed: u6
         wear_levelling: true,
         write_probabilities: Some(write_probabilities(&w, logical, seed).into()),
         policy,
+        restarts: 0,
         series_points: 20,
     };
     simulate(&ops, &cfg, &mut |_, _| {}).unwrap()
@@ -206,6 +207,7 @@ fn small_cfg(capacity_blocks: u64, segment_bytes: Option<u64>) -> SimConfig {
         wear_levelling: true,
         write_probabilities: None,
         policy: Policy::Greedy,
+        restarts: 0,
         series_points: 20,
     }
 }
@@ -245,4 +247,36 @@ fn a_capacity_of_too_few_segments_is_an_error() {
         "{}",
         r.geometry.exported_blocks
     );
+}
+
+/// `restarts`: the online classifier forgets everything that many times, and what it
+/// learned is worth something on a skewed workload, so the restarted run writes more.
+/// One stream has nothing to forget: the same run, to the block.
+#[test]
+fn restarts_cost_what_the_classifier_learned() {
+    let w: Workload = "hotcold:90/10".parse().unwrap();
+    let (capacity, seed) = (16384u64, 3);
+    let logical = capacity * 8 / 10;
+    let ops = generate(&w, logical, 6 * logical, seed);
+    let run = |classifier, restarts| {
+        let cfg = SimConfig {
+            classifier,
+            policy: Policy::CostHotness,
+            restarts,
+            ..small_cfg(capacity, Some(1 << 20))
+        };
+        simulate(&ops, &cfg, &mut |_, _| {}).unwrap()
+    };
+    let (kept, restarted) = (
+        run(ClassifierKind::Online, 0),
+        run(ClassifierKind::Online, 5),
+    );
+    assert!(
+        restarted.backing_blocks > kept.backing_blocks,
+        "5 restarts: {} backing blocks, none: {}",
+        restarted.backing_blocks,
+        kept.backing_blocks
+    );
+    let (a, b) = (run(ClassifierKind::None, 0), run(ClassifierKind::None, 5));
+    assert_eq!(a.backing_blocks, b.backing_blocks);
 }

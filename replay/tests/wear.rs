@@ -33,6 +33,7 @@ fn replay(capacity: u64, workload: &str, policy: Policy, wear_levelling: bool) -
         wear_levelling,
         write_probabilities: None,
         policy,
+        restarts: 0,
         series_points: 10,
     };
     simulate(&ops, &cfg, &mut |_, _| {}).unwrap()

@@ -447,7 +447,7 @@ fn fragread(a: &BenchArgs, index: &Path, flush: bool) -> Result<serde_json::Valu
     const READ_BLOCKS: u64 = 32;
     const WRITE_BLOCKS: u64 = 256;
     let f = Arc::new(fresh(a, index)?);
-    let bg = Background::start(&f, true, false, None)?;
+    let bg = Background::start(&f, true, false, None, None)?;
     let region = (1u64 << 30) / BLOCK_SIZE as u64;
     let region = region.min(f.capacity_blocks() / 2) / WRITE_BLOCKS * WRITE_BLOCKS;
     let write = |lba: u64, data: &[u8]| {

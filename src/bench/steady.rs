@@ -450,7 +450,7 @@ pub fn run(spec: &Spec, run: &Run) -> Result<(serde_json::Value, Timeline), CliE
     let sampler = Sampler::new(&workload, region, run.seed).ok_or_else(|| {
         CliError::Bench(format!("{}: not a single-block workload", spec.workload))
     })?;
-    let bg = Background::start(ftl, true, false, None)?;
+    let bg = Background::start(ftl, true, false, None, None)?;
     let result = (|| -> Result<(serde_json::Value, Vec<TimePoint>), CliError> {
         let fill_seconds = fill(ftl, &bg, region, run.jobs)?;
         let mut warmup = serde_json::Value::Null;

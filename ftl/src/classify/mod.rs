@@ -6,7 +6,9 @@
 //! at about the same time.
 //!
 //! ## The estimate (pure functions here, per-block state in [`Classifier`])
-//! - Per block: the user-write clock of its last write (`u32`) and a [`Stat`] (`u16`): how
+//! - Per block: the user-write clock of its last write (`u32`, modulo 2^32; a sweep of
+//!   one slot a write holds every age below 2^32, so an idle block never looks young
+//!   again when the clock turns) and a [`Stat`] (`u16`): how
 //!   many rewrite intervals were seen (capped) and their running mean, log-coded. 6 bytes
 //!   per block ([`Classifier::BYTES_PER_BLOCK`]) on a device of at most
 //!   [`Params::tracked_blocks`]; a larger one keeps that many slots, each tagged with the
@@ -20,8 +22,9 @@
 //!   to live the scale `S` below.
 //! - A relocated block that has survived `age` user writes since its last write: with `n`
 //!   intervals seen, `(n * mean + age) / n` (the same estimate, counting the interval still
-//!   open); with none, `age`. With shared slots, one whose LBA holds no slot (its history
-//!   lost past the scale, or never kept) goes one class colder than a first write.
+//!   open); with none, `age`. One the classifier has no history of goes one class colder
+//!   than a first write: with shared slots, its LBA holds no slot (its history lost past
+//!   the scale, or never kept); without, it was last written before the server started.
 //! - A relocated block never rewritten since its first write (no interval seen) that has
 //!   survived `static_age` scales (2 by default) goes to the coldest class that has a
 //!   stream, if that is colder than its age says ([`relocation_class`]). Lifetimes of
@@ -31,7 +34,9 @@
 //!   small gain: MiDAS's setting, fio form, 3.036 -> 3.013 WAF; `docs/waf.md`). It
 //!   takes no stream of its own: on a small device a stream costs more spare than the
 //!   separation saves (2 GiB, 7% spare: +1.5-2.2% WAF).
-//! - The scale `S` is the number of live blocks: by Little's law it is the mean lifetime,
+//! - The scale `S` is the number of live blocks (the FTL's mapped blocks, given by
+//!   [`write_classified`]; a classifier no one tells counts them itself, which after a
+//!   start sees only the blocks written since): by Little's law it is the mean lifetime,
 //!   in user writes, of the blocks the user overwrites (SepBIT's adaptive threshold is the
 //!   running average of that lifetime; this is its steady-state value, exact and
 //!   noise-free). Classes are log-spaced around it: with the defaults (7 classes, factor
@@ -74,9 +79,11 @@
 //!   corrupt state or panic.
 
 mod online;
+mod state;
 mod write;
 
 pub use online::Classifier;
+pub use state::STATE_FILE;
 pub use write::write_classified;
 
 use crate::stream::StreamId;

@@ -10,8 +10,16 @@ use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering::Rel
 /// Ways of a set of shared slots.
 const WAYS: usize = 4;
 
-/// With shared slots, a relocated block whose LBA holds no slot goes this many classes
-/// colder than a first write (the scale's class): a holder loses its slot only once it
+/// A relocated block the classifier has no history of goes this many classes colder than
+/// a first write (the scale's class).
+///
+/// Without shared slots, every block written since the classifier started has a history,
+/// so such a block was last written before the start (the server's) and has not been
+/// rewritten since: at least as old as the writes since the start, and still live when
+/// its segment was cleaned. Placed at the scale, the cold data of a device's earlier life
+/// went back into the classes of blocks that die after every restart.
+///
+/// With shared slots, a relocated block whose LBA holds no slot: a holder loses its slot only once it
 /// was last written a scale or more ago (`record_write`), and an LBA that never got one
 /// found its set taken by blocks rewritten within the scale, so a block without a slot
 /// that survived until its segment was cleaned is most likely cold. Placed at the scale,
@@ -21,32 +29,38 @@ const WAYS: usize = 4;
 /// cost-hotness: hotcold:90/10 1.394 -> 1.317 (1.223 with every block tracked),
 /// zipf:0.99 1.278 -> 1.265 (1.243); greedy 1.506 -> 1.487 (1.479) and 1.465 on
 /// zipf:0.99 (1.547). Two classes colder was worse on hotcold:90/10.
-///
-/// Right after a start the classifier knows no block (it is rebuilt from nothing), so
-/// until blocks are rewritten every relocation on such a device goes this colder class;
-/// relocated survivors of a device's earlier life are the colder ones too.
-const SLOTLESS_RELOCATION_CLASSES: u8 = 1;
+const HISTORYLESS_RELOCATION_CLASSES: u8 = 1;
+
+/// Ages (clock ticks since a slot's last write) at or past this are held here by the
+/// sweep ([`Classifier::sweep`]): the clock is kept modulo 2^32, and without it a block
+/// idle for 2^32 user writes (12 hours at 100K IOPS) would look freshly written.
+const AGE_CAP: u32 = 1 << 31;
+
+/// Each slot is visited by the sweep at least once in this many ticks.
+const SWEEP_TICKS: u64 = 1 << 30;
 
 /// Per-block write clock and interval stat (6 bytes per tracked block), the live-block
 /// count (the scale) and the stream plan.
 pub struct Classifier {
-    last: Box<[AtomicU32]>,
-    stat: Box<[AtomicU16]>,
+    pub(super) last: Box<[AtomicU32]>,
+    pub(super) stat: Box<[AtomicU16]>,
     /// When there are fewer slots than blocks: the LBA (low 32 bits) holding each slot.
-    tags: Option<Box<[AtomicU32]>>,
-    capacity: u64,
-    clock: AtomicU64,
-    live: AtomicU64,
-    placed: AtomicU64,
-    counts: [AtomicU64; CLASSES],
+    pub(super) tags: Option<Box<[AtomicU32]>>,
+    pub(super) capacity: u64,
+    pub(super) clock: AtomicU64,
+    pub(super) live: AtomicU64,
+    /// The mapped blocks the owner last reported ([`Classifier::observe_live`]; 0: none).
+    pub(super) mapped: AtomicU64,
+    pub(super) placed: AtomicU64,
+    pub(super) counts: [AtomicU64; CLASSES],
     /// Per class, this period: user writes predicted into it, and user writes whose
     /// previous write was predicted into it and died within the class's lifetime.
-    predicted: [AtomicU64; CLASSES],
-    died: [AtomicU64; CLASSES],
-    active: AtomicU8,
-    plans: AtomicU64,
-    map: [AtomicU8; CLASSES],
-    params: Params,
+    pub(super) predicted: [AtomicU64; CLASSES],
+    pub(super) died: [AtomicU64; CLASSES],
+    pub(super) active: AtomicU8,
+    pub(super) plans: AtomicU64,
+    pub(super) map: [AtomicU8; CLASSES],
+    pub(super) params: Params,
 }
 
 impl Classifier {
@@ -68,6 +82,7 @@ impl Classifier {
             capacity,
             clock: AtomicU64::new(1),
             live: AtomicU64::new(0),
+            mapped: AtomicU64::new(0),
             placed: AtomicU64::new(0),
             counts: Default::default(),
             predicted: Default::default(),
@@ -83,9 +98,25 @@ impl Classifier {
         &self.params
     }
 
-    /// The scale: blocks written and not trimmed since the classifier started (with
+    /// The device's mapped blocks, as its owner counts them (the FTL's map): the scale
+    /// from now on. Without it the classifier counts for itself, and counts only what
+    /// it saw: after a start, the blocks written since (1 for the first write on a full
+    /// device, whose scale is its whole capacity), and with shared slots the slots in
+    /// use scaled to the capacity (the whole capacity once every slot is taken, on a
+    /// device written 3% full past 32 GiB). Called once a write by
+    /// [`super::write_classified`], and by `ftlblk replay` with its FTL's count.
+    pub fn observe_live(&self, mapped: u64) {
+        self.mapped.store(mapped, Relaxed);
+    }
+
+    /// The scale: the mapped blocks last observed ([`Classifier::observe_live`]), or, if
+    /// none was, blocks written and not trimmed since the classifier started (with
     /// shared slots: the slots in use, scaled to the capacity).
     pub fn scale(&self) -> u64 {
+        let mapped = self.mapped.load(Relaxed);
+        if mapped != 0 {
+            return mapped;
+        }
         let live = self.live.load(Relaxed);
         match self.tags {
             None => live.max(1),
@@ -166,6 +197,7 @@ impl Classifier {
     /// (`None`: first write), its stat with that interval folded in, and before.
     fn record_write(&self, lba: u64) -> (Option<u64>, Stat, Stat) {
         let now = self.clock.fetch_add(1, Relaxed);
+        self.sweep(now);
         let Some((i, held)) = self.slot(lba) else {
             return (None, Stat::default(), Stat::default());
         };
@@ -203,6 +235,32 @@ impl Classifier {
         (Some(d), s, before)
     }
 
+    /// The clock's tick `now` visits the slots `now * v + j` (mod the slot count, `j <
+    /// v`), `v` the slots over [`SWEEP_TICKS`] rounded up, so every slot is visited once
+    /// in every `SWEEP_TICKS` ticks at the most, and a slot whose age reached
+    /// [`AGE_CAP`] is moved forward to that age. An age therefore stays below `AGE_CAP +
+    /// SWEEP_TICKS` < 2^32, and the wrapping differences of the clock never wrap: a block
+    /// idle for longer is as old as one idle for 2^31 writes (past any class the scale of
+    /// a device of at most 2^31 tracked blocks gives). Costs one load per write.
+    fn sweep(&self, now: u64) {
+        let n = self.last.len() as u64;
+        if n == 0 {
+            return;
+        }
+        let per_tick = n.div_ceil(SWEEP_TICKS);
+        let stamp = (now as u32).max(1);
+        for j in 0..per_tick {
+            let i = (now.wrapping_mul(per_tick).wrapping_add(j) % n) as usize;
+            let last = &self.last[i];
+            let seen = last.load(Relaxed);
+            if seen != 0 && stamp.wrapping_sub(seen) >= AGE_CAP {
+                // A write or trim of the slot since the load wins (the exchange fails).
+                let aged = stamp.wrapping_sub(AGE_CAP).max(1);
+                let _ = last.compare_exchange(seen, aged, Relaxed, Relaxed);
+            }
+        }
+    }
+
     /// Classifies a user write of `lba` and records it.
     pub fn on_write(&self, lba: u64) -> StreamId {
         let (d, stat, before) = self.record_write(lba);
@@ -234,16 +292,12 @@ impl Classifier {
             _ => (0, 0),
         };
         if last == 0 {
-            // The scale's class (a first write's), or colder with shared slots. The class
+            // No history: one class colder than the scale's (a first write's). The class
             // itself, not a lifetime: a lifetime between two classes would round by the
             // scale read a moment later.
             let p = &self.params;
-            let colder = if self.tags.is_some() {
-                SLOTLESS_RELOCATION_CLASSES
-            } else {
-                0
-            };
-            return self.place_class((p.middle() + colder).min(p.classes() - 1));
+            let class = (p.middle() + HISTORYLESS_RELOCATION_CLASSES).min(p.classes() - 1);
+            return self.place_class(class);
         }
         let now = self.clock.load(Relaxed) as u32;
         let age = now.wrapping_sub(last) as u64;
@@ -287,6 +341,33 @@ impl Classifier {
         stream_of(self.map[class].load(Relaxed))
     }
 
+    /// Forgets everything, as a new server process starts: every block's history, the
+    /// clock, the scale and the plan (a plan is counted, so its owner closes the streams
+    /// that fell idle). For `ftlblk replay --restarts`, which measures what a restart
+    /// costs.
+    pub fn reset(&self) {
+        for (last, stat) in self.last.iter().zip(self.stat.iter()) {
+            last.store(0, Relaxed);
+            stat.store(0, Relaxed);
+        }
+        for t in self.tags.iter().flat_map(|t| t.iter()) {
+            t.store(0, Relaxed);
+        }
+        self.clock.store(1, Relaxed);
+        for a in [&self.live, &self.mapped, &self.placed] {
+            a.store(0, Relaxed);
+        }
+        for a in self.counts.iter().chain(&self.predicted).chain(&self.died) {
+            a.store(0, Relaxed);
+        }
+        let mid = self.params.middle();
+        self.active.store(1 << mid, Relaxed);
+        for m in &self.map {
+            m.store(mid, Relaxed);
+        }
+        self.plans.fetch_add(1, Relaxed);
+    }
+
     /// Forgets `blocks` blocks from `lba` (trimmed).
     pub fn on_trim(&self, lba: u64, blocks: u64) {
         for l in lba..lba.saturating_add(blocks).min(self.capacity) {
@@ -298,5 +379,93 @@ impl Classifier {
             }
             self.stat[i].store(0, Relaxed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    impl Classifier {
+        /// User writes since `lba`'s last write, as the classifier computes it.
+        fn age_of(&self, lba: u64) -> u32 {
+            let Some((i, true)) = self.slot(lba) else {
+                panic!("lba {lba} holds no slot");
+            };
+            (self.clock.load(Relaxed) as u32).wrapping_sub(self.last[i].load(Relaxed))
+        }
+
+        /// `n` ticks of the clock: writes of a block past the capacity (which keep no
+        /// history).
+        fn tick(&self, n: u64) {
+            for _ in 0..n {
+                let _ = self.record_write(self.capacity);
+            }
+        }
+    }
+
+    #[test]
+    fn a_block_idle_for_a_whole_turn_of_the_clock_stays_old() {
+        let c = Classifier::new(16);
+        c.on_write(3);
+        c.tick(10);
+        assert_eq!(c.age_of(3), 11, "the write's own tick and 10");
+        // 2^32 user writes after it: the clock skips all but the last 16 ticks of every
+        // 2^30 (a skip sweeps nothing; 16 ticks visit every slot once, as the real ticks
+        // in between would have).
+        for _ in 0..4 {
+            c.clock.fetch_add(SWEEP_TICKS - 16, Relaxed);
+            c.tick(16);
+        }
+        let age = c.age_of(3);
+        assert!(
+            (AGE_CAP..AGE_CAP + SWEEP_TICKS as u32).contains(&age),
+            "a block idle for 2^32 + 11 writes has age {age}"
+        );
+        // Its next write ends an interval that long, not one of 11 writes.
+        let (d, _, _) = c.record_write(3);
+        assert!(d.is_some_and(|d| d >= AGE_CAP as u64), "interval {d:?}");
+        // A block written at the turn is as young as it is.
+        c.on_write(5);
+        c.tick(7);
+        assert_eq!(c.age_of(5), 8);
+    }
+
+    #[test]
+    fn the_ticks_of_one_slot_count_visit_every_slot() {
+        let c = Classifier::new(8);
+        for l in 0..8 {
+            c.on_write(l);
+        }
+        // Every slot past the cap after a skip; 8 ticks later none is.
+        c.clock.fetch_add(AGE_CAP as u64 + 100, Relaxed);
+        c.tick(8);
+        for l in 0..8 {
+            let age = c.age_of(l);
+            assert!(age <= AGE_CAP + 8, "lba {l}: age {age}");
+        }
+    }
+
+    #[test]
+    fn a_relocated_block_written_before_the_start_goes_colder_than_a_first_write() {
+        let c = Classifier::new(4096);
+        let mid = c.params.middle() as usize;
+        for l in 0..64 {
+            c.on_write(l);
+        }
+        // A restart: block 100 was written before it, and is relocated after.
+        c.reset();
+        assert_eq!(c.scale(), 1, "nothing known after a reset");
+        c.on_write(5);
+        let before: [u64; CLASSES] = std::array::from_fn(|k| c.counts[k].load(Relaxed));
+        c.on_relocate(100);
+        let placed: Vec<usize> = (0..CLASSES)
+            .filter(|&k| c.counts[k].load(Relaxed) > before[k])
+            .collect();
+        assert_eq!(placed, vec![mid + 1], "placed in class {placed:?}");
+        // Block 5, rewritten since the start, is placed by its own history.
+        let before: [u64; CLASSES] = std::array::from_fn(|k| c.counts[k].load(Relaxed));
+        c.on_relocate(5);
+        assert!((0..CLASSES).any(|k| k != mid + 1 && c.counts[k].load(Relaxed) > before[k]));
     }
 }

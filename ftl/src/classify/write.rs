@@ -29,6 +29,7 @@ pub fn write_classified<D: BlockDevice, I: IndexStore>(
     if n == 0 {
         return Ok(());
     }
+    classifier.observe_live(ftl.mapped_blocks());
     let write = |at: u64, d: &[u8], fua: bool, s: StreamId| match writers {
         Some(w) => ftl.write_via(at, d, fua, s, w),
         None => ftl.write(at, d, fua, s),
@@ -150,5 +151,25 @@ mod tests {
         let mut back = vec![0u8; n * BLOCK_SIZE];
         f.read(0, &mut back).unwrap();
         assert!(back == data);
+    }
+
+    #[test]
+    fn the_scale_after_a_start_is_the_devices_mapped_blocks() {
+        let (dev, idx) = (MemDevice::new(64 << 20), MemIndex::new());
+        crate::format(&dev, &idx, &FormatOptions::default(), false).unwrap();
+        let (f, _) = Ftl::open(dev, idx, Config::default()).unwrap();
+        // 300 blocks written before this server started (by another classifier).
+        let before = vec![7u8; 300 * BLOCK_SIZE];
+        f.write(0, &before, false, StreamId(3)).unwrap();
+        // A new server's classifier: its first write sees the device as it is, not as
+        // the one block it has seen written.
+        let c = Classifier::new(f.capacity_blocks());
+        write_classified(&f, &c, None, 1000, &[1u8; BLOCK_SIZE], false).unwrap();
+        assert_eq!(c.scale(), 300);
+        write_classified(&f, &c, None, 1001, &[1u8; BLOCK_SIZE], false).unwrap();
+        assert_eq!(c.scale(), 301);
+        f.trim(0, 100).unwrap();
+        write_classified(&f, &c, None, 1002, &[1u8; BLOCK_SIZE], false).unwrap();
+        assert_eq!(c.scale(), 202);
     }
 }

@@ -281,6 +281,13 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.t.geo.exported_blocks
     }
 
+    /// Blocks mapped now (written and not trimmed): one load, for callers on the write
+    /// path ([`crate::classify::write_classified`] gives it to the classifier as its
+    /// scale).
+    pub fn mapped_blocks(&self) -> u64 {
+        self.t.mapped.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The backing device.
     pub fn device(&self) -> &D {
         &self.dev
