@@ -34,9 +34,9 @@
 //!   small gain: MiDAS's setting, fio form, 3.036 -> 3.013 WAF; `docs/waf.md`). It
 //!   takes no stream of its own: on a small device a stream costs more spare than the
 //!   separation saves (2 GiB, 7% spare: +1.5-2.2% WAF).
-//! - The scale `S` is the number of live blocks (the FTL's mapped blocks, given by
-//!   [`write_classified`]; a classifier no one tells counts them itself, which after a
-//!   start sees only the blocks written since): by Little's law it is the mean lifetime,
+//! - The scale `S` is the number of live blocks (counted by the classifier, and at least
+//!   the FTL's mapped blocks, given by [`write_classified`]: after a start the classifier
+//!   has seen only the blocks written since): by Little's law it is the mean lifetime,
 //!   in user writes, of the blocks the user overwrites (SepBIT's adaptive threshold is the
 //!   running average of that lifetime; this is its steady-state value, exact and
 //!   noise-free). Classes are log-spaced around it: with the defaults (7 classes, factor

@@ -9,10 +9,12 @@
 //! hotcold:90/10 3.696 -> 4.627 WAF, zipf:1.0 3.879 -> 4.313 (`docs/waf.md`, "Restarts").
 //!
 //! The file is a hint, never data: a placement made from a stale or missing history
-//! costs WAF, not correctness. So it is read only by the session right after the one
-//! that wrote it (the epoch it names plus one: a session that crashed in between, or a
-//! format, makes it stale and it is ignored), and a file that does not decode is ignored
-//! with the reason; the server starts with no history, as before.
+//! costs WAF, not correctness. So it is read only by the open right after the session
+//! that wrote it (the epoch it names plus one). Any open in between makes it stale and
+//! it is ignored: a server that crashed (whose writes the history lacks), but also an
+//! `ftlblk info`, which opens and closes the device; a format gives the device another
+//! uuid. A file that does not decode is ignored with the reason; the server starts with
+//! no history, as before.
 //!
 //! Byte layout (little-endian; `n` = slots):
 //!
@@ -202,7 +204,8 @@ impl Classifier {
         for m in &mut map {
             *m = r.u8()?;
         }
-        if map.iter().any(|&m| m as usize >= CLASSES) || active as usize >= 1 << CLASSES {
+        let inactive = |m: u8| m as usize >= CLASSES || active & (1 << m) == 0;
+        if active == 0 || map.iter().any(|&m| inactive(m)) {
             return Err(Error::Corrupt(format!("{WHAT}: a plan of no class")));
         }
         let placed = r.seek(o::PLACED)?.u64()?;
@@ -297,16 +300,23 @@ impl Classifier {
         capacity: u64,
         params: Params,
     ) -> Result<Option<Classifier>> {
-        let buf = match std::fs::read(path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => {
-                return Err(Error::Open {
-                    path: path.to_path_buf(),
-                    source: e,
-                })
-            }
+        let io = |e| Error::Open {
+            path: path.to_path_buf(),
+            source: e,
         };
+        let len = match std::fs::metadata(path) {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(e)),
+        };
+        // Read no more than a state of this device's slots takes (10 bytes a slot at most).
+        let most = o::SLOTS_START as u64 + 10 * capacity.min(params.tracked_blocks.max(1)) + 4;
+        if len > most {
+            return Err(Error::Corrupt(format!(
+                "classifier state: {len} bytes, more than this device's {most}"
+            )));
+        }
+        let buf = std::fs::read(path).map_err(io)?;
         Classifier::decode_state(&buf, uuid, epoch, capacity, params).map(Some)
     }
 }
@@ -429,12 +439,39 @@ mod tests {
         }
         refused(ok(&b[..b.len() - 7], &UUID, 5, 64, p), "checksum");
         refused(ok(&b[..50], &UUID, 5, 64, p), "header");
-        let mut v2 = b.clone();
-        v2[o::VERSION] = 2;
-        let n = v2.len() - 4;
-        let crc = crc32c::crc32c(&v2[..n]);
-        v2[n..].copy_from_slice(&crc.to_le_bytes());
-        refused(ok(&v2, &UUID, 5, 64, p), "version 2");
+        // Changed and checksummed again: what the decoder checks beyond the checksum.
+        let edited = |at: usize, v: u8| {
+            let mut e = b.clone();
+            e[at] = v;
+            let n = e.len() - 4;
+            let crc = crc32c::crc32c(&e[..n]);
+            e[n..].copy_from_slice(&crc.to_le_bytes());
+            e
+        };
+        refused(ok(&edited(o::VERSION, 2), &UUID, 5, 64, p), "version 2");
+        refused(
+            ok(&edited(o::ACTIVE, 0), &UUID, 5, 64, p),
+            "a plan of no class",
+        );
+        refused(
+            ok(&edited(o::MAP + 2, 9), &UUID, 5, 64, p),
+            "a plan of no class",
+        );
+    }
+
+    /// A file longer than any state of this device is refused before it is read.
+    #[test]
+    fn an_oversized_file_is_refused_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(STATE_FILE);
+        let p = Params::for_capacity(64);
+        let mut b = taught(64, p).encode_state(&UUID, 4);
+        b.resize(o::SLOTS_START + 64 * 10 + 5, 0);
+        std::fs::write(&path, &b).unwrap();
+        match Classifier::load_state(&path, &UUID, 5, 64, p) {
+            Err(Error::Corrupt(m)) => assert!(m.contains("more than"), "{m}"),
+            other => panic!("read: {:?}", other.map(|c| c.is_some())),
+        }
     }
 
     #[test]
