@@ -135,27 +135,20 @@ no_panics() {
         fail "a daemon panicked"
     fi
 }
-# The guest's CPUs other than cpu0, offline (one_cpu) and back (all_cpus). NVMe/TCP's
-# connect and disconnect flip a kernel static key (memalloc_socks_key: the host sets
-# SOCK_MEMALLOC on its queue sockets), and the kernel patches __alloc_skb's text with int3
-# while other CPUs run it. Under QEMU's multi-threaded software emulation another vCPU can
-# run the stale int3 after the patch ended: CI's guest died in "Oops: int3" at
+# The guest's CPUs other than cpu0 set offline (other_cpus 0) and back (other_cpus 1).
+# NVMe/TCP's connect and disconnect flip a kernel static key (memalloc_socks_key: the host
+# sets SOCK_MEMALLOC on its queue sockets), and the kernel patches __alloc_skb's text with
+# int3 while other CPUs run it. Under QEMU's multi-threaded software emulation another
+# vCPU can run the stale int3 after the patch ended: CI's guest died in "Oops: int3" at
 # __alloc_skb during `nvme connect` (2026-11-29). With one CPU online nothing runs the
 # text while it changes.
-one_cpu() {
+other_cpus() { # 0|1
     local c
     for c in /sys/devices/system/cpu/cpu[1-9]*/online; do
         [ -e "$c" ] || continue
-        echo 0 > "$c" || fail "could not take ${c%/online} offline"
+        echo "$1" > "$c" || fail "could not set ${c%/online} online=$1"
     done
     echo "CPUs online: $(cat /sys/devices/system/cpu/online)"
-}
-all_cpus() {
-    local c
-    for c in /sys/devices/system/cpu/cpu[1-9]*/online; do
-        [ -e "$c" ] || continue
-        echo 1 > "$c" || fail "could not bring ${c%/online} back online"
-    done
 }
 add_dev() {
     local out
@@ -208,7 +201,7 @@ cleanup() {
     if [ -n "${NVID:-}" ]; then
         mountpoint -q "${NVMNT:-/nonexistent}" 2>/dev/null && umount "$NVMNT"
         # In subshells: a fail() there ends only the subshell, and the cleanup goes on.
-        if [ -n "${nqn:-}" ]; then (one_cpu); nvme disconnect -n "$nqn" >/dev/null 2>&1; (all_cpus); fi
+        if [ -n "${nqn:-}" ]; then (other_cpus 0); nvme disconnect -n "$nqn" >/dev/null 2>&1; (other_cpus 1); fi
         "$BIN" unexport -n "$NVID" >/dev/null 2>&1
     fi
     mountpoint -q "$MNT" 2>/dev/null && umount "$MNT"
@@ -501,9 +494,9 @@ nqn="$(echo "$out" | grep -o '"nqn": *"[^"]*"' | grep -o 'nqn\.[^"]*')"
 if msg="$("$BIN" del -n "$NVID" 2>&1)"; then fail "del of an exported device succeeded"; fi
 echo "$msg" | grep -q "unexport -n $NVID" || fail "del of an exported device does not say to unexport: $msg"
 modprobe nvme-tcp 2>/dev/null || true
-one_cpu
+other_cpus 0
 nvme connect -t tcp -a 127.0.0.1 -s 4420 -n "$nqn" || fail "nvme connect to $nqn"
-all_cpus
+other_cpus 1
 nsdev=""
 for _ in $(seq 1 100); do
     for sdir in /sys/class/nvme-subsystem/nvme-subsys* /sys/class/nvme/nvme*; do
@@ -539,9 +532,9 @@ wait "$fiopid" || { cat "$WORK/fio-nvme.log"; fail "fio over NVMe/TCP across kil
 grep -q "err= 0" "$WORK/fio-nvme.log" || { cat "$WORK/fio-nvme.log"; fail "fio over NVMe/TCP reported errors"; }
 echo "fio O_SYNC randwrite + verify over NVMe/TCP across kill -9 + recover: ok"
 umount "$NVMNT"
-one_cpu
+other_cpus 0
 nvme disconnect -n "$nqn" || fail "nvme disconnect"
-all_cpus
+other_cpus 1
 "$BIN" unexport -n "$NVID" || fail "unexport -n $NVID"
 [ ! -e "/sys/kernel/config/nvmet/subsystems/$nqn" ] || fail "unexport left the subsystem in configfs"
 # Disconnected and unexported: the exit cleanup has nothing left to disconnect.
