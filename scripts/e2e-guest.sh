@@ -201,7 +201,11 @@ cleanup() {
     if [ -n "${NVID:-}" ]; then
         mountpoint -q "${NVMNT:-/nonexistent}" 2>/dev/null && umount "$NVMNT"
         # In subshells: a fail() there ends only the subshell, and the cleanup goes on.
-        if [ -n "${nqn:-}" ]; then (other_cpus 0); nvme disconnect -n "$nqn" >/dev/null 2>&1; (other_cpus 1); fi
+        if [ -n "${nqn:-}" ]; then
+            (other_cpus 0)
+            nvme disconnect -n "$nqn" >/dev/null 2>&1
+            (other_cpus 1)
+        fi
         "$BIN" unexport -n "$NVID" >/dev/null 2>&1
     fi
     mountpoint -q "$MNT" 2>/dev/null && umount "$MNT"
