@@ -483,6 +483,27 @@ MUTANTS = [
      [("""pub(crate) const RESET_STEPS: [ResetStep; 2] = [ResetStep::Slots, ResetStep::Header];""",
        """pub(crate) const RESET_STEPS: [ResetStep; 2] = [ResetStep::Header, ResetStep::Slots];""")],
      ["cargo test --release -p ftl --lib a_death_between_a_resets_steps"]),
+    ("state-1", "state rule 1: the classifier state's bytes are synced BEFORE the rename",
+     "ftl/src/classify/state.rs",
+     [("""        f.sync_all().map_err(io)?;
+        step("sync file");
+        drop(f);
+        std::fs::rename(&tmp, path).map_err(io)?;
+        step("rename");""",
+       """        std::fs::rename(&tmp, path).map_err(io)?;
+        step("rename");
+        f.sync_all().map_err(io)?;
+        step("sync file");
+        drop(f);""")],
+     ["cargo test --release -p ftl --lib a_save_syncs_the_file_then_renames"]),
+    ("state-2", "state rule 2: the directory is synced BEFORE the save returns",
+     "ftl/src/classify/state.rs",
+     [("""        std::fs::File::open(dir.unwrap_or(Path::new(".")))
+            .and_then(|d| d.sync_all())
+            .map_err(io)?;
+        step("sync directory");""",
+       """        let _ = dir;""")],
+     ["cargo test --release -p ftl --lib a_save_syncs_the_file_then_renames"]),
     ("checkpoint-2", "checkpoint rule 2: the snapshot is taken with every stream lock held",
      "ftl/src/engine/checkpoint.rs",
      [("""        let next_chunk_seq = self.log.tracker().next_seq();
