@@ -111,7 +111,11 @@ impl Classifier {
     /// greedy 1.983 -> 1.938, zipf:0.99 +1.1% and +0.3%). Without shared slots the two
     /// counts are the same number once the classifier has seen every write.
     pub fn observe_live(&self, mapped: u64) {
-        self.mapped.store(mapped, Relaxed);
+        // Stored only when it changed: every writer thread calls this, and on a full
+        // device the count stays put, so the line stays shared instead of bouncing.
+        if self.mapped.load(Relaxed) != mapped {
+            self.mapped.store(mapped, Relaxed);
+        }
     }
 
     /// The scale: blocks written and not trimmed since the classifier started (with
