@@ -17,10 +17,18 @@ use ftl::backing::FileFtl;
 use ftl::classify::Classifier;
 use ftl::ChunkWriters;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Threads writing the chunks user writes fill.
 const CHUNK_WRITERS: usize = 4;
+
+/// How often a running server saves the classifier's history besides at its stop: a
+/// server killed without a stop leaves the next start a history at most this old (the
+/// blocks written since have an older last write in it, so their next write is placed a
+/// little colder). A save of a device past 32 GiB writes 80 MiB.
+const SAVE_EVERY: Duration = Duration::from_secs(600);
 
 /// The running parts; [`Background::stop`] ends them (before the FTL is closed).
 pub struct Background {
@@ -30,8 +38,9 @@ pub struct Background {
     pub writers: Arc<ChunkWriters>,
     pub cleaner: Option<Arc<CleanerHandle>>,
     pub control: Control,
-    /// Where the classifier's history goes when the machinery stops, for the next start.
-    state: Option<StateFile>,
+    /// Where the classifier's history goes, every [`SAVE_EVERY`] and when the machinery
+    /// stops, for the next start.
+    saver: Option<Saver>,
 }
 
 /// The classifier's state file of one device (`ftl::classify::STATE_FILE` in its index
@@ -40,6 +49,54 @@ struct StateFile {
     path: PathBuf,
     uuid: [u8; 16],
     epoch: u64,
+}
+
+impl StateFile {
+    /// Saves `c`'s history; a failure is named on stderr and costs only the history.
+    fn save(&self, c: &Classifier) {
+        if let Err(e) = c.save_state(&self.path, &self.uuid, self.epoch) {
+            eprintln!(
+                "ftlblk: the classifier's history was not saved ({e}); a start after this \
+                 server begins without one"
+            );
+        }
+    }
+}
+
+/// The thread that saves the classifier's history every `every` until stopped.
+struct Saver {
+    file: Arc<StateFile>,
+    stop: mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Saver {
+    fn spawn(
+        file: StateFile,
+        classifier: Arc<Classifier>,
+        every: Duration,
+    ) -> std::io::Result<Saver> {
+        let file = Arc::new(file);
+        let (stop, stopped) = mpsc::channel::<()>();
+        let f = file.clone();
+        let thread = std::thread::Builder::new()
+            .name("ftlblk-history".into())
+            .spawn(move || {
+                while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(every) {
+                    f.save(&classifier);
+                }
+            })?;
+        Ok(Saver { file, stop, thread })
+    }
+
+    /// Stops the periodic saves (waiting for one under way), then saves once more.
+    fn finish(self, classifier: &Classifier) {
+        drop(self.stop);
+        if self.thread.join().is_err() {
+            eprintln!("ftlblk: the classifier's history thread panicked");
+        }
+        self.file.save(classifier);
+    }
 }
 
 /// The classifier for `ftl`: the history the previous session saved in `index_dir` if it
@@ -76,13 +133,25 @@ impl Background {
     /// plane; `signals`: the control plane handles SIGINT and SIGTERM (the daemon);
     /// `metrics`: a bound listener the control plane serves the metrics on;
     /// `index_dir`: where the classifier's history of the last session is read from and
-    /// this one's is written when it stops (the daemon; `None`: started new, not kept).
+    /// this one's is written, every [`SAVE_EVERY`] and when it stops (the daemon;
+    /// `None`: started new, not kept).
     pub fn start(
         ftl: &Arc<FileFtl>,
         cleaner: bool,
         signals: bool,
         metrics: Option<std::net::TcpListener>,
         index_dir: Option<&Path>,
+    ) -> Result<Self, CliError> {
+        Self::start_saving_every(ftl, cleaner, signals, metrics, index_dir, SAVE_EVERY)
+    }
+
+    fn start_saving_every(
+        ftl: &Arc<FileFtl>,
+        cleaner: bool,
+        signals: bool,
+        metrics: Option<std::net::TcpListener>,
+        index_dir: Option<&Path>,
+        save_every: Duration,
     ) -> Result<Self, CliError> {
         // The lifetime counters before any thread below writes, relocates or checkpoints:
         // the metrics count from here.
@@ -94,6 +163,10 @@ impl Background {
             epoch: ftl.epoch(),
         });
         let classifier = Arc::new(classifier_for(ftl, state.as_ref()));
+        let saver = state
+            .map(|s| Saver::spawn(s, classifier.clone(), save_every))
+            .transpose()
+            .map_err(|e| CliError::io("cannot start the classifier's history thread", e))?;
         let writers = Arc::new(
             ChunkWriters::spawn(ftl, CHUNK_WRITERS, "ftl-chunk-writer")
                 .map_err(|e| CliError::io("cannot start the chunk writers", e))?,
@@ -124,23 +197,18 @@ impl Background {
             writers,
             cleaner,
             control,
-            state,
+            saver,
         })
     }
 
     /// Stops the control plane (waiting for a running checkpoint), then the cleaner, then
-    /// saves the classifier's history (with `index_dir`; a failure is named on stderr and
-    /// costs only the history). Called once nothing writes any more.
+    /// the periodic saves, and saves the classifier's history once more (with
+    /// `index_dir`). Called once nothing writes any more.
     pub fn stop(self) {
         self.control.shutdown();
         drop(self.cleaner);
-        if let Some(s) = &self.state {
-            if let Err(e) = self.classifier.save_state(&s.path, &s.uuid, s.epoch) {
-                eprintln!(
-                    "ftlblk: the classifier's history was not saved ({e}); the next start \
-                     begins without one"
-                );
-            }
+        if let Some(s) = self.saver {
+            s.finish(&self.classifier);
         }
     }
 }
@@ -155,9 +223,10 @@ mod tests {
 
     /// A clean stop saves the classifier's history in the index directory and the next
     /// start of the device takes it whole; after a start that ended without a stop (the
-    /// server killed), the file is the session before's and is not used.
+    /// server killed before its first periodic save), the file is the session before's
+    /// and is not used.
     #[test]
-    fn a_clean_restart_keeps_the_classifiers_history_and_a_crash_does_not() {
+    fn a_clean_restart_keeps_the_classifiers_history_and_a_stale_one_is_not_used() {
         let dir = tempfile::tempdir().unwrap();
         let (backing, index, staging) = (
             dir.path().join("b.img"),
@@ -212,6 +281,51 @@ mod tests {
         let f = open();
         let bg = Background::start(&f, false, false, None, Some(&index)).unwrap();
         assert!(history(&bg) == fresh, "a stale history was restored");
+        bg.stop();
+        f.close().unwrap();
+    }
+
+    /// A server killed without a stop leaves the history of its last periodic save, and
+    /// the next start takes it.
+    #[test]
+    fn a_killed_server_leaves_its_last_periodic_save() {
+        let dir = tempfile::tempdir().unwrap();
+        let (backing, index, staging) = (
+            dir.path().join("b.img"),
+            dir.path().join("b.idx"),
+            dir.path().join("staging"),
+        );
+        format_backing(
+            &backing,
+            &index,
+            Some(64 << 20),
+            &FormatOptions::default(),
+            false,
+        )
+        .unwrap();
+        let open = || {
+            let (f, _) = open_backing_in(&backing, &index, Config::default(), &staging).unwrap();
+            Arc::new(f)
+        };
+        let history = |bg: &Background| bg.classifier.encode_state(&[0; 16], 0);
+        let f = open();
+        let every = Duration::from_millis(20);
+        let bg =
+            Background::start_saving_every(&f, false, false, None, Some(&index), every).unwrap();
+        for lba in 0..64 {
+            write_classified(&f, &bg.classifier, None, lba, &[1u8; BLOCK_SIZE], false).unwrap();
+        }
+        let learned = history(&bg);
+        // Several periods after the last write: a save since holds it.
+        std::thread::sleep(Duration::from_millis(200));
+        drop(bg);
+        drop(f);
+        let f = open();
+        let bg = Background::start(&f, false, false, None, Some(&index)).unwrap();
+        assert!(
+            history(&bg) == learned,
+            "the periodic save was not restored"
+        );
         bg.stop();
         f.close().unwrap();
     }

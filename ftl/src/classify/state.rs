@@ -1,6 +1,6 @@
-//! The classifier's history kept across a clean restart: a file the server writes when
-//! it stops ([`Classifier::save_state`]) and the next server of the same device reads
-//! when it starts ([`Classifier::load_state`]).
+//! The classifier's history kept across a restart: a file the server writes every few
+//! minutes and when it stops ([`Classifier::save_state`]) and the next server of the
+//! same device reads when it starts ([`Classifier::load_state`]).
 //!
 //! Without it every start began with no history: the blocks' last writes, their interval
 //! stats and the stream plan were gone, and until the device had been overwritten about
@@ -10,10 +10,10 @@
 //!
 //! The file is a hint, never data: a placement made from a stale or missing history
 //! costs WAF, not correctness. So it is read only by the open right after the session
-//! that wrote it (the epoch it names plus one). Any open in between makes it stale and
-//! it is ignored: a server that crashed (whose writes the history lacks), but also an
-//! `ftlblk info`, which opens and closes the device; a format gives the device another
-//! uuid. A file that does not decode is ignored with the reason; the server starts with
+//! that wrote it (the epoch it names plus one): after a server was killed, the history
+//! of its last save, which lacks only the writes since. Any open in between makes it
+//! stale and it is ignored (an `ftlblk info` opens and closes the device); a format gives
+//! the device another uuid. A file that does not decode is ignored with the reason; the server starts with
 //! no history, as before.
 //!
 //! Byte layout (little-endian; `n` = slots):
