@@ -71,11 +71,19 @@ struct Saver {
 }
 
 impl Saver {
+    /// With `restored`, saves once before it returns: the restored history then carries
+    /// this session's epoch, so a server killed before its first periodic save leaves
+    /// it to the next start (it would be stale after this session's open; found by
+    /// review).
     fn spawn(
         file: StateFile,
         classifier: Arc<Classifier>,
         every: Duration,
+        restored: bool,
     ) -> std::io::Result<Saver> {
+        if restored {
+            file.save(&classifier);
+        }
         let file = Arc::new(file);
         let (stop, stopped) = mpsc::channel::<()>();
         let f = file.clone();
@@ -100,13 +108,14 @@ impl Saver {
 }
 
 /// The classifier for `ftl`: the history the previous session saved in `index_dir` if it
-/// is there and this session's (see `ftl/src/classify/state.rs`), else a new one. A file
-/// that is not used is named on stderr with the reason; the device starts without history.
-fn classifier_for(ftl: &FileFtl, state: Option<&StateFile>) -> Classifier {
+/// is there and this session's (see `ftl/src/classify/state.rs`), else a new one; and
+/// whether it was restored. A file that is not used is named on stderr with the reason;
+/// the device starts without history.
+fn classifier_for(ftl: &FileFtl, state: Option<&StateFile>) -> (Classifier, bool) {
     let cap = ftl.capacity_blocks();
     let params = ftl::classify::Params::for_capacity(cap);
     let Some(s) = state else {
-        return Classifier::new(cap);
+        return (Classifier::new(cap), false);
     };
     match Classifier::load_state(&s.path, &s.uuid, s.epoch, cap, params) {
         Ok(Some(c)) => {
@@ -115,15 +124,15 @@ fn classifier_for(ftl: &FileFtl, state: Option<&StateFile>) -> Classifier {
                 s.path.display(),
                 c.tracked_blocks()
             );
-            c
+            (c, true)
         }
-        Ok(None) => Classifier::new(cap),
+        Ok(None) => (Classifier::new(cap), false),
         Err(e) => {
             eprintln!(
                 "ftlblk: the classifier's history in {} is not used ({e}); starting without one",
                 s.path.display()
             );
-            Classifier::new(cap)
+            (Classifier::new(cap), false)
         }
     }
 }
@@ -162,9 +171,10 @@ impl Background {
             uuid: ftl.superblock().uuid,
             epoch: ftl.epoch(),
         });
-        let classifier = Arc::new(classifier_for(ftl, state.as_ref()));
+        let (classifier, restored) = classifier_for(ftl, state.as_ref());
+        let classifier = Arc::new(classifier);
         let saver = state
-            .map(|s| Saver::spawn(s, classifier.clone(), save_every))
+            .map(|s| Saver::spawn(s, classifier.clone(), save_every, restored))
             .transpose()
             .map_err(|e| CliError::io("cannot start the classifier's history thread", e))?;
         let writers = Arc::new(
@@ -222,11 +232,11 @@ mod tests {
     use ftl::{Config, FormatOptions};
 
     /// A clean stop saves the classifier's history in the index directory and the next
-    /// start of the device takes it whole; after a start that ended without a stop (the
-    /// server killed before its first periodic save), the file is the session before's
-    /// and is not used.
+    /// start of the device takes it whole; so does the start after a server that restored
+    /// it and was killed before its first periodic save. After an open in between, the
+    /// file is stale and not used.
     #[test]
-    fn a_clean_restart_keeps_the_classifiers_history_and_a_stale_one_is_not_used() {
+    fn a_restart_keeps_the_classifiers_history_and_a_stale_one_is_not_used() {
         let dir = tempfile::tempdir().unwrap();
         let (backing, index, staging) = (
             dir.path().join("b.img"),
@@ -274,10 +284,24 @@ mod tests {
         let bg = Background::start(&f, false, false, None, Some(&index)).unwrap();
         assert!(history(&bg) == learned, "the history was not restored");
         write_classified(&f, &bg.classifier, None, 5, &[9u8; BLOCK_SIZE], false).unwrap();
-        // Killed: no stop, no close; the file still holds the first session's history.
+        // Killed before any periodic save: no stop, no close. The restored history was
+        // saved again with this session's epoch when it started, so the next start has
+        // it (without that save the file was the first session's, stale after this open).
         drop(bg);
         drop(f);
 
+        let f = open();
+        let bg = Background::start(&f, false, false, None, Some(&index)).unwrap();
+        assert!(
+            history(&bg) == learned,
+            "the kill lost the restored history"
+        );
+        bg.stop();
+        f.close().unwrap();
+        drop(f);
+
+        // An open and close of the device in between (as `ftlblk info` does): stale.
+        open().close().unwrap();
         let f = open();
         let bg = Background::start(&f, false, false, None, Some(&index)).unwrap();
         assert!(history(&bg) == fresh, "a stale history was restored");
