@@ -293,6 +293,8 @@ for fs in $FILESYSTEMS; do
     add_dev --metrics-listen "$METRICS"
     grep -q "the classifier's history restored" "/run/ftlblk/$ID.log" \
         || fail "the add after del did not restore the classifier's history"
+    "$BIN" stats -n "$ID" --json | grep -q '"history_restored": true' \
+        || fail "stats does not show the classifier's history restored"
     fs_check "$fs" "$DEV" || fail "$fs checker found problems after del + add"
     mount "$DEV" "$MNT" || fail "mount $fs after del + add"
     verify_sums "$MNT" "$WORK/sums.$fs" "on $fs after del + add"

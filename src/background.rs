@@ -283,6 +283,7 @@ mod tests {
         let f = open();
         let bg = Background::start(&f, false, false, None, Some(&index)).unwrap();
         assert!(history(&bg) == learned, "the history was not restored");
+        assert!(bg.classifier.restored(), "restored, but not said so");
         write_classified(&f, &bg.classifier, None, 5, &[9u8; BLOCK_SIZE], false).unwrap();
         // Killed before any periodic save: no stop, no close. The restored history was
         // saved again with this session's epoch when it started, so the next start has

@@ -290,9 +290,14 @@ pub fn format_stats(d: &StatsDocument) -> String {
     row(
         "classifier RAM",
         format!(
-            "{} ({} blocks tracked)",
+            "{} ({} blocks tracked; history {})",
             human_bytes(k.ram_bytes),
-            k.tracked_blocks
+            k.tracked_blocks,
+            if k.history_restored {
+                "restored at the start"
+            } else {
+                "begun at the start"
+            }
         ),
     );
     row("index on disk", human_bytes(s.index_bytes_on_disk));

@@ -174,6 +174,9 @@ pub struct ClassifierFigures {
     pub plans: u64,
     /// Streams the current plan does not use.
     pub idle_streams: Vec<u8>,
+    /// Whether the history was restored at the start from the one the device's last
+    /// server saved (`ftlblk-classifier` in the index directory), rather than begun empty.
+    pub history_restored: bool,
 }
 
 /// The cleaner thread's figures.
@@ -237,6 +240,7 @@ impl ClassifierFigures {
             ram_bytes: classifier.ram_bytes(),
             plans: classifier.plans(),
             idle_streams: classifier.idle_streams().iter().map(|s| s.0).collect(),
+            history_restored: classifier.restored(),
         }
     }
 }
@@ -385,6 +389,7 @@ mod tests {
                 "ram_bytes": classifier.ram_bytes(),
                 "plans": classifier.plans(),
                 "idle_streams": classifier.idle_streams().iter().map(|s| s.0).collect::<Vec<_>>(),
+                "history_restored": classifier.restored(),
             }),
             "cleaner": cleaner.map(|(s, e)| serde_json::json!({
                 "stats": s,

@@ -61,6 +61,8 @@ pub struct Classifier {
     pub(super) plans: AtomicU64,
     pub(super) map: [AtomicU8; CLASSES],
     pub(super) params: Params,
+    /// Whether this history was read from a state file ([`Classifier::load_state`]).
+    pub(super) restored: bool,
 }
 
 impl Classifier {
@@ -91,6 +93,7 @@ impl Classifier {
             plans: AtomicU64::new(0),
             map: std::array::from_fn(|_| AtomicU8::new(mid)),
             params,
+            restored: false,
         }
     }
 
@@ -128,6 +131,12 @@ impl Classifier {
             Some(_) => (live as u128 * self.capacity as u128 / self.last.len() as u128) as u64,
         };
         own.max(self.mapped.load(Relaxed)).max(1)
+    }
+
+    /// Whether the history was restored from a state file at the start (rather than
+    /// begun empty).
+    pub fn restored(&self) -> bool {
+        self.restored
     }
 
     /// Slots of history kept (the capacity, or [`Params::tracked_blocks`] when smaller).

@@ -269,6 +269,7 @@ impl Classifier {
             counts,
             predicted,
             died,
+            restored: true,
             ..fresh
         })
     }
@@ -410,6 +411,7 @@ mod tests {
                 .unwrap()
                 .expect("the file was saved");
             same(&c, &d);
+            assert!(d.restored() && !c.restored());
             // The same writes after it go to the same streams.
             for l in (0..256).rev() {
                 assert_eq!(c.on_write(l), d.on_write(l), "lba {l}");
