@@ -231,31 +231,58 @@ mod tests {
     use ftl::device::BLOCK_SIZE;
     use ftl::{Config, FormatOptions};
 
+    /// A 64 MiB file backing, formatted, in a directory of its own.
+    struct Formatted {
+        dir: tempfile::TempDir,
+    }
+
+    impl Formatted {
+        fn new() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let opts = FormatOptions::default();
+            let index = dir.path().join("b.idx");
+            format_backing(
+                &dir.path().join("b.img"),
+                &index,
+                Some(64 << 20),
+                &opts,
+                false,
+            )
+            .unwrap();
+            Formatted { dir }
+        }
+
+        fn index(&self) -> std::path::PathBuf {
+            self.dir.path().join("b.idx")
+        }
+
+        /// Opens the device, as a server does.
+        fn open(&self) -> Arc<FileFtl> {
+            let p = self.dir.path();
+            let (f, _) = open_backing_in(
+                &p.join("b.img"),
+                &self.index(),
+                Config::default(),
+                &p.join("staging"),
+            )
+            .unwrap();
+            Arc::new(f)
+        }
+    }
+
+    /// The classifier's whole history, as a save would write it.
+    fn history(bg: &Background) -> Vec<u8> {
+        bg.classifier.encode_state(&[0; 16], 0)
+    }
+
     /// A clean stop saves the classifier's history in the index directory and the next
     /// start of the device takes it whole; so does the start after a server that restored
     /// it and was killed before its first periodic save. After an open in between, the
     /// file is stale and not used.
     #[test]
     fn a_restart_keeps_the_classifiers_history_and_a_stale_one_is_not_used() {
-        let dir = tempfile::tempdir().unwrap();
-        let (backing, index, staging) = (
-            dir.path().join("b.img"),
-            dir.path().join("b.idx"),
-            dir.path().join("staging"),
-        );
-        format_backing(
-            &backing,
-            &index,
-            Some(64 << 20),
-            &FormatOptions::default(),
-            false,
-        )
-        .unwrap();
-        let open = || {
-            let (f, _) = open_backing_in(&backing, &index, Config::default(), &staging).unwrap();
-            Arc::new(f)
-        };
-        let history = |bg: &Background| bg.classifier.encode_state(&[0; 16], 0);
+        let d = Formatted::new();
+        let (index, open) = (d.index(), || d.open());
         let f = open();
         let bg = Background::start(&f, false, false, None, Some(&index)).unwrap();
         let fresh = history(&bg);
@@ -314,25 +341,8 @@ mod tests {
     /// the next start takes it.
     #[test]
     fn a_killed_server_leaves_its_last_periodic_save() {
-        let dir = tempfile::tempdir().unwrap();
-        let (backing, index, staging) = (
-            dir.path().join("b.img"),
-            dir.path().join("b.idx"),
-            dir.path().join("staging"),
-        );
-        format_backing(
-            &backing,
-            &index,
-            Some(64 << 20),
-            &FormatOptions::default(),
-            false,
-        )
-        .unwrap();
-        let open = || {
-            let (f, _) = open_backing_in(&backing, &index, Config::default(), &staging).unwrap();
-            Arc::new(f)
-        };
-        let history = |bg: &Background| bg.classifier.encode_state(&[0; 16], 0);
+        let d = Formatted::new();
+        let (index, open) = (d.index(), || d.open());
         let f = open();
         let every = Duration::from_millis(20);
         let bg =

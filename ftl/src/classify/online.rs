@@ -75,12 +75,39 @@ impl Classifier {
     }
 
     pub fn with_params(capacity: u64, params: Params) -> Self {
-        let mid = params.middle();
+        let (slots, shared) = Self::slots_for(capacity, &params);
+        let zeros = || (0..slots).map(|_| AtomicU32::new(0)).collect();
+        Self::from_parts(
+            capacity,
+            params,
+            zeros(),
+            (0..slots).map(|_| AtomicU16::new(0)).collect(),
+            shared.then(zeros),
+        )
+    }
+
+    /// The slots of history a device of `capacity` blocks keeps, and whether they are
+    /// shared (fewer than its blocks, so tagged).
+    pub(super) fn slots_for(capacity: u64, params: &Params) -> (u64, bool) {
         let slots = capacity.min(params.tracked_blocks.max(1));
+        (slots, slots < capacity)
+    }
+
+    /// A classifier over these per-slot arrays (`slots_for` of them, tags when shared),
+    /// with no plan, clock or counts yet: a new one's, or a saved history's before the
+    /// rest of it is put in (`state.rs`).
+    pub(super) fn from_parts(
+        capacity: u64,
+        params: Params,
+        last: Box<[AtomicU32]>,
+        stat: Box<[AtomicU16]>,
+        tags: Option<Box<[AtomicU32]>>,
+    ) -> Self {
+        let mid = params.middle();
         Classifier {
-            last: (0..slots).map(|_| AtomicU32::new(0)).collect(),
-            stat: (0..slots).map(|_| AtomicU16::new(0)).collect(),
-            tags: (slots < capacity).then(|| (0..slots).map(|_| AtomicU32::new(0)).collect()),
+            last,
+            stat,
+            tags,
             capacity,
             clock: AtomicU64::new(1),
             live: AtomicU64::new(0),

@@ -97,13 +97,20 @@ fn step(_what: &'static str) {
     STEPS.with(|s| s.borrow_mut().push(_what));
 }
 
+/// Bytes the per-slot arrays of `slots` slots take (the tags only when `shared`).
+fn state_bytes(slots: u64, shared: bool) -> u64 {
+    slots * if shared { 10 } else { 6 }
+}
+
 impl Classifier {
     /// The state file's bytes: this classifier's history for the device `uuid`, written
     /// by the session of `epoch`.
     pub fn encode_state(&self, uuid: &[u8; 16], epoch: u64) -> Vec<u8> {
         let n = self.last.len();
         let tags = self.tags.as_deref();
-        let mut w = Writer::with_capacity(o::SLOTS_START + n * 10 + 4);
+        let mut w = Writer::with_capacity(
+            o::SLOTS_START + state_bytes(n as u64, tags.is_some()) as usize + 4,
+        );
         w.at(o::MAGIC)
             .bytes(STATE_MAGIC)
             .at(o::VERSION)
@@ -195,11 +202,9 @@ impl Classifier {
                  this one ({epoch}): stale"
             )));
         }
-        let fresh = Classifier::with_params(capacity, params);
+        let (n, shared) = Classifier::slots_for(capacity, &params);
         let (cap, slots) = (r.seek(o::CAPACITY)?.u64()?, r.seek(o::SLOTS)?.u64()?);
-        let n = fresh.last.len();
-        if cap != capacity || slots != n as u64 || (flags & FLAG_TAGS != 0) != fresh.tags.is_some()
-        {
+        if cap != capacity || slots != n || (flags & FLAG_TAGS != 0) != shared {
             return Err(Error::Corrupt(format!(
                 "{WHAT}: {cap} blocks in {slots} slots, this device {capacity} in {n}"
             )));
@@ -231,7 +236,7 @@ impl Classifier {
             per_class(o::PREDICTED)?,
             per_class(o::DIED)?,
         );
-        let want = o::SLOTS_START + n * if fresh.tags.is_some() { 10 } else { 6 };
+        let want = o::SLOTS_START + state_bytes(n, shared) as usize;
         if buf.len() - 4 != want {
             return Err(Error::Corrupt(format!(
                 "{WHAT}: {} bytes, {n} slots take {want}",
@@ -239,28 +244,15 @@ impl Classifier {
             )));
         }
         r.seek(o::SLOTS_START)?;
-        let mut last = Vec::with_capacity(n);
-        for _ in 0..n {
-            last.push(AtomicU32::new(r.u32()?));
-        }
-        let mut stat = Vec::with_capacity(n);
-        for _ in 0..n {
-            stat.push(AtomicU16::new(r.u16()?));
-        }
-        let tags = match fresh.tags {
-            Some(_) => {
-                let mut t = Vec::with_capacity(n);
-                for _ in 0..n {
-                    t.push(AtomicU32::new(r.u32()?));
-                }
-                Some(t.into_boxed_slice())
-            }
-            None => None,
+        let u32s = |r: &mut Reader| -> Result<Box<[AtomicU32]>> {
+            (0..n).map(|_| r.u32().map(AtomicU32::new)).collect()
         };
+        let last = u32s(&mut r)?;
+        let stat = (0..n)
+            .map(|_| r.u16().map(AtomicU16::new))
+            .collect::<Result<_>>()?;
+        let tags = if shared { Some(u32s(&mut r)?) } else { None };
         Ok(Classifier {
-            last: last.into_boxed_slice(),
-            stat: stat.into_boxed_slice(),
-            tags,
             clock: AtomicU64::new(clock.max(1)),
             live: AtomicU64::new(live),
             active: AtomicU8::new(active),
@@ -270,7 +262,7 @@ impl Classifier {
             predicted,
             died,
             restored: true,
-            ..fresh
+            ..Classifier::from_parts(capacity, params, last, stat, tags)
         })
     }
 
@@ -319,8 +311,9 @@ impl Classifier {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(io(e)),
         };
-        // Read no more than a state of this device's slots takes (10 bytes a slot at most).
-        let most = o::SLOTS_START as u64 + 10 * capacity.min(params.tracked_blocks.max(1)) + 4;
+        // Read no more than a state of this device's slots takes.
+        let (slots, shared) = Classifier::slots_for(capacity, &params);
+        let most = o::SLOTS_START as u64 + state_bytes(slots, shared) + 4;
         if len > most {
             return Err(Error::Corrupt(format!(
                 "classifier state: {len} bytes, more than this device's {most}"
