@@ -137,6 +137,28 @@ fn classifier_for(ftl: &FileFtl, state: Option<&StateFile>) -> (Classifier, bool
     }
 }
 
+/// For a command that opens the device without serving it (`ftlblk info`): binds the
+/// classifier's history the last server saved in `index_dir` to this open, so that the
+/// next server still finds it its own (every open moves the epoch on, and a history is
+/// taken only by the open right after the session that saved it). Nothing happens when
+/// there is no history or it was already stale; a failure to save is named on stderr
+/// (the next start then begins without history, as it would have anyway).
+pub fn keep_history(ftl: &FileFtl, index_dir: &Path) {
+    let s = StateFile {
+        path: index_dir.join(ftl::classify::STATE_FILE),
+        uuid: ftl.superblock().uuid,
+        epoch: ftl.epoch(),
+    };
+    if !s.path.exists() {
+        return;
+    }
+    let cap = ftl.capacity_blocks();
+    let params = ftl::classify::Params::for_capacity(cap);
+    if let Ok(Some(c)) = Classifier::load_state(&s.path, &s.uuid, s.epoch, cap, params) {
+        s.save(&c);
+    }
+}
+
 impl Background {
     /// Starts the classifier, the cleaner (unless `cleaner` is false) and the control
     /// plane; `signals`: the control plane handles SIGINT and SIGTERM (the daemon);
@@ -328,7 +350,23 @@ mod tests {
         f.close().unwrap();
         drop(f);
 
-        // An open and close of the device in between (as `ftlblk info` does): stale.
+        // An open and close of the device that keeps the history (as `ftlblk info`
+        // does): the next start still takes it.
+        let f = open();
+        keep_history(&f, &index);
+        f.close().unwrap();
+        drop(f);
+        let f = open();
+        let bg = Background::start(&f, false, false, None, Some(&index)).unwrap();
+        assert!(
+            history(&bg) == learned,
+            "an info in between lost the history"
+        );
+        bg.stop();
+        f.close().unwrap();
+        drop(f);
+
+        // An open and close of the device in between that does not keep it: stale.
         open().close().unwrap();
         let f = open();
         let bg = Background::start(&f, false, false, None, Some(&index)).unwrap();

@@ -60,6 +60,8 @@ pub fn info(a: BackingArgs) -> Result<(), CliError> {
         "open": report,
         "stats": f.stats(),
     });
+    // This open made the classifier's history stale for the next server: bound again.
+    crate::background::keep_history(&f, &a.index_dir());
     f.close()?;
     print_json(&out)
 }

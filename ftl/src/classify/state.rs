@@ -13,7 +13,8 @@
 //! that wrote it (the epoch it names plus one): after a server was killed, the history
 //! of its last save, which lacks only the writes since (the server saves a history it
 //! restored once more as it starts, so that it carries its own epoch). Any open in between makes it
-//! stale and it is ignored (an `ftlblk info` opens and closes the device); a format gives
+//! stale and it is ignored (`ftlblk info`, which opens and closes the device, binds it to
+//! its own open again: `keep_history` in the binary's `background.rs`); a format gives
 //! the device another uuid. A file that does not decode is ignored with the reason; the server starts with
 //! no history, as before.
 //!
