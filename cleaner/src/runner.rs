@@ -17,7 +17,7 @@
 use crate::policy::Policy;
 use crate::slice::{Budget, Cleaner, CleanerStats, SliceEnd};
 use crate::trigger::{
-    background_interval, checkpoint_urgent, dead_batch, defrag_now, foreground_needed, pace_space,
+    background_interval, checkpoint_urgent, dead_batch, defrag_now, DefragInputs, foreground_needed, pace_space,
     reclaim_next, write_pace, CheckpointInputs, Headroom, Reclaim, DEFRAG_WINDOWS_PER_TURN,
 };
 use ftl::{BlockDevice, FreeMode, Ftl, IndexStore};
@@ -310,6 +310,8 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
     let mut last_activity = Instant::now();
     let mut last_checkpoint = Instant::now();
     let mut last_defrag = Instant::now();
+    let mut last_large_reads = ftl.large_reads();
+    let mut last_large_read: Option<Instant> = None;
     // Whether the last turn ended in an error (a victim's own failure does not pause the
     // cleaner unless the one before failed too).
     let mut failed_before = false;
@@ -371,6 +373,11 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
         if ops != last_ops {
             last_ops = ops;
             last_activity = Instant::now();
+        }
+        let large = ftl.large_reads();
+        if large != last_large_reads {
+            last_large_reads = large;
+            last_large_read = Some(Instant::now());
         }
         // A turn spent defragmenting is not cleaning: it stays out of the measured rate.
         let mut defragged = false;
@@ -441,15 +448,16 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
             }
             // Read-driven defragmentation, when free space is comfortable: not only when
             // idle (a long sequential read never is), a bounded batch per turn, paced
-            // while users' requests keep coming.
+            // while users' requests keep coming, and more so during a scan.
             let idle = last_activity.elapsed() >= cfg.idle_gap;
-            if defrag_now(
-                ftl.defrag_waiting(),
+            if defrag_now(&DefragInputs {
+                waiting: ftl.defrag_waiting(),
                 avail,
                 throttle_start,
                 idle,
-                last_defrag.elapsed(),
-            ) {
+                since_last_turn: last_defrag.elapsed(),
+                since_large_read: last_large_read.map_or(Duration::MAX, |t| t.elapsed()),
+            }) {
                 last_defrag = Instant::now();
                 let r = ftl.defrag_step(DEFRAG_WINDOWS_PER_TURN)?;
                 let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());

@@ -323,19 +323,47 @@ pub const DEFRAG_WINDOWS_PER_TURN: usize = 32;
 /// device is idle, turns run back to back.
 pub const DEFRAG_BUSY_INTERVAL: Duration = Duration::from_millis(50);
 
+/// While large reads keep coming (a sequential scan, the reads that queue most windows),
+/// one turn at most this often: repairing the range as it is read took about 5% of the
+/// scan's speed even at one turn per [`DEFRAG_BUSY_INTERVAL`] (1 GiB read at 643 against
+/// 672 MB/s, six alternated pairs of `ftlblk bench --tests fragread`, 2026-11-29), and a
+/// range scanned once gains nothing from being repaired before the scan ends. Not never:
+/// on a device that scans without end, the windows still get their turn now and then.
+pub const DEFRAG_SCAN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// No large read for this long: the scan has ended (or paused), and the paced turns of
+/// [`DEFRAG_BUSY_INTERVAL`] apply again.
+pub const SCAN_GAP: Duration = Duration::from_millis(200);
+
+/// What [`defrag_now`] looks at.
+#[derive(Debug, Clone, Copy)]
+pub struct DefragInputs {
+    /// Windows queued for rewriting.
+    pub waiting: usize,
+    /// Free plus dead segments.
+    pub avail: usize,
+    /// Where writers start being throttled.
+    pub throttle_start: usize,
+    /// No foreground request for the runner's idle gap.
+    pub idle: bool,
+    pub since_last_turn: Duration,
+    /// Since the last large read (`ftl::Ftl::large_reads` moved).
+    pub since_large_read: Duration,
+}
+
 /// Whether the runner rewrites queued read windows now (`ftl::Ftl::defrag_step`): some
 /// wait and free space (free plus dead segments) is above the point where writers are
 /// throttled, so defragmentation never costs a writer a throttle or the cleaner its
-/// room; foreground cleaning comes first. While foreground I/O is active (`idle` false),
-/// only once [`DEFRAG_BUSY_INTERVAL`] has passed since the last turn.
-pub fn defrag_now(
-    waiting: usize,
-    avail: usize,
-    throttle_start: usize,
-    idle: bool,
-    since_last_turn: Duration,
-) -> bool {
-    waiting > 0 && avail > throttle_start && (idle || since_last_turn >= DEFRAG_BUSY_INTERVAL)
+/// room; foreground cleaning comes first. When the device is idle, back to back; while
+/// large reads keep coming, once per [`DEFRAG_SCAN_INTERVAL`]; while other requests keep
+/// coming, once per [`DEFRAG_BUSY_INTERVAL`].
+pub fn defrag_now(i: &DefragInputs) -> bool {
+    let every = if i.since_large_read < SCAN_GAP {
+        DEFRAG_SCAN_INTERVAL
+    } else {
+        DEFRAG_BUSY_INTERVAL
+    };
+    i.waiting > 0 && i.avail > i.throttle_start && (i.idle || i.since_last_turn >= every)
 }
 
 #[cfg(test)]
@@ -400,24 +428,76 @@ mod tests {
         assert_eq!(fixed.update(long, Headroom::MIN_OPS, t0 + w), 0);
     }
 
+    /// Room, work and a device idle since long ago.
+    fn defrag_inputs() -> DefragInputs {
+        DefragInputs {
+            waiting: 3,
+            avail: 20,
+            throttle_start: 10,
+            idle: true,
+            since_last_turn: Duration::ZERO,
+            since_large_read: Duration::from_secs(60),
+        }
+    }
+
     #[test]
     fn defragmentation_waits_for_room_and_work() {
-        let long = DEFRAG_BUSY_INTERVAL;
-        assert!(defrag_now(3, 20, 10, true, Duration::ZERO));
-        assert!(!defrag_now(0, 20, 10, true, long), "nothing queued");
+        let i = defrag_inputs();
+        assert!(defrag_now(&i));
+        assert!(!defrag_now(&DefragInputs { waiting: 0, ..i }), "nothing queued");
         assert!(
-            !defrag_now(3, 10, 10, true, long),
+            !defrag_now(&DefragInputs { avail: 10, ..i }),
             "writers would be throttled"
         );
-        assert!(!defrag_now(3, 4, 10, true, long));
+        assert!(!defrag_now(&DefragInputs { avail: 4, ..i }));
     }
 
     #[test]
     fn defragmentation_yields_to_foreground_io() {
-        let short = DEFRAG_BUSY_INTERVAL / 2;
-        assert!(defrag_now(3, 20, 10, true, short), "idle: back to back");
-        assert!(!defrag_now(3, 20, 10, false, short), "busy: paced");
-        assert!(defrag_now(3, 20, 10, false, DEFRAG_BUSY_INTERVAL));
+        let i = DefragInputs {
+            since_last_turn: DEFRAG_BUSY_INTERVAL / 2,
+            ..defrag_inputs()
+        };
+        assert!(defrag_now(&i), "idle: back to back");
+        let busy = DefragInputs { idle: false, ..i };
+        assert!(!defrag_now(&busy), "busy: paced");
+        assert!(defrag_now(&DefragInputs {
+            since_last_turn: DEFRAG_BUSY_INTERVAL,
+            ..busy
+        }));
+    }
+
+    #[test]
+    fn defragmentation_waits_for_a_scan_to_end() {
+        let scanning = DefragInputs {
+            idle: false,
+            since_last_turn: DEFRAG_BUSY_INTERVAL,
+            since_large_read: SCAN_GAP / 2,
+            ..defrag_inputs()
+        };
+        assert!(!defrag_now(&scanning), "a turn per 50 ms during a scan");
+        assert!(
+            defrag_now(&DefragInputs {
+                since_last_turn: DEFRAG_SCAN_INTERVAL,
+                ..scanning
+            }),
+            "an endless scan still gets a turn now and then"
+        );
+        assert!(
+            defrag_now(&DefragInputs {
+                since_large_read: SCAN_GAP,
+                ..scanning
+            }),
+            "the scan ended: paced turns again"
+        );
+        assert!(
+            defrag_now(&DefragInputs {
+                idle: true,
+                since_last_turn: Duration::ZERO,
+                ..scanning
+            }),
+            "idle: back to back"
+        );
     }
 
     /// A busy device with plenty of space: 3 dead segments, one of them freeable and

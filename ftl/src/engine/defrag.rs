@@ -93,6 +93,12 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.defrag.offer(w);
     }
 
+    /// Large reads (of at least `frag::MIN_READ_BLOCKS` blocks) so far: a change tells
+    /// the cleaner's runner a scan is under way.
+    pub fn large_reads(&self) -> u64 {
+        self.frag.figures().0
+    }
+
     /// The fragmentation level large reads show now (the policy's input).
     pub fn frag_level(&self) -> FragLevel {
         self.frag.level()
