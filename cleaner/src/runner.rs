@@ -17,8 +17,9 @@
 use crate::policy::Policy;
 use crate::slice::{Budget, Cleaner, CleanerStats, SliceEnd};
 use crate::trigger::{
-    background_interval, checkpoint_urgent, dead_batch, defrag_now, DefragInputs, foreground_needed, pace_space,
-    reclaim_next, write_pace, CheckpointInputs, Headroom, Reclaim, DEFRAG_WINDOWS_PER_TURN,
+    background_interval, checkpoint_urgent, dead_batch, defrag_now, foreground_needed, pace_space,
+    reclaim_next, write_pace, CheckpointInputs, DefragInputs, Headroom, Reclaim,
+    DEFRAG_WINDOWS_PER_TURN,
 };
 use ftl::{BlockDevice, FreeMode, Ftl, IndexStore};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -444,7 +444,10 @@ mod tests {
     fn defragmentation_waits_for_room_and_work() {
         let i = defrag_inputs();
         assert!(defrag_now(&i));
-        assert!(!defrag_now(&DefragInputs { waiting: 0, ..i }), "nothing queued");
+        assert!(
+            !defrag_now(&DefragInputs { waiting: 0, ..i }),
+            "nothing queued"
+        );
         assert!(
             !defrag_now(&DefragInputs { avail: 10, ..i }),
             "writers would be throttled"

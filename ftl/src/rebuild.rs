@@ -34,7 +34,8 @@
 //!   numbered at or past the first chain number of any later epoch (the next session
 //!   continued the chain from the break).
 //!
-//! The rebuilt index is a checkpoint of a new epoch (above every epoch on the backing)
+//! The rebuilt index is a checkpoint of a new epoch ([`EPOCH_GAP`] above every epoch the
+//! walk found, so above every session the backing may hold a chunk of)
 //! with every segment that holds a chunk closed and every stream cursor empty: the next
 //! open replays nothing and writes into fresh segments. Counters (user bytes, WAF) start
 //! again from zero; erase counts too, unless the old index's segment and free records can
@@ -138,6 +139,19 @@ pub struct RebuildOptions {
     /// zero.
     pub wear: Vec<u32>,
 }
+
+/// How far past the newest walked session a rebuilt index's session is numbered. The
+/// walk sees only chunks still in the log: a freed segment keeps the chunks of its last
+/// use past its zeroed first block, and a staging area the session that wrote it, and
+/// those may be of later sessions than any live chunk (everything a session wrote
+/// overwritten or trimmed, and its segments freed). A session numbered below them would
+/// take such a chunk, met where one of its streams goes on, for a newer log (the open
+/// refused: "older than the log"), and a later rebuild would walk into it and hand its
+/// data back (found by review, 2026-11-29). Sessions count opens: a device opened fewer
+/// than 2^32 times has none this far past the newest walked, and [`crate::recovery`]'s
+/// sane range leaves room for 2^30 rebuilds. Test: `tests/rebuild.rs`,
+/// `a_rebuilt_session_is_newer_than_the_chunks_freed_segments_keep`.
+pub const EPOCH_GAP: u64 = 1 << 32;
 
 /// Default of [`RebuildOptions::memory`]: one slice up to 22 Mi exported blocks (an 85
 /// GiB device); a 15 TiB one in 180 slices.
@@ -953,7 +967,9 @@ pub fn rebuild_with<D: BlockDevice, I: IndexStore>(
     let mut ops = std::mem::take(&mut out.ops);
 
     report.mapped_blocks = valid.iter().map(|&v| v as u64).sum();
-    report.epoch = survey.max_epoch + 1;
+    // Above every session the device may have run, not only those the walk met: see
+    // [`EPOCH_GAP`].
+    report.epoch = survey.max_epoch + EPOCH_GAP;
     report.next_chunk_seq = survey.max_chain + 1;
     report.next_entry_seq = facts.max_seq + 1;
 

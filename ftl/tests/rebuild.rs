@@ -1049,3 +1049,103 @@ fn closed_trim_segments(f: &CrashFtl) -> Vec<u32> {
         .map(|s| s.segment)
         .collect()
 }
+
+/// A chunk of session `epoch` holding `data` for `lba`, written in place at block `off`
+/// of segment `seg` (summary, data block, zero padding to the page's end): what a freed
+/// segment keeps past its zeroed first block from the session that used it last.
+fn plant_chunk(dev: &CrashDevice, seg: u32, off: u32, epoch: u64, lba: u64, data: &[u8]) {
+    let (sb, _) = ftl::read_superblock_readonly(dev).unwrap();
+    let geo = sb.geometry;
+    let pad = geo.blocks_per_page() - 2;
+    let s = ftl::summary::ChunkSummary {
+        stream: 1,
+        chunk_seq: 1 << 20,
+        epoch,
+        format_id: sb.format_id(),
+        segment: seg,
+        offset: off,
+        data_blocks: 1,
+        pad_blocks: pad as u16,
+        entries: vec![ftl::summary::Entry::Data {
+            lba,
+            seq: 1 << 30,
+            crc: crc32c::crc32c(data),
+        }],
+    };
+    let mut blk = AlignedBuf::new(BLOCK_SIZE);
+    s.encode_into(&mut blk).unwrap();
+    let at = (geo.segment_start(seg) + off as u64) * BLOCK_SIZE as u64;
+    dev.write_at(at, &blk).unwrap();
+    blk.copy_from_slice(data);
+    dev.write_at(at + BLOCK_SIZE as u64, &blk).unwrap();
+}
+
+/// A rebuilt index's session is newer than every session the device ever ran, not only
+/// than those whose chunks the log still walks: a freed segment keeps the chunks of its
+/// last use past its zeroed first block, and those may be of a later session than any
+/// chunk still live (everything a session wrote was overwritten or trimmed and freed).
+/// Found by review (2026-11-29): the rebuild numbered its session one past the newest
+/// walked chunk; the next sessions wrote into freed segments, recovery met such a chunk
+/// where a stream went on, took it for a newer log and refused the open ("older than the
+/// log"), and a second rebuild walked into it and handed its data back.
+#[test]
+fn a_rebuilt_session_is_newer_than_the_chunks_freed_segments_keep() {
+    let (dev, idx, f) = tiny_crash();
+    f.write(3, &block_for(3, 1), false, S0).unwrap();
+    f.flush().unwrap();
+    f.close().unwrap();
+    drop((f, idx));
+    let (idx, _) = rebuild_into(&dev);
+    let (sb, _) = ftl::read_superblock_readonly(&*dev).unwrap();
+    let (geo, page) = (sb.geometry, sb.geometry.blocks_per_page());
+    // The newest session whose chunks the log walks.
+    let walked = (1..geo.segment_count)
+        .flat_map(|seg| {
+            SegmentChunks::new(&dev, geo, seg, sb.format_id(), (u64::MAX, u64::MAX))
+                .map(|c| c.unwrap().1.epoch)
+                .collect::<Vec<_>>()
+        })
+        .max()
+        .unwrap();
+    // Every free segment keeps, at its first page boundary, a chunk of a session the
+    // device ran before the index was lost (later than any the log walks).
+    let old = block_for(7, 99);
+    let g = tiny::open(&dev, &idx).unwrap();
+    let free: Vec<u32> = g
+        .segment_snapshot()
+        .into_iter()
+        .filter(|s| s.state == "free" && s.segment != 0)
+        .map(|s| s.segment)
+        .collect();
+    assert!(!free.is_empty());
+    for &seg in &free {
+        plant_chunk(&dev, seg, page, walked + 7, 7, &old);
+    }
+    // A write with a FLUSH: its chunk takes a free segment's first page, and the stream
+    // goes on at the planted chunk.
+    let new = block_for(7, 2);
+    g.write(7, &new, false, S0).unwrap();
+    g.flush().unwrap();
+    g.close().unwrap();
+    drop(g);
+    let h = match tiny::open(&dev, &idx) {
+        Ok(h) => h,
+        Err(e) => panic!("a rebuilt device's open refused: {e}"),
+    };
+    let mut b = vec![0u8; BLOCK_SIZE];
+    h.read(7, &mut b).unwrap();
+    assert!(b == new, "the planted chunk's data read back");
+    h.close().unwrap();
+    drop(h);
+    // Rebuilt once more: the write wins over the planted chunk.
+    let (idx2, _) = rebuild_into(&dev);
+    let k = tiny::open(&dev, &idx2).unwrap();
+    k.read(7, &mut b).unwrap();
+    assert!(
+        b == new,
+        "the second rebuild handed the planted chunk's data back"
+    );
+    let mut b3 = vec![0u8; BLOCK_SIZE];
+    k.read(3, &mut b3).unwrap();
+    assert!(b3 == block_for(3, 1));
+}
