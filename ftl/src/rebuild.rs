@@ -149,8 +149,11 @@ pub struct RebuildOptions {
 /// refused: "older than the log"), and a later rebuild would walk into it and hand its
 /// data back (found by review, 2026-11-29). Sessions count opens: a device opened fewer
 /// than 2^32 times has none this far past the newest walked, and [`crate::recovery`]'s
-/// sane range leaves room for 2^30 rebuilds. Test: `tests/rebuild.rs`,
-/// `a_rebuilt_session_is_newer_than_the_chunks_freed_segments_keep`.
+/// sane range leaves room for 2^30 rebuilds. The same number keeps the staging area of
+/// the lost index's last session (a killed server's) from being taken for the rebuilt
+/// index's and replayed where no stream of it goes on. Tests: `tests/rebuild.rs`,
+/// `a_rebuilt_session_is_newer_than_the_chunks_freed_segments_keep`,
+/// `a_rebuilt_index_does_not_replay_the_lost_sessions_staging_area`.
 pub const EPOCH_GAP: u64 = 1 << 32;
 
 /// Default of [`RebuildOptions::memory`]: one slice up to 22 Mi exported blocks (an 85
