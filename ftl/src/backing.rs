@@ -362,6 +362,7 @@ pub fn rebuild_backing_index(
     } else {
         Vec::new()
     };
+    let wear_lost = wear.iter().all(|&c| c == 0);
     let report = {
         let idx = open_index(&tmp)?;
         let opts = crate::RebuildOptions {
@@ -373,7 +374,16 @@ pub fn rebuild_backing_index(
         let r = crate::rebuild::rebuild_with(&dev, &idx, &opts, progress);
         // The spill removed its own directory in it; the now empty one goes too.
         let _ = std::fs::remove_dir(&spill);
-        r?
+        let mut r = r?;
+        if wear_lost {
+            r.warnings.push(
+                "no erase count could be read from the old index (none there, or it is \
+                 unreadable or another backing's): every segment starts unworn, and wear \
+                 levelling balances only the wear from here"
+                    .into(),
+            );
+        }
+        r
     };
     let mut moved = None;
     if exists {

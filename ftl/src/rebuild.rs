@@ -489,19 +489,43 @@ pub fn rebuild<D: BlockDevice, I: IndexStore>(
 
 /// The erase counts the segment and free records of `old` (an index being replaced)
 /// still name, by segment: the largest each segment has. Only from an index of this
-/// backing (its checkpoint record decodes and names `uuid`; another backing's segment
-/// numbers name other segments): otherwise, and for records that do not decode, none.
+/// backing: not when a checkpoint record of `old` decodes and names another backing
+/// (whose segment numbers name other segments). When none decodes (the checkpoint record
+/// damaged, a common reason to rebuild), the records are taken if every one that decodes
+/// names a segment of this geometry, and there are no more segment records than
+/// segments. Records that do not decode count nothing.
 /// The wear history is what wear-aware allocation and static wear levelling balance; a
-/// rebuild that dropped it made every segment look unworn (found by review, 2026-11-27).
+/// rebuild that dropped it made every segment look unworn (found by review, 2026-11-27;
+/// with a damaged checkpoint record, again, 2026-11-29).
 pub fn erase_counts_of<I: IndexStore>(old: &I, segments: u32, uuid: &[u8; 16]) -> Vec<u32> {
     let mut counts = vec![0u32; segments as usize];
-    let ours = old
+    let checkpoints: Vec<CheckpointRecord> = old
         .load_kind(Key::CHECKPOINT)
         .unwrap_or_default()
         .iter()
         .filter(|(k, _)| k.len() == 1)
-        .any(|(_, v)| CheckpointRecord::decode(v).is_ok_and(|c| &c.uuid == uuid));
-    if !ours {
+        .filter_map(|(_, v)| CheckpointRecord::decode(v).ok())
+        .collect();
+    if checkpoints.iter().any(|c| &c.uuid != uuid) {
+        return counts;
+    }
+    let seg_records: Vec<SegmentRecord> = old
+        .load_kind(Key::SEGMENT)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|(_, v)| SegmentRecord::decode(v).ok())
+        .collect();
+    let free_records: Vec<crate::records::FreeRecord> = old
+        .load_kind(Key::FREE)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|(_, v)| crate::records::FreeRecord::decode(v).ok())
+        .collect();
+    if checkpoints.is_empty()
+        && (seg_records.len() > segments as usize
+            || seg_records.iter().any(|r| r.segment >= segments)
+            || free_records.iter().any(|r| r.segment >= segments))
+    {
         return counts;
     }
     let mut note = |seg: u32, n: u32| {
@@ -509,15 +533,11 @@ pub fn erase_counts_of<I: IndexStore>(old: &I, segments: u32, uuid: &[u8; 16]) -
             *c = (*c).max(n);
         }
     };
-    for (_, v) in old.load_kind(Key::SEGMENT).unwrap_or_default() {
-        if let Ok(r) = SegmentRecord::decode(&v) {
-            note(r.segment, r.erase_count);
-        }
+    for r in &seg_records {
+        note(r.segment, r.erase_count);
     }
-    for (_, v) in old.load_kind(Key::FREE).unwrap_or_default() {
-        if let Ok(r) = crate::records::FreeRecord::decode(&v) {
-            note(r.segment, r.erase_count);
-        }
+    for r in &free_records {
+        note(r.segment, r.erase_count);
     }
     counts
 }

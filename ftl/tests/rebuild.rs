@@ -776,6 +776,19 @@ fn a_rebuild_keeps_the_erase_counts_the_old_index_names() {
         .all(|&c| c == 0));
     let wear = ftl::erase_counts_of(&*idx, segments, &sb.uuid);
     assert_eq!(wear, before);
+    // The checkpoint record damaged (a common reason to rebuild): the segment records
+    // still name the counts (they were all zero).
+    let mut damaged = idx.load_kind(ftl::index::Key::CHECKPOINT).unwrap();
+    damaged.retain(|(k, _)| k.len() == 1);
+    let (key, mut value) = damaged.pop().unwrap();
+    value[10] ^= 0xff;
+    idx.commit(vec![ftl::index::Op::Put(key.clone(), value)])
+        .unwrap();
+    assert_eq!(ftl::erase_counts_of(&*idx, segments, &sb.uuid), before);
+    // But not from records naming segments this geometry lacks.
+    assert!(ftl::erase_counts_of(&*idx, segments - 1, &sb.uuid)
+        .iter()
+        .all(|&c| c == 0));
     let fresh = Arc::new(MemIndex::new());
     let opts = ftl::RebuildOptions {
         batch: 16,
