@@ -416,6 +416,64 @@ fn relocation_is_compare_and_swap() {
     );
 }
 
+/// `data` with its last 4 bytes set so that its crc32c is `target` (crc32c is affine
+/// over GF(2): the effects of the 32 bits are solved for).
+fn with_crc(mut data: Vec<u8>, target: u32) -> Vec<u8> {
+    let n = data.len();
+    data[n - 4..].fill(0);
+    let base = crc32c::crc32c(&data);
+    // Row i: the crc change of flipping bit i of the last 4 bytes, and that bit.
+    let mut rows: Vec<(u32, u32)> = (0..32)
+        .map(|i| {
+            let mut d = data.clone();
+            d[n - 4 + i / 8] ^= 1 << (i % 8);
+            (crc32c::crc32c(&d) ^ base, 1u32 << i)
+        })
+        .collect();
+    // Gaussian elimination over the crc bits.
+    let mut basis: Vec<(u32, u32)> = Vec::new();
+    for bit in (0..32).rev() {
+        if let Some(p) = rows.iter().position(|r| r.0 >> bit & 1 == 1) {
+            let pivot = rows.swap_remove(p);
+            for r in rows.iter_mut().chain(basis.iter_mut()) {
+                if r.0 >> bit & 1 == 1 {
+                    *r = (r.0 ^ pivot.0, r.1 ^ pivot.1);
+                }
+            }
+            basis.push(pivot);
+        }
+    }
+    let (mut want, mut flips) = (base ^ target, 0u32);
+    for &(d, m) in &basis {
+        let top = 31 - d.leading_zeros();
+        if want >> top & 1 == 1 {
+            want ^= d;
+            flips ^= m;
+        }
+    }
+    assert_eq!(want, 0, "the 32 bits span every crc change");
+    data[n - 4..].copy_from_slice(&flips.to_le_bytes());
+    assert_eq!(crc32c::crc32c(&data), target);
+    data
+}
+
+/// A relocation against the unmapped entry moves nothing: the compare-and-swap would map
+/// a trimmed block, even to data whose checksum is the unmapped entry's (which skipped
+/// the data check). Found by review (2026-11-29; no caller passes one).
+#[test]
+fn a_relocation_never_maps_an_unmapped_block() {
+    let (_d, _i, f) = mem_ftl(64 << 20, &FormatOptions::default());
+    f.write(5, &block_for(5, 1), false, S0).unwrap();
+    f.trim(5, 1).unwrap();
+    let forged = with_crc(block_for(5, 2), ftl::MapEntry::UNMAPPED.crc());
+    assert!(!f
+        .relocate(5, ftl::MapEntry::UNMAPPED, &forged, StreamId(7))
+        .unwrap());
+    let mut r = vec![0u8; 4096];
+    f.read(5, &mut r).unwrap();
+    assert_eq!(r, vec![0u8; 4096], "a trimmed block came back");
+}
+
 #[test]
 fn flush_pads_partial_pages_and_counts_it() {
     let (_d, _i, f) = mem_ftl(64 << 20, &FormatOptions::default());

@@ -165,6 +165,13 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         }
         self.check_range(lba, 1)?;
         self.check_poison()?;
+        // Only a mapped block moves: against an unmapped entry the compare-and-swap would
+        // map a trimmed LBA to `data` (whose checksum could even equal the unmapped
+        // entry's, skipping the check below). No caller passes one (found by review,
+        // 2026-11-29: the API allowed it).
+        if !expected.is_mapped() {
+            return Ok(false);
+        }
         let crc = crc32c::crc32c(data);
         if crc != expected.crc() {
             // Data that does not match an entry the map no longer holds: the block moved
