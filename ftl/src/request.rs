@@ -52,10 +52,13 @@ pub enum Request {
         fua: bool,
     },
     Flush,
-    /// DISCARD or WRITE_ZEROES: unmap the range.
+    /// DISCARD or WRITE_ZEROES: unmap the range; with `fua`, durable when it completes
+    /// (the block layer passes FUA on any request with sectors; found by review,
+    /// 2026-11-29: it was dropped).
     Trim {
         lba: u64,
         blocks: u64,
+        fua: bool,
     },
 }
 
@@ -119,7 +122,11 @@ pub fn decode(
             blocks,
             fua: op_flags & F_FUA != 0,
         },
-        _ => Request::Trim { lba, blocks },
+        _ => Request::Trim {
+            lba,
+            blocks,
+            fua: op_flags & F_FUA != 0,
+        },
     })
 }
 
@@ -157,7 +164,16 @@ mod tests {
             decode(OP_DISCARD, 80, 800, CAP, BUF).ok(),
             Some(Request::Trim {
                 lba: 10,
-                blocks: 100
+                blocks: 100,
+                fua: false
+            })
+        );
+        assert_eq!(
+            decode(OP_WRITE_ZEROES | F_FUA, 0, 8, CAP, BUF).ok(),
+            Some(Request::Trim {
+                lba: 0,
+                blocks: 1,
+                fua: true
             })
         );
         // An unmap is not limited by the buffer.
@@ -165,7 +181,8 @@ mod tests {
             decode(OP_WRITE_ZEROES, 0, 8 * 1000, CAP, BUF).ok(),
             Some(Request::Trim {
                 lba: 0,
-                blocks: 1000
+                blocks: 1000,
+                fua: false
             })
         );
     }

@@ -87,7 +87,11 @@ pub fn run(i: &Input) -> Result<(), String> {
                     blocks,
                     fua: i.op_flags & F_FUA != 0,
                 },
-                _ => Request::Trim { lba, blocks },
+                _ => Request::Trim {
+                    lba,
+                    blocks,
+                    fua: i.op_flags & F_FUA != 0,
+                },
             };
             if req != want {
                 return Err(format!("{i:?} decoded to {req:?}, expected {want:?}"));
