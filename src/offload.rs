@@ -95,7 +95,7 @@ impl Offload {
     where
         F: FnOnce() -> i32 + Send + 'static,
     {
-        let result = Arc::new(AtomicI32::new(-libc::EIO));
+        let result = Arc::new(AtomicI32::new(PENDING));
         let slot = result.clone();
         let efd = wake.fd.clone();
         let job: Job = Box::new(move || {
@@ -111,7 +111,24 @@ impl Offload {
             return -libc::EIO;
         }
         wake.wait(q).await;
-        result.load(Ordering::Acquire)
+        finished(&result)
+    }
+}
+
+/// What a job not finished yet holds (no errno is this).
+const PENDING: i32 = i32::MIN;
+
+/// The job's result, once it stored one: the wake-up comes after the store, but a tag
+/// whose eventfd could not be read (the blocking fallback's read failing) must not
+/// complete its request while the job still runs (found by review, 2026-11-29: it
+/// completed with -EIO and the write could land afterwards).
+fn finished(result: &AtomicI32) -> i32 {
+    loop {
+        let r = result.load(Ordering::Acquire);
+        if r != PENDING {
+            return r;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(100));
     }
 }
 
@@ -203,6 +220,18 @@ impl TagEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_completes_with_what_its_job_stored_however_late() {
+        let result = Arc::new(AtomicI32::new(PENDING));
+        let slot = result.clone();
+        let job = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            slot.store(7, Ordering::Release);
+        });
+        assert_eq!(finished(&result), 7);
+        job.join().unwrap();
+    }
 
     #[test]
     fn pool_runs_jobs_and_signals_the_eventfd() {
