@@ -768,6 +768,10 @@ pub(crate) mod tests {
         /// failed, still holding the stream lock, and waits for "go" before it notes
         /// the space generation.
         pub(crate) static PARK_BEFORE_NO_ROOM_MARK: Park = const { RefCell::new(None) };
+        /// Test hook: `append_loop` on this thread says it arrived once a step of its
+        /// wait for space ended with nothing freed, and waits for "go" before it looks
+        /// whether a cleaner is still attached.
+        pub(crate) static PARK_AFTER_SPACE_STEP: Park = const { RefCell::new(None) };
         /// Test hook: `append_loop` on this thread says it arrived once its free record
         /// left dead segments and it is about to checkpoint for them, and waits for "go".
         pub(crate) static PARK_BEFORE_SPACE_CHECKPOINT: Park = const { RefCell::new(None) };

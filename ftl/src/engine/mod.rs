@@ -582,10 +582,22 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                     if w || std::time::Instant::now() >= deadline {
                         break w;
                     }
+                    #[cfg(test)]
+                    crate::append::tests::maybe_park(&crate::append::tests::PARK_AFTER_SPACE_STEP);
                     if !self.space.attached() && self.t.segs.discarding() == 0 {
                         break false;
                     }
                 };
+                // The space moved since this writer found no room: a segment freed, or
+                // the cleaner it waited for detached (its writers then free dead segments
+                // themselves, the branch above). A detach after a step ended, before the
+                // look at `attached`, failed the write with ENOSPC while dead segments
+                // waited (found by review, 2026-11-29). Test:
+                // `tests::a_writer_waiting_for_a_cleaner_that_detaches_frees_space_itself`.
+                if !waited && self.space.generation() != no_room_at {
+                    retried = false;
+                    continue;
+                }
                 if !waited {
                     // A segment freed between the failed allocation and the look at the
                     // generation moved it already: one more try before giving up.
@@ -1605,6 +1617,43 @@ mod tests {
             before + 1,
             "a checkpoint ran behind the one that freed the space"
         );
+    }
+
+    /// A writer that found no room while a cleaner was attached waits for it; when the
+    /// cleaner detaches (its thread ended), the writer frees the dead segments itself
+    /// rather than failing with ENOSPC, also when the detach falls between the end of
+    /// a step of its wait and its look at whether a cleaner is attached.
+    #[test]
+    fn a_writer_waiting_for_a_cleaner_that_detaches_frees_space_itself() {
+        use crate::append::tests::PARK_AFTER_SPACE_STEP;
+        let (_, _, f) = small_ftl();
+        let f = Arc::new(f);
+        let cap = f.capacity_blocks();
+        let reserve = f.gc_reserve_segments();
+        // Overwritten until the free list is down to the reserve, dead segments waiting.
+        let mut l = 0u64;
+        while f.free_segments() > reserve || f.dead_segments() == 0 {
+            f.write(l % cap, &block_for(l % cap, 1), false, StreamId(1))
+                .unwrap();
+            l += 1;
+        }
+        f.attach_cleaner(true);
+        let f2 = f.clone();
+        let (go, writer) = run_parked(&PARK_AFTER_SPACE_STEP, move || {
+            let mut r = Ok(());
+            for k in 0..64u64 {
+                r = f2.write(k % cap, &block_for(k % cap, 2), false, StreamId(1));
+                if r.is_err() {
+                    break;
+                }
+            }
+            r
+        });
+        // The cleaner's thread ends while the writer is between a step and its look.
+        f.attach_cleaner(false);
+        go.send(()).expect("the writer waits for its go");
+        let r = writer.join().unwrap();
+        assert!(r.is_ok(), "the writer failed: {r:?}");
     }
 
     /// A small FTL where users wrote (tag 1, stream 1) and flushed LBAs `0..n`: a
