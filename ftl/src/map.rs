@@ -17,7 +17,8 @@
 //!    between would read the copy the commit replaces;
 //! 3. only clean pages are evicted (CLOCK: a page used since the hand last passed gets a
 //!    second chance). When every cached page of a shard is dirty or writing the cache
-//!    grows past its bound, and `dirty_pages` tells the engine a checkpoint is due;
+//!    grows past its bound, and `dirty_pages` tells the engine a checkpoint is due; the
+//!    commit that cleans them shrinks the shard back to its bound;
 //! 4. a miss reads the index under its shard's lock, so two misses of one page cannot
 //!    both insert it (the later one would overwrite the earlier one's changes).
 //!
@@ -277,10 +278,17 @@ impl L2p {
 
     /// Makes room for one more page in the shard: evicts clean pages the clock picks
     /// while the shard is at its bound (rule 3; a shard that grew past it while its pages
-    /// were dirty shrinks back here). Returns the last evicted page's buffer.
+    /// were dirty shrinks back here, or when they are committed). Returns the last
+    /// evicted page's buffer.
     fn evict_for_one(&self, sh: &mut Shard) -> Option<Box<[u64]>> {
+        self.shrink(sh, self.shard_cap.saturating_sub(1))
+    }
+
+    /// Evicts clean pages the clock picks until the shard holds at most `keep` (or only
+    /// dirty and writing ones are left). Returns the last evicted page's buffer.
+    fn shrink(&self, sh: &mut Shard, keep: usize) -> Option<Box<[u64]>> {
         let mut buf = None;
-        while sh.slots.len() >= self.shard_cap {
+        while sh.slots.len() > keep {
             let Some(h) = Self::clock_victim(sh) else { break };
             let gone = sh.slots.swap_remove(h);
             sh.at.remove(&gone.page);
@@ -425,6 +433,12 @@ impl L2p {
                     s.dirty = true;
                     self.dirty.fetch_add(1, Ordering::Relaxed);
                 }
+            }
+            // A shard its dirty pages grew past its bound shrinks back once they are
+            // clean, not only at its next miss: one whose pages were then only hit kept
+            // them for good, the cache over its budget (found by review, 2026-11-29).
+            if !redirty {
+                self.shrink(&mut sh, self.shard_cap);
             }
         }
     }
@@ -588,6 +602,34 @@ mod tests {
         }
         assert!(m.cache_stats().cached_pages <= MIN_CACHE_PAGES);
         assert!(store.1.load(Ordering::Relaxed) >= 64 + 64);
+    }
+
+    /// Rule 3: a shard that grew past its bound while its pages were dirty shrinks back
+    /// once a checkpoint committed them, though none of its pages misses afterwards.
+    #[test]
+    fn a_shard_grown_by_dirty_pages_shrinks_once_committed() {
+        let store = Arc::new(Pages::default());
+        let e = PAGE_ENTRIES as u64;
+        let m = L2p::new(16384 * e, 512 * PAGE_RAM_BYTES, store.clone());
+        assert_eq!((m.shards.len(), m.shard_cap), (64, 8));
+        // 129 dirty pages, all in shard 0.
+        for k in 0..129 {
+            m.swap(k * 64 * e, MapEntry::new(1, 1)).unwrap();
+        }
+        checkpoint(&m, &store);
+        // Misses in the other shards only; shard 0's pages are only hit.
+        for s in 1..64 {
+            for k in 0..16 {
+                m.get((k * 64 + s) * e).unwrap();
+            }
+        }
+        m.get(0).unwrap();
+        let c = m.cache_stats().cached_pages;
+        assert!(c <= m.capacity_pages(), "{c} pages cached, over the bound");
+        // Pages evicted read back what was committed.
+        for k in 0..129 {
+            assert_eq!(m.get(k * 64 * e).unwrap(), MapEntry::new(1, 1));
+        }
     }
 
     /// Rule 2: pages a checkpoint took are not evicted before its commit returned, and a
