@@ -563,7 +563,7 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                         &mut self.pending,
                     );
                     self.hand_over_pending()?;
-                    moved.map_err(crate::Error::of_victim(victim))?
+                    moved.map_err(|e| relocation_error(victim, e))?
                 }
                 _ => false,
             };
@@ -584,9 +584,30 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
     }
 }
 
+/// A relocation of a block of `victim` failed: the victim's fault only when the block
+/// fails its checksum. A chunk write or an index read failing is the device's or the
+/// index's, and shunning a healthy victim for it sent the cleaner on to the next one, and
+/// the next (found by review, 2026-11-29).
+fn relocation_error(victim: u32, e: ftl::Error) -> crate::Error {
+    match e {
+        e @ ftl::Error::DataChecksum { .. } => crate::Error::of_victim(victim)(e),
+        e => crate::Error::Ftl(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_block_failing_its_checksum_blames_its_victim() {
+        let bad = ftl::Error::DataChecksum { lba: 3, pba: 9 };
+        assert_eq!(relocation_error(7, bad).victim_at_fault(), Some(7));
+        let io = ftl::Error::io("chunk write", 0, std::io::Error::from_raw_os_error(5));
+        assert_eq!(relocation_error(7, io).victim_at_fault(), None);
+        let index = ftl::Error::Index("page read".into());
+        assert_eq!(relocation_error(7, index).victim_at_fault(), None);
+    }
 
     #[test]
     fn per_victim_times_average_over_the_victims_cleaned() {
@@ -679,6 +700,51 @@ mod tests {
             f.read(l, &mut b).unwrap();
             assert_eq!(ftl::model::observe(l, &b), ftl::model::Observed::Tag(2));
         }
+    }
+
+    /// A relocation that fails on a chunk write (the device's fault, not the victim's)
+    /// does not shun the victim: the error is the FTL's, and the FTL turns read-only.
+    #[test]
+    fn a_failed_chunk_write_does_not_shun_the_victim() {
+        use ftl::device::gate::GateDevice;
+        use ftl::device::mem::MemDevice;
+        use ftl::index::mem::MemIndex;
+        use ftl::model::block_for;
+        let opts = ftl::FormatOptions {
+            segment_bytes: Some(64 << 10),
+            ..Default::default()
+        };
+        let size = 64 * (64 << 10);
+        let dev = Arc::new(GateDevice::new(MemDevice::new(size)));
+        let idx = Arc::new(MemIndex::new());
+        ftl::format(&dev, &idx, &opts, false).unwrap();
+        let (f, _) = ftl::Ftl::open(dev.clone(), idx, ftl::model::test_config()).unwrap();
+        let f = Arc::new(f);
+        let n = 6 * f.geometry().blocks_per_segment() as u64;
+        for l in 0..n {
+            f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
+        }
+        for l in (0..n).step_by(2) {
+            f.write(l, &block_for(l, 2), false, StreamId(1)).unwrap();
+        }
+        f.flush().unwrap();
+        dev.set_bad_writes(Some((0, size)));
+        let mut c = Cleaner::new(f.clone());
+        let mut ends = Vec::new();
+        for _ in 0..3 {
+            let r = c.run_slice(Policy::Greedy, Budget::unbounded(), &|| false);
+            assert!(
+                r.as_ref()
+                    .err()
+                    .and_then(crate::Error::victim_at_fault)
+                    .is_none(),
+                "a victim blamed for the device: {r:?}"
+            );
+            ends.push(format!("{r:?}"));
+        }
+        assert!(ends.iter().any(|e| e.starts_with("Err")), "{ends:?}");
+        assert_eq!(c.stats.victims_abandoned, 0, "{ends:?}");
+        assert!(c.shunned_victims().is_empty());
     }
 
     /// The scan of the map for blocks a damaged summary hides goes a step at a time
