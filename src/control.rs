@@ -97,6 +97,16 @@ impl Shared {
         self.lock().stop_sent = true;
     }
 
+    /// The device stopped (its queues returned): a signal from here on sends no
+    /// STOP_DEV. Its id is free in the kernel, and another server's `add` may already
+    /// have it: a late SIGTERM (a host shutdown signals every process at once) stopped
+    /// that server's device (found by review, 2026-11-29).
+    pub fn mark_gone(&self) {
+        let mut st = self.lock();
+        st.live_id = None;
+        st.stop_sent = true;
+    }
+
     /// Handles a stop signal: stops the live device, or remembers the request.
     fn request_stop(&self, sig: &str) {
         self.request_stop_with(sig, crate::kctl::kill);
@@ -591,6 +601,13 @@ mod tests {
         assert_eq!(calls.get(), 2, "the failed stop is tried again");
         sh.request_stop_with("SIGTERM", working);
         assert_eq!(calls.get(), 2, "a stop that went through is not sent again");
+        // A device stopped by `del` (no STOP_DEV of this daemon's): once its queues
+        // returned, a signal stops nothing (the id may be another server's by then).
+        let sh = Shared::default();
+        sh.mark_live(7);
+        sh.mark_gone();
+        sh.request_stop_with("SIGTERM", working);
+        assert_eq!(calls.get(), 2, "a STOP_DEV sent for a device gone");
     }
 
     /// A control plane for `ftl` with no cleaner, metrics listener or signals.

@@ -326,7 +326,7 @@ fn serve_device(cfg: DaemonConfig, notifier: &Arc<Notifier>) -> Result<(), CliEr
     match (&result, &closed) {
         (Ok(Some(id)), _) => {
             let (pid, start) = runfiles::own_process();
-            runfiles::remove_record_of(*id, pid, start);
+            runfiles::remove_record_of(*id, pid, start, &ftl.superblock().uuid_string());
             eprintln!(
                 "ftlblk: device {id} removed, FTL {}",
                 if closed.is_ok() {
@@ -425,7 +425,11 @@ fn serve(
     // named a dead pid and a device id another server may take next (found by review
     // of this change, 2026-11-29). A recovered device stays, quiesced: its record keeps
     // what the next `recover` needs.
-    let record_guard = runfiles::RecordGuard::new(id, matches!(cfg.mode, Mode::Add { .. }));
+    let record_guard = runfiles::RecordGuard::new(
+        id,
+        record.uuid.clone(),
+        matches!(cfg.mode, Mode::Add { .. }),
+    );
     let backing_fd = ftl.device().raw_fd().ok_or(CliError::NoBackingFd)?;
 
     let tgt_ftl = ftl.clone();
@@ -458,6 +462,7 @@ fn serve(
     // and a service manager did not restart it; found by review, 2026-11-27).
     let start_failed: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
     let failed = start_failed.clone();
+    let gone = shared.clone();
     let device_fn = move |d_ctrl: &UblkCtrl| {
         let rec = live_record;
         // STOP_DEV; one that fails leaves the next signal to try again.
@@ -516,8 +521,11 @@ fn serve(
         cfg.depth,
         cfg.backing.display()
     );
-    ctrl.run_target(tgt_init, q_fn, device_fn)
-        .map_err(|e| CliError::ublk(format!("ublk device {id} failed"), e))?;
+    let ran = ctrl.run_target(tgt_init, q_fn, device_fn);
+    // Stopped (or never started): a late signal must not STOP_DEV the id, another
+    // server's once it is free.
+    gone.mark_gone();
+    ran.map_err(|e| CliError::ublk(format!("ublk device {id} failed"), e))?;
     // Ran: a failed start below removes the record itself, a clean stop leaves it to
     // `serve_device`.
     record_guard.disarm();
@@ -552,7 +560,7 @@ fn serve(
         // Deleted: a record left from an earlier session (recovery) names nothing now
         // (unless another daemon took the freed id meanwhile).
         let (pid, start) = runfiles::own_process();
-        runfiles::remove_record_of(id, pid, start);
+        runfiles::remove_record_of(id, pid, start, &record.uuid);
     }
     start_outcome(id, failed)
 }

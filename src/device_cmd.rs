@@ -204,11 +204,29 @@ impl AddArgs {
 /// (`/dev/disk/by-id/...`), `..` or another mount of it created a second device while the
 /// first still held its I/O for `recover` (found by review, 2026-11-27).
 fn orphaned_device_of(backing: &Path) -> Option<u32> {
-    runfiles::all_records()
-        .into_iter()
-        .find(|r| same_backing(&r.backing, backing) && !runfiles::daemon_alive(r))
+    orphan_among(
+        &runfiles::all_records(),
+        |r| same_backing(&r.backing, backing),
+        runfiles::daemon_alive,
+        runfiles::kernel_has_device,
+    )
+}
+
+/// The first of `records` of the backing (`ours`) whose daemon is dead and whose device
+/// the kernel still has. The kernel's look is part of the choice: a stale record of the
+/// backing under a lower id (a daemon killed while it closed, a `del` that timed out)
+/// hid the orphan after it, and `add` made a second device on the backing (found by
+/// review, 2026-11-29).
+fn orphan_among(
+    records: &[runfiles::DeviceRecord],
+    ours: impl Fn(&runfiles::DeviceRecord) -> bool,
+    alive: impl Fn(&runfiles::DeviceRecord) -> bool,
+    in_kernel: impl Fn(u32) -> bool,
+) -> Option<u32> {
+    records
+        .iter()
+        .find(|r| ours(r) && !alive(r) && in_kernel(r.id))
         .map(|r| r.id)
-        .filter(|&id| runfiles::kernel_has_device(id))
 }
 
 /// Whether two paths name the same backing: the same block device (`st_rdev`) or the
@@ -459,7 +477,7 @@ fn del_one(id: u32, timeout: Duration, force: bool) -> Result<String, CliError> 
     if !runfiles::kernel_has_device(id) {
         return match (rec, daemon) {
             (Some(r), None) => {
-                runfiles::remove_record_of(id, r.pid, r.pid_start);
+                runfiles::remove_record_of(id, r.pid, r.pid_start, &r.uuid);
                 Ok(format!(
                     "ublk device {id} was already gone; removed its stale record"
                 ))
@@ -499,9 +517,26 @@ fn del_one(id: u32, timeout: Duration, force: bool) -> Result<String, CliError> 
     // Only the record of the daemon stopped here: the freed id may already be another
     // device's, whose `add` wrote its own record.
     if let Some(r) = &rec {
-        runfiles::remove_record_of(id, r.pid, r.pid_start);
+        runfiles::remove_record_of(id, r.pid, r.pid_start, &r.uuid);
     } else {
         runfiles::remove_record(id);
+    }
+    // The server closed its backing cleanly only if its staging file is gone: one left
+    // holds writes it completed that are not on the backing yet (its close failed, or it
+    // was killed), and a reboot clears them. `del` said "deleted" and exited 0 (found by
+    // review, 2026-11-29).
+    if let Some(r) = &rec {
+        let staged = ftl::backing::staging_file(&runfiles::run_dir(), &r.uuid);
+        if runfiles::left_staging(&staged) {
+            return Err(CliError::Device(format!(
+                "ublk device {id} is deleted, but its server did not close its backing \
+                 cleanly: {} holds writes it completed that may not be on the backing yet \
+                 (its log says why). Replay them before a reboot clears them: `ftlblk add \
+                 --backing {}` (then `ftlblk del` again if the device is not wanted)",
+                staged.display(),
+                r.backing.display()
+            )));
+        }
     }
     Ok(format!("deleted ublk device {id}"))
 }
@@ -693,6 +728,24 @@ pub fn unexport(a: UnexportArgs) -> Result<(), CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `add` finds the orphan of its backing past a stale record of the same backing
+    /// under a lower id (its device gone from the kernel), and never a live daemon's or
+    /// another backing's.
+    #[test]
+    fn an_orphan_is_found_past_a_stale_record_of_its_backing() {
+        use crate::runfiles::tests::sample;
+        let mut other = sample(2);
+        other.backing = "/other".into();
+        let records = vec![sample(1), other, sample(4), sample(6)];
+        let ours = |r: &runfiles::DeviceRecord| r.backing == sample(1).backing;
+        let dead = |_: &runfiles::DeviceRecord| false;
+        let in_kernel = |id: u32| id == 2 || id == 4 || id == 6;
+        assert_eq!(orphan_among(&records, ours, dead, in_kernel), Some(4));
+        let live_4 = |r: &runfiles::DeviceRecord| r.id == 4;
+        assert_eq!(orphan_among(&records, ours, live_4, in_kernel), Some(6));
+        assert_eq!(orphan_among(&records, ours, dead, |_| false), None);
+    }
 
     /// A backing named through a symlink or `..` is the same backing as its record's
     /// path; another file of the same name elsewhere, or a missing one, is not.

@@ -27,6 +27,22 @@ pub fn run_dir() -> PathBuf {
     ftl::backing::default_staging_dir()
 }
 
+/// The staging file at `path` when a server left it behind: it exists, no server holds
+/// it, and a session took it (so it may hold writes that server completed and never got
+/// to the backing: its close failed, or it was killed). A server's clean close removes
+/// it; one that failed to start leaves a blank one. One that cannot be read counts.
+pub fn left_staging(path: &Path) -> bool {
+    if !path.exists() {
+        return false;
+    }
+    match ftl::staging::StagingArea::open_file_snapshot(path) {
+        Ok(area) => area.owner().is_some(),
+        // A live server's (its exclusive lock): not left behind.
+        Err(ftl::Error::Busy(_)) => false,
+        Err(_) => true,
+    }
+}
+
 /// Creates the run directory.
 pub fn ensure_run_dir() -> Result<PathBuf, CliError> {
     let d = run_dir();
@@ -129,12 +145,14 @@ pub fn write_record(rec: &DeviceRecord) -> Result<(), CliError> {
 /// over a new device's start: one that fails is deleted, and its record must go with it).
 pub struct RecordGuard {
     id: u32,
+    uuid: String,
     armed: bool,
 }
 
 impl RecordGuard {
-    pub fn new(id: u32, armed: bool) -> Self {
-        RecordGuard { id, armed }
+    /// The record of device `id`, served from the backing of `uuid`.
+    pub fn new(id: u32, uuid: String, armed: bool) -> Self {
+        RecordGuard { id, uuid, armed }
     }
 
     /// The device started: the record stays.
@@ -147,7 +165,7 @@ impl Drop for RecordGuard {
     fn drop(&mut self) {
         if self.armed {
             let (pid, start) = own_process();
-            remove_record_of(self.id, pid, start);
+            remove_record_of(self.id, pid, start, &self.uuid);
         }
     }
 }
@@ -254,29 +272,51 @@ pub fn remove_record(id: u32) {
     let _ = std::fs::remove_file(socket_path(id));
 }
 
-/// Removes `N.json` and `N.sock` unless the record names another live daemon than the
-/// process `pid` started at `start` (a record of that process, of a dead daemon, or none
-/// readable goes). Once a device is deleted in the kernel its id is free: an `add` may
-/// take it and write its own record while the old daemon still closes its FTL, and the
-/// old daemon's (or `del`'s) cleanup removed the new device's record (found by review,
-/// 2026-11-27). The start time tells the new daemon from the old when the kernel gave it
-/// the old one's pid. Says whether it removed them.
-pub fn remove_record_of(id: u32, pid: u32, start: u64) -> bool {
-    match read_record_lenient(id) {
-        Some(r) if another_daemons(&r, (pid, start), || daemon_alive(&r)) => false,
-        _ => {
-            remove_record(id);
-            true
-        }
+/// Removes `N.json` and `N.sock` when the record is the one the process `pid` started
+/// at `start` wrote, or a dead daemon's of the same backing (`uuid`), or none readable.
+/// Once a device is deleted in the kernel its id is free: an `add` may take it and write
+/// its own record while the old daemon still closes its FTL, and the old daemon's (or
+/// `del`'s) cleanup removed the new device's record (found by review, 2026-11-27); and
+/// when that new daemon was killed meanwhile, its record (all `recover` has) went with
+/// the old daemon's cleanup, and the next `add` of its backing made a second device over
+/// it (found by review, 2026-11-29). The start time tells the new daemon from the old
+/// when the kernel gave it the old one's pid. Says whether it removed them.
+pub fn remove_record_of(id: u32, pid: u32, start: u64, uuid: &str) -> bool {
+    let rec = read_record_lenient(id);
+    if record_removable(rec.as_ref(), (pid, start), uuid, |r| daemon_alive(r)) {
+        remove_record(id);
+        true
+    } else {
+        false
     }
+}
+
+/// Whether the cleanup of the daemon `own` (pid, start time) of the backing `uuid` may
+/// remove `rec`: none readable, its own, or a dead daemon's of the same backing. Not a
+/// live daemon's, nor a dead one's of another backing (a device the kernel keeps for its
+/// `recover`). `alive`: whether the recorded daemon lives.
+fn record_removable(
+    rec: Option<&DeviceRecord>,
+    own: (u32, u64),
+    uuid: &str,
+    alive: impl Fn(&DeviceRecord) -> bool,
+) -> bool {
+    match rec {
+        None => true,
+        Some(r) if another_daemons(r, own, || alive(r)) => false,
+        Some(r) => is_own(r, own) || r.uuid == uuid,
+    }
+}
+
+fn is_own(rec: &DeviceRecord, own: (u32, u64)) -> bool {
+    rec.pid == own.0 && (own.1 == 0 || same_start(rec.pid_start, Some(own.1)))
 }
 
 /// Whether `rec` belongs to another live daemon than the process `own` (pid, start time;
 /// a start time of 0 on either side: the pid alone decides). `alive`: whether the
 /// recorded daemon lives.
 fn another_daemons(rec: &DeviceRecord, own: (u32, u64), alive: impl Fn() -> bool) -> bool {
-    let same = rec.pid == own.0 && (own.1 == 0 || same_start(rec.pid_start, Some(own.1)));
-    !same && alive()
+    !is_own(rec, own) && alive()
 }
 
 /// Whether the daemon `rec` names is alive: its pid is a live `ftlblk` that started
@@ -332,11 +372,11 @@ fn pid_alive(pid: u32) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A record of device `id` for the tests (this process's pid).
-    fn sample(id: u32) -> DeviceRecord {
+    pub(crate) fn sample(id: u32) -> DeviceRecord {
         DeviceRecord {
             id,
             block_device: bdev_path(id),
@@ -359,6 +399,73 @@ mod tests {
             metrics_listen: Some("127.0.0.1:9400".into()),
             discard_delay_ms: Some(2000),
         }
+    }
+
+    /// A staging file is left behind by a server that died (or whose close failed), not
+    /// while a server holds it, and not after a clean close (which removes it).
+    #[test]
+    fn a_staging_file_is_left_only_by_a_server_that_did_not_close() {
+        use ftl::backing::{format_backing, open_backing_staged, staging_file, StagingPlace};
+        let d = tempfile::tempdir().unwrap();
+        let (img, idx, run) = (
+            d.path().join("b.img"),
+            d.path().join("b.idx"),
+            d.path().join("run"),
+        );
+        std::fs::create_dir(&run).unwrap();
+        let sb = format_backing(
+            &img,
+            &idx,
+            Some(64 << 20),
+            &ftl::FormatOptions::default(),
+            false,
+        )
+        .unwrap();
+        let file = staging_file(&run, &sb.uuid_string());
+        let place = StagingPlace::Dir(run.clone());
+        let open = || {
+            open_backing_staged(&img, &idx, ftl::Config::default(), &place)
+                .unwrap()
+                .0
+        };
+        assert!(!left_staging(&file), "no file");
+        let f = open();
+        f.write(3, &[7u8; 4096], false, ftl::StreamId(1)).unwrap();
+        assert!(file.exists());
+        assert!(!left_staging(&file), "a live server's");
+        drop(f); // killed: no close
+        assert!(left_staging(&file), "a killed server's");
+        let f = open();
+        f.close().unwrap();
+        assert!(!left_staging(&file), "after a clean close");
+    }
+
+    /// A cleanup removes no live daemon's record but its own, and of a dead daemon's only
+    /// one of its own backing: another backing's names a device the kernel keeps for its
+    /// `recover`.
+    #[test]
+    fn a_cleanup_removes_its_own_record_and_dead_ones_of_its_backing_only() {
+        let rec = sample(7);
+        let (own, other) = ((rec.pid, rec.pid_start), (rec.pid + 1, 5));
+        let (live, dead) = (|_: &DeviceRecord| true, |_: &DeviceRecord| false);
+        assert!(record_removable(None, own, "u", live));
+        assert!(record_removable(Some(&rec), own, "u", live), "its own");
+        assert!(
+            record_removable(Some(&rec), own, "v", live),
+            "its own, whatever the uuid"
+        );
+        assert!(
+            !record_removable(Some(&rec), other, "u", live),
+            "a live daemon's"
+        );
+        assert!(
+            record_removable(Some(&rec), other, "u", dead),
+            "dead, same backing"
+        );
+        assert!(
+            !record_removable(Some(&rec), other, "v", dead),
+            "dead, another backing"
+        );
     }
 
     /// A record is read back as written (its version added), one without a version is
@@ -415,12 +522,16 @@ mod tests {
         assert!(keep_record(&rec, (rec.pid, 0)).unwrap());
         assert_eq!(read_record(7).unwrap(), Some(rec.clone()));
         // The start guard: armed, it removes this process's record; disarmed, not.
-        RecordGuard::new(7, true).disarm();
+        RecordGuard::new(7, rec.uuid.clone(), true).disarm();
         assert_eq!(read_record(7).unwrap(), Some(rec.clone()));
-        drop(RecordGuard::new(7, true));
+        drop(RecordGuard::new(7, rec.uuid.clone(), true));
         assert_eq!(read_record(7).unwrap(), None);
         write_record(&rec).unwrap();
-        assert!(remove_record_of(7, rec.pid + 1, 0));
+        // A dead daemon's record of another backing stays (the kernel keeps its
+        // device for `recover`); of the same backing it goes.
+        assert!(!remove_record_of(7, rec.pid + 1, 0, "another-uuid"));
+        assert_eq!(read_record(7).unwrap(), Some(rec.clone()));
+        assert!(remove_record_of(7, rec.pid + 1, 0, &rec.uuid));
         assert_eq!(read_record(7).unwrap(), None);
         remove_record(7);
         assert_eq!(read_record(7).unwrap(), None);
