@@ -283,7 +283,7 @@ pub fn remove_record(id: u32) {
 /// when the kernel gave it the old one's pid. Says whether it removed them.
 pub fn remove_record_of(id: u32, pid: u32, start: u64, uuid: &str) -> bool {
     let rec = read_record_lenient(id);
-    if record_removable(rec.as_ref(), (pid, start), uuid, |r| daemon_alive(r)) {
+    if record_removable(rec.as_ref(), (pid, start), uuid, daemon_alive) {
         remove_record(id);
         true
     } else {
