@@ -526,6 +526,21 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
             )));
         }
     }
+    // Checkpoint rule 7: map pages of a checkpoint cut between its page batches are in
+    // the index, taken at its snapshot, when every chunk below its number was synced: an
+    // honest log reaches that number. One that ends below it (a summary damaged or lost)
+    // left those pages naming blocks the open would count in nothing and hand to the
+    // next writes (found by review, 2026-11-29). Refused before anything is zeroed.
+    if let Some(p) = loaded.partial.as_ref().filter(|p| p.epoch == ck.epoch) {
+        if expected < p.next_chunk_seq {
+            return Err(Error::Corrupt(format!(
+                "the log ends at chunk {expected}, below chunk {} of the checkpoint cut \
+                 between its page batches whose map pages are in the index: chunks are \
+                 missing (damaged or lost summaries)",
+                p.next_chunk_seq
+            )));
+        }
+    }
     collected.sort_by_key(|(e, _)| e.seq());
     // Live counts: the checkpoint's (taken in one snapshot with its map pages), moved by
     // each replayed change as the appender moves them.

@@ -1734,6 +1734,63 @@ fn a_checkpoint_cut_between_its_page_batches_recovers() {
         .any(|(k, _)| k == &ftl::index::Key::partial()));
 }
 
+/// Checkpoint rule 7: the pages of a checkpoint cut between its page batches were taken
+/// when every chunk below its number was synced. A log that ends below that number (the
+/// first chunk after the older checkpoint lost its summary) is refused: the pages name
+/// blocks of chunks the roll-forward never reached, which the open counted in nothing
+/// and the next writes overwrote (found by review, 2026-11-29).
+#[test]
+fn a_log_ending_below_a_cut_checkpoint_is_refused() {
+    let cfg = Config {
+        checkpoint_page_batch: 1,
+        checkpoint_blocks: 1 << 40,
+        ..Config::default()
+    };
+    let (dev, idx, f) = gated_sized(cfg.clone(), 8 << 20);
+    let cap = f.capacity_blocks();
+    let lbas: Vec<u64> = (0..cap).step_by(97).collect();
+    for &l in &lbas {
+        f.write(l, &block_for(l, 1), false, S0).unwrap();
+    }
+    f.checkpoint().unwrap();
+    // Every other block written again: no segment dies, so no free record (whose own
+    // refusal of a short log would come first) is committed.
+    for &l in lbas.iter().step_by(2) {
+        f.write(l, &block_for(l, 2), false, S0).unwrap();
+    }
+    f.flush().unwrap();
+    assert_eq!(f.dead_segments() + f.freeable_segments(), 0);
+    // The first chunk after the checkpoint: the one holding lbas[0]'s second write.
+    let geo = *f.geometry();
+    let pba = f.map_entry(lbas[0]).unwrap().pba().unwrap() as u64;
+    let seg = geo.segment_of(pba);
+    let off = ftl::chunks::SegmentChunks::new(&dev, geo, seg, f.format_id(), (u64::MAX, u64::MAX))
+        .map(|c| c.unwrap())
+        .find(|(_, s)| {
+            s.entries
+                .iter()
+                .any(|e| matches!(e, ftl::summary::Entry::Data { lba, .. } if *lba == lbas[0]))
+        })
+        .map(|(off, _)| off)
+        .unwrap();
+    idx.fail_after(1);
+    f.checkpoint().unwrap_err();
+    drop(f);
+    idx.fail_after(u64::MAX >> 2);
+    dev.inner().crash(7).unwrap();
+    let at = (geo.segment_start(seg) + off as u64) * 4096;
+    dev.write_at(at, &[0u8; 4096]).unwrap();
+    let before = dev.inner().current_image().unwrap();
+    match Ftl::open(dev.clone(), idx.clone(), cfg) {
+        Ok(_) => panic!("a log ending below the cut checkpoint opened"),
+        Err(e) => assert!(e.to_string().contains("below chunk"), "{e}"),
+    }
+    assert!(
+        dev.inner().current_image().unwrap() == before,
+        "the refused open wrote"
+    );
+}
+
 /// Checkpoint rule 8: a free record committed while a checkpoint syncs and commits its
 /// map pages follows the last checkpoint, and the checkpoint's header batch puts it again
 /// with its own base. The segment (closed at both snapshots, dead in between) is freed
