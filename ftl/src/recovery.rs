@@ -353,16 +353,46 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
     let format_id = sb.format_id();
     // The summary at a block as `ChunkSummary::decode` reads it (`Err`: the magic, a
     // failing checksum: a torn summary); the outer error is the device's.
-    let decoded = |seg: u32, off: u32| -> Result<Result<Option<ChunkSummary>>> {
+    let block = |seg: u32, off: u32| -> Result<crate::device::AlignedBuf> {
         let mut b = crate::device::AlignedBuf::new(BLOCK_SIZE);
         let at = (geo.segment_start(seg) + off as u64) * BLOCK_SIZE as u64;
         dev.read_at(at, &mut b)
             .map_err(|e| Error::io("recovery read", at, e))?;
-        Ok(ChunkSummary::decode(&b))
+        Ok(b)
+    };
+    let decoded = |seg: u32, off: u32| -> Result<Result<Option<ChunkSummary>>> {
+        Ok(ChunkSummary::decode(&block(seg, off)?))
     };
     // A torn or stale block is simply not the chunk we look for.
     let read_summary =
         |seg: u32, off: u32| -> Result<Option<ChunkSummary>> { Ok(decoded(seg, off)?.ok().flatten()) };
+    // Where the log may go on (a stream's cursor, the head of a free segment): a summary
+    // whole (magic, checksum) and in place, of this session, that this build cannot
+    // decode (another build's version, a TRIM count past this build's bound) is not a
+    // torn write: the open is refused and nothing zeroed. It ended the log there without
+    // a word, was zeroed as torn, and every chunk after it dropped (found by review,
+    // 2026-11-29).
+    let read_summary_where_the_log_goes_on = |seg: u32, off: u32| -> Result<Option<ChunkSummary>> {
+        let b = block(seg, off)?;
+        match ChunkSummary::decode(&b) {
+            Ok(s) => Ok(s),
+            Err(e) => match crate::summary::whole_header(&b) {
+                Some(h)
+                    if h.segment == seg
+                        && h.offset == off
+                        && h.format_id == format_id
+                        && h.epoch == ck.epoch =>
+                {
+                    Err(Error::Corrupt(format!(
+                        "the summary of chunk {} at block {off} of segment {seg} is whole but \
+                         this build cannot read it ({e}): written by another build?",
+                        h.chunk_seq
+                    )))
+                }
+                _ => Ok(None),
+            },
+        }
+    };
     // An index older than the log is refused BEFORE the staged chunks are written: where
     // the log goes on (each stream's cursor, the heads of free segments) a chunk of a
     // later session means the index was restored from a backup, and the replay wrote the
@@ -393,7 +423,7 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
     let mut stale_heads = Vec::new();
     for seg in 1..geo.segment_count {
         if segs.state(seg) == Some(SegState::Free) {
-            if let Some(s) = read_summary(seg, 0)? {
+            if let Some(s) = read_summary_where_the_log_goes_on(seg, 0)? {
                 if s.in_place(seg, 0, format_id, bps) {
                     newer_than_index(&s, ck.epoch, index_name)?;
                     stale_heads.push(seg);
@@ -417,7 +447,7 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         for (sid, cur) in cursors.iter().enumerate() {
             if let Some((seg, off)) = *cur {
                 if geo.chunk_fits_at(off) {
-                    if let Some(s) = read_summary(seg, off)? {
+                    if let Some(s) = read_summary_where_the_log_goes_on(seg, off)? {
                         if accept(&s, expected)
                             && s.stream as usize == sid
                             && s.in_place(seg, off, format_id, bps)

@@ -144,6 +144,36 @@ pub fn entries_invalid(entries: &[Entry]) -> Option<String> {
     None
 }
 
+/// Where a summary block that this build cannot decode says it belongs, when it is
+/// whole (its magic and checksum good: not a torn write, but another build's format or
+/// damage behind a good checksum).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WholeHeader {
+    pub epoch: u64,
+    pub chunk_seq: u64,
+    pub segment: u32,
+    pub offset: u32,
+    pub format_id: u64,
+}
+
+/// [`WholeHeader`] of `buf` when it has the magic and a good checksum (whether or not
+/// the rest decodes); `None` otherwise. The fields read are at offsets every version
+/// keeps.
+pub fn whole_header(buf: &[u8]) -> Option<WholeHeader> {
+    if buf.len() != BLOCK_SIZE || &buf[..8] != CHUNK_MAGIC {
+        return None;
+    }
+    check_trailing_crc(buf, "chunk summary").ok()?;
+    let mut r = Reader::new(buf, "chunk summary");
+    Some(WholeHeader {
+        epoch: r.seek(o::EPOCH).ok()?.u64().ok()?,
+        chunk_seq: r.seek(o::CHUNK_SEQ).ok()?.u64().ok()?,
+        segment: r.seek(o::SEGMENT).ok()?.u32().ok()?,
+        offset: r.seek(o::OFFSET).ok()?.u32().ok()?,
+        format_id: r.seek(o::FORMAT_ID).ok()?.u64().ok()?,
+    })
+}
+
 impl ChunkSummary {
     /// Blocks the chunk occupies: summary + data + padding.
     pub fn total_blocks(&self) -> u32 {

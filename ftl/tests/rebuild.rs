@@ -868,6 +868,53 @@ fn a_chunk_in_a_stream_this_build_does_not_know_is_refused_by_recovery() {
     }
 }
 
+/// Recovery refuses, and leaves as it is, the next chunk of the log whose summary is
+/// whole (its checksum good) but of a version this build does not know: it took it for
+/// a torn write, ended the log there and zeroed it, and the flushed write in it read as
+/// zeros (found by review, 2026-11-29).
+#[test]
+fn a_whole_summary_this_build_cannot_read_is_refused_not_taken_for_torn() {
+    let (dev, idx, f) = tiny_crash();
+    f.write(1, &block_for(1, 1), false, S0).unwrap();
+    f.checkpoint().unwrap();
+    f.write(5, &block_for(5, 1), false, S0).unwrap();
+    f.flush().unwrap();
+    let geo = *f.geometry();
+    let pba = f.map_entry(5).unwrap().pba().unwrap() as u64;
+    let seg = geo.segment_of(pba);
+    let (off, _) = SegmentChunks::new(&dev, geo, seg, f.format_id(), (u64::MAX, u64::MAX))
+        .map(|c| c.unwrap())
+        .find(|(_, s)| {
+            s.entries
+                .iter()
+                .any(|e| matches!(e, ftl::summary::Entry::Data { lba: 5, .. }))
+        })
+        .unwrap();
+    drop(f);
+    let at = (geo.segment_start(seg) + off as u64) * BLOCK_SIZE as u64;
+    let mut blk = AlignedBuf::new(BLOCK_SIZE);
+    dev.read_at(at, &mut blk).unwrap();
+    // Version 2, the checksum made good again.
+    blk[ftl::summary::offsets::VERSION] = 2;
+    let crc = crc32c::crc32c(&blk[..BLOCK_SIZE - 4]);
+    blk[BLOCK_SIZE - 4..].copy_from_slice(&crc.to_le_bytes());
+    dev.write_at(at, &blk).unwrap();
+    let e = match Ftl::open(dev.clone(), idx.clone(), Config::default()) {
+        Ok(_) => panic!("recovery took a whole summary of another version for a torn one"),
+        Err(e) => e,
+    };
+    assert!(
+        matches!(e, Error::Corrupt(ref m) if m.contains("version 2")),
+        "{e}"
+    );
+    let mut after = AlignedBuf::new(BLOCK_SIZE);
+    dev.read_at(at, &mut after).unwrap();
+    assert!(
+        after[..] == blk[..],
+        "the refused chunk's summary was zeroed"
+    );
+}
+
 /// Recovery refuses a segment record that says free yet counts live blocks before it
 /// writes anything: the segment's first chunk (older than the checkpoint, so stale to
 /// a free segment) was zeroed first, and the rebuild the message points to no longer
