@@ -413,6 +413,13 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
         }
     }
     // Staging rule 4: a dead process's staged chunks are in the log before it is scanned.
+    // The one write a refused open may have made: a refusal of the roll-forward below
+    // (damage in the log, a free record or a cut checkpoint the log does not reach) comes
+    // after the staged chunks went to their places. Those are the places the dead
+    // session gave them, and the area keeps its slots (staging rule 3), so the next open
+    // or a rebuild sees the log that session would have left had its writes returned
+    // (a review, 2026-11-29, found it undocumented; refusing first would need the whole
+    // roll-forward run over the staged chunks in memory).
     let staged = crate::staging::replay(&dev, &staging, &sb, ck.epoch, ck.next_chunk_seq, ck.session)?;
     let accept = |s: &ChunkSummary, seq: u64| s.chunk_seq == seq && s.epoch == ck.epoch;
 
@@ -664,7 +671,7 @@ pub(crate) fn recover<D: BlockDevice, I: IndexStore>(
     // chain and entry numbers. Test: `tests/rebuild.rs`,
     // `chunks_past_a_crash_break_are_zeroed_by_recovery`.
     // Zeroed only AFTER every refusal of the roll-forward's entries above: a refused open
-    // writes nothing, and when the break was damage, the chunks past it are still there
+    // writes nothing but the staged chunks (above), and when the break was damage, the chunks past it are still there
     // for `check --rebuild-index` (found by review, 2026-11-27; they were zeroed before
     // the entries were applied). Test: `tests/rebuild.rs`,
     // `an_open_refused_by_the_roll_forward_zeroes_nothing`.
