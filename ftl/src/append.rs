@@ -260,6 +260,9 @@ impl Appender {
             poison: &self.poison,
             seq,
         };
+        // The place is the chunk's until it is sealed: a failure below leaves the stream
+        // no place to open another chunk at (the success path sets it again).
+        st.cursor = None;
         #[cfg(test)]
         tests::maybe_panic_in_seal();
         let offset = chunk.offset;
@@ -399,6 +402,12 @@ impl Appender {
                 }
                 continue;
             }
+            // Staging rule 7's place: a seal that failed (or panicked) poisoned the FTL
+            // and left its slot in the area at the stream's place; a writer that had
+            // passed its poison check before opened the next chunk at that same place,
+            // and a replay wrote one over the other (found by review, 2026-11-29). Once
+            // a chunk, not per block.
+            self.check_poison()?;
             let Some(mut buf) = self.staging.try_take() else {
                 return Ok(Room::NeedBuffer);
             };
@@ -768,6 +777,9 @@ pub(crate) mod tests {
         /// failed, still holding the stream lock, and waits for "go" before it notes
         /// the space generation.
         pub(crate) static PARK_BEFORE_NO_ROOM_MARK: Park = const { RefCell::new(None) };
+        /// Test hook: a write on this thread says it arrived once past its poison check
+        /// (`Ftl::write_to`), and waits for "go".
+        pub(crate) static PARK_AFTER_WRITE_CHECK: Park = const { RefCell::new(None) };
         /// Test hook: `append_loop` on this thread says it arrived once a step of its
         /// wait for space ended with nothing freed, and waits for "go" before it looks
         /// whether a cleaner is still attached.

@@ -646,6 +646,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         let n = Self::check_len(data.len())?;
         self.check_range(lba, n)?;
         self.check_poison()?;
+        #[cfg(test)]
+        crate::append::tests::maybe_park(&crate::append::tests::PARK_AFTER_WRITE_CHECK);
         self.space.note_foreground();
         self.space.throttle(n);
         if let Some(w) = writers {
@@ -1139,6 +1141,31 @@ mod tests {
             matches!(checkpoint, Err(Error::ReadOnly(_))),
             "{checkpoint:?}"
         );
+    }
+
+    /// A seal that panics leaves its slot in the staging area at the stream's place; a
+    /// writer that passed its poison check before the panic must not open the next chunk
+    /// there (a replay after a kill wrote one chunk over the other, and the completed
+    /// write in it was lost): it fails, the FTL being read-only.
+    #[test]
+    fn a_writer_past_its_check_opens_no_chunk_where_a_seal_failed() {
+        use crate::append::tests::PARK_AFTER_WRITE_CHECK;
+        let (_, _, f) = small_ftl();
+        let f = Arc::new(f);
+        f.write(1, &block_for(1, 1), false, StreamId(1)).unwrap();
+        let f2 = f.clone();
+        let (go, late) = run_parked(&PARK_AFTER_WRITE_CHECK, move || {
+            f2.write(100, &block_for(100, 1), false, StreamId(1))
+        });
+        let f3 = f.clone();
+        let dying = std::thread::spawn(move || {
+            PANIC_IN_SEAL.with(|p| p.set(true));
+            let _ = f3.flush();
+        });
+        assert!(dying.join().is_err(), "the injected panic happened");
+        go.send(()).expect("the late writer waits for its go");
+        let r = late.join().unwrap();
+        assert!(matches!(r, Err(Error::ReadOnly(_))), "{r:?}");
     }
 
     /// A panic in a carry of TRIM records (reached from a writer's checkpoint through
