@@ -67,8 +67,11 @@ MUTANTS = [
      "ftl/src/engine/flush.rs",
      [("""        tracker.wait_below(target);
         self.check_poison()?;
+        // Rule 11: the freed segments' first blocks zeroed before this call.
+        let zeroed = self.heads_zeroed.load(Ordering::SeqCst);
         self.sync.run_to(target, || {""",
        """        self.check_poison()?;
+        let zeroed = self.heads_zeroed.load(Ordering::SeqCst);
         self.sync.run_to(target, || {
             return self.dev.sync().map(|()| target).map_err(|e| Error::io("sync", 0, e));""")],
      [ORDERINGS, SHUTTLE, POWER]),
@@ -134,6 +137,11 @@ MUTANTS = [
      [("""        !self.entries.is_empty() && self.moved == self.entries.len()""",
        """        !self.entries.is_empty() && self.moved > 0""")],
      [ORDERINGS + " a_flush_seals_a_chunk_where_a_user_write"]),
+    ("engine-11", "engine rule 11: a freed segment's zeroed first block is synced BEFORE the next free record or checkpoint commits",
+     "ftl/src/engine/flush.rs",
+     [("""        if self.heads_synced.load(Ordering::SeqCst) < zeroed {""",
+       """        if false && self.heads_synced.load(Ordering::SeqCst) < zeroed {""")],
+     [REBUILD + " a_freed_segments_zeroing_is_durable"]),
     ("trim-failed", "a TRIM finding nothing mapped checks the poison a failed TRIM set before it released the stripes",
      "ftl/src/engine/mod.rs",
      [("""            // before it releases the stripes): not a success then.

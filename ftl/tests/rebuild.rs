@@ -915,6 +915,58 @@ fn a_whole_summary_this_build_cannot_read_is_refused_not_taken_for_torn() {
     );
 }
 
+/// Engine rule 11: a freed segment's zeroed first block is durable before the next free
+/// record or checkpoint commits. Here segment A (lba 5's) is freed by a free record once
+/// a TRIM killed its block, with nothing new to sync; then the TRIM segment is carried
+/// (the record hides only a block of A, free now: dropped) and freed by a checkpoint,
+/// with nothing new to sync either. A power cut keeping the second zeroing and losing
+/// the first showed an index rebuild A's old chunk and no TRIM record: lba 5's trimmed
+/// data came back (found by review, 2026-11-29).
+#[test]
+fn a_freed_segments_zeroing_is_durable_before_the_next_free_commits() {
+    let cfg = Config {
+        discard_freed: false,
+        ..ftl::model::test_config()
+    };
+    let (dev, idx) = tiny::formatted().unwrap();
+    let (f, _) = Ftl::open(dev.clone(), idx.clone(), cfg).unwrap();
+    let geo = *f.geometry();
+    f.write(5, &block_for(5, 1), false, S0).unwrap();
+    let a = geo.segment_of(f.map_entry(5).unwrap().pba().unwrap() as u64);
+    f.close_stream(S0).unwrap();
+    f.flush().unwrap();
+    f.checkpoint().unwrap();
+    f.trim(5, 1).unwrap();
+    f.flush().unwrap();
+    let r = f.free_dead().unwrap();
+    assert!(r.segments_freed >= 1, "{r:?}");
+    let state = |s: u32| {
+        f.segment_snapshot()
+            .into_iter()
+            .find(|x| x.segment == s)
+            .map(|x| x.state)
+            .unwrap()
+    };
+    assert_eq!(state(a), "free");
+    f.close_stream(TRIM_STREAM).unwrap();
+    f.checkpoint().unwrap();
+    let mut head = vec![0u8; BLOCK_SIZE];
+    dev.read_durable(geo.segment_start(a) * BLOCK_SIZE as u64, &mut head)
+        .unwrap();
+    assert!(
+        head.iter().all(|&b| b == 0),
+        "segment {a}'s zeroing was not durable when the checkpoint committed"
+    );
+    // And end to end: a power cut now, the index lost, rebuilt: lba 5 stays trimmed.
+    drop(f);
+    dev.crash(3).unwrap();
+    let (idx2, _) = rebuild_into(&dev);
+    let g = tiny::open(&dev, &idx2).unwrap();
+    let mut b = vec![0u8; BLOCK_SIZE];
+    g.read(5, &mut b).unwrap();
+    assert!(b == vec![0u8; BLOCK_SIZE], "the trimmed block came back");
+}
+
 /// Recovery refuses a segment record that says free yet counts live blocks before it
 /// writes anything: the segment's first chunk (older than the checkpoint, so stale to
 /// a free segment) was zeroed first, and the rebuild the message points to no longer

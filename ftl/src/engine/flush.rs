@@ -1,4 +1,4 @@
-//! FLUSH and the device-sync group: engine rules 2, 3, 9 and 10 (see `engine/mod.rs`). A
+//! FLUSH and the device-sync group: engine rules 2, 3, 9, 10 and 11 (see `engine/mod.rs`). A
 //! FLUSH seals every stream's open chunk that holds a user write or TRIM, waits for every
 //! chunk below its target and syncs the device once for everyone waiting. Called by the
 //! engine's API (FLUSH, FUA writes) and the checkpoint (`flush_upto`).
@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::index::IndexStore;
 use crate::stream::StreamId;
 use crate::tables::LiveCounters;
+use std::sync::atomic::Ordering;
 
 impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// FLUSH: every write completed before this call is durable when it returns.
@@ -65,25 +66,43 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         let tracker = self.log.tracker();
         tracker.wait_below(target);
         self.check_poison()?;
+        // Rule 11: the freed segments' first blocks zeroed before this call.
+        let zeroed = self.heads_zeroed.load(Ordering::SeqCst);
         self.sync.run_to(target, || {
             // Rule 9: a leader after a failed one fails too (see below).
             self.check_poison()?;
             // Rule 3: a sync makes durable only the chunks whose writes completed
             // BEFORE it started: the frontier is loaded before the sync, and only it
-            // is credited.
+            // is credited (rule 11: the zeroings likewise).
             let covers = tracker.frontier();
-            self.dev.sync().map(|()| covers).map_err(|e| {
-                let err = Error::io("sync", 0, e);
-                // Rule 9: poisoned BEFORE the group's next leader runs (this closure
-                // returns before the group wakes its waiters): a FLUSH queued behind
-                // this sync must not lead a second one, which can succeed (an fsync
-                // reports a writeback error once) and acknowledge what this one lost.
-                self.set_poison(err.to_string());
-                // Recovery rule 3: the device may have lost writes that returned.
-                self.log.staging().mark_device_error();
-                err
+            let heads = self.heads_zeroed.load(Ordering::SeqCst);
+            self.synced_or_poisoned().map(|()| {
+                self.heads_synced.fetch_max(heads, Ordering::SeqCst);
+                covers
             })
         })?;
+        // Rule 11: no sync since those zeroings (every chunk was durable already, or
+        // the sync this call followed began before them): one now.
+        if self.heads_synced.load(Ordering::SeqCst) < zeroed {
+            self.check_poison()?;
+            self.synced_or_poisoned()?;
+            self.heads_synced.fetch_max(zeroed, Ordering::SeqCst);
+        }
         Ok(())
+    }
+
+    /// A device sync; one that fails poisons the FTL first.
+    fn synced_or_poisoned(&self) -> Result<()> {
+        self.dev.sync().map_err(|e| {
+            let err = Error::io("sync", 0, e);
+            // Rule 9: poisoned BEFORE the group's next leader runs (the sync group's
+            // closure returns before the group wakes its waiters): a FLUSH queued behind
+            // this sync must not lead a second one, which can succeed (an fsync reports
+            // a writeback error once) and acknowledge what this one lost.
+            self.set_poison(err.to_string());
+            // Recovery rule 3: the device may have lost writes that returned.
+            self.log.staging().mark_device_error();
+            err
+        })
     }
 }

@@ -13,7 +13,7 @@
 //! table lock. Device I/O is never issued while a stripe or the segment-table lock is held.
 //!
 //! Ordering rules between threads (each a numbered comment where it is carried out:
-//! rules 1, 4, 5, 6 and 8 in `append.rs`, 2, 3, 9 and 10 in `engine/flush.rs`, 7 here; the tests
+//! rules 1, 4, 5, 6 and 8 in `append.rs`, 2, 3, 9, 10 and 11 in `engine/flush.rs`, 7 here; the tests
 //! that break without
 //! each are listed in `docs/orderings.md`):
 //! 1. an entry gets its sequence number under its stream's lock, in the same step that
@@ -46,6 +46,11 @@
 //!     a flash page's padding per FLUSH: at the reserve, under frequent FLUSHes, a victim
 //!     could take more segments to relocate than the one it frees, and the cleaner found
 //!     no free segment (the crash harness's smallest geometry, about 1 seed in 200).
+//! 11. a freed segment's first block, once zeroed (checkpoint rule 5), is synced BEFORE
+//!     the next free record or checkpoint commits: a carry of TRIM records drops those
+//!     that hide only blocks of segments freed since, and a power cut that kept the next
+//!     segment's zeroing and lost this one's showed an index rebuild the freed segment's
+//!     old chunks with no TRIM record left to hide them (found by review, 2026-11-29).
 
 use crate::append::{Appender, PendingChunks, Room, Session, STRIPES};
 use crate::config::Config;
@@ -122,6 +127,10 @@ pub struct Ftl<D: BlockDevice, I: IndexStore> {
     defrag_done: defrag::DefragDone,
     /// Blocks appended per stream since open (user writes and relocations).
     stream_blocks: [AtomicU64; crate::stream::STREAMS],
+    /// Rounds of freed segments' first blocks zeroed (checkpoint rule 5), and how many of
+    /// them a device sync that started after them covers (`engine/flush.rs`, rule 11).
+    heads_zeroed: AtomicU64,
+    heads_synced: AtomicU64,
 }
 
 /// Where a block a caller wants to read lives.
@@ -245,6 +254,8 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             }),
             defrag_done: defrag::DefragDone::new(),
             stream_blocks: std::array::from_fn(|_| AtomicU64::new(0)),
+            heads_zeroed: AtomicU64::new(0),
+            heads_synced: AtomicU64::new(0),
             cfg,
         }
     }
