@@ -67,11 +67,8 @@ MUTANTS = [
      "ftl/src/engine/flush.rs",
      [("""        tracker.wait_below(target);
         self.check_poison()?;
-        // Rule 11: the freed segments' first blocks zeroed before this call.
-        let zeroed = self.heads_zeroed.load(Ordering::SeqCst);
         self.sync.run_to(target, || {""",
        """        self.check_poison()?;
-        let zeroed = self.heads_zeroed.load(Ordering::SeqCst);
         self.sync.run_to(target, || {
             return self.dev.sync().map(|()| target).map_err(|e| Error::io("sync", 0, e));""")],
      [ORDERINGS, SHUTTLE, POWER]),
@@ -137,10 +134,13 @@ MUTANTS = [
      [("""        !self.entries.is_empty() && self.moved == self.entries.len()""",
        """        !self.entries.is_empty() && self.moved > 0""")],
      [ORDERINGS + " a_flush_seals_a_chunk_where_a_user_write"]),
-    ("engine-11", "engine rule 11: a freed segment's zeroed first block is synced BEFORE the next free record or checkpoint commits",
-     "ftl/src/engine/flush.rs",
-     [("""        if self.heads_synced.load(Ordering::SeqCst) < zeroed {""",
-       """        if false && self.heads_synced.load(Ordering::SeqCst) < zeroed {""")],
+    ("engine-11", "engine rule 11: a carry of TRIM records syncs the zeroed first blocks of the segments it found free BEFORE a carried segment can be freed",
+     "ftl/src/engine/tombstones.rs",
+     [("""        if carried > 0 {
+            self.sync_zeroed_heads()?;
+        }
+        Ok(carried)""",
+       """        Ok(carried)""")],
      [REBUILD + " a_freed_segments_zeroing_is_durable"]),
     ("trim-failed", "a TRIM finding nothing mapped checks the poison a failed TRIM set before it released the stripes",
      "ftl/src/engine/mod.rs",

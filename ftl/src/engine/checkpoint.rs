@@ -587,8 +587,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         let zero = crate::device::AlignedBuf::new(BLOCK_SIZE);
         let head = |s: u32| geo.segment_start(s) * BLOCK_SIZE as u64;
         let heads: Vec<(u64, &[u8])> = segs.iter().map(|&s| (head(s), &zero[..])).collect();
-        // Engine rule 11: counted once written, for the next free record's or
-        // checkpoint's sync.
+        // Engine rule 11: counted once written (before the release), for a carry's sync.
         let counted = || {
             self.heads_zeroed
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst)

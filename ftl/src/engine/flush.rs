@@ -1,4 +1,4 @@
-//! FLUSH and the device-sync group: engine rules 2, 3, 9, 10 and 11 (see `engine/mod.rs`). A
+//! FLUSH and the device-sync group: engine rules 2, 3, 9 and 10 (see `engine/mod.rs`; and the sync of rule 11). A
 //! FLUSH seals every stream's open chunk that holds a user write or TRIM, waits for every
 //! chunk below its target and syncs the device once for everyone waiting. Called by the
 //! engine's API (FLUSH, FUA writes) and the checkpoint (`flush_upto`).
@@ -66,8 +66,6 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         let tracker = self.log.tracker();
         tracker.wait_below(target);
         self.check_poison()?;
-        // Rule 11: the freed segments' first blocks zeroed before this call.
-        let zeroed = self.heads_zeroed.load(Ordering::SeqCst);
         self.sync.run_to(target, || {
             // Rule 9: a leader after a failed one fails too (see below).
             self.check_poison()?;
@@ -81,8 +79,13 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 covers
             })
         })?;
-        // Rule 11: no sync since those zeroings (every chunk was durable already, or
-        // the sync this call followed began before them): one now.
+        Ok(())
+    }
+
+    /// Rule 11: the freed segments' first blocks zeroed so far are durable when this
+    /// returns (a sync now unless one began after the last zeroing).
+    pub(super) fn sync_zeroed_heads(&self) -> Result<()> {
+        let zeroed = self.heads_zeroed.load(Ordering::SeqCst);
         if self.heads_synced.load(Ordering::SeqCst) < zeroed {
             self.check_poison()?;
             self.synced_or_poisoned()?;

@@ -13,7 +13,7 @@
 //! table lock. Device I/O is never issued while a stripe or the segment-table lock is held.
 //!
 //! Ordering rules between threads (each a numbered comment where it is carried out:
-//! rules 1, 4, 5, 6 and 8 in `append.rs`, 2, 3, 9, 10 and 11 in `engine/flush.rs`, 7 here; the tests
+//! rules 1, 4, 5, 6 and 8 in `append.rs`, 2, 3, 9 and 10 in `engine/flush.rs`, 11 in `engine/tombstones.rs`, 7 here; the tests
 //! that break without
 //! each are listed in `docs/orderings.md`):
 //! 1. an entry gets its sequence number under its stream's lock, in the same step that
@@ -46,11 +46,15 @@
 //!     a flash page's padding per FLUSH: at the reserve, under frequent FLUSHes, a victim
 //!     could take more segments to relocate than the one it frees, and the cleaner found
 //!     no free segment (the crash harness's smallest geometry, about 1 seed in 200).
-//! 11. a freed segment's first block, once zeroed (checkpoint rule 5), is synced BEFORE
-//!     the next free record or checkpoint commits: a carry of TRIM records drops those
-//!     that hide only blocks of segments freed since, and a power cut that kept the next
-//!     segment's zeroing and lost this one's showed an index rebuild the freed segment's
-//!     old chunks with no TRIM record left to hide them (found by review, 2026-11-29).
+//! 11. a carry of TRIM records (`engine/tombstones.rs`), which leaves out those hiding
+//!     only blocks of segments free when it looked, syncs those segments' zeroed first
+//!     blocks (checkpoint rule 5) BEFORE it returns, so before a carried segment can be
+//!     freed: a free record with nothing new to sync left a zeroing unsynced, and a power
+//!     cut that kept the carried segment's zeroing and lost that one showed an index
+//!     rebuild the freed segment's old chunks with no TRIM record left to hide them
+//!     (found by review, 2026-11-29). Zeroings are counted before the segment's release,
+//!     and every device sync notes how many it covers, so the carry's sync is rarely one
+//!     more.
 
 use crate::append::{Appender, PendingChunks, Room, Session, STRIPES};
 use crate::config::Config;

@@ -141,7 +141,12 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                     failed.remove(&seg);
                     carried += 1;
                 }
-                Err(Error::NoSpace) => return Err(Error::NoSpace),
+                Err(Error::NoSpace) => {
+                    if carried > 0 {
+                        self.sync_zeroed_heads()?;
+                    }
+                    return Err(Error::NoSpace);
+                }
                 Err(e) => {
                     self.check_poison()?;
                     // Counted once per segment, however often it is tried again.
@@ -152,6 +157,14 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                         Some(format!("segment {seg}: {e}"));
                 }
             }
+        }
+        // Engine rule 11: the records left out hid only blocks of segments free when
+        // `carry_one` looked (all zeroed by then, each counted before its release): those
+        // zeroings are durable BEFORE a carried segment can be freed, or a power cut
+        // keeping its zeroing and losing theirs showed an index rebuild their old chunks
+        // with nothing left to hide them (found by review, 2026-11-29).
+        if carried > 0 {
+            self.sync_zeroed_heads()?;
         }
         Ok(carried)
     }
