@@ -356,13 +356,14 @@ pub fn rebuild_backing_index(
     // The old index's wear history, if it can still be read (a sled database that
     // opens; records that do not decode count nothing).
     let wear = if exists {
-        SledIndex::open(index_dir)
-            .map(|old| crate::rebuild::erase_counts_of(&old, sb.geometry.segment_count, &sb.uuid))
-            .unwrap_or_default()
+        SledIndex::open(index_dir).ok().and_then(|old| {
+            crate::rebuild::erase_counts_read(&old, sb.geometry.segment_count, &sb.uuid)
+        })
     } else {
-        Vec::new()
+        None
     };
-    let wear_lost = wear.iter().all(|&c| c == 0);
+    let wear_lost = wear.is_none();
+    let wear = wear.unwrap_or_default();
     let report = {
         let idx = open_index(&tmp)?;
         let opts = crate::RebuildOptions {
@@ -370,6 +371,7 @@ pub fn rebuild_backing_index(
             memory,
             spill_dir: Some(spill.clone()),
             wear,
+            epoch_floor: crate::rebuild::clock_epoch_floor(),
         };
         let r = crate::rebuild::rebuild_with(&dev, &idx, &opts, progress);
         // The spill removed its own directory in it; the now empty one goes too.

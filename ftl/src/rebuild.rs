@@ -58,7 +58,7 @@ use crate::geometry::Geometry;
 use crate::index::{IndexStore, Key, Op};
 use crate::map::MapEntry;
 use crate::records::{CheckpointRecord, Counters, SegState, SegmentRecord, PAGE_ENTRIES};
-use crate::recovery::past_sane;
+use crate::recovery::{epoch_past_sane, past_sane};
 use crate::stream::STREAMS;
 use crate::summary::{ChunkSummary, Entry};
 use std::collections::BTreeMap;
@@ -138,6 +138,18 @@ pub struct RebuildOptions {
     /// Erase counts by segment ([`erase_counts_of`]); segments past its end start at
     /// zero.
     pub wear: Vec<u32>,
+    /// The least number the rebuilt session may take ([`EPOCH_GAP`]): `ftlblk check
+    /// --rebuild-index` gives the wall clock in microseconds ([`clock_epoch_floor`]);
+    /// tests give none (0), or their own.
+    pub epoch_floor: u64,
+}
+
+/// The wall clock in microseconds since 1970, as a floor for a rebuilt session's number
+/// ([`RebuildOptions::epoch_floor`]; 0 when the clock reads before 1970).
+pub fn clock_epoch_floor() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// How far past the newest walked session a rebuilt index's session is numbered. The
@@ -148,12 +160,19 @@ pub struct RebuildOptions {
 /// take such a chunk, met where one of its streams goes on, for a newer log (the open
 /// refused: "older than the log"), and a later rebuild would walk into it and hand its
 /// data back (found by review, 2026-11-29). Sessions count opens: a device opened fewer
-/// than 2^32 times has none this far past the newest walked, and [`crate::recovery`]'s
-/// sane range leaves room for 2^30 rebuilds. The same number keeps the staging area of
-/// the lost index's last session (a killed server's) from being taken for the rebuilt
-/// index's and replayed where no stream of it goes on. Tests: `tests/rebuild.rs`,
+/// than 2^32 times has none this far past the newest walked. The same number keeps the
+/// staging area of the lost index's last session (a killed server's) from being taken
+/// for the rebuilt index's and replayed where no stream of it goes on.
+///
+/// After one rebuild, sessions count on from its number; a second rebuild whose walk
+/// finds none of them (all freed, or only staged) would give the same number again. So
+/// `ftlblk check --rebuild-index` also floors it at the wall clock in microseconds
+/// ([`RebuildOptions::epoch_floor`]): a later rebuild is numbered past every session
+/// opened since an earlier one (an open takes milliseconds), and within range (2^51
+/// today, the bound is 2^62). Tests: `tests/rebuild.rs`,
 /// `a_rebuilt_session_is_newer_than_the_chunks_freed_segments_keep`,
-/// `a_rebuilt_index_does_not_replay_the_lost_sessions_staging_area`.
+/// `a_rebuilt_index_does_not_replay_the_lost_sessions_staging_area`,
+/// `a_second_rebuild_is_numbered_past_the_sessions_since_the_first`.
 pub const EPOCH_GAP: u64 = 1 << 32;
 
 /// Default of [`RebuildOptions::memory`]: one slice up to 22 Mi exported blocks (an 85
@@ -171,6 +190,7 @@ impl Default for RebuildOptions {
             memory: DEFAULT_REBUILD_MEMORY,
             spill_dir: None,
             wear: Vec::new(),
+            epoch_floor: 0,
         }
     }
 }
@@ -498,6 +518,16 @@ pub fn rebuild<D: BlockDevice, I: IndexStore>(
 /// rebuild that dropped it made every segment look unworn (found by review, 2026-11-27;
 /// with a damaged checkpoint record, again, 2026-11-29).
 pub fn erase_counts_of<I: IndexStore>(old: &I, segments: u32, uuid: &[u8; 16]) -> Vec<u32> {
+    erase_counts_read(old, segments, uuid).unwrap_or_else(|| vec![0; segments as usize])
+}
+
+/// [`erase_counts_of`], `None` when no record could be taken (none there, none of this
+/// backing, none fitting), as a rebuild tells the user.
+pub fn erase_counts_read<I: IndexStore>(
+    old: &I,
+    segments: u32,
+    uuid: &[u8; 16],
+) -> Option<Vec<u32>> {
     let mut counts = vec![0u32; segments as usize];
     let checkpoints: Vec<CheckpointRecord> = old
         .load_kind(Key::CHECKPOINT)
@@ -507,7 +537,7 @@ pub fn erase_counts_of<I: IndexStore>(old: &I, segments: u32, uuid: &[u8; 16]) -
         .filter_map(|(_, v)| CheckpointRecord::decode(v).ok())
         .collect();
     if checkpoints.iter().any(|c| &c.uuid != uuid) {
-        return counts;
+        return None;
     }
     let seg_records: Vec<SegmentRecord> = old
         .load_kind(Key::SEGMENT)
@@ -526,7 +556,7 @@ pub fn erase_counts_of<I: IndexStore>(old: &I, segments: u32, uuid: &[u8; 16]) -
             || seg_records.iter().any(|r| r.segment >= segments)
             || free_records.iter().any(|r| r.segment >= segments))
     {
-        return counts;
+        return None;
     }
     let mut note = |seg: u32, n: u32| {
         if let Some(c) = counts.get_mut(seg as usize) {
@@ -539,7 +569,7 @@ pub fn erase_counts_of<I: IndexStore>(old: &I, segments: u32, uuid: &[u8; 16]) -
     for r in &free_records {
         note(r.segment, r.erase_count);
     }
-    counts
+    (!seg_records.is_empty() || !free_records.is_empty()).then_some(counts)
 }
 
 /// What the first pass, over the summaries alone, finds.
@@ -585,7 +615,7 @@ fn survey<D: BlockDevice>(
             // rebuilt checkpoint's counters would overflow or make every open refuse it
             // (found by review, 2026-11-27). The new checkpoint counts one past the
             // largest taken, which must itself be in range.
-            ended_out_of_range = past_sane(s.epoch) || past_sane(s.chunk_seq);
+            ended_out_of_range = epoch_past_sane(s.epoch) || past_sane(s.chunk_seq);
             if ended_out_of_range {
                 report.chunks_out_of_range += 1;
                 continue;
@@ -641,7 +671,7 @@ fn survey<D: BlockDevice>(
             .filter(|(block, k)| {
                 ChunkSummary::decode(block).ok().flatten().is_some_and(|h| {
                     h.in_place(seg, *k, format_id, bps)
-                        && !past_sane(h.epoch)
+                        && !epoch_past_sane(h.epoch)
                         && !past_sane(h.chunk_seq)
                         && last.is_none_or(|l| (h.epoch, h.chunk_seq) > l)
                 })
@@ -747,7 +777,7 @@ fn scan<D: BlockDevice>(
             .preloaded(&window[..len]);
         for c in walk {
             let (off, s) = c?;
-            if past_sane(s.epoch) || past_sane(s.chunk_seq) {
+            if epoch_past_sane(s.epoch) || past_sane(s.chunk_seq) {
                 continue;
             }
             chunks += 1;
@@ -992,7 +1022,13 @@ pub fn rebuild_with<D: BlockDevice, I: IndexStore>(
     report.mapped_blocks = valid.iter().map(|&v| v as u64).sum();
     // Above every session the device may have run, not only those the walk met: see
     // [`EPOCH_GAP`].
-    report.epoch = survey.max_epoch + EPOCH_GAP;
+    report.epoch = (survey.max_epoch + EPOCH_GAP).max(opts.epoch_floor);
+    if past_sane(report.epoch) {
+        return Err(Error::InvalidParameters(format!(
+            "the rebuilt session's number {} is out of range (epoch floor {})",
+            report.epoch, opts.epoch_floor
+        )));
+    }
     report.next_chunk_seq = survey.max_chain + 1;
     report.next_entry_seq = facts.max_seq + 1;
 

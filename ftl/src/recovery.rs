@@ -105,6 +105,14 @@ pub(crate) fn past_sane(n: u64) -> bool {
     n.saturating_add(1) >= SANE
 }
 
+/// Whether a chunk's session number is out of range: a rebuild numbers its session
+/// [`crate::rebuild::EPOCH_GAP`] past the newest it takes, which must itself be in range
+/// (found by review, 2026-11-29: one past was checked, the gap was not). Recovery and the
+/// rebuild both take such a chunk for damage.
+pub(crate) fn epoch_past_sane(epoch: u64) -> bool {
+    past_sane(epoch.saturating_add(crate::rebuild::EPOCH_GAP))
+}
+
 /// The reader of map pages over `index` for the geometry of `sb`.
 pub(crate) fn page_reader<I: IndexStore>(index: &I, sb: &Superblock) -> IndexPages {
     let geo = &sb.geometry;
@@ -256,7 +264,7 @@ pub(crate) fn load_index<I: IndexStore>(
 /// An epoch out of range ([`SANE`]) is damage, not a later session: such a chunk is
 /// left to the rules for stale chunks (the rebuild skips it too).
 fn newer_than_index(s: &ChunkSummary, ck_epoch: u64, index_name: &str) -> Result<()> {
-    if s.epoch > ck_epoch && !past_sane(s.epoch) {
+    if s.epoch > ck_epoch && !epoch_past_sane(s.epoch) {
         return Err(Error::IndexMismatch {
             path: index_name.to_string(),
             backing: "BACKING".into(),

@@ -595,7 +595,7 @@ fn a_trim_carried_past_a_write_not_yet_durable_still_hides_the_old_block() {
 /// every later write; the rebuilt counters were out of the range every open accepts.
 #[test]
 fn summaries_with_counters_out_of_range_are_skipped_by_the_rebuild() {
-    for field in ["epoch", "epoch-1", "seq"] {
+    for field in ["epoch", "epoch-1", "epoch-gap", "seq"] {
         let (dev, _idx, f) = tiny_crash();
         for l in 0..8u64 {
             f.write(l, &block_for(l, 1), false, S0).unwrap();
@@ -620,6 +620,9 @@ fn summaries_with_counters_out_of_range_are_skipped_by_the_rebuild() {
             "epoch" => s.epoch = u64::MAX,
             // One below the bound: the rebuilt checkpoint's next epoch would reach it.
             "epoch-1" => s.epoch = u64::MAX / 4 - 1,
+            // Below the bound by less than the gap the rebuilt session is numbered past
+            // the newest (`rebuild::EPOCH_GAP`): out of range too (found by review).
+            "epoch-gap" => s.epoch = u64::MAX / 4 - 2 - ftl::rebuild::EPOCH_GAP / 2,
             _ => {
                 // One entry alone, so the summary still encodes (seqs within 2^32).
                 s.entries.truncate(1);
@@ -633,7 +636,7 @@ fn summaries_with_counters_out_of_range_are_skipped_by_the_rebuild() {
         dev.write_at(at, &blk).unwrap();
         let (idx, r) = rebuild_into(&dev);
         match field {
-            "epoch" | "epoch-1" => assert_eq!(r.chunks_out_of_range, 1, "{r:?}"),
+            "epoch" | "epoch-1" | "epoch-gap" => assert_eq!(r.chunks_out_of_range, 1, "{r:?}"),
             _ => assert!(r.entries_skipped >= 1, "{r:?}"),
         }
         assert!(
@@ -866,6 +869,46 @@ fn a_chunk_in_a_stream_this_build_does_not_know_is_refused_by_recovery() {
         );
         assert!(idx.load().unwrap() == before, "the index was changed");
     }
+}
+
+/// After one rebuild, sessions count on from its number. A second rebuild whose walk
+/// finds none of them (here the one session since wrote only to its staging area and
+/// was killed) is numbered past them all: it gave the first rebuild's number again, and
+/// that session's staging area was taken for a restored index's and refused the open
+/// (found by review, 2026-11-29). The floor is the clock, as `ftlblk check
+/// --rebuild-index` gives it.
+#[test]
+fn a_second_rebuild_is_numbered_past_the_sessions_since_the_first() {
+    let (dev, idx, f) = tiny_crash();
+    f.write(1, &block_for(1, 1), false, S0).unwrap();
+    f.flush().unwrap();
+    f.close().unwrap();
+    drop((f, idx));
+    let rebuilt = || {
+        let idx = Arc::new(MemIndex::new());
+        let opts = ftl::RebuildOptions {
+            epoch_floor: ftl::rebuild::clock_epoch_floor(),
+            ..Default::default()
+        };
+        let r = ftl::rebuild_with(&dev, &idx, &opts, &mut |_, _| {}).unwrap();
+        (idx, r)
+    };
+    let (idx1, r1) = rebuilt();
+    let g = tiny::open(&dev, &idx1).unwrap();
+    g.write(2, &block_for(2, 1), false, S0).unwrap();
+    let staging = g.staging().clone();
+    drop(g);
+    let (idx2, r2) = rebuilt();
+    assert!(r2.epoch > r1.epoch + 1, "{} then {}", r1.epoch, r2.epoch);
+    let (h, rep) = tiny::open_staged(&dev, &idx2, staging).unwrap();
+    assert!(
+        rep.recovery.staged.ignored_stale,
+        "{:?}",
+        rep.recovery.staged
+    );
+    let mut b = vec![0u8; BLOCK_SIZE];
+    h.read(1, &mut b).unwrap();
+    assert!(b == block_for(1, 1));
 }
 
 /// Recovery refuses, and leaves as it is, the next chunk of the log whose summary is

@@ -258,7 +258,11 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             }),
             defrag_done: defrag::DefragDone::new(),
             stream_blocks: std::array::from_fn(|_| AtomicU64::new(0)),
-            heads_zeroed: AtomicU64::new(0),
+            // One round counted from the start, so this session's first carry syncs once:
+            // a zeroing a killed process left unsynced is not this session's to count
+            // (a review, 2026-11-29; the open syncs the device in every case built, so a
+            // guard, untested).
+            heads_zeroed: AtomicU64::new(1),
             heads_synced: AtomicU64::new(0),
             cfg,
         }
