@@ -134,13 +134,11 @@ MUTANTS = [
      [("""        !self.entries.is_empty() && self.moved == self.entries.len()""",
        """        !self.entries.is_empty() && self.moved > 0""")],
      [ORDERINGS + " a_flush_seals_a_chunk_where_a_user_write"]),
-    ("engine-11", "engine rule 11: a carry of TRIM records syncs the zeroed first blocks of the segments it found free BEFORE a carried segment can be freed",
+    ("engine-11", "engine rule 11: a carry of TRIM records syncs the zeroed first blocks of the segments it found free BEFORE the carried segment is freeable",
      "ftl/src/engine/tombstones.rs",
-     [("""        if carried > 0 {
-            self.sync_zeroed_heads()?;
-        }
-        Ok(carried)""",
-       """        Ok(carried)""")],
+     [("""        self.sync_zeroed_heads()?;
+        // Rule 4: a block left out""",
+       """        // Rule 4: a block left out""")],
      [REBUILD + " a_freed_segments_zeroing_is_durable"]),
     ("trim-failed", "a TRIM finding nothing mapped checks the poison a failed TRIM set before it released the stripes",
      "ftl/src/engine/mod.rs",

@@ -777,6 +777,9 @@ pub(crate) mod tests {
         /// failed, still holding the stream lock, and waits for "go" before it notes
         /// the space generation.
         pub(crate) static PARK_BEFORE_NO_ROOM_MARK: Park = const { RefCell::new(None) };
+        /// Test hook: a carry of TRIM records on this thread says it arrived once it
+        /// made a segment freeable (`set_carried`), and waits for "go".
+        pub(crate) static PARK_AFTER_SET_CARRIED: Park = const { RefCell::new(None) };
         /// Test hook: a write on this thread says it arrived once past its poison check
         /// (`Ftl::write_to`), and waits for "go".
         pub(crate) static PARK_AFTER_WRITE_CHECK: Park = const { RefCell::new(None) };

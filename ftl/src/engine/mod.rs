@@ -48,8 +48,7 @@
 //!     no free segment (the crash harness's smallest geometry, about 1 seed in 200).
 //! 11. a carry of TRIM records (`engine/tombstones.rs`), which leaves out those hiding
 //!     only blocks of segments free when it looked, syncs those segments' zeroed first
-//!     blocks (checkpoint rule 5) BEFORE it returns, so before a carried segment can be
-//!     freed: a free record with nothing new to sync left a zeroing unsynced, and a power
+//!     blocks (checkpoint rule 5) BEFORE the carried segment is freeable (`set_carried`): a free record with nothing new to sync left a zeroing unsynced, and a power
 //!     cut that kept the carried segment's zeroing and lost that one showed an index
 //!     rebuild the freed segment's old chunks with no TRIM record left to hide them
 //!     (found by review, 2026-11-29). Zeroings are counted before the segment's release,
@@ -1160,6 +1159,46 @@ mod tests {
             matches!(checkpoint, Err(Error::ReadOnly(_))),
             "{checkpoint:?}"
         );
+    }
+
+    /// Engine rule 11: a segment a carry made freeable may be freed at once by a
+    /// checkpoint beside the carry (the carry still going on with other segments): the
+    /// zeroings the carry relied on are durable by then (a sync at the end of the whole
+    /// carry came too late; found by review, 2026-11-29).
+    #[test]
+    fn a_carried_segment_freed_beside_its_carry_finds_the_zeroings_durable() {
+        use crate::append::tests::PARK_AFTER_SET_CARRIED;
+        use crate::device::BLOCK_SIZE;
+        let cfg = crate::Config {
+            discard_freed: false,
+            ..crate::model::test_config()
+        };
+        let (dev, idx) = crate::model::tiny::formatted().unwrap();
+        let (f, _) = crate::Ftl::open(dev.clone(), idx, cfg).unwrap();
+        let f = Arc::new(f);
+        let geo = *f.geometry();
+        f.write(5, &block_for(5, 1), false, StreamId(1)).unwrap();
+        let a = geo.segment_of(f.map_entry(5).unwrap().pba().unwrap() as u64);
+        f.close_stream(StreamId(1)).unwrap();
+        f.flush().unwrap();
+        f.checkpoint().unwrap();
+        f.trim(5, 1).unwrap();
+        f.flush().unwrap();
+        assert!(f.free_dead().unwrap().segments_freed >= 1);
+        f.close_stream(crate::TRIM_STREAM).unwrap();
+        let f2 = f.clone();
+        let (go, carry) = run_parked(&PARK_AFTER_SET_CARRIED, move || f2.carry_tombstones());
+        // A checkpoint beside the carry (its own carry waits for this one) frees the
+        // carried TRIM segment (young with TRIM records: not a free record's to free).
+        let r = f.checkpoint().unwrap();
+        assert!(r.segments_freed >= 1, "the carried segment was not freed: {r:?}");
+        let mut head = vec![0u8; BLOCK_SIZE];
+        dev.read_durable(geo.segment_start(a) * BLOCK_SIZE as u64, &mut head)
+            .unwrap();
+        let durable = head.iter().all(|&b| b == 0);
+        go.send(()).expect("the carry waits for its go");
+        carry.join().unwrap().unwrap();
+        assert!(durable, "segment {a}'s zeroing was not durable when its TRIM segment was freed");
     }
 
     /// A seal that panics leaves its slot in the staging area at the stream's place; a

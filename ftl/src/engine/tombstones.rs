@@ -141,12 +141,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                     failed.remove(&seg);
                     carried += 1;
                 }
-                Err(Error::NoSpace) => {
-                    if carried > 0 {
-                        self.sync_zeroed_heads()?;
-                    }
-                    return Err(Error::NoSpace);
-                }
+                Err(Error::NoSpace) => return Err(Error::NoSpace),
                 Err(e) => {
                     self.check_poison()?;
                     // Counted once per segment, however often it is tried again.
@@ -157,14 +152,6 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                         Some(format!("segment {seg}: {e}"));
                 }
             }
-        }
-        // Engine rule 11: the records left out hid only blocks of segments free when
-        // `carry_one` looked (all zeroed by then, each counted before its release): those
-        // zeroings are durable BEFORE a carried segment can be freed, or a power cut
-        // keeping its zeroing and losing theirs showed an index rebuild their old chunks
-        // with nothing left to hide them (found by review, 2026-11-29).
-        if carried > 0 {
-            self.sync_zeroed_heads()?;
         }
         Ok(carried)
     }
@@ -190,10 +177,20 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             }
         }
         let skipped = self.relog_unmapped(seg, ranges)?;
+        // Engine rule 11: the records left out hid only blocks of segments free when
+        // `oldest_opened` looked (all zeroed by then, each counted before its release):
+        // those zeroings are durable BEFORE `seg` is freeable (`set_carried`: a free record
+        // or checkpoint beside this carry, or one it runs out of space, may free it at
+        // once), or a power cut keeping `seg`'s zeroing and losing theirs showed an index
+        // rebuild their old chunks with nothing left to hide them (found by review,
+        // 2026-11-29; a sync at the end of the whole carry came after that).
+        self.sync_zeroed_heads()?;
         // Rule 4: a block left out was written since its TRIM, maybe in a chunk still
         // open in another stream, which no free record of `seg` seals or syncs; only a
         // checkpoint (it seals every chunk, then syncs) frees `seg`.
         self.t.segs.set_carried(seg, skipped);
+        #[cfg(test)]
+        crate::append::tests::maybe_park(&crate::append::tests::PARK_AFTER_SET_CARRIED);
         Ok(())
     }
 
