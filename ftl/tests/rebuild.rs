@@ -741,6 +741,35 @@ fn chunks_of_two_flushed(f: &CrashFtl, dev: &Arc<CrashDevice>) -> (u32, u32) {
     (seg, off)
 }
 
+/// Opens the FTL on `dev` + `idx` (the default configuration), which must be refused as
+/// corrupt with a message containing `says`, and the block at byte `at` left as it was
+/// (a refused open writes nothing there). `what`: the test's words for an open that went
+/// through.
+fn refused_leaving_block(
+    dev: &Arc<CrashDevice>,
+    idx: &Arc<MemIndex>,
+    at: u64,
+    says: &str,
+    what: &str,
+) {
+    let mut before = AlignedBuf::new(BLOCK_SIZE);
+    dev.read_at(at, &mut before).unwrap();
+    let e = match Ftl::open(dev.clone(), idx.clone(), Config::default()) {
+        Ok(_) => panic!("{what}"),
+        Err(e) => e,
+    };
+    assert!(
+        matches!(e, Error::Corrupt(ref m) if m.contains(says)),
+        "{e}"
+    );
+    let mut after = AlignedBuf::new(BLOCK_SIZE);
+    dev.read_at(at, &mut after).unwrap();
+    assert!(
+        after[..] == before[..],
+        "{what}: the refused open changed block {at}"
+    );
+}
+
 /// Flips a byte of block `off` of segment `seg` (a summary there fails its checksum);
 /// returns its byte offset on the device.
 fn flip_a_byte(dev: &CrashDevice, seg: u32, off: u32) -> u64 {
@@ -837,23 +866,11 @@ fn a_chunk_in_a_stream_this_build_does_not_know_is_refused_by_recovery() {
     s.stream = ftl::STREAMS as u8 + 1;
     s.encode_into(&mut blk).unwrap();
     dev.write_at(at, &blk).unwrap();
-    let e = match Ftl::open(dev.clone(), idx.clone(), Config::default()) {
-        Ok(_) => panic!(
-            "recovery took a chunk of stream {} for the end of the log",
-            s.stream
-        ),
-        Err(e) => e,
-    };
-    assert!(
-        matches!(e, Error::Corrupt(ref m) if m.contains("past the")),
-        "{e}"
+    let what = format!(
+        "recovery took a chunk of stream {} for the end of the log",
+        s.stream
     );
-    let mut after = AlignedBuf::new(BLOCK_SIZE);
-    dev.read_at(at, &mut after).unwrap();
-    assert!(
-        after[..] == blk[..],
-        "the refused chunk's summary was left as it was"
-    );
+    refused_leaving_block(&dev, &idx, at, "past the", &what);
     // The rebuild refuses it too, before it touches the index it was given (whole, and
     // in slices).
     for memory in [ftl::DEFAULT_REBUILD_MEMORY, 3 * ftl::rebuild::WINNER_BYTES] {
@@ -942,20 +959,8 @@ fn a_whole_summary_this_build_cannot_read_is_refused_not_taken_for_torn() {
     let crc = crc32c::crc32c(&blk[..BLOCK_SIZE - 4]);
     blk[BLOCK_SIZE - 4..].copy_from_slice(&crc.to_le_bytes());
     dev.write_at(at, &blk).unwrap();
-    let e = match Ftl::open(dev.clone(), idx.clone(), Config::default()) {
-        Ok(_) => panic!("recovery took a whole summary of another version for a torn one"),
-        Err(e) => e,
-    };
-    assert!(
-        matches!(e, Error::Corrupt(ref m) if m.contains("version 2")),
-        "{e}"
-    );
-    let mut after = AlignedBuf::new(BLOCK_SIZE);
-    dev.read_at(at, &mut after).unwrap();
-    assert!(
-        after[..] == blk[..],
-        "the refused chunk's summary was zeroed"
-    );
+    let what = "recovery took a whole summary of another version for a torn one";
+    refused_leaving_block(&dev, &idx, at, "version 2", what);
 }
 
 /// Engine rule 11: a freed segment's zeroed first block is durable before the next free
@@ -1030,22 +1035,8 @@ fn a_free_segment_record_counting_live_blocks_is_refused_before_anything_is_zero
         r.state = ftl::records::SegState::Free;
     });
     let at = tiny::SEGMENT_BYTES * seg as u64;
-    let mut before = AlignedBuf::new(BLOCK_SIZE);
-    dev.read_at(at, &mut before).unwrap();
-    let e = match Ftl::open(dev.clone(), idx.clone(), Config::default()) {
-        Ok(_) => panic!("a free segment counting live blocks was taken"),
-        Err(e) => e,
-    };
-    assert!(
-        matches!(e, Error::Corrupt(ref m) if m.contains("live blocks")),
-        "{e}"
-    );
-    let mut after = AlignedBuf::new(BLOCK_SIZE);
-    dev.read_at(at, &mut after).unwrap();
-    assert!(
-        after[..] == before[..],
-        "the segment's first chunk was zeroed"
-    );
+    let what = "a free segment counting live blocks was taken";
+    refused_leaving_block(&dev, &idx, at, "live blocks", what);
 }
 
 /// Recovery rule 2's zeroing comes after the roll-forward's refusals: an open refused by
