@@ -275,7 +275,9 @@ pub fn replay<D: BlockDevice>(
             if let Ok(Some(found)) = crate::summary::ChunkSummary::decode(blk) {
                 if found.in_place(*seg, offset + i as u32, sb.format_id(), bps)
                     && found.epoch > ck_epoch
-                    && !crate::recovery::past_sane(found.epoch)
+                    // Within the rebuild's gap of the bound: damage, as recovery
+                    // takes it (`recovery::epoch_past_sane`).
+                    && !crate::recovery::epoch_past_sane(found.epoch)
                 {
                     return Err(bad_area(
                         area,
