@@ -52,6 +52,22 @@ struct StateFile {
 }
 
 impl StateFile {
+    /// The state file of `ftl` in `index_dir`, bound to this open.
+    fn of(ftl: &FileFtl, index_dir: &Path) -> StateFile {
+        StateFile {
+            path: index_dir.join(ftl::classify::STATE_FILE),
+            uuid: ftl.superblock().uuid,
+            epoch: ftl.epoch(),
+        }
+    }
+
+    /// The history saved for this open of `ftl`, if there is one and it is this open's.
+    fn load(&self, ftl: &FileFtl) -> ftl::Result<Option<Classifier>> {
+        let cap = ftl.capacity_blocks();
+        let params = ftl::classify::Params::for_capacity(cap);
+        Classifier::load_state(&self.path, &self.uuid, self.epoch, cap, params)
+    }
+
     /// Saves `c`'s history; a failure is named on stderr and costs only the history.
     fn save(&self, c: &Classifier) {
         if let Err(e) = c.save_state(&self.path, &self.uuid, self.epoch) {
@@ -113,11 +129,10 @@ impl Saver {
 /// the device starts without history.
 fn classifier_for(ftl: &FileFtl, state: Option<&StateFile>) -> (Classifier, bool) {
     let cap = ftl.capacity_blocks();
-    let params = ftl::classify::Params::for_capacity(cap);
     let Some(s) = state else {
         return (Classifier::new(cap), false);
     };
-    match Classifier::load_state(&s.path, &s.uuid, s.epoch, cap, params) {
+    match s.load(ftl) {
         Ok(Some(c)) => {
             eprintln!(
                 "ftlblk: the classifier's history restored from {} ({} blocks tracked)",
@@ -144,17 +159,11 @@ fn classifier_for(ftl: &FileFtl, state: Option<&StateFile>) -> (Classifier, bool
 /// there is no history or it was already stale; a failure to save is named on stderr
 /// (the next start then begins without history, as it would have anyway).
 pub fn keep_history(ftl: &FileFtl, index_dir: &Path) {
-    let s = StateFile {
-        path: index_dir.join(ftl::classify::STATE_FILE),
-        uuid: ftl.superblock().uuid,
-        epoch: ftl.epoch(),
-    };
+    let s = StateFile::of(ftl, index_dir);
     if !s.path.exists() {
         return;
     }
-    let cap = ftl.capacity_blocks();
-    let params = ftl::classify::Params::for_capacity(cap);
-    if let Ok(Some(c)) = Classifier::load_state(&s.path, &s.uuid, s.epoch, cap, params) {
+    if let Ok(Some(c)) = s.load(ftl) {
         s.save(&c);
     }
 }
@@ -188,11 +197,7 @@ impl Background {
         // the metrics count from here.
         let live = Arc::new(Live::opened_with(ftl.stats().counters));
         // Write-time stream classification: in memory, kept across a clean restart.
-        let state = index_dir.map(|d| StateFile {
-            path: d.join(ftl::classify::STATE_FILE),
-            uuid: ftl.superblock().uuid,
-            epoch: ftl.epoch(),
-        });
+        let state = index_dir.map(|d| StateFile::of(ftl, d));
         let (classifier, restored) = classifier_for(ftl, state.as_ref());
         let classifier = Arc::new(classifier);
         let saver = state
@@ -340,15 +345,19 @@ mod tests {
         drop(bg);
         drop(f);
 
-        let f = open();
-        let bg = Background::start(&f, false, false, None, Some(&index)).unwrap();
+        // A start of the device, stopped cleanly: the history it began with.
+        let started_with = || {
+            let f = open();
+            let bg = Background::start(&f, false, false, None, Some(&index)).unwrap();
+            let h = history(&bg);
+            bg.stop();
+            f.close().unwrap();
+            h
+        };
         assert!(
-            history(&bg) == learned,
+            started_with() == learned,
             "the kill lost the restored history"
         );
-        bg.stop();
-        f.close().unwrap();
-        drop(f);
 
         // An open and close of the device that keeps the history (as `ftlblk info`
         // does): the next start still takes it.
@@ -356,23 +365,14 @@ mod tests {
         keep_history(&f, &index);
         f.close().unwrap();
         drop(f);
-        let f = open();
-        let bg = Background::start(&f, false, false, None, Some(&index)).unwrap();
         assert!(
-            history(&bg) == learned,
+            started_with() == learned,
             "an info in between lost the history"
         );
-        bg.stop();
-        f.close().unwrap();
-        drop(f);
 
         // An open and close of the device in between that does not keep it: stale.
         open().close().unwrap();
-        let f = open();
-        let bg = Background::start(&f, false, false, None, Some(&index)).unwrap();
-        assert!(history(&bg) == fresh, "a stale history was restored");
-        bg.stop();
-        f.close().unwrap();
+        assert!(started_with() == fresh, "a stale history was restored");
     }
 
     /// A server killed without a stop leaves the history of its last periodic save, and
