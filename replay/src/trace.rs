@@ -188,7 +188,9 @@ pub fn parse_reader<R: BufRead>(
             continue;
         }
         // A header is recognised on the first line that is not blank or a comment, not
-        // only on the file's first line (found by review, 2026-11-29).
+        // only on the file's first line (found by review, 2026-11-29): one whose op is no
+        // op and whose offset is no number (a data line with one of them damaged is an
+        // error, not a header skipped in silence).
         let first = !any;
         any = true;
         let err = |msg: String| Error::Parse {
@@ -271,9 +273,20 @@ fn split_volume(p: Option<(Cow<'_, str>, TraceOp)>) -> (Option<Cow<'_, str>>, Op
 }
 
 fn mk(kind: &str, offset: u64, len: u64) -> Result<Option<TraceOp>, String> {
-    let Some((lba, blocks)) = blocks_of(offset, len)? else {
+    let Some((mut lba, mut blocks)) = blocks_of(offset, len)? else {
         return Ok(None);
     };
+    if kind == "t" {
+        // A discard frees only the blocks it covers whole: rounded inwards (outwards it
+        // unmapped data a partial discard never touched, and the replay counted fewer
+        // live blocks; found by review, 2026-11-29). Nothing whole: nothing freed.
+        let first = offset.div_ceil(BS);
+        let end = (offset + len) / BS; // fits: blocks_of checked the sum
+        if end <= first {
+            return Ok(None);
+        }
+        (lba, blocks) = (first, (end - first) as u32);
+    }
     Ok(Some(match kind {
         "w" => TraceOp::Write { lba, blocks },
         "t" => TraceOp::Trim { lba, blocks },
@@ -324,12 +337,10 @@ fn parse_msr(line: &str, first: bool) -> Result<Option<(Cow<'_, str>, TraceOp)>,
             f.len()
         ));
     }
-    if first && f[4].parse::<u64>().is_err() {
-        return Ok(None); // header
-    }
     let kind = match f[3].to_ascii_lowercase().as_str() {
         "write" => "w",
         "read" => "r",
+        _ if first && f[4].parse::<u64>().is_err() => return Ok(None), // header
         other => return Err(format!("unknown MSR request type {other:?}")),
     };
     // The volume is host and disk: "hm" and "0" become "hm_0", as the trace files are named.
@@ -345,12 +356,10 @@ fn parse_alibaba(line: &str, first: bool) -> Result<Option<(Cow<'_, str>, TraceO
             f.len()
         ));
     }
-    if first && f[2].parse::<u64>().is_err() {
-        return Ok(None); // header
-    }
     let kind = match f[1] {
         "W" | "w" => "w",
         "R" | "r" => "r",
+        _ if first && f[2].parse::<u64>().is_err() => return Ok(None), // header
         other => return Err(format!("unknown Alibaba opcode {other:?} (R, W)")),
     };
     Ok(mk(kind, num(f[2], "offset")?, num(f[3], "length")?)?.map(|op| (Cow::Borrowed(f[0]), op)))
@@ -364,12 +373,10 @@ fn parse_tencent(line: &str, first: bool) -> Result<Option<(Cow<'_, str>, TraceO
             f.len()
         ));
     }
-    if first && f[1].parse::<u64>().is_err() {
-        return Ok(None); // header
-    }
     let kind = match f[3] {
         "1" => "w",
         "0" => "r",
+        _ if first && f[1].parse::<u64>().is_err() => return Ok(None), // header
         other => {
             return Err(format!(
                 "unknown Tencent io_type {other:?} (0 read, 1 write)"
@@ -386,13 +393,11 @@ fn parse_csv(line: &str, first: bool) -> Result<Option<TraceOp>, String> {
     if f.len() != 3 {
         return Err(format!("expected op,offset,length, got {} fields", f.len()));
     }
-    if first && f[1].parse::<u64>().is_err() {
-        return Ok(None); // header
-    }
     let kind = match f[0].to_ascii_lowercase().as_str() {
         "w" | "write" => "w",
         "r" | "read" => "r",
         "t" | "trim" | "d" | "discard" => "t",
+        _ if first && f[1].parse::<u64>().is_err() => return Ok(None), // header
         other => return Err(format!("unknown op {other:?} (write, read, trim)")),
     };
     mk(kind, num(f[1], "offset")?, num(f[2], "length")?)
@@ -722,6 +727,55 @@ mod tests {
         assert_eq!(ops, vec![TraceOp::Write { lba: 0, blocks: 1 }]);
         // The second line of data is never a header.
         assert!(parse("w,0,4096\nop,offset,length\n", Format::Csv, "c").is_err());
+    }
+
+    /// A first line with a damaged number and a valid op is data with an error, not a
+    /// header skipped in silence (found by review, 2026-11-29); a header names its
+    /// columns in the op's place.
+    #[test]
+    fn a_damaged_first_line_is_an_error_not_a_header() {
+        let cases = [
+            (Format::Csv, "w,-4096,4096\nw,0,4096\n"),
+            (Format::Alibaba, "3,W,-1,4096,1\n3,W,0,4096,2\n"),
+            (Format::Tencent, "1,x,8,1,7\n2,0,8,1,7\n"),
+            (
+                Format::Msr,
+                "1,hm,0,Write,-5,4096,1\n2,hm,0,Write,0,4096,1\n",
+            ),
+        ];
+        for (format, text) in cases {
+            match parse(text, format, "c") {
+                Err(e) => assert!(e.to_string().contains("c:1:"), "{format:?}: {e}"),
+                Ok(ops) => panic!("{format:?}: parsed {ops:?}"),
+            }
+        }
+        let headers = [
+            (Format::Alibaba, "device_id,opcode,offset,length,timestamp\n3,W,0,4096,1\n"),
+            (Format::Tencent, "timestamp,offset,size,io_type,volume_id\n1,0,8,1,7\n"),
+            (
+                Format::Msr,
+                "Timestamp,Hostname,DiskNumber,Type,Offset,Size,ResponseTime\n1,hm,0,Write,0,4096,1\n",
+            ),
+        ];
+        for (format, text) in headers {
+            assert_eq!(parse(text, format, "c").unwrap().len(), 1, "{format:?}");
+        }
+    }
+
+    /// A discard covers only the blocks it holds whole (it was rounded outwards, and
+    /// unmapped data no discard touched).
+    #[test]
+    fn a_partial_block_discard_frees_only_whole_blocks() {
+        assert_eq!(parse("t,512,512\n", Format::Csv, "c").unwrap(), vec![]);
+        assert_eq!(
+            parse("t,2048,12288\n", Format::Csv, "c").unwrap(),
+            vec![TraceOp::Trim { lba: 1, blocks: 2 }]
+        );
+        // Writes still round outwards: they touch every block they reach.
+        assert_eq!(
+            parse("w,2048,4096\n", Format::Csv, "c").unwrap(),
+            vec![TraceOp::Write { lba: 0, blocks: 2 }]
+        );
     }
 
     #[test]

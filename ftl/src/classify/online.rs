@@ -152,7 +152,10 @@ impl Classifier {
     /// shared slots: the slots in use, scaled to the capacity), or the mapped blocks last
     /// observed ([`Classifier::observe_live`]) if more.
     pub fn scale(&self) -> u64 {
-        let live = self.live.load(Relaxed);
+        // At most the slot count: a trim racing a first write of the same slot can take
+        // the count below zero for a moment (it wraps), and a huge scale sends every
+        // write to the hottest class.
+        let live = self.live.load(Relaxed).min(self.last.len() as u64);
         let own = match self.tags {
             None => live,
             Some(_) => (live as u128 * self.capacity as u128 / self.last.len() as u128) as u64,
@@ -251,7 +254,11 @@ impl Classifier {
             // takes it. Either way this write counts as a first write.
             let held_by = last.load(Relaxed);
             let age = stamp.wrapping_sub(held_by) as u64;
-            if held_by == 0 || age >= self.scale() {
+            // An age at the cap is as old as any scale: the sweep keeps ages under 2^32,
+            // and a device of 2^31 blocks or more has a scale the age never reaches
+            // (found by review, 2026-11-29: on such a device no shared slot was ever
+            // handed on).
+            if held_by == 0 || age >= self.scale().min(AGE_CAP as u64) {
                 if let Some(tags) = &self.tags {
                     tags[i].store(lba as u32, Relaxed);
                 }
@@ -344,7 +351,12 @@ impl Classifier {
             return self.place_class(class);
         }
         let now = self.clock.load(Relaxed) as u32;
-        let age = now.wrapping_sub(last) as u64;
+        // An age at the cap stands for any age past it (see `sweep`): older than any
+        // scale, also on a device of 2^31 blocks or more.
+        let age = match now.wrapping_sub(last) {
+            a if a >= AGE_CAP => u64::MAX,
+            a => a as u64,
+        };
         let stat = Stat(self.stat[i].load(Relaxed));
         let c = relocation_class(stat, age, self.scale(), self.active_classes(), &self.params);
         self.place_class(c)
@@ -498,6 +510,50 @@ mod tests {
             let age = c.age_of(l);
             assert!(age <= AGE_CAP + 8, "lba {l}: age {age}");
         }
+    }
+
+    /// On a device of 2^31 blocks or more the scale is past any age the sweep lets a
+    /// slot reach: an age at the cap counts as older than the scale, so an idle block's
+    /// shared slot is handed to a new block, and an idle block relocated goes colder than
+    /// the middle (found by review, 2026-11-29: neither happened).
+    #[test]
+    fn on_a_device_past_2_31_blocks_an_idle_slot_is_handed_on_and_relocated_cold() {
+        let cap = 1u64 << 33;
+        let p = Params {
+            tracked_blocks: 64,
+            ..Params::for_capacity(cap)
+        };
+        let c = Classifier::with_params(cap, p);
+        let mut l = 0;
+        while c.live.load(Relaxed) < 64 {
+            c.on_write(l);
+            l += 1;
+        }
+        let held = (0..l)
+            .find(|&x| matches!(c.slot(x), Some((_, true))))
+            .unwrap();
+        assert!(
+            c.scale() > AGE_CAP as u64 + SWEEP_TICKS,
+            "scale {}",
+            c.scale()
+        );
+        // Every slot idle past the cap.
+        c.clock.fetch_add(AGE_CAP as u64 + 100, Relaxed);
+        c.tick(64);
+        let before: [u64; CLASSES] = std::array::from_fn(|k| c.counts[k].load(Relaxed));
+        c.on_relocate(held);
+        let placed = (0..CLASSES)
+            .find(|&k| c.counts[k].load(Relaxed) > before[k])
+            .unwrap();
+        assert!(placed > p.middle() as usize, "relocated to class {placed}");
+        let new = (l..)
+            .find(|&x| matches!(c.slot(x), Some((_, false))))
+            .unwrap();
+        c.on_write(new);
+        assert!(
+            matches!(c.slot(new), Some((_, true))),
+            "an idle block's slot was not handed on"
+        );
     }
 
     #[test]

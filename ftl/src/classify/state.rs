@@ -30,7 +30,7 @@
 //!     40     8 capacity  blocks of the device
 //!     48     8 slots     n
 //!     56     8 clock     the user-write clock
-//!     64     8 live      the classifier's own count of live blocks
+//!     64     8 live      the classifier's own count of live blocks (a load recounts it)
 //!     72     1 active    classes with a stream of their own (bit c = class c)
 //!     73     7 map       per class, the class whose stream it writes to
 //!     80     8 placed    placements counted towards the plans
@@ -210,7 +210,7 @@ impl Classifier {
                 "{WHAT}: {cap} blocks in {slots} slots, this device {capacity} in {n}"
             )));
         }
-        let (clock, live) = (r.seek(o::CLOCK)?.u64()?, r.seek(o::LIVE)?.u64()?);
+        let clock = r.seek(o::CLOCK)?.u64()?;
         let active = r.seek(o::ACTIVE)?.u8()?;
         let mut map = [0u8; CLASSES];
         r.seek(o::MAP)?;
@@ -253,6 +253,11 @@ impl Classifier {
             .map(|_| r.u16().map(AtomicU16::new))
             .collect::<Result<_>>()?;
         let tags = if shared { Some(u32s(&mut r)?) } else { None };
+        // The slots in use, counted, not the saved count: a save runs beside writers and
+        // reads the count before the slots, so a first write between the two saved a
+        // count short of the slots it holds, and trims after the restore took it below
+        // zero (found by review, 2026-11-29).
+        let live = last.iter().filter(|l| l.load(Relaxed) != 0).count() as u64;
         Ok(Classifier {
             clock: AtomicU64::new(clock.max(1)),
             live: AtomicU64::new(live),
@@ -467,6 +472,25 @@ mod tests {
             d.active.load(Relaxed),
             c.active.load(Relaxed) | 1 << (mid + 1)
         );
+    }
+
+    /// A saved live count short of the slots in use (a first write between the save's
+    /// read of the count and of the slots) is recounted on load: trims of every block
+    /// afterwards leave the count at zero, not wrapped below it (found by review,
+    /// 2026-11-29: the scale became 2^64 and every write went to the hottest class).
+    #[test]
+    fn a_saved_live_count_short_of_the_slots_is_recounted() {
+        let p = Params::for_capacity(64);
+        let mut b = taught(64, p).encode_state(&UUID, 4);
+        b[o::LIVE..o::LIVE + 8].copy_from_slice(&4u64.to_le_bytes());
+        let n = b.len() - 4;
+        let crc = crc32c::crc32c(&b[..n]);
+        b[n..].copy_from_slice(&crc.to_le_bytes());
+        let d = Classifier::decode_state(&b, &UUID, 5, 64, p).unwrap();
+        assert_eq!(d.live.load(Relaxed), 64);
+        d.on_trim(0, 64);
+        assert_eq!(d.live.load(Relaxed), 0);
+        assert!(d.scale() <= 64, "scale {}", d.scale());
     }
 
     /// A file longer than any state of this device is refused before it is read.
