@@ -25,7 +25,7 @@
 //!    checkpoint: young with TRIM records, named by a record whose commit reported a
 //!    failure (when not freed before it: freed before, the record retried lists what the
 //!    one maybe applied lists, and more), or with more chunks to list than a record holds
-//!    (`records::FREE_MAX_CHUNKS`). While a checkpoint is in flight (between its snapshot
+//!    (`LIST_CAP`). While a checkpoint is in flight (between its snapshot
 //!    and its header's batch, checkpoint rule 8) only a segment both checkpoints record
 //!    closed is freed (no young one; those dead at its snapshot are its own to free,
 //!    checkpoint rule 9, and no longer closed), and the checkpoint puts its record again
@@ -79,10 +79,15 @@ use crate::sync::lock;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-/// Most chunk numbers a free record lists ([`FREE_MAX_CHUNKS`]; a handful in unit tests,
-/// so that they reach it).
+/// Most chunk numbers a free record lists: as many as keep it within 4 KiB, a map page's
+/// size (506; the format takes up to [`FREE_MAX_CHUNKS`]). sled writes a value past 128
+/// KiB, or a leaf of up to 16 values it rewrites whole, to a file of its own
+/// (`index::sled_store` rule 3): 65,536 chunks made a record of 512 KiB, reachable with
+/// large segments and a FLUSH after every write (found by review, 2026-11-29). A segment
+/// with more to list waits for a checkpoint. A handful in unit tests, so that they reach it.
 #[cfg(not(test))]
-const LIST_CAP: usize = FREE_MAX_CHUNKS;
+const LIST_CAP: usize = (crate::device::BLOCK_SIZE - crate::records::free_offsets::CHUNKS - 4) / 8;
+const _: () = assert!(LIST_CAP <= FREE_MAX_CHUNKS);
 #[cfg(test)]
 pub(super) const LIST_CAP: usize = if FREE_MAX_CHUNKS > 8 { 8 } else { FREE_MAX_CHUNKS };
 

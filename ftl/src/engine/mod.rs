@@ -576,6 +576,19 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                     return Err(Error::NoSpace);
                 }
                 let since = *stalled.get_or_insert_with(std::time::Instant::now);
+                // A release between the failed allocation and the note of the generation
+                // (a checkpoint or free record of another thread) moved the generation
+                // before this writer noted it: the wait below would not see it, only the
+                // free list does (found by review, 2026-11-29: the writer slept until the
+                // next release, up to `space_wait`, with segments free; the relocation's
+                // look above). Test: `tests::a_segment_released_before_a_writer_notes_the_generation_is_not_missed`.
+                if others_rounds < MAX_OTHERS_ROUNDS
+                    && self.log.may_allocate(&self.t, sid, data, relocation)
+                {
+                    others_rounds += 1;
+                    retried = false;
+                    continue;
+                }
                 // Discard rule 6: with no cleaner attached nothing else frees space, but
                 // segments out of the free list for a discard come back in a moment; a
                 // writer waits for them (two streams opening segments while one
@@ -1669,6 +1682,52 @@ mod tests {
             matches!(r, Ok(true)),
             "the relocation after the release: {r:?} with {} segments free",
             f.free_segments()
+        );
+    }
+
+    /// The writer's half of the test above: a user write that finds no room while a
+    /// cleaner is attached, and a release before it notes the space generation, takes
+    /// the released segment instead of waiting for the next release (it slept out
+    /// `space_wait`, 30 s here, with segments free; found by review, 2026-11-29).
+    #[test]
+    fn a_segment_released_before_a_writer_notes_the_generation_is_not_missed() {
+        use crate::append::tests::PARK_BEFORE_NO_ROOM_MARK;
+        let (_, _, f) = small_ftl();
+        let f = Arc::new(f);
+        let cap = f.capacity_blocks();
+        let reserve = f.gc_reserve_segments();
+        let mut l = 0u64;
+        while f.free_segments() > reserve || f.dead_segments() == 0 {
+            f.write(l % cap, &block_for(l % cap, 1), false, StreamId(1))
+                .unwrap();
+            l += 1;
+        }
+        f.attach_cleaner(true);
+        let dead = f.t.segs.dead_closed();
+        assert!(!dead.is_empty());
+        let (f2, released) = (f.clone(), Arc::new(std::sync::atomic::AtomicBool::new(false)));
+        let released2 = released.clone();
+        // Writes until the one that found no room (parked) is done.
+        let (go, writer) = run_parked(&PARK_BEFORE_NO_ROOM_MARK, move || {
+            let t = std::time::Instant::now();
+            for k in 0..cap {
+                f2.write(k, &block_for(k, 2), false, StreamId(1))?;
+                if released2.load(Ordering::SeqCst) {
+                    break;
+                }
+            }
+            Ok::<_, Error>(t.elapsed())
+        });
+        // Released as a checkpoint's rule 5 does (the rest of a checkpoint would wait for
+        // the parked writer's stream lock).
+        f.t.segs.release(&dead, None);
+        f.space.notify();
+        released.store(true, Ordering::SeqCst);
+        go.send(()).expect("the writer waits for its go");
+        let took = writer.join().unwrap().expect("the writes");
+        assert!(
+            took < std::time::Duration::from_secs(10),
+            "the writer waited {took:?} with segments free"
         );
     }
 

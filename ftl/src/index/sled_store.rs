@@ -9,6 +9,19 @@
 //! power cut right after a checkpoint's commit lost it while the segments it freed were
 //! already reused (found by review, 2026-11-29). Test:
 //! `tests::a_commit_syncs_the_data_file_before_it_returns`.
+//!
+//! 2. a failed flush, fdatasync or batch fails every later commit until the index is
+//! opened again. Linux reports a write-back error to a file once: the next fdatasync
+//! returns 0 while the failed batch's pages may never reach the disk, and sled's recovery
+//! stops at the first torn message, dropping every batch after it. A later commit that
+//! "succeeded" freed segments its durable predecessor never freed, and writers reused
+//! them (found by review, 2026-11-29). Test: `tests::a_failed_sync_fails_every_later_commit`.
+//!
+//! 3. values past sled's inline limit (segment size / 4, 128 KiB) go to files of their
+//! own in `blobs/`, which sled neither syncs nor names durably: rule 1 syncs every new
+//! blob file and the directory too. The engine keeps its values far below the limit
+//! (map pages 4 KiB, free records at most `engine::free::LIST_CAP` chunks); this covers
+//! a leaf sled rewrites whole. Test: `tests::a_blob_value_is_synced_with_its_commit`.
 
 use super::{IndexReader, IndexStore, Op};
 use crate::error::{Error, Result};
@@ -20,6 +33,13 @@ pub struct SledIndex {
     path: PathBuf,
     /// sled's data file, for rule 1's fdatasync.
     data: std::fs::File,
+    /// Rule 2: the first failure of a commit; every later commit fails with it.
+    failed: std::sync::Mutex<Option<String>>,
+    /// Rule 3: the blob files already synced (sled removes them as values change).
+    blobs_synced: std::sync::Mutex<std::collections::HashSet<std::ffi::OsString>>,
+    /// Test hook: the next fdatasync fails.
+    #[cfg(test)]
+    fail_next_sync: std::sync::atomic::AtomicBool,
     /// What `make_durable` did, in order (for the test of rule 1; one per index, so
     /// other tests committing meanwhile count nothing here).
     #[cfg(test)]
@@ -86,6 +106,10 @@ impl SledIndex {
                         db,
                         path: path.to_path_buf(),
                         data,
+                        failed: Default::default(),
+                        blobs_synced: Default::default(),
+                        #[cfg(test)]
+                        fail_next_sync: Default::default(),
                         #[cfg(test)]
                         steps: Default::default(),
                     });
@@ -114,10 +138,66 @@ impl SledIndex {
         &self.path
     }
 
-    /// sled's `flush`, then rule 1's fdatasync of its data file.
+    /// sled's `flush`, then rule 1's fdatasync of its data file and rule 3's of new blob
+    /// files.
     fn make_durable(&self) -> Result<()> {
         self.flush_sled()?;
+        self.sync_blobs()?;
         self.sync_data_file()
+    }
+
+    /// Rule 2: runs one commit step unless an earlier one failed, and remembers its
+    /// failure.
+    fn step_unless_failed(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(first) = failed.as_ref() {
+            return Err(Error::Index(format!(
+                "{}: an earlier commit failed ({first}); nothing is committed until the \
+                 index is opened again",
+                self.path.display()
+            )));
+        }
+        let r = f();
+        if let Err(e) = &r {
+            *failed = Some(e.to_string());
+        }
+        r
+    }
+
+    /// Rule 3: fdatasync of every blob file not synced yet, then of `blobs/`.
+    fn sync_blobs(&self) -> Result<()> {
+        let dir = self.path.join("blobs");
+        let io = |what: &str, e: std::io::Error| {
+            Error::Index(format!("{} ({what}): {e}", dir.display()))
+        };
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io("listing its blob files", e)),
+        };
+        let mut synced = self.blobs_synced.lock().unwrap_or_else(|p| p.into_inner());
+        let mut present = std::collections::HashSet::new();
+        let mut new = false;
+        for entry in entries {
+            let name = entry.map_err(|e| io("listing its blob files", e))?.file_name();
+            if !synced.contains(&name) {
+                match std::fs::File::open(dir.join(&name)) {
+                    Ok(f) => f.sync_data().map_err(|e| io("syncing a blob file", e))?,
+                    // Removed by sled since the listing: nothing to sync.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(io("opening a blob file", e)),
+                }
+                new = true;
+            }
+            present.insert(name);
+        }
+        if new {
+            sync_dir(&dir).map_err(|e| io("syncing the blob directory", e))?;
+            #[cfg(test)]
+            self.step("blobs");
+        }
+        *synced = present;
+        Ok(())
     }
 
     /// sled's own flush (its last step `sync_file_range`: no cache flush, no size).
@@ -130,6 +210,13 @@ impl SledIndex {
 
     /// fdatasync of sled's data file.
     fn sync_data_file(&self) -> Result<()> {
+        #[cfg(test)]
+        if self
+            .fail_next_sync
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(Error::Index("fdatasync: injected failure".into()));
+        }
         self.data
             .sync_data()
             .map_err(|e| Error::Index(format!("{} (fdatasync): {e}", self.path.display())))?;
@@ -215,14 +302,17 @@ impl IndexStore for SledIndex {
                 Op::Remove(k) => batch.remove(k),
             }
         }
-        self.db.apply_batch(batch).map_err(|e| err(&self.path, e))?;
-        // Rule 1.
-        self.make_durable()
+        // Rule 2: nothing after a failure; rule 1.
+        self.step_unless_failed(|| {
+            self.db.apply_batch(batch).map_err(|e| err(&self.path, e))?;
+            self.make_durable()
+        })
     }
     fn clear(&self) -> Result<()> {
-        self.db.clear().map_err(|e| err(&self.path, e))?;
-        // Rule 1.
-        self.make_durable()
+        self.step_unless_failed(|| {
+            self.db.clear().map_err(|e| err(&self.path, e))?;
+            self.make_durable()
+        })
     }
     fn size_on_disk(&self) -> u64 {
         self.db.size_on_disk().unwrap_or(0)
@@ -271,6 +361,49 @@ mod tests {
         assert_eq!(s.take_steps(), ["flush", "sync"], "a commit");
         s.clear().unwrap();
         assert_eq!(s.take_steps(), ["flush", "sync"], "a clear");
+    }
+
+    /// Rule 2: after a failed fdatasync (whose pages may be lost though the next
+    /// fdatasync returns 0), no later commit succeeds; a new open commits again.
+    #[test]
+    fn a_failed_sync_fails_every_later_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("idx");
+        {
+            let s = SledIndex::open(&p).unwrap();
+            s.commit(vec![Op::Put(b"a".to_vec(), b"1".to_vec())])
+                .unwrap();
+            s.fail_next_sync
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            assert!(s.commit(vec![Op::Put(b"b".to_vec(), b"2".to_vec())]).is_err());
+            let later = s.commit(vec![Op::Put(b"c".to_vec(), b"3".to_vec())]);
+            let msg = later.expect_err("a commit after a failed sync").to_string();
+            assert!(msg.contains("an earlier commit failed"), "{msg}");
+            assert!(s.clear().is_err());
+        }
+        let s = SledIndex::open(&p).unwrap();
+        s.commit(vec![Op::Put(b"d".to_vec(), b"4".to_vec())])
+            .unwrap();
+    }
+
+    /// Rule 3: a value sled writes to a file of its own is synced, with its directory,
+    /// before the commit returns.
+    #[test]
+    fn a_blob_value_is_synced_with_its_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SledIndex::open(&dir.path().join("idx")).unwrap();
+        s.take_steps();
+        s.commit(vec![Op::Put(b"small".to_vec(), vec![1u8; 4096])])
+            .unwrap();
+        assert_eq!(s.take_steps(), ["flush", "sync"], "an inline value");
+        s.commit(vec![Op::Put(b"big".to_vec(), vec![2u8; 300 << 10])])
+            .unwrap();
+        let blobs = std::fs::read_dir(dir.path().join("idx/blobs")).unwrap().count();
+        assert!(blobs > 0, "sled wrote no blob file");
+        assert_eq!(s.take_steps(), ["flush", "blobs", "sync"], "a blob value");
+        s.commit(vec![Op::Put(b"small".to_vec(), vec![3u8; 4096])])
+            .unwrap();
+        assert_eq!(s.take_steps(), ["flush", "sync"], "no new blob");
     }
 
     #[test]
