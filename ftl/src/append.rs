@@ -76,6 +76,11 @@ impl PendingChunks {
     pub(crate) fn take(&mut self) -> Vec<Arc<SealedChunk>> {
         std::mem::take(&mut self.chunks)
     }
+
+    /// The chunks, for a caller that seals into them (`ensure_room`).
+    pub(crate) fn chunks_mut(&mut self) -> &mut Vec<Arc<SealedChunk>> {
+        &mut self.chunks
+    }
 }
 
 impl Drop for PendingChunks {
@@ -208,6 +213,15 @@ impl Appender {
     /// Turns the FTL read-only (the first reason is kept).
     pub fn set_poison(&self, why: String) {
         poison_with(&self.poison, why);
+    }
+
+    /// An empty [`PendingChunks`] of this log: sealed chunks held in it on their way to
+    /// the device keep rule 5 if a panic drops them (`append_loop`, `write_chunks`).
+    pub fn pending(&self) -> PendingChunks {
+        PendingChunks {
+            chunks: Vec::new(),
+            owner: Some((self.tracker.clone(), self.poison.clone())),
+        }
     }
 
     /// Hands sealed chunks to `pending`, whose owner must write them.
@@ -464,6 +478,8 @@ impl Appender {
     /// `a_failed_chunk_write_is_never_covered_by_a_flush`.
     fn write_chunk_io<D: BlockDevice>(&self, dev: &D, c: &SealedChunk) -> Result<()> {
         let offset = c.start_pba * BLOCK_SIZE as u64;
+        #[cfg(test)]
+        tests::maybe_panic_in_chunk_write();
         let r = match dev.write_at(offset, c.bytes()) {
             Ok(()) => {
                 // Staging rule 3: free in the staging area before the tracker knows.
@@ -508,8 +524,18 @@ impl Appender {
     ) -> Result<()> {
         let mut first_err = None;
         let mut written = Vec::with_capacity(chunks.len());
-        for c in chunks {
-            match self.write_chunk_io(dev, &c) {
+        // Rule 5 to the end: a chunk leaves the guard only once its write completed its
+        // number; a panic before that (in the device's write) poisons the FTL and
+        // completes what is left. Without it every later FLUSH and checkpoint waited
+        // for the number forever (found by review, 2026-11-29). Test:
+        // `engine::tests::a_panic_in_a_chunk_write_does_not_wedge_flush`.
+        let mut left = self.pending();
+        left.chunks = chunks;
+        left.chunks.reverse();
+        while let Some(c) = left.chunks.last().cloned() {
+            let r = self.write_chunk_io(dev, &c);
+            left.chunks.pop();
+            match r {
                 Ok(()) => written.push(c),
                 Err(e) => {
                     first_err.get_or_insert(e);
@@ -742,6 +768,8 @@ pub(crate) mod tests {
 
     thread_local! {
         pub(crate) static PANIC_IN_SEAL: Cell<bool> = const { Cell::new(false) };
+        /// Test hook: the next chunk write on this thread panics (taken once).
+        pub(crate) static PANIC_IN_CHUNK_WRITE: Cell<bool> = const { Cell::new(false) };
         /// Test hook: `defrag_step` on this thread says it arrived once past its check of
         /// free space for a window, and waits for "go".
         pub(crate) static PARK_AFTER_DEFRAG_CHECK: Park = const { RefCell::new(None) };
@@ -823,6 +851,13 @@ pub(crate) mod tests {
     pub(crate) fn maybe_panic_in_carry() {
         if PANIC_IN_CARRY.with(|p| p.replace(false)) {
             panic!("injected panic while carrying TRIM records");
+        }
+    }
+
+    /// Test hook: panics inside `write_chunk_io` once on a thread that asked for it.
+    pub(super) fn maybe_panic_in_chunk_write() {
+        if PANIC_IN_CHUNK_WRITE.with(|p| p.replace(false)) {
+            panic!("injected panic in a chunk write");
         }
     }
 

@@ -96,6 +96,15 @@ pub struct ChunkWriters {
     threads: usize,
 }
 
+/// Leaves the backlog when dropped.
+struct Leave<'a>(&'a Backlog);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        self.0.leave();
+    }
+}
+
 impl ChunkWriters {
     /// Starts `threads` writers of `ftl`'s chunks. Writers that call
     /// [`ChunkWriters::admit`] wait while `threads` batches or more are handed over and
@@ -116,9 +125,12 @@ impl ChunkWriters {
                     // Ends when the pool (the sender) is dropped.
                     let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
                     let Ok(p) = next else { return };
+                    // Left also when the write panics (its chunks are poisoned and
+                    // completed): admissions waited 100 ms each once `threads` batches
+                    // had leaked (found by review, 2026-11-29).
+                    let _leave = Leave(&backlog);
                     // A failed write poisons the FTL: its next request reports it.
                     let _ = ftl.write_pending(p);
-                    backlog.leave();
                 })?;
         }
         Ok(ChunkWriters {

@@ -374,7 +374,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     }
 
     fn set_poison(&self, why: String) {
-        self.log.set_poison(why)
+        self.log.set_poison(why);
+        // Writers asleep in the throttle wake to the poison (see `set_write_pace`).
+        self.space.set_pace(std::time::Duration::ZERO);
     }
 
     /// Writes sealed chunks, then retires them.
@@ -429,7 +431,9 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         let mut no_room_at = 0;
         let mut last_try = false;
         while i < items {
-            let mut out = Vec::new();
+            // Rule 5 while they wait to be emitted: a panic in `f` drops them poisoned
+            // and completed, not forgotten (found by review, 2026-11-29).
+            let mut out = self.log.pending();
             let mut need_space = false;
             let mut need_buffer = false;
             {
@@ -437,7 +441,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                 while i < items {
                     match self
                         .log
-                        .ensure_room(&self.t, sid, &mut st, data, relocation, &mut out)
+                        .ensure_room(&self.t, sid, &mut st, data, relocation, out.chunks_mut())
                     {
                         Ok(Room::Ready) => {
                             if let Some(t) = stalled.take() {
@@ -459,20 +463,20 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                         }
                         Err(e) => {
                             drop(st);
-                            emit(out, &mut defer)?;
+                            emit(out.take(), &mut defer)?;
                             return Err(e);
                         }
                     }
                     if let Err(e) = f(&mut st, i) {
                         drop(st);
-                        emit(out, &mut defer)?;
+                        emit(out.take(), &mut defer)?;
                         return Err(e);
                     }
                     retried = false;
                     i += 1;
                 }
             }
-            emit(out, &mut defer)?;
+            emit(out.take(), &mut defer)?;
             if need_buffer || need_space {
                 // Rule 7.
                 if let Some(d) = defer.as_deref_mut() {
@@ -1172,6 +1176,55 @@ mod tests {
             matches!(checkpoint, Err(Error::ReadOnly(_))),
             "{checkpoint:?}"
         );
+    }
+
+    /// Rule 5 past sealing: a panic in a sealed chunk's device write (after the chunk
+    /// left its seal guard, before its number completed) poisons the FTL and completes
+    /// the number; every later FLUSH and checkpoint fails at once instead of waiting for
+    /// it forever (found by review, 2026-11-29).
+    #[test]
+    fn a_panic_in_a_chunk_write_does_not_wedge_flush() {
+        use crate::append::tests::PANIC_IN_CHUNK_WRITE;
+        let (_, _, f) = small_ftl();
+        let f = Arc::new(f);
+        let per_segment = f.geometry().blocks_per_segment() as u64;
+        let f2 = f.clone();
+        let dying = std::thread::spawn(move || {
+            PANIC_IN_CHUNK_WRITE.with(|p| p.set(true));
+            // A segment's worth and more: a chunk is sealed and written on this thread.
+            for l in 0..2 * per_segment {
+                f2.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
+            }
+        });
+        assert!(dying.join().is_err(), "the injected panic happened");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let f3 = f.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send((f3.flush(), f3.checkpoint().map(|_| ())));
+        });
+        let (flush, checkpoint) = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("FLUSH and checkpoint return after a panic in a chunk write");
+        assert!(matches!(flush, Err(Error::ReadOnly(_))), "{flush:?}");
+        assert!(
+            matches!(checkpoint, Err(Error::ReadOnly(_))),
+            "{checkpoint:?}"
+        );
+    }
+
+    /// A read-only FTL keeps no throttle: writers asleep in it wake to the poison
+    /// instead of sleeping out their slots, and the runner's next pace leaves it off
+    /// (found by review, 2026-11-29).
+    #[test]
+    fn a_read_only_ftl_keeps_no_write_pace() {
+        let (_, _, f) = small_ftl();
+        let ms = Duration::from_millis(1);
+        f.set_write_pace(ms);
+        assert_eq!(f.space.pace(), ms);
+        f.set_poison("a test".into());
+        assert_eq!(f.space.pace(), Duration::ZERO, "the poison ends the throttle");
+        f.set_write_pace(ms);
+        assert_eq!(f.space.pace(), Duration::ZERO, "the runner's next pace");
     }
 
     /// Engine rule 11: a segment a carry made freeable may be freed at once by a

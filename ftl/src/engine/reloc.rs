@@ -216,8 +216,17 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     }
 
     /// Sets the throttle: writers together are admitted one block per `interval`
-    /// (zero: no throttle). The cleaner sets it from its measured cleaning rate.
+    /// (zero: no throttle). The cleaner sets it from its measured cleaning rate. A
+    /// read-only FTL has none: writers asleep in it slept out their slots (up to seconds
+    /// with 32 writers of 1 MiB) before they met the poison, and the runner went on
+    /// setting it (found by review, 2026-11-29; a chunk write's failure poisons the FTL
+    /// from the appender, which has no throttle, so the runner's next call ends them).
     pub fn set_write_pace(&self, interval: Duration) {
+        let interval = if self.check_poison().is_err() {
+            Duration::ZERO
+        } else {
+            interval
+        };
         self.space.set_pace(interval);
     }
 

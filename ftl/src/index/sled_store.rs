@@ -179,7 +179,9 @@ impl SledIndex {
         let mut present = std::collections::HashSet::new();
         let mut new = false;
         for entry in entries {
-            let name = entry.map_err(|e| io("listing its blob files", e))?.file_name();
+            let name = entry
+                .map_err(|e| io("listing its blob files", e))?
+                .file_name();
             if !synced.contains(&name) {
                 match std::fs::File::open(dir.join(&name)) {
                     Ok(f) => f.sync_data().map_err(|e| io("syncing a blob file", e))?,
@@ -375,7 +377,9 @@ mod tests {
                 .unwrap();
             s.fail_next_sync
                 .store(true, std::sync::atomic::Ordering::SeqCst);
-            assert!(s.commit(vec![Op::Put(b"b".to_vec(), b"2".to_vec())]).is_err());
+            assert!(s
+                .commit(vec![Op::Put(b"b".to_vec(), b"2".to_vec())])
+                .is_err());
             let later = s.commit(vec![Op::Put(b"c".to_vec(), b"3".to_vec())]);
             let msg = later.expect_err("a commit after a failed sync").to_string();
             assert!(msg.contains("an earlier commit failed"), "{msg}");
@@ -398,7 +402,9 @@ mod tests {
         assert_eq!(s.take_steps(), ["flush", "sync"], "an inline value");
         s.commit(vec![Op::Put(b"big".to_vec(), vec![2u8; 300 << 10])])
             .unwrap();
-        let blobs = std::fs::read_dir(dir.path().join("idx/blobs")).unwrap().count();
+        let blobs = std::fs::read_dir(dir.path().join("idx/blobs"))
+            .unwrap()
+            .count();
         assert!(blobs > 0, "sled wrote no blob file");
         assert_eq!(s.take_steps(), ["flush", "blobs", "sync"], "a blob value");
         s.commit(vec![Op::Put(b"small".to_vec(), vec![3u8; 4096])])
