@@ -122,8 +122,14 @@ impl CrashDevice {
     /// makes for `seed`), without changing the device: for a cut while other threads
     /// keep using it.
     pub fn power_cut_image(&self, seed: u64) -> io::Result<Vec<u8>> {
+        Ok(self.power_cut_image_counted(seed)?.0)
+    }
+
+    /// [`Self::power_cut_image`] with how many pending (unsynced) block writes the cut
+    /// kept and lost: a harness can show that its cuts lost something.
+    pub fn power_cut_image_counted(&self, seed: u64) -> io::Result<(Vec<u8>, usize, usize)> {
         let st = self.state.lock().map_err(|_| poisoned())?;
-        Ok(Self::cut(&st, seed).0)
+        Ok(Self::cut(&st, seed))
     }
 
     /// What the death of the process right now would leave: every completed write
