@@ -2224,3 +2224,39 @@ fn a_failed_zeroing_of_a_freed_segment_marks_the_staging_area() {
         "the failed zeroing marked the area"
     );
 }
+
+/// Recovery rule 1 in its order: the open checkpoint is committed only AFTER the
+/// rolled-forward chunks are synced. A power cut right after that commit (here: the
+/// commit applied, then reported failed, and the device cut losing every unsynced write)
+/// leaves an index whose blocks are on the device: every LBA reads what a power cut
+/// allows, none fails its checksum. The sync moved after the open checkpoint (mutant
+/// `recovery-1-order`) reads EIO; no test cut inside an open before (found by review,
+/// 2026-11-29: removing the sync was caught, reordering it was not).
+#[test]
+fn the_open_checkpoint_is_committed_after_the_rolled_forward_chunks_are_synced() {
+    let (dev, idx, f) = gated(Config::default());
+    let mut m = ftl::model::Model::new();
+    for l in 0..10 {
+        let d = m.write(l, 1);
+        f.write(l, &d, false, S0).unwrap();
+    }
+    let staging = f.staging().clone();
+    // The process dies with its writes staged; the next open replays them.
+    drop(f);
+    idx.fail_after_apply.store(true, Ordering::SeqCst);
+    let opened = Ftl::open_staged(dev.clone(), idx.clone(), Config::default(), staging);
+    assert!(
+        opened.is_err(),
+        "the open checkpoint's commit was applied, then failed"
+    );
+    idx.fail_after_apply.store(false, Ordering::SeqCst);
+    // The power goes: every unsynced write is lost, and the staging area (tmpfs) too.
+    dev.inner().crash_losing_all().unwrap();
+    let (f, _) = Ftl::open(dev.clone(), idx.clone(), Config::default()).unwrap();
+    let mut b = vec![0u8; ftl::device::BLOCK_SIZE];
+    for l in 0..10 {
+        f.read(l, &mut b)
+            .unwrap_or_else(|e| panic!("lba {l} after the cut: {e}"));
+        m.settle_after_crash(l, observe(l, &b)).unwrap();
+    }
+}

@@ -21,7 +21,7 @@ use arbitrary::{Arbitrary, Unstructured};
 use ftl::device::{BlockDevice, BLOCK_SIZE};
 use ftl::index::mem::MemIndex;
 use ftl::index::{IndexStore, Key};
-use ftl::model::Model;
+use ftl::model::{observe, Model, Observed};
 use ftl::{Error, StreamId};
 
 /// A write or trim during setup.
@@ -274,11 +274,29 @@ pub fn run(case: &Case) -> Result<Outcome, String> {
     if pristine {
         check_after_crash(&f, &mut m)?;
     }
+    // Damage every checksum sees (blocks filled or overwritten, no checksum fixed, no
+    // block copied, no index record poked): a read that succeeds returns a version of
+    // its own LBA (perhaps an older one), never another LBA's data or damaged bytes
+    // (found by review, 2026-11-29: any successful read passed, so a read path that
+    // skipped a checksum went unseen).
+    let detectable = case.poke.is_none()
+        && case.damage.iter().all(|d| match d {
+            Damage::Fill { .. } => true,
+            Damage::Bytes { fix_crc, .. } => !fix_crc,
+            Damage::Copy { .. } => false,
+        });
     let mut read_errors = 0;
     let mut b = vec![0u8; BLOCK_SIZE];
     for lba in 0..f.capacity_blocks() {
-        if f.read(lba, &mut b).is_err() {
-            read_errors += 1;
+        match f.read(lba, &mut b) {
+            Err(_) => read_errors += 1,
+            Ok(()) if detectable && observe(lba, &b) == Observed::Foreign => {
+                return Err(format!(
+                    "lba {lba} read another block's data, or damaged bytes, after damage \
+                     every checksum sees"
+                ));
+            }
+            Ok(()) => {}
         }
     }
     if pristine && read_errors > 0 {
