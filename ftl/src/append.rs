@@ -76,27 +76,57 @@ impl PendingChunks {
     pub(crate) fn take(&mut self) -> Vec<Arc<SealedChunk>> {
         std::mem::take(&mut self.chunks)
     }
-
-    /// The chunks, for a caller that seals into them (`ensure_room`).
-    pub(crate) fn chunks_mut(&mut self) -> &mut Vec<Arc<SealedChunk>> {
-        &mut self.chunks
-    }
 }
 
 impl Drop for PendingChunks {
     fn drop(&mut self) {
-        if self.chunks.is_empty() {
-            return;
-        }
         if let Some((tracker, poison)) = &self.owner {
-            poison_with(
-                poison,
-                format!("{} sealed chunks were dropped unwritten", self.chunks.len()),
-            );
-            for c in &self.chunks {
-                tracker.complete(c.chunk_seq);
-            }
+            abandon(tracker, poison, &self.chunks);
         }
+    }
+}
+
+/// Rule 5 for sealed chunks dropped unwritten (a panic on the way): poisons the FTL,
+/// then completes their numbers, so no FLUSH or checkpoint waits for them forever.
+fn abandon(tracker: &ChunkTracker, poison: &Mutex<Option<String>>, chunks: &[Arc<SealedChunk>]) {
+    if chunks.is_empty() {
+        return;
+    }
+    poison_with(
+        poison,
+        format!("{} sealed chunks were dropped unwritten", chunks.len()),
+    );
+    for c in chunks {
+        tracker.complete(c.chunk_seq);
+    }
+}
+
+/// Sealed chunks held by one call on their way to the device (`append_loop`,
+/// `write_chunks`): dropped unwritten, they keep rule 5 like [`PendingChunks`] (found by
+/// review, 2026-11-29: a panic there left their numbers incomplete, and every later
+/// FLUSH and checkpoint waited for them forever). Borrows the log: no reference counts
+/// touched per write.
+pub(crate) struct Sealed<'a> {
+    tracker: &'a ChunkTracker,
+    poison: &'a Mutex<Option<String>>,
+    chunks: Vec<Arc<SealedChunk>>,
+}
+
+impl Sealed<'_> {
+    /// The chunks, for a caller that seals into them (`ensure_room`).
+    pub(crate) fn chunks_mut(&mut self) -> &mut Vec<Arc<SealedChunk>> {
+        &mut self.chunks
+    }
+
+    /// Takes the chunks out, for whoever writes them next.
+    pub(crate) fn take(&mut self) -> Vec<Arc<SealedChunk>> {
+        std::mem::take(&mut self.chunks)
+    }
+}
+
+impl Drop for Sealed<'_> {
+    fn drop(&mut self) {
+        abandon(self.tracker, self.poison, &self.chunks);
     }
 }
 
@@ -215,12 +245,12 @@ impl Appender {
         poison_with(&self.poison, why);
     }
 
-    /// An empty [`PendingChunks`] of this log: sealed chunks held in it on their way to
-    /// the device keep rule 5 if a panic drops them (`append_loop`, `write_chunks`).
-    pub fn pending(&self) -> PendingChunks {
-        PendingChunks {
-            chunks: Vec::new(),
-            owner: Some((self.tracker.clone(), self.poison.clone())),
+    /// Holds `chunks` (sealed, not yet written) for one call ([`Sealed`]).
+    pub(crate) fn sealed(&self, chunks: Vec<Arc<SealedChunk>>) -> Sealed<'_> {
+        Sealed {
+            tracker: &self.tracker,
+            poison: &self.poison,
+            chunks,
         }
     }
 
@@ -529,8 +559,7 @@ impl Appender {
         // completes what is left. Without it every later FLUSH and checkpoint waited
         // for the number forever (found by review, 2026-11-29). Test:
         // `engine::tests::a_panic_in_a_chunk_write_does_not_wedge_flush`.
-        let mut left = self.pending();
-        left.chunks = chunks;
+        let mut left = self.sealed(chunks);
         left.chunks.reverse();
         while let Some(c) = left.chunks.last().cloned() {
             let r = self.write_chunk_io(dev, &c);

@@ -433,7 +433,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         while i < items {
             // Rule 5 while they wait to be emitted: a panic in `f` drops them poisoned
             // and completed, not forgotten (found by review, 2026-11-29).
-            let mut out = self.log.pending();
+            let mut out = self.log.sealed(Vec::new());
             let mut need_space = false;
             let mut need_buffer = false;
             {
