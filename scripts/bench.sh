@@ -148,7 +148,7 @@ steady_part() {
     fio --name=layout --filename="$IMG" --size="$SIZE" --bs=1M --rw=write --ioengine=io_uring \
         --direct=1 --iodepth=8 --output-format=terse >/dev/null
     raw_steady before
-    "$BIN" bench --backing "$IMG" --index "$IDX" --size "$SIZE" --jobs 32 --passes "$PASSES" \
+    "$BIN" bench --force --backing "$IMG" --index "$IDX" --size "$SIZE" --jobs 32 --passes "$PASSES" \
         --tests steady,steady80,steadyzipf,steadymix --settle "$SETTLE" --plot "$PLOT" > "$DIR/steady.json"
     raw_steady after
     python3 - "$DIR" "$OUT" "$PLOT" <<'PY'
@@ -235,7 +235,7 @@ scale_part() {
     for sz in $SCALE_SIZES; do
         rm -rf "$big" "$bigidx"
         "$BIN" format --backing "$big" --index "$bigidx" --size "$sz" > /dev/null
-        "$BIN" bench --backing "$big" --index "$bigidx" --tests scale --scale-ops "$SCALE_OPS" \
+        "$BIN" bench --force --backing "$big" --index "$bigidx" --tests scale --scale-ops "$SCALE_OPS" \
             > "$DIR/scale-$sz.json"
         # A clean open in a process of its own (the bench's in-process reopen also waits
         # for sled to let go of the index it just closed): `ftlblk info`, three times.
@@ -256,7 +256,7 @@ PY
     rm -rf "$IMG" "$IDX"
     fio --name=layout --filename="$IMG" --size="$SIZE" --bs=1M --rw=write --ioengine=io_uring \
         --direct=1 --iodepth=8 --output-format=terse >/dev/null
-    "$BIN" bench --backing "$IMG" --index "$IDX" --size "$SIZE" --jobs 32 --tests randwrite \
+    "$BIN" bench --force --backing "$IMG" --index "$IDX" --size "$SIZE" --jobs 32 --tests randwrite \
         --settle "$SETTLE" > /dev/null
     # The map: 8 bytes per exported block; 1/16 of it (the cache rounds to whole pages).
     local small=$(( OPS * 8 / 16 ))
@@ -270,7 +270,7 @@ PY
         for cache in full small; do
             local bytes=512M
             [ "$cache" = small ] && bytes=$small
-            "$BIN" bench --backing "$IMG" --index "$IDX" --tests randread,zipfread --qd 32 \
+            "$BIN" bench --force --backing "$IMG" --index "$IDX" --tests randread,zipfread --qd 32 \
                 --read-ops "$PAIR_OPS" --read-threads "$READ_THREADS" --seed "$p" \
                 --map-cache "$bytes" > "$DIR/scaleread-$cache-$p.json"
         done
@@ -278,7 +278,7 @@ PY
     echo "== scale: index rebuild from the log of a full 10G backing (8 GiB exported), 3 runs" >&2
     for p in 1 2 3; do
         rm -f "$DIR/rebuild.img"; rm -rf "$DIR/rebuild.img.ftlidx"
-        "$BIN" bench --backing "$DIR/rebuild.img" --size 10G --tests rebuild > "$DIR/rebuild-$p.json"
+        "$BIN" bench --force --backing "$DIR/rebuild.img" --size 10G --tests rebuild > "$DIR/rebuild-$p.json"
     done
     rm -f "$DIR/rebuild.img"; rm -rf "$DIR/rebuild.img.ftlidx"
     python3 - "$DIR" "$OUT" "$SCALE_SIZES" "$READ_PAIRS" <<'PY'
@@ -358,7 +358,7 @@ frag_part() {
             --iodepth=8 --output-format=json > "$DIR/fio-fragread-$r.json"
         rm -f "$img"
         echo "-- frag round $r: ftlblk bench" >&2
-        "$BIN" bench --backing "$img" --size 3G --tests fragread,fragreadflush > "$DIR/fragread-$r.json"
+        "$BIN" bench --force --backing "$img" --size 3G --tests fragread,fragreadflush > "$DIR/fragread-$r.json"
         rm -f "$img"; rm -rf "$img.ftlidx"
     done
     python3 - "$DIR" "$OUT" <<'PY'
@@ -416,14 +416,14 @@ for r in $(seq 1 "$ROUNDS"); do
     sync; sleep "$SETTLE"
     fio_json "writeflush-$r" --rw=randwrite --fsync=1 --io_size=$((FLUSH_OPS * 4096))
     echo "-- round $r: ftlblk bench" >&2
-    "$BIN" bench --backing "$IMG" --index "$IDX" --size "$SIZE" --jobs 32 \
+    "$BIN" bench --force --backing "$IMG" --index "$IDX" --size "$SIZE" --jobs 32 \
         --tests randwrite,writeflush --flush-ops "$FLUSH_OPS" --settle "$SETTLE" > "$DIR/ftl-$r.json"
 done
 
 # Reads in pairs, on a device written full (one FTL randwrite pass; raw fio reads the
 # same file, whatever it holds, over the same extents).
 echo "-- reads: FTL randwrite, then $READ_PAIRS pairs of $PAIR_OPS reads" >&2
-"$BIN" bench --backing "$IMG" --index "$IDX" --size "$SIZE" --jobs 32 --tests randwrite \
+"$BIN" bench --force --backing "$IMG" --index "$IDX" --size "$SIZE" --jobs 32 --tests randwrite \
     --settle "$SETTLE" > /dev/null
 raw_reads() { # pair
     # Each pair reads its own offsets on both sides (fio's default randrepeat read the
@@ -436,7 +436,7 @@ raw_reads() { # pair
     fio_json "pairread2-$1" --rw=randread --io_size=$((PAIR_OPS * 4096 / 2)) --numjobs=2 --iodepth=16 --randseed="$((1000003 * $1 + 7))"
 }
 ftl_reads() { # pair
-    "$BIN" bench --backing "$IMG" --index "$IDX" --tests randread --qd 32 --read-ops "$PAIR_OPS" \
+    "$BIN" bench --force --backing "$IMG" --index "$IDX" --tests randread --qd 32 --read-ops "$PAIR_OPS" \
         --read-threads "$READ_THREADS" --seed "$1" > "$DIR/pair-ftl-$1.json"
 }
 for p in $(seq 1 "$READ_PAIRS"); do

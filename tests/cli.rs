@@ -85,6 +85,62 @@ fn a_second_format_is_refused_and_loses_nothing() {
     );
 }
 
+/// `bench` erases its backing: it names every test before it touches it, and refuses
+/// a backing that holds data without --force, as `format` does (found by review,
+/// 2026-11-29: a misspelt test was reported after the file was formatted, and any file
+/// or device was erased unasked).
+#[test]
+fn bench_refuses_to_erase_data_unasked_and_checks_its_tests_first() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data: Vec<u8> = (0..48u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(dir.path().join("d.img"), &data).expect("write data");
+    let unchanged = || std::fs::read(dir.path().join("d.img")).expect("read") == data;
+    let out = ftlblk(
+        &[
+            "bench",
+            "--backing",
+            "d.img",
+            "--size",
+            "32M",
+            "--force",
+            "--tests",
+            "randwrite,nosuch",
+        ],
+        dir.path(),
+    );
+    assert_eq!(code(&out), 2, "an unknown test: {}", text(&out));
+    assert!(
+        text(&out).contains("nosuch") && text(&out).contains("fragread"),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        unchanged(),
+        "the backing was written before the tests were checked"
+    );
+    let out = ftlblk(
+        &[
+            "bench",
+            "--backing",
+            "d.img",
+            "--size",
+            "32M",
+            "--tests",
+            "randwrite",
+        ],
+        dir.path(),
+    );
+    assert_eq!(code(&out), 2, "data without --force: {}", text(&out));
+    assert!(text(&out).contains("--force"), "{}", text(&out));
+    assert!(unchanged(), "a refused bench changed the backing");
+    assert!(
+        !dir.path().join("d.img.ftlidx").exists(),
+        "a refused bench left an index"
+    );
+}
+
 #[test]
 fn check_finds_a_damaged_superblock_and_writes_nothing() {
     let dir = tempfile::tempdir().expect("temp dir");

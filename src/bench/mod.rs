@@ -40,9 +40,18 @@ use std::time::Instant;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// Backing file to benchmark on (formatted, with --force, for each write test).
+    /// Backing file to benchmark on (formatted anew for each write test: everything on
+    /// it is erased).
     #[arg(long)]
     pub backing: PathBuf,
+    /// Format the backing even if it holds data (an ftlblk device, a file system, another
+    /// backing's index): without it the bench refuses such a backing, as `ftlblk format`
+    /// does. Later formats of the same run need none.
+    #[arg(long)]
+    pub force: bool,
+    /// Set once this run formatted the backing.
+    #[arg(skip)]
+    pub formatted: std::sync::atomic::AtomicBool,
     /// Index directory (default: <backing>.ftlidx).
     #[arg(long)]
     pub index: Option<PathBuf>,
@@ -105,16 +114,48 @@ fn fresh(a: &BenchArgs, index: &Path) -> Result<FileFtl, CliError> {
     Ok(f)
 }
 
-/// Formats the backing anew at --size.
+/// Formats the backing anew at --size: refused, as `ftlblk format` refuses, when it
+/// holds data and neither --force was given nor this run formatted it before (found by
+/// review, 2026-11-29: the bench erased whatever it was pointed at).
 fn format_fresh(a: &BenchArgs, index: &Path) -> Result<(), CliError> {
+    let force = a.force || a.formatted.load(Ordering::Relaxed);
     format_backing(
         &a.backing,
         index,
         Some(a.size),
         &FormatOptions::default(),
-        true,
+        force,
     )?;
+    a.formatted.store(true, Ordering::Relaxed);
     Ok(())
+}
+
+/// The tests `--tests` may name.
+const TESTS: &[&str] = &[
+    "randwrite",
+    "randread",
+    "zipfread",
+    "writeflush",
+    "steady",
+    "steady80",
+    "steadyzipf",
+    "steadymix",
+    "scale",
+    "rebuild",
+    "fragread",
+    "fragreadflush",
+];
+
+/// The tests of `--tests`, each known: checked before anything touches the backing.
+fn test_list(tests: &str) -> Result<Vec<&str>, CliError> {
+    let list: Vec<&str> = tests.split(',').map(str::trim).collect();
+    match list.iter().find(|t| !TESTS.contains(t)) {
+        Some(bad) => Err(CliError::BadArgs(format!(
+            "unknown test {bad:?} ({})",
+            TESTS.join(", ")
+        ))),
+        None => Ok(list),
+    }
 }
 
 impl BenchArgs {
@@ -672,7 +713,7 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
         .index
         .clone()
         .unwrap_or_else(|| ftl::backing::default_index_dir(&a.backing));
-    let tests: Vec<&str> = a.tests.split(',').map(str::trim).collect();
+    let tests = test_list(&a.tests)?;
     let mut results = serde_json::Map::new();
     let mut written: Option<Arc<FileFtl>> = None;
     let mut timelines = Vec::new();
@@ -810,8 +851,8 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             }
             other => {
                 return Err(CliError::BadArgs(format!(
-                    "unknown test {other:?} (randwrite, randread, zipfread, writeflush, steady, \
-                     steady80, steadyzipf, steadymix, scale)"
+                    "unknown test {other:?} ({})",
+                    TESTS.join(", ")
                 )))
             }
         }
