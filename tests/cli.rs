@@ -141,6 +141,38 @@ fn bench_refuses_to_erase_data_unasked_and_checks_its_tests_first() {
     );
 }
 
+/// A rebuild into another backing's index (a mistyped --index, or the rebuild the
+/// mismatch error suggests) is refused without --force, and the other backing keeps its
+/// index (found by review, 2026-11-29: it was moved aside, and that backing no longer
+/// opened).
+#[test]
+fn a_rebuild_into_another_backings_index_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for b in ["a.img", "b.img"] {
+        let out = ftlblk(&["format", "--backing", b, "--size", "64M"], dir.path());
+        assert_eq!(code(&out), 0, "format {b}: {}", text(&out));
+    }
+    let out = ftlblk(
+        &[
+            "check",
+            "--backing",
+            "a.img",
+            "--index",
+            "b.img.ftlidx",
+            "--rebuild-index",
+        ],
+        dir.path(),
+    );
+    assert_eq!(code(&out), 2, "a rebuild into b's index: {}", text(&out));
+    assert!(
+        text(&out).contains("another backing") && text(&out).contains("--force"),
+        "{}",
+        text(&out)
+    );
+    let out = ftlblk(&["check", "--backing", "b.img"], dir.path());
+    assert_eq!(code(&out), 0, "b after the refused rebuild: {}", text(&out));
+}
+
 #[test]
 fn check_finds_a_damaged_superblock_and_writes_nothing() {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -10,6 +10,7 @@ use crate::engine::Ftl;
 use crate::error::{Error, Result};
 use crate::geometry::FormatOptions;
 use crate::index::sled_store::SledIndex;
+use crate::index::IndexStore;
 use crate::lifecycle::OpenReport;
 use crate::staging::{StagingArea, DEFAULT_SLOTS};
 use crate::superblock::Superblock;
@@ -326,15 +327,52 @@ pub fn rebuild_backing_index(
     let dev = open_device(path, None)?;
     let (sb, _) = crate::lifecycle::read_superblock_readonly(&dev)?;
     let exists = index_dir.exists();
-    if exists && !force {
-        let usable = SledIndex::open(index_dir)
-            .and_then(|idx| crate::recovery::load_index(&idx, &sb, "index").map(|_| ()));
-        if usable.is_ok() {
-            return Err(Error::InvalidParameters(format!(
-                "index {} matches the backing and loads: give --force to replace it with one \
-                 rebuilt from the log (counters start again from zero; erase counts are kept)",
-                index_dir.display()
-            )));
+    let mut old = None;
+    if exists {
+        // An index a running server holds is never moved from under it, and another
+        // backing's is replaced only with --force: a mistyped --index (or the rebuild
+        // the mismatch error suggests) moved another device's index aside, and that
+        // device no longer opened (found by review, 2026-11-29).
+        old = match SledIndex::open(index_dir) {
+            Err(Error::Busy(_)) => {
+                return Err(Error::Busy(format!(
+                    "index {} is in use (a running server?): stop it before rebuilding",
+                    index_dir.display()
+                )))
+            }
+            old => old.ok(),
+        };
+        let owner = old.as_ref().and_then(|idx| {
+            let v = idx.load_kind(crate::index::Key::CHECKPOINT).ok()?;
+            let (_, rec) = v.into_iter().next()?;
+            crate::records::CheckpointRecord::decode(&rec)
+                .ok()
+                .map(|c| c.uuid)
+        });
+        if !force {
+            if owner.is_some_and(|u| u != sb.uuid) {
+                return Err(Error::InvalidParameters(format!(
+                    "index {} belongs to another backing (format {}), not this one ({}): give \
+                     this backing's own index with --index, or --force to move that one aside \
+                     and rebuild into its place",
+                    index_dir.display(),
+                    owner
+                        .map(|u| crate::superblock::uuid_string(&u))
+                        .unwrap_or_default(),
+                    sb.uuid_string()
+                )));
+            }
+            let usable = old
+                .as_ref()
+                .is_some_and(|idx| crate::recovery::load_index(idx, &sb, "index").is_ok());
+            if usable {
+                return Err(Error::InvalidParameters(format!(
+                    "index {} matches the backing and loads: give --force to replace it with \
+                     one rebuilt from the log (counters start again from zero; erase counts \
+                     are kept)",
+                    index_dir.display()
+                )));
+            }
         }
     }
     let name = index_dir
@@ -355,13 +393,11 @@ pub fn rebuild_backing_index(
     }
     // The old index's wear history, if it can still be read (a sled database that
     // opens; records that do not decode count nothing).
-    let wear = if exists {
-        SledIndex::open(index_dir).ok().and_then(|old| {
-            crate::rebuild::erase_counts_read(&old, sb.geometry.segment_count, &sb.uuid)
-        })
-    } else {
-        None
-    };
+    let wear = old.as_ref().and_then(|old| {
+        crate::rebuild::erase_counts_read(old, sb.geometry.segment_count, &sb.uuid)
+    });
+    // Let go before the index is moved aside.
+    drop(old);
     let wear_lost = wear.is_none();
     let wear = wear.unwrap_or_default();
     let report = {
@@ -414,6 +450,33 @@ pub fn rebuild_backing_index(
 
 #[cfg(test)]
 mod tests {
+
+    /// An index a running server holds (here: held open by this test) is never moved
+    /// from under it by a rebuild, even with --force (found by review, 2026-11-29: the
+    /// lock error counted as an unusable index, and the live index was renamed).
+    #[test]
+    fn a_rebuild_refuses_an_index_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let (b, idx) = (dir.path().join("b.img"), dir.path().join("b.img.ftlidx"));
+        format_backing(&b, &idx, Some(64 << 20), &FormatOptions::default(), false).unwrap();
+        let held = SledIndex::open(&idx).unwrap();
+        for force in [false, true] {
+            let r = rebuild_backing_index(&b, &idx, force, 64 << 20, &mut |_: u32, _: u32| {});
+            assert!(matches!(r, Err(Error::Busy(_))), "force {force}: {r:?}");
+        }
+        drop(held);
+        let moved = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .contains(".old-")
+            })
+            .count();
+        assert_eq!(moved, 0, "the index in use was moved aside");
+    }
     use super::*;
 
     #[test]

@@ -202,7 +202,7 @@ pub(crate) fn load_index<I: IndexStore>(
         .ok_or_else(|| mismatch("it holds no checkpoint (empty, or not an ftlblk index)".into()))?;
     if checkpoint.uuid != sb.uuid {
         return Err(mismatch(format!(
-            "it belongs to the format {} but the backing is {}",
+            "it belongs to the format {} but the backing is {} (is --index this backing's?)",
             crate::superblock::uuid_string(&checkpoint.uuid),
             sb.uuid_string()
         )));
