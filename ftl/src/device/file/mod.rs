@@ -168,10 +168,27 @@ impl FileDevice {
                 // review, 2026-11-27: 0644 let every local user read a 0660 device).
                 // Its directory too (`--backing /var/lib/ftlblk/a.img` on a fresh machine
                 // failed with "No such file or directory"; found by review, 2026-11-29).
-                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                    std::fs::create_dir_all(dir)
-                        .map_err(|e| with_path(e, "cannot create the directory of backing"))?;
+                let parent = path
+                    .parent()
+                    .filter(|d| !d.as_os_str().is_empty())
+                    .unwrap_or(Path::new("."));
+                // The directories to sync once the file is created: its own, and each one
+                // created for it with the one holding it (a new file's name is durable
+                // only with its directory; found by review, 2026-11-29: nothing synced
+                // them, and a power cut could take the whole backing's name).
+                let mut named_in = vec![parent.to_path_buf()];
+                let mut d = parent;
+                while !d.exists() {
+                    match d.parent().filter(|p| !p.as_os_str().is_empty()) {
+                        Some(up) => {
+                            named_in.push(up.to_path_buf());
+                            d = up;
+                        }
+                        None => break,
+                    }
                 }
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| with_path(e, "cannot create the directory of backing"))?;
                 match std::fs::OpenOptions::new()
                     .read(true)
                     .write(true)
@@ -181,6 +198,13 @@ impl FileDevice {
                 {
                     Ok(_) => {
                         *created = true;
+                        for dir in &named_in {
+                            #[cfg(test)]
+                            tests::synced_dir(dir);
+                            std::fs::File::open(dir)
+                                .and_then(|d| d.sync_all())
+                                .map_err(|e| with_path(e, "cannot sync the directory of backing"))?;
+                        }
                         #[cfg(test)]
                         tests::after_create(path);
                     }
