@@ -93,16 +93,14 @@ pub fn parse_size(s: &str) -> Result<u64, CliError> {
     let s = s.trim();
     let (num, mult) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
         Some((i, _)) => {
-            let mult: u64 = match s[i..]
-                .to_ascii_uppercase()
-                .trim_end_matches("IB")
-                .trim_end_matches('B')
-            {
-                "" => 1,
-                "K" => 1 << 10,
-                "M" => 1 << 20,
-                "G" => 1 << 30,
-                "T" => 1 << 40,
+            // One suffix, whole: `1BB`, `1KIBIB` or `5iB` are not sizes (a suffix
+            // stripped as often as it repeated took them; found by review, 2026-11-29).
+            let mult: u64 = match s[i..].to_ascii_uppercase().as_str() {
+                "B" => 1,
+                "K" | "KB" | "KIB" => 1 << 10,
+                "M" | "MB" | "MIB" => 1 << 20,
+                "G" | "GB" | "GIB" => 1 << 30,
+                "T" | "TB" | "TIB" => 1 << 40,
                 other => {
                     return Err(CliError::BadArgs(format!(
                         "unknown size suffix {other:?} in {s:?} (use K, M, G, T)"
@@ -166,6 +164,11 @@ mod tests {
         assert_eq!(parse_size("2GiB").ok(), Some(2 << 30));
         assert!(parse_size("2X").is_err());
         assert!(parse_size("lots").is_err());
+        assert_eq!(parse_size("512b").ok(), Some(512));
+        assert_eq!(parse_size("3MB").ok(), Some(3 << 20));
+        for bad in ["1BB", "1KIBIB", "5iB", "2GG", "1KBB"] {
+            assert!(parse_size(bad).is_err(), "{bad} parsed");
+        }
     }
 
     #[test]

@@ -135,8 +135,9 @@ impl Geometry {
         let backing_bytes = segment_count * segment_bytes;
         if backing_bytes / bs > MAX_PHYSICAL_BLOCKS {
             return Err(Error::InvalidParameters(format!(
-                "backing of {backing_bytes} bytes exceeds the {} TiB this map format addresses; use --size",
-                (MAX_PHYSICAL_BLOCKS * bs) >> 40
+                "backing of {backing_bytes} bytes exceeds the {} bytes (just under 16 TiB) this \
+                 map format addresses; use --size",
+                MAX_PHYSICAL_BLOCKS * bs
             )));
         }
         let op_bytes = backing_bytes * op_permille as u64 / 1000;

@@ -203,7 +203,9 @@ impl FileDevice {
                             tests::synced_dir(dir);
                             std::fs::File::open(dir)
                                 .and_then(|d| d.sync_all())
-                                .map_err(|e| with_path(e, "cannot sync the directory of backing"))?;
+                                .map_err(|e| {
+                                    with_path(e, "cannot sync the directory of backing")
+                                })?;
                         }
                         #[cfg(test)]
                         tests::after_create(path);

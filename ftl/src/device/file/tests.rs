@@ -115,7 +115,11 @@ fn a_created_backing_is_named_durably() {
     SYNCED_DIRS.with(|d| d.borrow_mut().clear());
     assert!(create(&path, MIB).created());
     let synced = SYNCED_DIRS.with(|d| d.borrow().clone());
-    let want = [dir.path().join("x/y"), dir.path().join("x"), dir.path().to_path_buf()];
+    let want = [
+        dir.path().join("x/y"),
+        dir.path().join("x"),
+        dir.path().to_path_buf(),
+    ];
     assert_eq!(synced, want);
     // An existing file: nothing to name.
     SYNCED_DIRS.with(|d| d.borrow_mut().clear());
