@@ -173,6 +173,29 @@ fn a_rebuild_into_another_backings_index_is_refused() {
     assert_eq!(code(&out), 0, "b after the refused rebuild: {}", text(&out));
 }
 
+/// An `info` refused (another backing's index) leaves no staging file of its own in the
+/// run directory (tmpfs: 32 MiB of RAM each; found by review, 2026-11-29).
+#[test]
+fn a_refused_open_leaves_no_staging_file() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for b in ["a.img", "b.img"] {
+        let out = ftlblk(&["format", "--backing", b, "--size", "64M"], dir.path());
+        assert_eq!(code(&out), 0, "format {b}: {}", text(&out));
+    }
+    let out = ftlblk(
+        &["info", "--backing", "a.img", "--index", "b.img.ftlidx"],
+        dir.path(),
+    );
+    assert_eq!(code(&out), 2, "info with b's index: {}", text(&out));
+    let left: Vec<_> = std::fs::read_dir(dir.path().join("run"))
+        .map(|d| d.map(|e| e.expect("entry").file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        !left.iter().any(|n| n.to_string_lossy().ends_with(".stage")),
+        "staging files left: {left:?}"
+    );
+}
+
 #[test]
 fn check_finds_a_damaged_superblock_and_writes_nothing() {
     let dir = tempfile::tempdir().expect("temp dir");

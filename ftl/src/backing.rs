@@ -289,13 +289,25 @@ pub fn open_backing_staged(
     }
     let index = open_index(index_dir).map_err(|e| e.naming_index(index_dir, path))?;
     // Opened only once the backing is locked: one server per staging file.
-    let staging = match place {
-        StagingPlace::Memory => StagingArea::in_memory(DEFAULT_SLOTS)?,
+    let (staging, created_here) = match place {
+        StagingPlace::Memory => (StagingArea::in_memory(DEFAULT_SLOTS)?, None),
         StagingPlace::Dir(dir) => {
-            StagingArea::open_file(&staging_file(dir, &sb.uuid_string()), DEFAULT_SLOTS)?
+            let file = staging_file(dir, &sb.uuid_string());
+            let existed = file.exists();
+            let area = StagingArea::open_file(&file, DEFAULT_SLOTS)?;
+            (area, (!existed).then_some(file))
         }
     };
-    Ftl::open_staged(dev, index, cfg, staging).map_err(|e| e.naming_index(index_dir, path))
+    let opened = Ftl::open_staged(dev, index, cfg, staging);
+    if opened.is_err() {
+        // A file this call made holds nothing: a refused open does not leave 32 MiB of
+        // it in the run directory (tmpfs, RAM; found by review, 2026-11-29). One a dead
+        // server left is kept: its writes are replayed by the next open that succeeds.
+        if let Some(file) = created_here {
+            let _ = std::fs::remove_file(file);
+        }
+    }
+    opened.map_err(|e| e.naming_index(index_dir, path))
 }
 
 /// What [`rebuild_backing_index`] did.
