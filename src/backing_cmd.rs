@@ -33,6 +33,7 @@ pub fn format(a: FormatArgs) -> Result<(), CliError> {
     let opts = a.geometry.options()?;
     let index = a.backing.index_dir_for_format();
     let sb = format_backing(&a.backing.backing, &index, a.geometry.size, &opts, a.force)?;
+    crate::known::record_or_warn(&a.backing.backing, &sb.uuid_string());
     let g = sb.geometry;
     let out = serde_json::json!({
         "backing": a.backing.backing,

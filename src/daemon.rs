@@ -169,6 +169,9 @@ pub struct DaemonConfig {
     pub log: Option<PathBuf>,
     /// Address to serve Prometheus metrics on (`add --metrics-listen`).
     pub metrics_listen: Option<String>,
+    /// A missing backing is created only if this machine never formatted one at its
+    /// path (`known.rs`): a config file's start.
+    pub create_once: bool,
 }
 
 /// Binds the metrics listener (`add --metrics-listen ADDR`), non-blocking for the
@@ -216,6 +219,7 @@ fn open_ftl(cfg: &DaemonConfig) -> Result<FileFtl, CliError> {
         })
     };
     let formatted = |sb: ftl::superblock::Superblock| {
+        crate::known::record_or_warn(&cfg.backing, &sb.uuid_string());
         eprintln!(
             "ftlblk: formatted {} (uuid {}, {} bytes exported)",
             cfg.backing.display(),
@@ -227,6 +231,9 @@ fn open_ftl(cfg: &DaemonConfig) -> Result<FileFtl, CliError> {
         return Ok(open()?);
     }
     if !cfg.backing.exists() {
+        if cfg.create_once {
+            crate::known::may_create(&crate::known::state_dir(), &cfg.backing)?;
+        }
         let size = cfg.size.unwrap_or(DEFAULT_CREATE_SIZE);
         let sb = format_backing(
             &cfg.backing,

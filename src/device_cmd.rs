@@ -117,6 +117,11 @@ pub struct AddArgs {
     /// live.
     #[arg(long)]
     pub foreground: bool,
+    /// Create a missing backing only if this machine never formatted one at its path
+    /// (set by --config: a file's `size` is for the first start; the background daemon
+    /// gets it passed on).
+    #[arg(long, hide = true)]
+    pub create_once: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -194,6 +199,9 @@ impl AddArgs {
         self.no_cleaner = f.cleaner == Some(false);
         self.metrics_listen = f.metrics_listen;
         self.config = None;
+        // A service starts from its file at every boot: a missing backing is created at
+        // the first start only (`known.rs`).
+        self.create_once = true;
         self
     }
 }
@@ -289,6 +297,11 @@ pub fn add(a: AddArgs) -> Result<(), CliError> {
     let Some(backing) = a.backing.as_deref() else {
         return Err(CliError::BadArgs("add needs --backing or --config".into()));
     };
+    // A service's backing missing where this machine formatted one: refused before
+    // anything else (the daemon looks again before it creates one).
+    if a.create_once && !backing.exists() {
+        crate::known::may_create(&crate::known::state_dir(), backing)?;
+    }
     // After the arguments: `add --depth 0` on a host without ublk said "needs root"
     // rather than what was wrong with it (found by review, 2026-11-29).
     kctl::require_ublk()?;
@@ -320,6 +333,7 @@ pub fn add(a: AddArgs) -> Result<(), CliError> {
         mode: Mode::Add { id: a.id },
         log: launch::log_from_env(),
         metrics_listen: a.metrics_listen.clone(),
+        create_once: a.create_once,
     };
     if a.foreground {
         return daemon::run(cfg);
@@ -350,6 +364,9 @@ pub fn add(a: AddArgs) -> Result<(), CliError> {
     }
     if a.no_cleaner {
         args.push("--no-cleaner".into());
+    }
+    if a.create_once {
+        args.push("--create-once".into());
     }
     if let Some(m) = &a.metrics_listen {
         args.extend(["--metrics-listen".into(), m.into()]);
@@ -410,6 +427,7 @@ pub fn recover(a: RecoverArgs) -> Result<(), CliError> {
         },
         log: launch::log_from_env(),
         metrics_listen: rec.metrics_listen.clone(),
+        create_once: true,
     };
     if a.foreground {
         return daemon::run(cfg);

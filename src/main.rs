@@ -44,6 +44,7 @@ mod daemon;
 mod device_cmd;
 mod error;
 mod kctl;
+mod known;
 mod launch;
 mod metrics;
 mod nvmet;

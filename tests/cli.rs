@@ -17,6 +17,9 @@ fn ftlblk(args: &[&str], dir: &Path) -> Output {
         // Opening a backing (info) maps a staging file in the run directory: the temp
         // directory, not /run/ftlblk (root only, and the host's own).
         .env("FTLBLK_RUN_DIR", dir.join("run"))
+        // Formats record their backings in the state directory: the temp directory's,
+        // not the host's /var/lib/ftlblk.
+        .env("FTLBLK_STATE_DIR", dir.join("state"))
         .output()
         .expect("the ftlblk binary runs")
 }
@@ -193,6 +196,36 @@ fn a_refused_open_leaves_no_staging_file() {
     assert!(
         !left.iter().any(|n| n.to_string_lossy().ends_with(".stage")),
         "staging files left: {left:?}"
+    );
+}
+
+/// A service's backing (`add --config`, at every boot) that this machine formatted and
+/// that is missing now (its file system not mounted yet) is not created again, empty:
+/// `add` refuses and says why (found by review, 2026-11-29: a fresh device was served in
+/// its place). Refused before ublk is needed, so this runs on any host.
+#[test]
+fn a_configured_backing_formatted_here_and_missing_is_not_created_again() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::create_dir(dir.path().join("mnt")).expect("mkdir");
+    let out = ftlblk(
+        &["format", "--backing", "mnt/db.img", "--size", "64M"],
+        dir.path(),
+    );
+    assert_eq!(code(&out), 0, "format: {}", text(&out));
+    std::fs::write(
+        dir.path().join("db.toml"),
+        "backing = \"mnt/db.img\"\nsize = \"64M\"\n",
+    )
+    .expect("write config");
+    // The file system "not mounted": its directory is empty.
+    std::fs::rename(dir.path().join("mnt"), dir.path().join("elsewhere")).expect("mv");
+    std::fs::create_dir(dir.path().join("mnt")).expect("mkdir");
+    let out = ftlblk(&["add", "--config", "db.toml"], dir.path());
+    assert_eq!(code(&out), 2, "add --config: {}", text(&out));
+    assert!(text(&out).contains("mounted"), "{}", text(&out));
+    assert!(
+        !dir.path().join("mnt/db.img").exists(),
+        "a new backing was created"
     );
 }
 
