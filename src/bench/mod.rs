@@ -714,6 +714,20 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
         .clone()
         .unwrap_or_else(|| ftl::backing::default_index_dir(&a.backing));
     let tests = test_list(&a.tests)?;
+    // A steady figure is the passes after the first (which starts on the fill's free
+    // space), and a run is settled when its last two agree: fewer than 3 passes reported
+    // the fresh pass as steady, or could not tell (found by review, 2026-11-29).
+    if a.passes < 3
+        && tests
+            .iter()
+            .any(|t| steady::spec(t).is_some_and(|s| s.read_pct == 0))
+    {
+        return Err(CliError::BadArgs(format!(
+            "--passes {}: the steady tests need 3 or more (the first pass starts on the \
+             fill's free space; the last two tell whether the run settled)",
+            a.passes
+        )));
+    }
     let mut results = serde_json::Map::new();
     let mut written: Option<Arc<FileFtl>> = None;
     let mut timelines = Vec::new();
