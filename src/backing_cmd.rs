@@ -39,6 +39,8 @@ pub fn format(a: FormatArgs) -> Result<(), CliError> {
         "backing": a.backing.backing,
         "index": index,
         "uuid": sb.uuid_string(),
+        // As `info` and `check` print it (the keys below came first; kept for scripts).
+        "geometry": g,
         "exported_bytes": g.exported_bytes(),
         "segment_bytes": g.segment_bytes,
         "segments": g.segment_count,

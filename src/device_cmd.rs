@@ -256,6 +256,7 @@ const MIN_MAP_CACHE: u64 = 512 * 8;
 
 /// `ftlblk add`.
 pub fn add(a: AddArgs) -> Result<(), CliError> {
+    let file = a.config.clone();
     let a = match &a.config {
         Some(path) => {
             let file = crate::config_file::load(path)?;
@@ -263,24 +264,32 @@ pub fn add(a: AddArgs) -> Result<(), CliError> {
         }
         None => a,
     };
+    // A value out of range is named where it was given: the file and its key, or the
+    // option (a file's `queues = 0` was reported as "--queues 0"; found by review,
+    // 2026-11-29).
+    let named = |key: &str, value: String| match &file {
+        Some(f) => format!("{}: {key} = {value}", f.display()),
+        None => format!("--{} {value}", key.replace('_', "-")),
+    };
     let queues = a.queues.unwrap_or_else(default_queues);
     if queues == 0 || queues as u32 > sys::UBLK_MAX_NR_QUEUES {
         return Err(CliError::BadArgs(format!(
-            "--queues {queues} must be 1..={}",
+            "{} must be 1..={}",
+            named("queues", queues.to_string()),
             sys::UBLK_MAX_NR_QUEUES
         )));
     }
     if a.depth == 0 || a.depth as u32 > sys::UBLK_MAX_QUEUE_DEPTH {
         return Err(CliError::BadArgs(format!(
-            "--depth {} must be 1..={}",
-            a.depth,
+            "{} must be 1..={}",
+            named("depth", a.depth.to_string()),
             sys::UBLK_MAX_QUEUE_DEPTH
         )));
     }
     if a.io_buf_size < 4096 || !a.io_buf_size.is_multiple_of(4096) || a.io_buf_size > 32 << 20 {
         return Err(CliError::BadArgs(format!(
-            "--io-buf-size {} must be a multiple of 4K between 4K and 32M",
-            a.io_buf_size
+            "{} must be a multiple of 4K between 4K and 32M",
+            named("io_buf_size", a.io_buf_size.to_string())
         )));
     }
     // 0 in a device's record means "a daemon older than the option" (`recover` then
@@ -288,8 +297,8 @@ pub fn add(a: AddArgs) -> Result<(), CliError> {
     // 2026-11-29); the cache holds a map page at least.
     if a.map_cache < MIN_MAP_CACHE {
         return Err(CliError::BadArgs(format!(
-            "--map-cache {} must be at least {MIN_MAP_CACHE} bytes (one map page)",
-            a.map_cache
+            "{} must be at least {MIN_MAP_CACHE} bytes (one map page)",
+            named("map_cache", a.map_cache.to_string())
         )));
     }
     // A configuration file's delay did not go through the option's parser.

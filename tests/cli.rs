@@ -38,7 +38,7 @@ fn text(out: &Output) -> String {
     )
 }
 
-fn format_64m(dir: &Path) {
+fn format_64m(dir: &Path) -> serde_json::Value {
     let out = ftlblk(&["format", "--backing", "b.img", "--size", "64M"], dir);
     assert_eq!(code(&out), 0, "format: {}", text(&out));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("format prints JSON");
@@ -47,12 +47,13 @@ fn format_64m(dir: &Path) {
         dir.join("b.img.ftlidx").is_dir(),
         "the index goes beside the file"
     );
+    v
 }
 
 #[test]
 fn format_info_and_check_of_a_new_backing() {
     let dir = tempfile::tempdir().expect("temp dir");
-    format_64m(dir.path());
+    let formatted = format_64m(dir.path());
     let meta = std::fs::metadata(dir.path().join("b.img")).expect("backing created");
     assert_eq!(meta.len(), 64 << 20);
 
@@ -60,6 +61,11 @@ fn format_info_and_check_of_a_new_backing() {
     assert_eq!(code(&out), 0, "info: {}", text(&out));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("info prints JSON");
     assert_eq!(v["geometry"]["segment_count"], 64, "info: {v}");
+    // One geometry, one set of names (format printed its own: found by review).
+    assert_eq!(
+        formatted["geometry"], v["geometry"],
+        "format's and info's geometry"
+    );
     assert_eq!(v["stats"]["mapped_blocks"], 0, "info: {v}");
 
     let out = ftlblk(&["check", "--backing", "b.img"], dir.path());
@@ -227,6 +233,27 @@ fn a_configured_backing_formatted_here_and_missing_is_not_created_again() {
         !dir.path().join("mnt/db.img").exists(),
         "a new backing was created"
     );
+}
+
+/// A configuration file's value out of range is named by the file and its key, not as
+/// an option the user never gave (found by review, 2026-11-29).
+#[test]
+fn a_config_files_bad_value_names_the_file_and_key() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(
+        dir.path().join("d.toml"),
+        "backing = \"b.img\"\nqueues = 0\n",
+    )
+    .expect("write config");
+    let out = ftlblk(&["add", "--config", "d.toml"], dir.path());
+    assert_eq!(code(&out), 2, "{}", text(&out));
+    assert!(
+        text(&out).contains("d.toml: queues = 0") && !text(&out).contains("--queues"),
+        "{}",
+        text(&out)
+    );
+    let out = ftlblk(&["add", "--backing", "b.img", "--queues", "0"], dir.path());
+    assert!(text(&out).contains("--queues 0"), "{}", text(&out));
 }
 
 #[test]
