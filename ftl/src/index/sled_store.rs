@@ -10,14 +10,14 @@
 //! already reused (found by review, 2026-11-29). Test:
 //! `tests::a_commit_syncs_the_data_file_before_it_returns`.
 //!
-//! 2. a failed flush, fdatasync or batch fails every later commit until the index is
+//! Rule 2: a failed flush, fdatasync or batch fails every later commit until the index is
 //! opened again. Linux reports a write-back error to a file once: the next fdatasync
 //! returns 0 while the failed batch's pages may never reach the disk, and sled's recovery
 //! stops at the first torn message, dropping every batch after it. A later commit that
 //! "succeeded" freed segments its durable predecessor never freed, and writers reused
 //! them (found by review, 2026-11-29). Test: `tests::a_failed_sync_fails_every_later_commit`.
 //!
-//! 3. values past sled's inline limit (segment size / 4, 128 KiB) go to files of their
+//! Rule 3: values past sled's inline limit (segment size / 4, 128 KiB) go to files of their
 //! own in `blobs/`, which sled neither syncs nor names durably: rule 1 syncs every new
 //! blob file and the directory too. The engine keeps its values far below the limit
 //! (map pages 4 KiB, free records at most `engine::free::LIST_CAP` chunks); this covers
