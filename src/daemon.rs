@@ -232,7 +232,7 @@ fn open_ftl(cfg: &DaemonConfig) -> Result<FileFtl, CliError> {
     }
     if !cfg.backing.exists() {
         if cfg.create_once {
-            crate::known::may_create(&crate::known::state_dir(), &cfg.backing)?;
+            crate::known::may_create(&crate::known::state_dir(), &cfg.backing, &cfg.index)?;
         }
         let size = cfg.size.unwrap_or(DEFAULT_CREATE_SIZE);
         let sb = format_backing(
@@ -246,7 +246,12 @@ fn open_ftl(cfg: &DaemonConfig) -> Result<FileFtl, CliError> {
         return Ok(open()?);
     }
     match open() {
-        Ok(f) => Ok(f),
+        Ok(f) => {
+            // A backing formatted before records were kept (or by a user who could not
+            // write them) is recorded at its first start (found by review, 2026-11-29).
+            crate::known::record_if_unknown(&cfg.backing, &f.superblock().uuid_string());
+            Ok(f)
+        }
         Err(FtlError::NotFormatted(..)) if cfg.backing.is_file() => {
             let opts = FormatOptions {
                 size_bytes: cfg.size,

@@ -309,7 +309,11 @@ pub fn add(a: AddArgs) -> Result<(), CliError> {
     // A service's backing missing where this machine formatted one: refused before
     // anything else (the daemon looks again before it creates one).
     if a.create_once && !backing.exists() {
-        crate::known::may_create(&crate::known::state_dir(), backing)?;
+        let index = match &a.index {
+            Some(i) => i.clone(),
+            None => default_index_dir(backing),
+        };
+        crate::known::may_create(&crate::known::state_dir(), backing, &index)?;
     }
     // After the arguments: `add --depth 0` on a host without ublk said "needs root"
     // rather than what was wrong with it (found by review, 2026-11-29).

@@ -37,10 +37,33 @@ pub fn state_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/lib/ftlblk"))
 }
 
-/// The absolute path of `path` as written (not resolved: a missing file has no
-/// canonical form, and a config names its backing the same way every time).
+/// The path a record is kept under: the deepest existing ancestor of `path` resolved
+/// (symbolic links, `..`), the rest appended with `.` and `..` taken out by hand. A
+/// missing file has no canonical form, but the mount point above it still exists, so
+/// `/srv/db.img` with `/srv` a link to `/mnt/big` and `/mnt/big/db.img` are one backing
+/// (found by review, 2026-11-29: paths compared as spelled missed such a record).
 fn absolute(path: &Path) -> PathBuf {
-    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+    use std::path::Component;
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let parts: Vec<Component> = abs.components().collect();
+    // The longest prefix that resolves (at least the root), then the rest by hand.
+    let (mut out, rest) = (1..=parts.len())
+        .rev()
+        .find_map(|k| {
+            let prefix: PathBuf = parts[..k].iter().collect();
+            prefix.canonicalize().ok().map(|c| (c, &parts[k..]))
+        })
+        .unwrap_or_else(|| (abs.clone(), &parts[parts.len()..]));
+    for part in rest {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            p => out.push(p),
+        }
+    }
+    out
 }
 
 /// FNV-1a, 64 bits: a stable file name for a path.
@@ -89,12 +112,26 @@ pub fn record(state: &Path, path: &Path, uuid: &str) -> Result<(), CliError> {
 }
 
 /// [`record`] in the state directory in force; a failure is a warning on stderr (the
-/// format itself succeeded).
+/// format itself succeeded), for root only: another user's format cannot write
+/// `/var/lib/ftlblk`, and the service, root, records the backing at its first open.
 pub fn record_or_warn(path: &Path, uuid: &str) {
     if let Err(e) = record(&state_dir(), path, uuid) {
-        eprintln!(
-            "ftlblk: warning: {e}; a later `add` will not know this backing if it goes missing"
-        );
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            eprintln!(
+                "ftlblk: warning: {e}; a later `add` will not know this backing if it goes \
+                 missing"
+            );
+        }
+    }
+}
+
+/// For `add`, once its backing opened: records it if no record names it yet (a backing
+/// formatted before records were kept, or by a user who could not write them). One
+/// look at a file per start.
+pub fn record_if_unknown(path: &Path, uuid: &str) {
+    if recorded(&state_dir(), path).is_none() {
+        record_or_warn(path, uuid);
     }
 }
 
@@ -110,21 +147,27 @@ pub fn recorded(state: &Path, path: &Path) -> Option<Known> {
     }))
 }
 
-/// For `add` about to create a missing backing: refused when this machine formatted one
-/// there before.
-pub fn may_create(state: &Path, path: &Path) -> Result<(), CliError> {
-    match recorded(state, path) {
-        None => Ok(()),
-        Some(k) => Err(CliError::BadArgs(format!(
-            "backing {} does not exist, but a backing formatted on this machine was there \
-             (uuid {}): is the file system that holds it mounted? To start over with a new \
-             empty device there, create it with `ftlblk format --backing {} --size SIZE` \
-             first",
-            path.display(),
-            k.uuid,
-            path.display()
-        ))),
-    }
+/// For `add` about to create a missing backing (its index at `index`): refused when
+/// this machine formatted one there before.
+pub fn may_create(state: &Path, path: &Path, index: &Path) -> Result<(), CliError> {
+    let Some(k) = recorded(state, path) else {
+        return Ok(());
+    };
+    let quote = |p: &Path| ftl::error::shell_quote(&p.display().to_string());
+    let index_arg = if index == ftl::backing::default_index_dir(path) {
+        String::new()
+    } else {
+        format!(" --index {}", quote(index))
+    };
+    Err(CliError::BadArgs(format!(
+        "backing {} does not exist, but a backing formatted on this machine was there \
+         (uuid {}): is the file system that holds it mounted? To start over with a new \
+         empty device there, create it with `ftlblk format --backing {}{index_arg} --size \
+         SIZE` first",
+        path.display(),
+        k.uuid,
+        quote(path),
+    )))
 }
 
 #[cfg(test)]
@@ -136,27 +179,44 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state");
         let b = dir.path().join("mnt/ftl/db.img");
-        may_create(&state, &b).expect("nothing recorded: created");
+        let idx = ftl::backing::default_index_dir(&b);
+        may_create(&state, &b, &idx).expect("nothing recorded: created");
         record(&state, &b, "1234").unwrap();
-        let e = may_create(&state, &b).expect_err("recorded and missing");
+        let e = may_create(&state, &b, &idx).expect_err("recorded and missing");
         let msg = e.to_string();
         assert!(
             msg.contains("mounted") && msg.contains("ftlblk format"),
             "{msg}"
         );
-        assert!(msg.contains("1234"), "{msg}");
+        assert!(msg.contains("1234") && !msg.contains("--index"), "{msg}");
+        // An index of its own is in the command the message gives.
+        let e = may_create(&state, &b, Path::new("/var/lib/x.ftlidx")).unwrap_err();
+        assert!(e.to_string().contains("--index /var/lib/x.ftlidx"), "{e}");
         // Another path is not this one.
-        may_create(&state, &dir.path().join("mnt/ftl/other.img")).unwrap();
+        let other = dir.path().join("mnt/ftl/other.img");
+        may_create(&state, &other, &idx).unwrap();
+        // The same path spelt through a link or with `..` is.
+        std::os::unix::fs::symlink(dir.path(), dir.path().join("link")).unwrap();
+        let via_link = dir.path().join("link/mnt/ftl/../ftl/db.img");
+        assert!(
+            may_create(&state, &via_link, &idx).is_err(),
+            "{}",
+            via_link.display()
+        );
         // A record that does not read still refuses.
         std::fs::write(record_file(&state, &b), b"{").unwrap();
-        assert!(may_create(&state, &b).is_err());
+        assert!(may_create(&state, &b, &idx).is_err());
     }
 
     #[test]
     fn a_relative_path_is_the_absolute_one() {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state");
-        let abs = std::env::current_dir().unwrap().join("x.img");
+        let abs = std::env::current_dir()
+            .unwrap()
+            .canonicalize()
+            .unwrap()
+            .join("x.img");
         record(&state, Path::new("x.img"), "u").unwrap();
         assert_eq!(recorded(&state, &abs).map(|k| k.path), Some(abs));
     }
