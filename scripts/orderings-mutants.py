@@ -177,10 +177,10 @@ MUTANTS = [
      [("""            .and_then(|()| self.flush_upto(next_chunk_seq))
 """, ""),
       ("""            // Rule 4.
-            ck.index.commit(ops)
+            self.stuck_poisons(ck.index.commit(ops))
         });""",
        """            // Rule 4.
-            ck.index.commit(ops)?;
+            self.stuck_poisons(ck.index.commit(ops))?;
             self.flush_upto(next_chunk_seq)
         });""")],
      [MODEL, POWER, SHUTTLE]),
@@ -376,8 +376,8 @@ MUTANTS = [
     ("free-4", "free rule 4: the record is durable BEFORE the segment is released",
      "ftl/src/engine/free.rs",
      [("""        // Rule 4.
-        ck.index.commit(put_ops(&records))?;""", """        self.discard_and_release(&segs);
-        ck.index.commit(put_ops(&records))?;""")],
+        self.stuck_poisons(ck.index.commit(put_ops(&records)))?;""", """        self.discard_and_release(&segs);
+        self.stuck_poisons(ck.index.commit(put_ops(&records)))?;""")],
      [POWER, MODEL, SHUTTLE]),
     ("free-6", "free rule 6: recovery frees recorded segments BEFORE it looks for chunk heads",
      "ftl/src/recovery.rs",
@@ -390,8 +390,8 @@ MUTANTS = [
      "ftl/src/engine/free.rs",
      [("""        ck.note_freed(&segs);
         // Rule 4.
-        ck.index.commit(put_ops(&records))?;""", """        // Rule 4.
-        ck.index.commit(put_ops(&records))?;
+        self.stuck_poisons(ck.index.commit(put_ops(&records)))?;""", """        // Rule 4.
+        self.stuck_poisons(ck.index.commit(put_ops(&records)))?;
         ck.note_freed(&segs);""")],
      [ORDERINGS]),
     ("free-6-open", "free rule 6: the session's first checkpoint removes the records recovery used",

@@ -298,15 +298,20 @@ pub fn open_backing_staged(
             (area, (!existed).then_some(file))
         }
     };
+    // The backing stays claimed until a file made here is removed: another server
+    // waiting for the backing would otherwise take the file for a dead server's and
+    // stage in it, unlinked under it (found by review of the removal, 2026-11-29).
+    let claim = created_here.as_ref().and_then(|_| dev.claim().ok());
     let opened = Ftl::open_staged(dev, index, cfg, staging);
     if opened.is_err() {
         // A file this call made holds nothing: a refused open does not leave 32 MiB of
         // it in the run directory (tmpfs, RAM; found by review, 2026-11-29). One a dead
         // server left is kept: its writes are replayed by the next open that succeeds.
-        if let Some(file) = created_here {
+        if let (Some(file), Some(_)) = (&created_here, &claim) {
             let _ = std::fs::remove_file(file);
         }
     }
+    drop(claim);
     opened.map_err(|e| e.naming_index(index_dir, path))
 }
 

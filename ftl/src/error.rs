@@ -89,6 +89,10 @@ pub enum Error {
     /// The index store (sled) failed.
     #[error("index error: {0}")]
     Index(String),
+    /// The index refuses every commit since one failed (`index::sled_store` rule 2): it
+    /// commits again only once opened again, so the FTL turns read-only.
+    #[error("index can no longer commit: {0}")]
+    IndexStuck(String),
     /// The index does not belong to this backing, or cannot be read.
     /// (`path` and `backing` are "index" and "BACKING" from code that knows no paths;
     /// [`Error::naming_index`] fills them in.)
@@ -170,7 +174,8 @@ impl Error {
             | Error::DataChecksum { .. }
             | Error::KeptMoving { .. }
             | Error::Corrupt(_)
-            | Error::Index(_) => libc::EIO,
+            | Error::Index(_)
+            | Error::IndexStuck(_) => libc::EIO,
             Error::Open { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::Busy(_) => libc::EBUSY,
             Error::OutOfRange { .. }

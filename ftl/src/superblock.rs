@@ -51,9 +51,6 @@ use offsets as o;
 pub const SB_MAGIC: &[u8; 8] = b"FTLBLKSB";
 /// Superblock format version this build writes and reads.
 pub const SB_VERSION: u32 = 1;
-/// How many versions past [`SB_VERSION`] a superblock failing this build's checksum is
-/// taken for (a newer format), not for damage.
-pub const NEWER_VERSIONS: u32 = 64;
 
 /// Decoded superblock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,8 +115,7 @@ impl Superblock {
         w.buf
     }
 
-    /// Decodes one block; never panics. A version of this build's or one of the
-    /// [`NEWER_VERSIONS`] after it is read before the checksum.
+    /// Decodes one block; never panics.
     pub fn decode(buf: &[u8]) -> std::result::Result<Superblock, SbDecode> {
         if buf.len() != BLOCK_SIZE {
             return Err(SbDecode::Corrupt(format!(
@@ -130,18 +126,15 @@ impl Superblock {
         if &buf[..8] != SB_MAGIC {
             return Err(SbDecode::NoMagic);
         }
+        // The checksum before the version: a version read from a block failing it could
+        // be damage, and a damaged copy is repaired from the other one. (Reading it first,
+        // for a later format that checksums another range, was tried on 2026-11-29 and
+        // undone: one flipped bit in one copy's version refused an open the other copy
+        // served.)
+        check_trailing_crc(buf, "superblock").map_err(|e| SbDecode::Corrupt(e.to_string()))?;
         let c = |e: Error| SbDecode::Corrupt(e.to_string());
         let mut r = Reader::new(buf, "superblock");
         let version = r.seek(o::VERSION).and_then(|r| r.u32()).map_err(c)?;
-        if let Err(e) = check_trailing_crc(buf, "superblock") {
-            // A later version may checksum another range or size: a few versions past
-            // this build's are that, not damage (which invited a --force format; found by
-            // review, 2026-11-29). A version field far off is damage.
-            if version > SB_VERSION && version <= SB_VERSION + NEWER_VERSIONS {
-                return Err(SbDecode::Version(version));
-            }
-            return Err(SbDecode::Corrupt(e.to_string()));
-        }
         if version != SB_VERSION {
             return Err(SbDecode::Version(version));
         }
@@ -301,14 +294,11 @@ mod tests {
         let crc = crc32c::crc32c(&v2[..BLOCK_SIZE - 4]);
         v2[BLOCK_SIZE - 4..].copy_from_slice(&crc.to_le_bytes());
         assert!(matches!(Superblock::decode(&v2), Err(SbDecode::Version(2))));
-        // A newer version whose checksum this build cannot check (another range): still
-        // a newer version, not damage; a version field far off with the checksum failing
-        // is damage.
-        let mut v2 = b.clone();
-        v2[8] = 2;
-        assert!(matches!(Superblock::decode(&v2), Err(SbDecode::Version(2))));
-        v2[11] = 0x7f;
-        assert!(matches!(Superblock::decode(&v2), Err(SbDecode::Corrupt(_))));
+        // A version field damaged (the checksum failing) is damage, repaired from the
+        // other copy, not a newer version that refuses the open.
+        let mut v3 = b.clone();
+        v3[8] = 3;
+        assert!(matches!(Superblock::decode(&v3), Err(SbDecode::Corrupt(_))));
         // A reserved flag set (and the checksum made right): refused, not taken.
         let mut flagged = b.clone();
         flagged[o::FLAGS] = 1;

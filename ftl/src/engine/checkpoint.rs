@@ -460,7 +460,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             }
             ops.push(Op::Put(Key::checkpoint(), header.encode()));
             // Rule 4.
-            ck.index.commit(ops)
+            self.stuck_poisons(ck.index.commit(ops))
         });
         unwinding.disarm();
         if let Err(e) = committed {
@@ -516,7 +516,11 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// A segment whose first block could not be zeroed stays out of the free list, and
     /// the failure goes to `zero_failed`.
     fn free_own(&self, own: &[FreeRecord], zero_failed: &mut Option<Error>) -> Vec<u32> {
-        if own.is_empty() || self.ckpt.index.commit(super::free::put_ops(own)).is_err() {
+        if own.is_empty()
+            || self
+                .stuck_poisons(self.ckpt.index.commit(super::free::put_ops(own)))
+                .is_err()
+        {
             return Vec::new();
         }
         let segs: Vec<u32> = own.iter().map(|r| r.segment).collect();
@@ -544,7 +548,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             if let Some(m) = marker.take() {
                 b.push(Op::Put(Key::partial(), m.encode()));
             }
-            self.ckpt.index.commit(b)?;
+            self.stuck_poisons(self.ckpt.index.commit(b))?;
         }
         Ok(())
     }

@@ -195,7 +195,7 @@ impl<D: crate::device::BlockDevice, I: IndexStore> Ftl<D, I> {
         // freed by a second record.
         ck.note_freed(&segs);
         // Rule 4.
-        ck.index.commit(put_ops(&records))?;
+        self.stuck_poisons(ck.index.commit(put_ops(&records)))?;
         times.add(&times.commit, &mut t);
         {
             let mut recorded = lock(&ck.recorded);

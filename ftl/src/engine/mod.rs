@@ -373,6 +373,18 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.log.check_poison()
     }
 
+    /// `index::sled_store` rule 2: an index that refuses every commit since one failed
+    /// frees nothing any more; the FTL turns read-only at the first refusal (writers
+    /// waited out `space_wait`, 30 s each, and failed with ENOSPC; found by review,
+    /// 2026-11-29). A commit that failed once is retried by the next checkpoint as
+    /// before.
+    fn stuck_poisons(&self, r: Result<()>) -> Result<()> {
+        if let Err(Error::IndexStuck(why)) = &r {
+            self.set_poison(format!("index can no longer commit: {why}"));
+        }
+        r
+    }
+
     fn set_poison(&self, why: String) {
         self.log.set_poison(why);
         // Writers asleep in the throttle wake to the poison (see `set_write_pace`).
@@ -1210,6 +1222,44 @@ mod tests {
             matches!(checkpoint, Err(Error::ReadOnly(_))),
             "{checkpoint:?}"
         );
+    }
+
+    /// An index stuck after a failed commit (`index::sled_store` rule 2) turns the FTL
+    /// read-only at the first refusal, by a checkpoint or a free record: writes fail at
+    /// once with EROFS instead of waiting out `space_wait` for space nothing frees
+    /// (found by review, 2026-11-29). A commit that merely failed is retried, as before.
+    #[test]
+    fn an_index_that_can_no_longer_commit_turns_the_ftl_read_only() {
+        for by_free_record in [false, true] {
+            let (_, idx, f) = small_ftl();
+            let cap = f.capacity_blocks();
+            idx.fail_commits.store(true, Ordering::SeqCst);
+            f.write(1, &block_for(1, 1), false, StreamId(1)).unwrap();
+            assert!(f.checkpoint().is_err(), "a failed commit");
+            f.write(2, &block_for(2, 1), false, StreamId(1)).unwrap();
+            idx.fail_commits.store(false, Ordering::SeqCst);
+            if by_free_record {
+                // Segments a checkpoint recorded closed, dead since: a free record's.
+                for l in 0..cap {
+                    f.write(l, &block_for(l, 3), false, StreamId(1)).unwrap();
+                }
+                f.checkpoint().unwrap();
+                let mut l = 0u64;
+                while f.dead_segments() == 0 {
+                    f.write(l % cap, &block_for(l % cap, 4), false, StreamId(1))
+                        .unwrap();
+                    l += 1;
+                }
+                idx.stuck.store(true, Ordering::SeqCst);
+                let r = f.free_dead();
+                assert!(r.is_err(), "the free record: {r:?}");
+            } else {
+                idx.stuck.store(true, Ordering::SeqCst);
+                assert!(f.checkpoint().is_err(), "the checkpoint");
+            }
+            let w = f.write(3, &block_for(3, 1), false, StreamId(1));
+            assert!(matches!(w, Err(Error::ReadOnly(_))), "by free record {by_free_record}: {w:?}");
+        }
     }
 
     /// A read-only FTL keeps no throttle: writers asleep in it wake to the poison

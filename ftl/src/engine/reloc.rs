@@ -228,6 +228,10 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
             interval
         };
         self.space.set_pace(interval);
+        // A poison between the look and the store set the pace to zero first: again.
+        if !interval.is_zero() && self.check_poison().is_err() {
+            self.space.set_pace(Duration::ZERO);
+        }
     }
 
     /// Nanoseconds writers have spent in the throttle and waiting for free segments

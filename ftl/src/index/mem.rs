@@ -18,6 +18,9 @@ pub struct MemIndex {
     /// When set, commits are applied and then report a failure (as sled can: the batch
     /// applied, the flush failed; the contract allows all or none of it to persist).
     pub fail_after_apply: AtomicBool,
+    /// When set, commits fail as an index stuck after a failure does
+    /// (`Error::IndexStuck`, `sled_store` rule 2) and change nothing.
+    pub stuck: AtomicBool,
     /// Commits still allowed before every later one fails ([`MemIndex::fail_after`]).
     commits_left: std::sync::atomic::AtomicI64,
     /// Commits held before they apply ([`MemIndex::hold_commits_with`]).
@@ -38,6 +41,7 @@ impl Default for MemIndex {
             map: Records::default(),
             fail_commits: AtomicBool::new(false),
             fail_after_apply: AtomicBool::new(false),
+            stuck: AtomicBool::new(false),
             commits_left: std::sync::atomic::AtomicI64::new(-1),
             gate: Mutex::default(),
             gate_cv: Condvar::new(),
@@ -161,6 +165,11 @@ impl IndexStore for MemIndex {
             });
         if self.fail_commits.load(Ordering::SeqCst) || left == Err(0) {
             return Err(Error::Index("injected index commit failure".into()));
+        }
+        if self.stuck.load(Ordering::SeqCst) {
+            return Err(Error::IndexStuck(
+                "injected: an earlier commit failed".into(),
+            ));
         }
         let mut m = self.map.lock().map_err(|_| poisoned())?;
         for op in ops {

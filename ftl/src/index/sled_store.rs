@@ -151,7 +151,7 @@ impl SledIndex {
     fn step_unless_failed(&self, f: impl FnOnce() -> Result<()>) -> Result<()> {
         let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(first) = failed.as_ref() {
-            return Err(Error::Index(format!(
+            return Err(Error::IndexStuck(format!(
                 "{}: an earlier commit failed ({first}); nothing is committed until the \
                  index is opened again",
                 self.path.display()

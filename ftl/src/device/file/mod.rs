@@ -179,7 +179,15 @@ impl FileDevice {
                 let mut named_in = vec![parent.to_path_buf()];
                 let mut d = parent;
                 while !d.exists() {
-                    match d.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    // A relative path's top directory is named in `.`.
+                    let up = d.parent().map(|p| {
+                        if p.as_os_str().is_empty() {
+                            Path::new(".")
+                        } else {
+                            p
+                        }
+                    });
+                    match up {
                         Some(up) => {
                             named_in.push(up.to_path_buf());
                             d = up;
@@ -311,6 +319,12 @@ impl FileDevice {
             block_device,
             created: *created,
         })
+    }
+
+    /// A second descriptor of the open backing: it holds the claim (the `flock`, a block
+    /// device's exclusive open) until dropped, also once this device is gone.
+    pub fn claim(&self) -> io::Result<File> {
+        self.file.try_clone()
     }
 
     /// True when this open created the file.

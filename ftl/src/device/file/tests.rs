@@ -125,6 +125,23 @@ fn a_created_backing_is_named_durably() {
     SYNCED_DIRS.with(|d| d.borrow_mut().clear());
     assert!(!create(&path, MIB).created());
     assert!(SYNCED_DIRS.with(|d| d.borrow().is_empty()));
+    // A relative path: its new top directory is named in `.` (the test runs where cargo
+    // put it; the new directory is removed again).
+    let top = format!("ftlblk-named-{}", std::process::id());
+    let rel = Path::new(&top).join("y/b.img");
+    SYNCED_DIRS.with(|d| d.borrow_mut().clear());
+    let created = create(&rel, MIB).created();
+    let synced = SYNCED_DIRS.with(|d| d.borrow().clone());
+    let _ = std::fs::remove_dir_all(&top);
+    assert!(created);
+    assert_eq!(
+        synced,
+        [
+            Path::new(&top).join("y"),
+            Path::new(&top).to_path_buf(),
+            Path::new(".").to_path_buf()
+        ]
+    );
 }
 
 pub(super) fn after_create(path: &Path) {
