@@ -328,13 +328,21 @@ fn serve_device(cfg: DaemonConfig, notifier: &Arc<Notifier>) -> Result<(), CliEr
     }
     let bg = Background::start(&ftl, cfg.cleaner, true, metrics, Some(&cfg.index))?;
 
-    let result = serve(&cfg, &ftl, &bg, notifier);
+    let mut delete_after_close = None;
+    let result = serve(&cfg, &ftl, &bg, notifier, &mut delete_after_close);
 
     bg.stop();
     // Also removes the staging file; on failure it stays and the next open replays it.
     let closed = ftl
         .close()
         .map_err(|e| CliError::ftl_at("closing the FTL", e));
+    if let Some(id) = delete_after_close {
+        // A kernel without DEL_DEV_ASYNC: the delete that waits for the last opener of
+        // /dev/ublkbN, now that nothing is lost by waiting.
+        if let Err(e) = kctl::delete(id) {
+            eprintln!("ftlblk: {e}");
+        }
+    }
     match (&result, &closed) {
         (Ok(Some(id)), _) => {
             let (pid, start) = runfiles::own_process();
@@ -361,6 +369,7 @@ fn serve(
     ftl: &Arc<FileFtl>,
     bg: &Background,
     notifier: &Arc<Notifier>,
+    delete_after_close: &mut Option<u32>,
 ) -> Result<Option<u32>, CliError> {
     let (classifier, control) = (&bg.classifier, &bg.control);
     let shared = control.shared();
@@ -549,13 +558,22 @@ fn serve(
     // then hung here, before the FTL's checkpoint and close, until a SIGKILL (found by
     // review, 2026-11-29). Kernels without DEL_DEV_ASYNC (before 6.9: their drivers answer
     // ENOTSUPP, 524, or EOPNOTSUPP) and any other failure of it take the waiting one.
+    // The waiting one runs only once the FTL is closed (`serve_device`, after the close):
+    // before it, a reader holding /dev/ublkbN open kept a pre-6.9 kernel's daemon from
+    // its checkpoint until systemd's SIGKILL, the completed writes left in the tmpfs
+    // staging file only (found by review, 2026-11-29). The control handle is disowned so
+    // that its drop does not run it either.
     let deleted = match kctl::check(ctrl.del_dev_async()) {
         Err(libublk::UblkError::UringIOError(n)) | Err(libublk::UblkError::OtherError(n))
             if n == -libc::ENODEV || n == -libc::ENOENT =>
         {
             Err(libublk::UblkError::OtherError(n))
         }
-        Err(_) => kctl::check(ctrl.del_dev()),
+        Err(_) => {
+            ctrl.disown();
+            *delete_after_close = Some(id);
+            Ok(0)
+        }
         ok => ok,
     };
     match deleted {

@@ -81,6 +81,17 @@ pub fn kill_and_delete(id: u32) -> Result<(), CliError> {
         // A device that is not started (or already stopped) can still be deleted.
         eprintln!("ftlblk: stopping ublk device {id}: {}", describe_ublk(&e));
     }
+    drop(ctrl);
+    delete(id)
+}
+
+/// DEL_DEV of a stopped device: returns once the kernel has released it (its last opener
+/// closed `/dev/ublkbN`). A device already gone counts as deleted.
+pub fn delete(id: u32) -> Result<(), CliError> {
+    let ctrl = match open(id) {
+        Err(CliError::NotFound(_)) => return Ok(()),
+        other => other?,
+    };
     match check(ctrl.del_dev()) {
         Ok(_) => Ok(()),
         Err(UblkError::OtherError(n)) | Err(UblkError::UringIOError(n))

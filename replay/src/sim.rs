@@ -56,9 +56,14 @@ pub struct StreamFigures {
     pub blocks: u64,
     /// User writes the placement sent here.
     pub user_blocks: u64,
-    /// Relocations the placement sent here (the FTL may still divert one to its GC
-    /// stream, or find the block overwritten and not move it).
+    /// Blocks relocated into the stream (the FTL's count: a relocation it diverted to
+    /// its GC stream counts there).
     pub relocated_blocks: u64,
+    /// Relocations the placement sent here (the FTL may still divert one to its GC
+    /// stream, or find the block overwritten and not move it). `relocated_blocks` was
+    /// this until 2026-11-29, when a review found 11% of the MiDAS row's relocations
+    /// credited to the stream they were sent to, not the one that took them.
+    pub relocations_placed: u64,
     /// At the end of the run: segments the stream holds (open or closed), and the live
     /// blocks in them.
     pub segments: u32,
@@ -269,17 +274,20 @@ pub fn simulate(
     let metadata =
         |c: &ftl::Counters| c.summary_blocks + c.padding_bytes / ftl::device::BLOCK_SIZE as u64;
     let hist = cleaner.victim_utilization;
+    let appended = f.stats().stream_blocks_written;
     let mut per_stream: Vec<StreamFigures> = (0..8u8)
         .map(|s| {
-            let (user, gc) = (
+            let (user, placed) = (
                 user_counts[s as usize],
                 gc_counts[s as usize].load(Ordering::Relaxed),
             );
+            let all = appended.get(s as usize).copied().unwrap_or(user + placed);
             StreamFigures {
                 stream: s,
-                blocks: user + gc,
+                blocks: all.max(user),
                 user_blocks: user,
-                relocated_blocks: gc,
+                relocated_blocks: all.saturating_sub(user),
+                relocations_placed: placed,
                 ..Default::default()
             }
         })
