@@ -14,11 +14,10 @@
 //! One file per backing, named by a hash of its absolute path, holding a [`Known`] as
 //! JSON; written atomically (temp file, fsync, rename, fsync of the directory). A record
 //! that cannot be written is a warning, not a failed format. Used by the format command
-//! and the daemon; uses only [`crate::error`].
+//! and the daemon; uses [`crate::error`] and [`crate::runfiles`]'s durable write.
 
 use crate::error::CliError;
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// The record of one formatted backing.
@@ -99,16 +98,9 @@ pub fn record(state: &Path, path: &Path, uuid: &str) -> Result<(), CliError> {
         name_of(&rec.path),
         std::process::id()
     ));
-    let write = || -> std::io::Result<()> {
-        std::fs::create_dir_all(&dir)?;
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.write_all(b"\n")?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &file)?;
-        std::fs::File::open(&dir)?.sync_all()
-    };
-    write().map_err(|e| CliError::io(context(), e))
+    std::fs::create_dir_all(&dir)
+        .and_then(|()| crate::runfiles::write_durably(&dir, &tmp, &file, &text))
+        .map_err(|e| CliError::io(context(), e))
 }
 
 /// [`record`] in the state directory in force; a failure is a warning on stderr (the

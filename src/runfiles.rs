@@ -128,17 +128,20 @@ pub fn write_record(rec: &DeviceRecord) -> Result<(), CliError> {
     let mut doc = serde_json::to_value(rec).map_err(|e| CliError::json(context(), e))?;
     doc["version"] = RECORD_VERSION.into();
     let text = serde_json::to_string_pretty(&doc).map_err(|e| CliError::json(context(), e))?;
-    let write = || -> io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.write_all(b"\n")?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
-        // The rename is durable only with its directory (a run directory on tmpfs makes
-        // this free; one on a disk does not).
-        std::fs::File::open(&dir)?.sync_all()
-    };
-    write().map_err(|e| CliError::io(context(), e))
+    write_durably(&dir, &tmp, &path, &text).map_err(|e| CliError::io(context(), e))
+}
+
+/// Replaces `path` (in directory `dir`) by `text` and a newline, atomically and durably:
+/// written to `tmp` (in `dir`), synced, renamed over `path`, and the directory synced
+/// (the rename is durable only with its directory; a run directory on tmpfs makes this
+/// free, one on a disk does not).
+pub fn write_durably(dir: &Path, tmp: &Path, path: &Path, text: &str) -> io::Result<()> {
+    let mut f = std::fs::File::create(tmp)?;
+    f.write_all(text.as_bytes())?;
+    f.write_all(b"\n")?;
+    f.sync_all()?;
+    std::fs::rename(tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 /// Removes this process's record of device `id` when dropped armed (the daemon's guard

@@ -38,6 +38,16 @@ fn text(out: &Output) -> String {
     )
 }
 
+/// A temp directory with two formatted 64 MiB backings, a.img and b.img.
+fn two_backings() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for b in ["a.img", "b.img"] {
+        let out = ftlblk(&["format", "--backing", b, "--size", "64M"], dir.path());
+        assert_eq!(code(&out), 0, "format {b}: {}", text(&out));
+    }
+    dir
+}
+
 fn format_64m(dir: &Path) -> serde_json::Value {
     let out = ftlblk(&["format", "--backing", "b.img", "--size", "64M"], dir);
     assert_eq!(code(&out), 0, "format: {}", text(&out));
@@ -156,11 +166,7 @@ fn bench_refuses_to_erase_data_unasked_and_checks_its_tests_first() {
 /// opened).
 #[test]
 fn a_rebuild_into_another_backings_index_is_refused() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    for b in ["a.img", "b.img"] {
-        let out = ftlblk(&["format", "--backing", b, "--size", "64M"], dir.path());
-        assert_eq!(code(&out), 0, "format {b}: {}", text(&out));
-    }
+    let dir = two_backings();
     let out = ftlblk(
         &[
             "check",
@@ -186,11 +192,7 @@ fn a_rebuild_into_another_backings_index_is_refused() {
 /// run directory (tmpfs: 32 MiB of RAM each; found by review, 2026-11-29).
 #[test]
 fn a_refused_open_leaves_no_staging_file() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    for b in ["a.img", "b.img"] {
-        let out = ftlblk(&["format", "--backing", b, "--size", "64M"], dir.path());
-        assert_eq!(code(&out), 0, "format {b}: {}", text(&out));
-    }
+    let dir = two_backings();
     let out = ftlblk(
         &["info", "--backing", "a.img", "--index", "b.img.ftlidx"],
         dir.path(),

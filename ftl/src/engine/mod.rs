@@ -1175,19 +1175,7 @@ mod tests {
             let _ = f2.flush();
         });
         assert!(dying.join().is_err(), "the injected panic happened");
-        let (tx, rx) = std::sync::mpsc::channel();
-        let f3 = f.clone();
-        std::thread::spawn(move || {
-            let _ = tx.send((f3.flush(), f3.checkpoint().map(|_| ())));
-        });
-        let (flush, checkpoint) = rx
-            .recv_timeout(Duration::from_secs(10))
-            .expect("FLUSH and checkpoint return after a panic while sealing");
-        assert!(matches!(flush, Err(Error::ReadOnly(_))), "{flush:?}");
-        assert!(
-            matches!(checkpoint, Err(Error::ReadOnly(_))),
-            "{checkpoint:?}"
-        );
+        flush_and_checkpoint_fail_at_once(&f, "a panic while sealing");
     }
 
     /// Rule 5 past sealing: a panic in a sealed chunk's device write (after the chunk
@@ -1209,6 +1197,12 @@ mod tests {
             }
         });
         assert!(dying.join().is_err(), "the injected panic happened");
+        flush_and_checkpoint_fail_at_once(&f, "a panic in a chunk write");
+    }
+
+    /// A FLUSH and a checkpoint on a poisoned FTL return read-only within 10 s (rather
+    /// than wait forever for a chunk number), after `what`.
+    fn flush_and_checkpoint_fail_at_once(f: &Arc<crate::model::MemFtl>, what: &str) {
         let (tx, rx) = std::sync::mpsc::channel();
         let f3 = f.clone();
         std::thread::spawn(move || {
@@ -1216,7 +1210,7 @@ mod tests {
         });
         let (flush, checkpoint) = rx
             .recv_timeout(Duration::from_secs(10))
-            .expect("FLUSH and checkpoint return after a panic in a chunk write");
+            .unwrap_or_else(|_| panic!("FLUSH and checkpoint return after {what}"));
         assert!(matches!(flush, Err(Error::ReadOnly(_))), "{flush:?}");
         assert!(
             matches!(checkpoint, Err(Error::ReadOnly(_))),
@@ -1788,13 +1782,9 @@ mod tests {
         );
     }
 
-    /// The writer's half of the test above: a user write that finds no room while a
-    /// cleaner is attached, and a release before it notes the space generation, takes
-    /// the released segment instead of waiting for the next release (it slept out
-    /// `space_wait`, 30 s here, with segments free; found by review, 2026-11-29).
-    #[test]
-    fn a_segment_released_before_a_writer_notes_the_generation_is_not_missed() {
-        use crate::append::tests::PARK_BEFORE_NO_ROOM_MARK;
+    /// A small FTL overwritten until its free list is down to the reserve with dead
+    /// segments waiting, a cleaner declared attached; and its capacity.
+    fn down_to_the_reserve_with_a_cleaner() -> (Arc<crate::model::MemFtl>, u64) {
         let (_, _, f) = small_ftl();
         let f = Arc::new(f);
         let cap = f.capacity_blocks();
@@ -1806,6 +1796,17 @@ mod tests {
             l += 1;
         }
         f.attach_cleaner(true);
+        (f, cap)
+    }
+
+    /// The writer's half of the test above: a user write that finds no room while a
+    /// cleaner is attached, and a release before it notes the space generation, takes
+    /// the released segment instead of waiting for the next release (it slept out
+    /// `space_wait`, 30 s here, with segments free; found by review, 2026-11-29).
+    #[test]
+    fn a_segment_released_before_a_writer_notes_the_generation_is_not_missed() {
+        use crate::append::tests::PARK_BEFORE_NO_ROOM_MARK;
+        let (f, cap) = down_to_the_reserve_with_a_cleaner();
         let dead = f.t.segs.dead_closed();
         assert!(!dead.is_empty());
         let (f2, released) = (f.clone(), Arc::new(std::sync::atomic::AtomicBool::new(false)));
@@ -1873,18 +1874,7 @@ mod tests {
     #[test]
     fn a_writer_waiting_for_a_cleaner_that_detaches_frees_space_itself() {
         use crate::append::tests::PARK_AFTER_SPACE_STEP;
-        let (_, _, f) = small_ftl();
-        let f = Arc::new(f);
-        let cap = f.capacity_blocks();
-        let reserve = f.gc_reserve_segments();
-        // Overwritten until the free list is down to the reserve, dead segments waiting.
-        let mut l = 0u64;
-        while f.free_segments() > reserve || f.dead_segments() == 0 {
-            f.write(l % cap, &block_for(l % cap, 1), false, StreamId(1))
-                .unwrap();
-            l += 1;
-        }
-        f.attach_cleaner(true);
+        let (f, cap) = down_to_the_reserve_with_a_cleaner();
         let f2 = f.clone();
         let (go, writer) = run_parked(&PARK_AFTER_SPACE_STEP, move || {
             let mut r = Ok(());
