@@ -326,7 +326,16 @@ fn serve_device(cfg: DaemonConfig, notifier: &Arc<Notifier>) -> Result<(), CliEr
     {
         eprintln!("{w}");
     }
-    let bg = Background::start(&ftl, cfg.cleaner, true, metrics, Some(&cfg.index))?;
+    let bg = match Background::start(&ftl, cfg.cleaner, true, metrics, Some(&cfg.index)) {
+        Ok(bg) => bg,
+        Err(e) => {
+            // Closed as any other (no device yet, nothing served): its staging file
+            // claimed by this session was left, and a later `del` of the backing warned of
+            // writes to replay (found by review, 2026-11-29).
+            let _ = ftl.close();
+            return Err(e);
+        }
+    };
 
     let mut delete_after_close = None;
     let result = serve(&cfg, &ftl, &bg, notifier, &mut delete_after_close);

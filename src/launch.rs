@@ -63,14 +63,27 @@ pub fn provisional_log(id: Option<u32>) -> PathBuf {
 /// Once the device has its id: renames a provisional log to `N.log` and returns the log
 /// in force (the old name when the rename fails).
 pub fn settle_log(log: Option<&PathBuf>, id: u32) -> Option<PathBuf> {
-    log.map(|p| {
-        let want = runfiles::log_path(id);
-        if *p != want && std::fs::rename(p, &want).is_ok() {
-            want
-        } else {
-            p.clone()
-        }
-    })
+    log.map(|p| settle_log_at(p, &runfiles::log_path(id)))
+}
+
+/// [`settle_log`] with `N.log` at `want`. An earlier daemon's log there moves to
+/// `N.log.1` first (replacing an older one): the rename replaced it, and the log a
+/// failed close points the user to was gone once the next `add` took the same id (found
+/// by review, 2026-11-29).
+fn settle_log_at(p: &Path, want: &Path) -> PathBuf {
+    if p == want {
+        return p.to_path_buf();
+    }
+    if want.exists() {
+        let mut older = want.as_os_str().to_owned();
+        older.push(".1");
+        let _ = std::fs::rename(want, PathBuf::from(older));
+    }
+    if std::fs::rename(p, want).is_ok() {
+        want.to_path_buf()
+    } else {
+        p.to_path_buf()
+    }
 }
 
 /// Starts `ftlblk <args>` as a detached daemon logging to `log` and waits for its report.
@@ -255,6 +268,29 @@ mod tests {
         let mut fds = [0i32; 2];
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
         unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+    }
+
+    #[test]
+    fn a_settled_log_keeps_the_earlier_daemons_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let (old, new, want) = (
+            dir.path().join("add-1.log"),
+            dir.path().join("add-2.log"),
+            dir.path().join("7.log"),
+        );
+        std::fs::write(&old, "the first daemon's close failed\n").unwrap();
+        assert_eq!(settle_log_at(&old, &want), want);
+        std::fs::write(&new, "the second daemon\n").unwrap();
+        assert_eq!(settle_log_at(&new, &want), want);
+        let read = |p: &Path| std::fs::read_to_string(p).unwrap();
+        assert_eq!(read(&want), "the second daemon\n");
+        assert_eq!(
+            read(&dir.path().join("7.log.1")),
+            "the first daemon's close failed\n"
+        );
+        // Already there: nothing moves.
+        assert_eq!(settle_log_at(&want, &want), want);
+        assert_eq!(read(&want), "the second daemon\n");
     }
 
     #[test]

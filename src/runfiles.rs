@@ -7,7 +7,8 @@
 //!   clean exit. After a crash
 //!   (kill -9) it stays: `recover` reads the backing, index and queue layout from it.
 //! - `N.sock` is the daemon's stats socket (see `control`), present while it serves.
-//! - `N.log` is the daemon's stdout/stderr when it runs in the background; kept on exit.
+//! - `N.log` is the daemon's stdout/stderr when it runs in the background; kept on exit
+//!   (the next daemon of the same id moves it to `N.log.1`).
 //!
 //! A record is *current* when its daemon is alive ([`daemon_alive`]: the pid is a live
 //! `ftlblk` started when the record says) or the kernel still has the device
