@@ -51,6 +51,18 @@ impl Error {
         move |source| Error::Victim { victim, source }
     }
 
+    /// Whether the cleaner ran out of free segments (its relocations found none).
+    pub fn is_no_space(&self) -> bool {
+        matches!(
+            self,
+            Error::Ftl(ftl::Error::NoSpace)
+                | Error::Victim {
+                    source: ftl::Error::NoSpace,
+                    ..
+                }
+        )
+    }
+
     /// Whether the error belongs to the victim (so that cleaning others may succeed):
     /// not running out of space, not a device that no longer takes writes.
     pub fn victim_at_fault(&self) -> Option<u32> {
@@ -61,5 +73,23 @@ impl Error {
             },
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Running out of free segments is told apart, wrapped or not: the runner waits for a
+    /// freed segment then instead of sleeping 100 ms blind; it is never the victim's fault.
+    #[test]
+    fn no_space_is_told_apart() {
+        let wrapped = Error::of_victim(3)(ftl::Error::NoSpace);
+        assert!(wrapped.is_no_space() && wrapped.victim_at_fault().is_none());
+        assert!(Error::Ftl(ftl::Error::NoSpace).is_no_space());
+        let bad_block = Error::of_victim(3)(ftl::Error::DataChecksum { lba: 1, pba: 2 });
+        assert!(!bad_block.is_no_space());
+        assert_eq!(bad_block.victim_at_fault(), Some(3));
+        assert!(!Error::Ftl(ftl::Error::ReadOnly("x".into())).is_no_space());
     }
 }

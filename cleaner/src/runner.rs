@@ -508,7 +508,12 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
                 // once (writers may be waiting for space), unless the turn before failed
                 // too (a backing whose reads fail would have every segment tried back to
                 // back). Any other error waits.
-                if e.victim_at_fault().is_none() || failed_before {
+                if e.is_no_space() {
+                    // Out of free segments: back as soon as one is freed (a writer's
+                    // overwrite may kill a segment the next moment), not after a blind
+                    // 100 ms while writers wait (found by review, 2026-11-29).
+                    ftl.wait_for_free_space(Duration::from_millis(100));
+                } else if e.victim_at_fault().is_none() || failed_before {
                     std::thread::sleep(Duration::from_millis(100));
                 }
                 failed_before = true;

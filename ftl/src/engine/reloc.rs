@@ -210,6 +210,12 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         Ok(moved)
     }
 
+    /// Waits up to `limit` for a segment to be freed (by a checkpoint, a free record or a
+    /// release); false when none was. For the cleaner after it found no free segment.
+    pub fn wait_for_free_space(&self, limit: Duration) -> bool {
+        self.space.wait_for_free(limit)
+    }
+
     /// Declares that a cleaner runs: writers short of space wait for it.
     pub fn attach_cleaner(&self, attached: bool) {
         self.space.attach(attached);
