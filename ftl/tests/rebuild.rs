@@ -888,6 +888,38 @@ fn a_chunk_in_a_stream_this_build_does_not_know_is_refused_by_recovery() {
     }
 }
 
+/// A session on `idx` that stages a write of LBA 2 no FLUSH covers, its server killed:
+/// the staging area it leaves.
+fn killed_with_a_staged_write(
+    dev: &Arc<CrashDevice>,
+    idx: &Arc<MemIndex>,
+) -> Arc<ftl::staging::StagingArea> {
+    let g = tiny::open(dev, idx).unwrap();
+    g.write(2, &block_for(2, 1), false, S0).unwrap();
+    let staging = g.staging().clone();
+    drop(g);
+    staging
+}
+
+/// Opens `idx` with that staging area, which the open ignores as stale; LBA 1 reads its
+/// flushed write. The FTL and a block buffer.
+fn opened_ignoring_the_staged_write(
+    dev: &Arc<CrashDevice>,
+    idx: &Arc<MemIndex>,
+    staging: Arc<ftl::staging::StagingArea>,
+) -> (tiny::CrashFtl, Vec<u8>) {
+    let (h, rep) = tiny::open_staged(dev, idx, staging).unwrap();
+    assert!(
+        rep.recovery.staged.ignored_stale,
+        "{:?}",
+        rep.recovery.staged
+    );
+    let mut b = vec![0u8; BLOCK_SIZE];
+    h.read(1, &mut b).unwrap();
+    assert!(b == block_for(1, 1));
+    (h, b)
+}
+
 /// After one rebuild, sessions count on from its number. A second rebuild whose walk
 /// finds none of them (here the one session since wrote only to its staging area and
 /// was killed) is numbered past them all: it gave the first rebuild's number again, and
@@ -911,21 +943,10 @@ fn a_second_rebuild_is_numbered_past_the_sessions_since_the_first() {
         (idx, r)
     };
     let (idx1, r1) = rebuilt();
-    let g = tiny::open(&dev, &idx1).unwrap();
-    g.write(2, &block_for(2, 1), false, S0).unwrap();
-    let staging = g.staging().clone();
-    drop(g);
+    let staging = killed_with_a_staged_write(&dev, &idx1);
     let (idx2, r2) = rebuilt();
     assert!(r2.epoch > r1.epoch + 1, "{} then {}", r1.epoch, r2.epoch);
-    let (h, rep) = tiny::open_staged(&dev, &idx2, staging).unwrap();
-    assert!(
-        rep.recovery.staged.ignored_stale,
-        "{:?}",
-        rep.recovery.staged
-    );
-    let mut b = vec![0u8; BLOCK_SIZE];
-    h.read(1, &mut b).unwrap();
-    assert!(b == block_for(1, 1));
+    opened_ignoring_the_staged_write(&dev, &idx2, staging);
 }
 
 /// Recovery refuses, and leaves as it is, the next chunk of the log whose summary is
@@ -1310,21 +1331,10 @@ fn a_rebuilt_index_does_not_replay_the_lost_sessions_staging_area() {
     f.close().unwrap();
     drop(f);
     // The next session stages a write no FLUSH covers, and its server is killed.
-    let g = tiny::open(&dev, &idx).unwrap();
-    g.write(2, &block_for(2, 1), false, S0).unwrap();
-    let staging = g.staging().clone();
-    drop(g);
+    let staging = killed_with_a_staged_write(&dev, &idx);
     drop(idx);
     let (idx2, _) = rebuild_into(&dev);
-    let (h, rep) = tiny::open_staged(&dev, &idx2, staging).unwrap();
-    assert!(
-        rep.recovery.staged.ignored_stale,
-        "{:?}",
-        rep.recovery.staged
-    );
-    let mut b = vec![0u8; BLOCK_SIZE];
-    h.read(1, &mut b).unwrap();
-    assert!(b == block_for(1, 1));
+    let (h, mut b) = opened_ignoring_the_staged_write(&dev, &idx2, staging);
     h.read(2, &mut b).unwrap();
     assert!(b == vec![0u8; BLOCK_SIZE], "the staged write was replayed");
     h.close().unwrap();
