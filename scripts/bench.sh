@@ -215,9 +215,9 @@ for name, t in res["tests"].items():
         print(f"{name:<11}cleaner, per victim: pick {v['pick_ms']:.2f} ms, read {v['read_ms']:.2f} ms, "
               f"relocate {v['relocate_ms']:.2f} ms, waiting for the prefetch {v['waiting_ms']:.2f} ms")
 for name, t in res["tests"].items():
-    if t.get("waf_with_index"):
-        print(f"{name:<11}WAF {t['waf']:.3f} counting the log; {t['waf_with_index']:.3f} counting every byte "
-              "the process wrote (the index's files too)")
+    if t.get("waf_on_disk"):
+        print(f"{name:<11}WAF {t['waf']:.3f} counting the log; {t['waf_on_disk']:.3f} counting every byte "
+              "the disk took (the index's files and the journal too; any other writer's as well)")
 u = res["tests"].get("steady")
 if u:
     p9, mx = u["steady_p999_ms"], u["steady_max_ms"]

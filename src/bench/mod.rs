@@ -738,11 +738,13 @@ pub fn run(a: BenchArgs) -> Result<(), CliError> {
             }
             std::thread::sleep(std::time::Duration::from_secs(a.settle));
             let f = Arc::new(fresh(&a, &index)?);
+            let disks = steady::Disks::of(&[&a.backing, &index]);
             let run = steady::Run {
                 ftl: &f,
                 jobs: a.jobs,
                 passes: a.passes,
                 seed: a.seed,
+                disks: &disks,
             };
             let (json, timeline) = steady::run(&spec, &run)?;
             let v = &json["cleaner_per_victim"];
