@@ -10,6 +10,17 @@ use crate::error::{Error, Result};
 use crate::index::IndexStore;
 use crate::map::MapEntry;
 
+/// The block-at-a-time calls take a buffer of one block or more (its first block used):
+/// a shorter one is refused, not a panic of the slicing (found by review, 2026-11-30).
+fn one_block(len: usize) -> Result<()> {
+    if len < BLOCK_SIZE {
+        return Err(Error::Unaligned(format!(
+            "a buffer of {len} bytes for one block of {BLOCK_SIZE}"
+        )));
+    }
+    Ok(())
+}
+
 impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Finds where `lba` lives; copies it into `out` when it is still buffered.
     pub fn locate(&self, lba: u64, out: &mut [u8]) -> Result<BlockLocation> {
@@ -20,6 +31,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// yields to those; its own reads must not make the device look busy to it).
     fn locate_as(&self, lba: u64, out: &mut [u8], foreground: bool) -> Result<BlockLocation> {
         self.check_range(lba, 1)?;
+        one_block(out.len())?;
         if foreground {
             self.space.note_foreground();
         }
@@ -54,6 +66,7 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
     /// Verifies a block read from the device against its map entry. A mismatch is an
     /// error unless the map moved on meanwhile (then the caller locates again).
     pub fn verify_block(&self, lba: u64, entry: MapEntry, data: &[u8]) -> Result<bool> {
+        one_block(data.len())?;
         if crc32c::crc32c(&data[..BLOCK_SIZE]) == entry.crc() {
             return Ok(true);
         }
