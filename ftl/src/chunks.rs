@@ -23,7 +23,9 @@
 //! sessions' chunks that mark the break for the rebuild (`rebuild.rs`, `later_min`) are
 //! all cleaned away. Only the damaged chunk's own blocks are lost (their LBAs are
 //! unknown), not every chunk after it. The other readers stop there: relocation finds
-//! what the walk hides through the map, and the checker names it.
+//! what the walk hides through the map, and the checker names it. The TRIM carry
+//! (`engine/tombstones.rs`) has no such fallback: it walks on and fails on any damage it
+//! met ([`SegmentChunks::ended_on_damage`]), so its segment is not freed.
 //!
 //! Owns the rules that say which summaries are part of the log; called by relocation
 //! (`engine/reloc.rs`), the checker, recovery and the index rebuild.
@@ -73,6 +75,9 @@ pub struct SegmentChunks<'a, D: BlockDevice> {
     resync: bool,
     /// The damaged summaries walked past.
     damaged: Vec<u32>,
+    /// The walk ended on a summary that fails its checksum (not walked past: the first
+    /// chunk's, or any without [`SegmentChunks::resync`]).
+    ended_on_damage: bool,
 }
 
 impl<'a, D: BlockDevice> SegmentChunks<'a, D> {
@@ -94,6 +99,7 @@ impl<'a, D: BlockDevice> SegmentChunks<'a, D> {
             done: false,
             resync: false,
             damaged: Vec::new(),
+            ended_on_damage: false,
         }
     }
 
@@ -107,6 +113,15 @@ impl<'a, D: BlockDevice> SegmentChunks<'a, D> {
     /// out, the chunks after it taken.
     pub fn damaged(&self) -> &[u32] {
         &self.damaged
+    }
+
+    /// Whether the walk ended on a block with a summary's magic whose checksum fails,
+    /// rather than past the chunks of this use of the segment: damage, unless a crash
+    /// tore it (recovery zeroes a torn summary at a stream's cursor, rule 2, so in a
+    /// segment closed since, damage). A reader that must see every chunk (the TRIM
+    /// carry) asks this and [`SegmentChunks::damaged`].
+    pub fn ended_on_damage(&self) -> bool {
+        self.ended_on_damage
     }
 
     /// The summary at block `off`, as [`ChunkSummary::decode`] reads it (`Err`: the magic,
@@ -243,6 +258,7 @@ impl<D: BlockDevice> Iterator for SegmentChunks<'_, D> {
                 return Some(Err(e));
             }
         };
+        let damage = read.is_err();
         let next = match read {
             Ok(Some(s)) if self.takes(&s, self.off) => s,
             // The magic, but a failing checksum, after a chunk taken: damage, or a
@@ -270,6 +286,7 @@ impl<D: BlockDevice> Iterator for SegmentChunks<'_, D> {
             }
             _ => {
                 self.done = true;
+                self.ended_on_damage = damage;
                 return None;
             }
         };

@@ -65,13 +65,28 @@ fn out_of_range_and_unaligned_are_errors() {
     f.read(cap - 1, &mut b).unwrap();
     // The block-at-a-time calls refuse a buffer short of a block (they panicked).
     let mut short = [0u8; 100];
-    assert!(matches!(f.reread_block(cap - 1, &mut short), Err(Error::Unaligned(_))));
-    assert!(matches!(f.locate(cap - 1, &mut short), Err(Error::Unaligned(_))));
+    assert!(matches!(
+        f.reread_block(cap - 1, &mut short),
+        Err(Error::Unaligned(_))
+    ));
+    assert!(matches!(
+        f.locate(cap - 1, &mut short),
+        Err(Error::Unaligned(_))
+    ));
     let entry = f.map_entry(cap - 1).unwrap();
-    assert!(matches!(f.verify_block(cap - 1, entry, &short), Err(Error::Unaligned(_))));
+    assert!(matches!(
+        f.verify_block(cap - 1, entry, &short),
+        Err(Error::Unaligned(_))
+    ));
     f.flush().unwrap();
-    assert!(matches!(f.reread_block(cap - 1, &mut short), Err(Error::Unaligned(_))));
-    assert!(matches!(f.verify_block(cap - 1, entry, &short), Err(Error::Unaligned(_))));
+    assert!(matches!(
+        f.reread_block(cap - 1, &mut short),
+        Err(Error::Unaligned(_))
+    ));
+    assert!(matches!(
+        f.verify_block(cap - 1, entry, &short),
+        Err(Error::Unaligned(_))
+    ));
 }
 
 fn libc_einval() -> i32 {

@@ -1347,3 +1347,68 @@ fn a_rebuilt_index_does_not_replay_the_lost_sessions_staging_area() {
         "the staged chunk reached the backing"
     );
 }
+
+/// Tombstone rule 1 against damage: a TRIM segment whose walk meets a summary failing its
+/// checksum is not carried, so not freed (a failed carry, counted), and a rebuild still
+/// finds the records of its readable chunks. The carry's walk used to end silently at
+/// the damage: the segment counted as carried, was freed, and a rebuild handed back the
+/// data the records of the chunks after the damaged one had hidden (found by review,
+/// 2026-11-30). Damage in the first chunk, where no walk can go on, keeps it too.
+#[test]
+fn a_trim_segment_with_a_damaged_summary_is_not_carried_nor_freed() {
+    for damaged_chunk in [1usize, 0] {
+        let (dev, _idx, f) = tiny_crash();
+        for l in 0..60 {
+            f.write(l, &block_for(l, l + 1), false, StreamId(1))
+                .unwrap();
+        }
+        f.flush().unwrap();
+        f.checkpoint().unwrap();
+        // Three chunks of TRIM records in one TRIM segment: 0..20, 20..40, 40..60.
+        for part in 0..3u64 {
+            f.trim(part * 20, 20).unwrap();
+            f.flush().unwrap();
+        }
+        f.close_stream(TRIM_STREAM).unwrap();
+        let trim_segs = closed_trim_segments(&f);
+        assert_eq!(trim_segs.len(), 1, "{trim_segs:?}");
+        let seg = trim_segs[0];
+        let geo = *f.geometry();
+        let chunks: Vec<u32> =
+            SegmentChunks::new(&*dev, geo, seg, f.format_id(), (u64::MAX, u64::MAX))
+                .map(|c| c.unwrap().0)
+                .collect();
+        assert_eq!(chunks.len(), 3, "{chunks:?}");
+        flip_a_byte(&dev, seg, chunks[damaged_chunk]);
+        f.checkpoint().unwrap();
+        f.checkpoint().unwrap();
+        let snap = f.segment_snapshot();
+        assert_eq!(
+            snap[seg as usize].state, "closed",
+            "damaged chunk {damaged_chunk}: the TRIM segment is kept"
+        );
+        assert!(f.stats().tombstone_carry_failures >= 1);
+        // The device still reads zeros where it was trimmed.
+        let mut b = vec![0u8; BLOCK_SIZE];
+        for l in 0..60 {
+            f.read(l, &mut b).unwrap();
+            assert_eq!(observe(l, &b), Observed::Tag(0), "lba {l}");
+        }
+        f.close().unwrap();
+        drop(f);
+        if damaged_chunk == 1 {
+            // The rebuild walks past the damage: the third chunk's records still hide
+            // the old data (the damaged chunk's own are lost, nothing says which LBAs).
+            let (idx, _) = rebuild_into(&dev);
+            let (g, _) = Ftl::open(dev.clone(), idx, Config::default()).unwrap();
+            for l in 40..60 {
+                g.read(l, &mut b).unwrap();
+                assert_eq!(
+                    observe(l, &b),
+                    Observed::Tag(0),
+                    "lba {l} after the rebuild"
+                );
+            }
+        }
+    }
+}

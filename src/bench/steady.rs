@@ -715,7 +715,10 @@ mod tests {
         let disks = Disks::of(&[dir.path()]);
         let dev = std::fs::metadata(dir.path()).unwrap().dev();
         if libc::major(dev) == 0 {
-            assert!(disks.written_bytes().is_none(), "no block device, no figure");
+            assert!(
+                disks.written_bytes().is_none(),
+                "no block device, no figure"
+            );
             return;
         }
         let before = disks.written_bytes().expect("a block device's counter");
@@ -723,7 +726,13 @@ mod tests {
         f.write_all(&vec![0x5au8; 1 << 20]).unwrap();
         f.sync_all().unwrap();
         let after = disks.written_bytes().unwrap();
-        assert!(after - before >= 1 << 20, "{} bytes counted", after - before);
-        assert!(Disks::of(&[&dir.path().join("missing")]).written_bytes().is_none());
+        assert!(
+            after - before >= 1 << 20,
+            "{} bytes counted",
+            after - before
+        );
+        assert!(Disks::of(&[&dir.path().join("missing")])
+            .written_bytes()
+            .is_none());
     }
 }

@@ -164,8 +164,15 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         // `crash_model::rebuild_agrees_after_an_unflushed_trim_in_the_trim_stream`).
         let oldest = self.t.segs.oldest_opened(&[seg]);
         let mut ranges = Vec::new();
-        let walk = SegmentChunks::new(&self.dev, self.t.geo, seg, self.format_id(), below);
-        for chunk in walk {
+        // Every chunk's records, or no carry: a walk that stopped at a damaged summary
+        // ended there silently, the segment counted as carried and was freed with the
+        // records of the chunks after it, which a rebuild then missed (the trimmed data
+        // came back; found by review, 2026-11-30). It walks on past damage, and any
+        // damage met fails the carry: the segment stays allocated (a failed carry, as
+        // when its summaries do not read) and the rebuild keeps what it can read.
+        let mut walk =
+            SegmentChunks::new(&self.dev, self.t.geo, seg, self.format_id(), below).resync();
+        for chunk in walk.by_ref() {
             let (_, s) = chunk?;
             for e in &s.entries {
                 if let Entry::Trim { lba, seq, count } = *e {
@@ -175,6 +182,17 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
                     }
                 }
             }
+        }
+        if let Some(at) = walk
+            .damaged()
+            .first()
+            .copied()
+            .or(walk.ended_on_damage().then_some(0))
+        {
+            return Err(Error::Corrupt(format!(
+                "segment {seg}: a chunk summary at or after block {at} fails its checksum; \
+                 its TRIM records cannot be carried, so the segment is kept"
+            )));
         }
         let skipped = self.relog_unmapped(seg, ranges)?;
         // Engine rule 11: the records left out hid only blocks of segments free when
