@@ -596,6 +596,14 @@ MUTANTS = [
        """        t.trims[seg as usize] = Some(false);
         self.owner[seg as usize].store(stream, Ordering::SeqCst);""")],
      [REBUILD]),
+    ("tombstone-1-damage", "tombstone rule 1: a carry whose walk met a damaged summary fails (the segment is kept)",
+     "ftl/src/engine/tombstones.rs",
+     [("""            .or(walk.ended_on_damage().then_some(0))
+        {""",
+       """            .or(walk.ended_on_damage().then_some(0))
+            .filter(|_| false)
+        {""")],
+     [REBUILD]),
     ("tombstone-3", "tombstone rule 3: only records older than every other allocated segment are dropped",
      "ftl/src/engine/tombstones.rs",
      [("""                    if oldest.is_some_and(|o| seq > o) {""",
