@@ -246,8 +246,14 @@ impl BlockDevice for CrashDevice {
         Ok(())
     }
     fn sync(&self) -> io::Result<()> {
-        let mark = self.sync_mark()?;
-        self.sync_upto(mark)
+        let mark = CrashDevice::sync_mark(self)?;
+        CrashDevice::sync_upto(self, mark)
+    }
+    fn sync_mark(&self) -> io::Result<u64> {
+        CrashDevice::sync_mark(self)
+    }
+    fn sync_upto(&self, mark: u64) -> io::Result<()> {
+        CrashDevice::sync_upto(self, mark)
     }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(self.size, offset, len as usize)?;

@@ -184,11 +184,22 @@ impl<D: BlockDevice> BlockDevice for GateDevice<D> {
         self.inner.write_at(offset, buf)
     }
     fn sync(&self) -> io::Result<()> {
+        // The mark on entry: a sync held at the gate makes durable what completed before
+        // it was issued, not the writes landing while it is held (it took the mark after
+        // the gate, so a test could never catch a FLUSH crediting itself with a write
+        // still in flight when its sync began; found by review, 2026-11-30).
+        let mark = self.inner.sync_mark()?;
+        self.sync_upto(mark)
+    }
+    fn sync_mark(&self) -> io::Result<u64> {
+        self.inner.sync_mark()
+    }
+    fn sync_upto(&self, mark: u64) -> io::Result<()> {
         self.pass(GateOp::Sync, None);
         if std::mem::take(&mut self.lock().fail_next_sync) {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
-        self.inner.sync()
+        self.inner.sync_upto(mark)
     }
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         self.pass(GateOp::Discard, Some((offset, len)));
@@ -264,5 +275,25 @@ mod tests {
         d.write_at(8192, &[1u8; 4096]).unwrap();
         assert_eq!(d.writes_into_held_discards(), 1, "the discard is done");
         assert!(!d.wait_held(GateOp::Sync, Duration::from_millis(10)));
+    }
+
+    /// A sync held at the gate makes durable what completed before it was issued, not a
+    /// write landing while it is held (as a real fsync): the mark is taken on entry.
+    #[test]
+    fn a_held_sync_covers_only_the_writes_before_it() {
+        use crate::device::crash::CrashDevice;
+        let crash = Arc::new(CrashDevice::new(1 << 20));
+        let d = Arc::new(GateDevice::new(crash.clone()));
+        d.write_at(0, &[1u8; 4096]).unwrap();
+        d.hold(GateOp::Sync);
+        let d2 = d.clone();
+        let t = std::thread::spawn(move || d2.sync());
+        assert!(d.wait_held(GateOp::Sync, Duration::from_secs(5)));
+        d.write_at(4096, &[2u8; 4096]).unwrap();
+        d.release(GateOp::Sync);
+        t.join().unwrap().unwrap();
+        assert_eq!(crash.unsynced_blocks(), 1, "the write during the held sync");
+        d.sync().unwrap();
+        assert_eq!(crash.unsynced_blocks(), 0);
     }
 }

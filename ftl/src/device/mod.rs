@@ -42,6 +42,19 @@ pub trait BlockDevice: Send + Sync {
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
     /// Makes every completed write durable.
     fn sync(&self) -> io::Result<()>;
+    /// Where a sync issued now ends: [`BlockDevice::sync_upto`] with it makes durable the
+    /// writes that completed before this call, not those that complete while the sync is
+    /// on its way (a real fsync promises no more). For a wrapper that delays its syncs (a
+    /// test's gate): it takes the mark on entry, then the delay, then `sync_upto`. A
+    /// device that does not model durability has no marks (`sync_upto` is `sync`); the
+    /// crash-simulating one (`crash::CrashDevice`) does.
+    fn sync_mark(&self) -> io::Result<u64> {
+        Ok(0)
+    }
+    /// The second half of a sync begun at `mark` ([`BlockDevice::sync_mark`]).
+    fn sync_upto(&self, _mark: u64) -> io::Result<()> {
+        self.sync()
+    }
     /// Declares `len` bytes at `offset` dead (TRIM / hole punch).
     fn discard(&self, offset: u64, len: u64) -> io::Result<()>;
     /// A file descriptor a caller may use for its own io_uring submissions
@@ -110,6 +123,12 @@ macro_rules! forward_block_device {
             }
             fn sync(&self) -> io::Result<()> {
                 (**self).sync()
+            }
+            fn sync_mark(&self) -> io::Result<u64> {
+                (**self).sync_mark()
+            }
+            fn sync_upto(&self, mark: u64) -> io::Result<()> {
+                (**self).sync_upto(mark)
             }
             fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
                 (**self).discard(offset, len)
