@@ -218,7 +218,13 @@ pub fn check(a: CheckArgs) -> Result<(), CliError> {
     } else {
         None
     };
-    let report = ftl::check::check_staged(&dev, &index, !a.no_data, staging)
+    // Past 64 GiB, the check of the map against the log sorts the log's records into
+    // files beside the index (one walk of the log instead of one per 64 GiB slice).
+    let scratch = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let report = ftl::check::check_staged_spilling(&dev, &index, !a.no_data, staging, scratch)
         .map_err(|e| e.naming_index(&dir, &a.backing.backing))?;
     if a.json {
         print_json(&report)?;

@@ -314,8 +314,9 @@ impl Winners {
 }
 
 /// The records of the scan sorted by slice, for a device whose winners do not fit in
-/// [`RebuildOptions::memory`]. A TRIM over several slices is cut at their edges.
-struct Spill {
+/// [`RebuildOptions::memory`]. A TRIM over several slices is cut at their edges. Also
+/// the checker's, for its check of the map against the log (`check.rs`, check 8).
+pub(crate) struct Spill {
     slice_blocks: u64,
     exported: u64,
     buckets: Buckets,
@@ -334,7 +335,7 @@ impl Spill {
     /// `dir`: a directory of its own is made in it (removed when the spill is dropped,
     /// whatever happened; nothing else there is touched). `writer_bytes`: the buffer of
     /// each bucket's file.
-    fn new(
+    pub(crate) fn new(
         slices: u64,
         slice_blocks: u64,
         exported: u64,
@@ -379,7 +380,7 @@ impl Spill {
         dir.join(format!("slice-{bucket}"))
     }
 
-    fn put(&mut self, r: Rec) -> Result<()> {
+    pub(crate) fn put(&mut self, r: Rec) -> Result<()> {
         if r.pba != TRIM_PBA {
             return self.write(r.lba / self.slice_blocks, &r);
         }
@@ -419,7 +420,7 @@ impl Spill {
     }
 
     /// Ends the scan: every bucket written out.
-    fn finish(&mut self) -> Result<()> {
+    pub(crate) fn finish(&mut self) -> Result<()> {
         if let Buckets::Files { dir, out } = &mut self.buckets {
             for (b, w) in out.iter_mut().enumerate() {
                 w.flush().map_err(|e| Error::Open {
@@ -432,7 +433,7 @@ impl Spill {
     }
 
     /// Feeds every record of `bucket` to `f`, then drops the bucket.
-    fn drain(&mut self, bucket: u64, f: &mut dyn FnMut(&Rec)) -> Result<()> {
+    pub(crate) fn drain(&mut self, bucket: u64, f: &mut dyn FnMut(&Rec)) -> Result<()> {
         let mut rec = [0u8; Rec::BYTES];
         match &mut self.buckets {
             Buckets::Ram(b) => {
