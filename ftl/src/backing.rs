@@ -315,6 +315,39 @@ pub fn open_backing_staged(
     opened.map_err(|e| e.naming_index(index_dir, path))
 }
 
+/// Whether the sled index in directory `dir` opens and holds a checkpoint record.
+fn holds_checkpoint(dir: &Path) -> bool {
+    SledIndex::exists_at(dir)
+        && SledIndex::open(dir)
+            .and_then(|i| i.load_kind(crate::index::Key::CHECKPOINT))
+            .is_ok_and(|v| !v.is_empty())
+}
+
+/// Swaps the directories `a` and `b` in one step (`renameat2`, `RENAME_EXCHANGE`).
+fn exchange(a: &Path, b: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+    };
+    let (a, b) = (c(a)?, c(b)?);
+    // SAFETY: two NUL-terminated paths that live across the call.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// What [`rebuild_backing_index`] did.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct RebuiltIndex {
@@ -325,10 +358,11 @@ pub struct RebuiltIndex {
 
 /// Rebuilds the index of the backing at `path` from its log (`rebuild.rs`) into
 /// `index_dir`. An index there that matches the backing is replaced only with `force`.
-/// The new index is built beside it (`<index_dir>.rebuild`), then the old one is moved
-/// to `<index_dir>.old-<unix seconds>` and the new one into place, and the parent
-/// directory is synced: an interrupted rebuild never leaves a half-built index where
-/// the old one was.
+/// The new index is built beside it (`<index_dir>.rebuild`), then the two swap places in
+/// one step and the old one is named `<index_dir>.old-<unix seconds>`, and the parent
+/// directory is synced: an interrupted rebuild never leaves a half-built index, nor no
+/// index, where the old one was (a leftover `.rebuild` holding a checkpoint is kept as
+/// `.old-<seconds>-leftover` by the next run).
 ///
 /// The map is built in slices of at most `memory` bytes of RAM
 /// ([`crate::RebuildOptions::memory`]); with more than one, the records are sorted into
@@ -403,6 +437,18 @@ pub fn rebuild_backing_index(
         move |e: io::Error| Error::Open { path: p, source: e }
     };
     let spill = sibling(".rebuild-spill".into());
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    // A leftover `.rebuild` holding a checkpoint is an index (an earlier run that died
+    // after the swap below left the index it replaced there, or one that died just
+    // before it its finished rebuild): kept as an old index, not deleted. One without
+    // is a rebuild cut short (rebuild rule 1: its checkpoint last).
+    if tmp.exists() && holds_checkpoint(&tmp) {
+        let kept = sibling(format!(".old-{secs}-leftover"));
+        std::fs::rename(&tmp, &kept).map_err(io_err(&tmp))?;
+    }
     for leftover in [&tmp, &spill] {
         if leftover.exists() {
             std::fs::remove_dir_all(leftover).map_err(io_err(leftover))?;
@@ -442,15 +488,31 @@ pub fn rebuild_backing_index(
     };
     let mut moved = None;
     if exists {
-        let secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
         let old = sibling(format!(".old-{secs}"));
-        std::fs::rename(index_dir, &old).map_err(io_err(index_dir))?;
+        // The new index and the old one swap places in one step, then the old one is
+        // named: there is an index at the path at every instant. Moving the old one
+        // aside first left none there until the second rename, and a death between the
+        // two had the next run delete the finished rebuild and start again, its erase
+        // counts lost with the old index's place (found by review, 2026-11-30). Where
+        // the file system cannot exchange, the two renames.
+        match exchange(&tmp, index_dir) {
+            Ok(()) => {
+                #[cfg(test)]
+                if tests::STOP_AFTER_EXCHANGE.with(|s| s.replace(false)) {
+                    return Err(Error::InvalidParameters("test: stopped".into()));
+                }
+                std::fs::rename(&tmp, &old).map_err(io_err(&tmp))?;
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
+                std::fs::rename(index_dir, &old).map_err(io_err(index_dir))?;
+                std::fs::rename(&tmp, index_dir).map_err(io_err(&tmp))?;
+            }
+            Err(e) => return Err(io_err(index_dir)(e)),
+        }
         moved = Some(old);
+    } else {
+        std::fs::rename(&tmp, index_dir).map_err(io_err(&tmp))?;
     }
-    std::fs::rename(&tmp, index_dir).map_err(io_err(&tmp))?;
     // The renames are durable before the rebuild reports success.
     let parent = match index_dir.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -467,6 +529,53 @@ pub fn rebuild_backing_index(
 
 #[cfg(test)]
 mod tests {
+    thread_local! {
+        /// Test hook: the next rebuild stops right after the two indexes swapped places.
+        pub(super) static STOP_AFTER_EXCHANGE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// A rebuild that dies after the new index took the old one's place leaves an index
+    /// at the path, the rebuilt one (the old one moved aside first left none there until
+    /// the second rename; found by review, 2026-11-30).
+    #[test]
+    fn a_rebuild_interrupted_between_its_renames_leaves_an_index_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let (b, idx) = (dir.path().join("b.img"), dir.path().join("b.img.ftlidx"));
+        format_backing(&b, &idx, Some(64 << 20), &FormatOptions::default(), false).unwrap();
+        let (sb, _) =
+            crate::lifecycle::read_superblock_readonly(&open_device(&b, None).unwrap()).unwrap();
+        let epoch_of = |p: &Path| {
+            let i = SledIndex::open(p).unwrap();
+            crate::recovery::load_index(&i, &sb, "index")
+                .unwrap()
+                .checkpoint
+                .epoch
+        };
+        let before = epoch_of(&idx);
+        STOP_AFTER_EXCHANGE.with(|s| s.set(true));
+        let r = rebuild_backing_index(&b, &idx, true, 64 << 20, &mut |_: u32, _: u32| {});
+        assert!(r.is_err(), "stopped");
+        let rebuilt = epoch_of(&idx);
+        assert!(
+            rebuilt > before,
+            "the rebuilt index is in place: {rebuilt} after {before}"
+        );
+        // The next rebuild goes through, and keeps the index the stopped one left in its
+        // scratch place (the one it replaced) as an old index.
+        rebuild_backing_index(&b, &idx, true, 64 << 20, &mut |_: u32, _: u32| {}).unwrap();
+        epoch_of(&idx);
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        let kept: Vec<&String> = names.iter().filter(|n| n.ends_with("-leftover")).collect();
+        assert_eq!(kept.len(), 1, "{names:?}");
+        assert_eq!(
+            epoch_of(&dir.path().join(kept[0])),
+            before,
+            "the replaced index"
+        );
+    }
 
     /// An index a running server holds (here: held open by this test) is never moved
     /// from under it by a rebuild, even with --force (found by review, 2026-11-29: the
