@@ -63,13 +63,27 @@ impl Error {
         )
     }
 
-    /// Whether the error belongs to the victim (so that cleaning others may succeed):
-    /// not running out of space, not a device that no longer takes writes.
+    /// The victim being cleaned when the error came, whoever's fault it was.
+    pub(crate) fn victim(&self) -> Option<u32> {
+        match self {
+            Error::Victim { victim, .. } => Some(*victim),
+            _ => None,
+        }
+    }
+
+    /// Whether the error belongs to the victim (so that cleaning others may succeed): a
+    /// read of its blocks or summaries failing, a summary or block failing its checksum.
+    /// Not running out of space, not a device that no longer takes writes, not the
+    /// index: listing a victim reads map pages through it, and an index read failing
+    /// shunned one healthy victim after another (found by review, 2026-11-30; the
+    /// relocations' own errors were told apart the day before, `slice::relocation_error`).
     pub fn victim_at_fault(&self) -> Option<u32> {
         match self {
             Error::Victim { victim, source } => match source {
-                ftl::Error::NoSpace | ftl::Error::ReadOnly(_) => None,
-                _ => Some(*victim),
+                ftl::Error::Io { .. }
+                | ftl::Error::Corrupt(_)
+                | ftl::Error::DataChecksum { .. } => Some(*victim),
+                _ => None,
             },
             _ => None,
         }
@@ -91,5 +105,16 @@ mod tests {
         assert!(!bad_block.is_no_space());
         assert_eq!(bad_block.victim_at_fault(), Some(3));
         assert!(!Error::Ftl(ftl::Error::ReadOnly("x".into())).is_no_space());
+        // The index's errors are not the victim's.
+        for e in [
+            ftl::Error::Index("page read".into()),
+            ftl::Error::IndexStuck("commit".into()),
+            ftl::Error::ReadOnly("x".into()),
+            ftl::Error::KeptMoving { lba: 1, tries: 16 },
+        ] {
+            assert_eq!(Error::of_victim(3)(e).victim_at_fault(), None);
+        }
+        let summary = Error::of_victim(3)(ftl::Error::Corrupt("summary".into()));
+        assert_eq!(summary.victim_at_fault(), Some(3));
     }
 }

@@ -272,7 +272,7 @@ pub(crate) fn prepare<D: BlockDevice, I: IndexStore>(
         let c = match choose(ftl, budget, policy, &exclude, given, false) {
             Ok(Some(c)) => c,
             Ok(None) => return Ok(None),
-            Err(e) => match e.victim_at_fault() {
+            Err(e) => match e.victim() {
                 Some(v) if !closed_now(ftl, v) => {
                     exclude.push(v);
                     continue;

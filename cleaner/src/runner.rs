@@ -190,6 +190,9 @@ impl Drop for CleanerHandle {
     }
 }
 
+/// How often a runner whose FTL turned read-only looks for its stop (ms).
+const READ_ONLY_POLL_MS: u64 = 100;
+
 /// Starts the cleaning thread for `ftl`.
 pub fn spawn<D, I>(ftl: Arc<Ftl<D, I>>, cfg: CleanerConfig) -> std::io::Result<CleanerHandle>
 where
@@ -337,6 +340,14 @@ fn run<D: BlockDevice + 'static, I: IndexStore + 'static>(
                     }
                 }
             }
+        }
+        // A read-only FTL frees nothing and moves nothing: the runner waits for its stop.
+        // It started a free record or checkpoint every turn, each failing at once, about
+        // 800 threads and errors a second while dead segments waited (found by review,
+        // 2026-11-30).
+        if ftl.is_read_only() {
+            std::thread::sleep(Duration::from_millis(READ_ONLY_POLL_MS));
+            continue;
         }
         appended.update(ftl.counters().backing_blocks_written);
         let (low, throttle_start) = watermarks(headroom.update(
@@ -748,6 +759,49 @@ pub(crate) mod tests {
                     .unwrap_or_else(|e| panic!("round {round} lba {l}: {e}"));
             }
         }
+    }
+
+    /// A runner whose FTL turned read-only with dead segments waiting starts no free
+    /// record or checkpoint that can only fail: it waits for its stop.
+    #[test]
+    fn a_runner_on_a_read_only_ftl_waits_quietly() {
+        use ftl::device::gate::GateDevice;
+        use ftl::device::mem::MemDevice;
+        use ftl::index::mem::MemIndex;
+        use ftl::model::block_for;
+        let opts = ftl::FormatOptions {
+            segment_bytes: Some(64 << 10),
+            ..Default::default()
+        };
+        let size = 64 * (64 << 10);
+        let dev = Arc::new(GateDevice::new(MemDevice::new(size)));
+        let idx = Arc::new(MemIndex::new());
+        ftl::format(&dev, &idx, &opts, false).unwrap();
+        let (f, _) = ftl::Ftl::open(dev.clone(), idx, ftl::model::test_config()).unwrap();
+        let f = Arc::new(f);
+        let n = 3 * f.geometry().blocks_per_segment() as u64;
+        for l in 0..n {
+            f.write(l, &block_for(l, 1), false, ftl::StreamId(1))
+                .unwrap();
+        }
+        f.checkpoint().unwrap();
+        // The first segments' blocks overwritten (dead ones wait), then a write failing:
+        // read-only.
+        for l in 0..n / 2 {
+            f.write(l, &block_for(l, 2), false, ftl::StreamId(2))
+                .unwrap();
+        }
+        f.flush().unwrap();
+        assert!(f.dead_segments() > 0);
+        dev.set_bad_writes(Some((0, size)));
+        let _ = f.write(n, &block_for(n, 1), false, ftl::StreamId(1));
+        let _ = f.flush();
+        assert!(f.is_read_only());
+        let handle = spawn(f.clone(), CleanerConfig::default()).unwrap();
+        std::thread::sleep(Duration::from_millis(600));
+        let errors = handle.stats().errors;
+        handle.stop();
+        assert!(errors < 5, "{errors} errors in 0.6 s");
     }
 
     #[test]

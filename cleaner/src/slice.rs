@@ -380,7 +380,16 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                 None => {
                     let wb = self.window_blocks;
                     let shunned = self.shunned();
-                    match prepare(&self.ftl, &self.wear, policy, &shunned, wb, None)? {
+                    let mut found = prepare(&self.ftl, &self.wear, policy, &shunned, wb, None)?;
+                    // Every candidate left after a failure: they are taken again rather
+                    // than none, or the cleaner stopped for SHUN_FOR (60 s, past a
+                    // writer's wait for space) with the device working again after a
+                    // spell of read errors, writers failing with ENOSPC meanwhile (found
+                    // by review, 2026-11-30).
+                    if found.is_none() && !shunned.is_empty() {
+                        found = prepare(&self.ftl, &self.wear, policy, &[], wb, None)?;
+                    }
+                    match found {
                         Some(p) => p,
                         None => return Ok(SliceEnd::NoVictim),
                     }
@@ -628,6 +637,42 @@ mod tests {
             (3.0, 3.5, 2.0, 0.5)
         );
         assert_eq!((t.reads, t.read_kib), (25.0, 1024.0));
+    }
+
+    /// With every candidate left after failures, a slice takes one of them again rather
+    /// than none: the cleaner stopped for [`SHUN_FOR`] though the device worked again.
+    #[test]
+    fn a_slice_with_every_victim_shunned_takes_one_again() {
+        use ftl::model::{block_for, mem_ftl};
+        let opts = ftl::FormatOptions {
+            segment_bytes: Some(64 << 10),
+            ..Default::default()
+        };
+        let (_dev, _, f) = mem_ftl(64 * (64 << 10), &opts);
+        let f = Arc::new(f);
+        let n = 4 * f.geometry().blocks_per_segment() as u64;
+        for l in 0..n {
+            f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
+        }
+        for l in (0..n).step_by(2) {
+            f.write(l, &block_for(l, 2), false, StreamId(1)).unwrap();
+        }
+        f.flush().unwrap();
+        let mut c = Cleaner::new(f.clone());
+        let candidates: Vec<u32> = f
+            .segment_snapshot()
+            .into_iter()
+            .filter(|s| s.state == "closed" && s.segment != 0 && s.valid > 0)
+            .map(|s| s.segment)
+            .collect();
+        assert!(!candidates.is_empty());
+        for &v in &candidates {
+            c.abandon(v);
+        }
+        match c.run_slice(Policy::Greedy, Budget::unbounded(), &|| false) {
+            Ok(SliceEnd::Finished { victim, .. }) => assert!(candidates.contains(&victim)),
+            other => panic!("a shunned victim is taken when there is no other: {other:?}"),
+        }
     }
 
     /// A victim with a block that does not read back (its checksum fails) is left for

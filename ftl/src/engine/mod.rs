@@ -373,6 +373,12 @@ impl<D: BlockDevice, I: IndexStore> Ftl<D, I> {
         self.log.check_poison()
     }
 
+    /// Whether the FTL turned read-only (a failed write, sync or index commit): it takes
+    /// no more writes, relocations, free records or checkpoints.
+    pub fn is_read_only(&self) -> bool {
+        self.check_poison().is_err()
+    }
+
     /// `index::sled_store` rule 2: an index that refuses every commit since one failed
     /// frees nothing any more; the FTL turns read-only at the first refusal (writers
     /// waited out `space_wait`, 30 s each, and failed with ENOSPC; found by review,
