@@ -26,6 +26,7 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -90,9 +91,11 @@ fn settle_log_at(p: &Path, want: &Path) -> PathBuf {
 pub fn start_background(args: Vec<OsString>, log: &Path) -> Result<DeviceRecord, CliError> {
     runfiles::ensure_run_dir()?;
     let exe = std::env::current_exe().map_err(|e| CliError::io("cannot find my executable", e))?;
+    // Never through a link planted at its name (a run directory others can write to).
     let logf = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(log)
         .map_err(|e| CliError::io(format!("cannot open the log {}", log.display()), e))?;
     let logf2 = logf

@@ -137,7 +137,19 @@ pub fn write_record(rec: &DeviceRecord) -> Result<(), CliError> {
 /// (the rename is durable only with its directory; a run directory on tmpfs makes this
 /// free, one on a disk does not).
 pub fn write_durably(dir: &Path, tmp: &Path, path: &Path, text: &str) -> io::Result<()> {
-    let mut f = std::fs::File::create(tmp)?;
+    // A new file of its own, never through a link planted at its name: in a run
+    // directory others can write to (`FTLBLK_RUN_DIR`), a symlink there had root truncate
+    // whatever it pointed at (found by review, 2026-11-30). A stale one (a link too) goes.
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::remove_file(tmp) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(tmp)?;
     f.write_all(text.as_bytes())?;
     f.write_all(b"\n")?;
     f.sync_all()?;
@@ -378,6 +390,21 @@ fn pid_alive(pid: u32) -> bool {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// A durable write never goes through a link planted at its temp file's name: the
+    /// file it points at keeps its bytes, and the record is written.
+    #[test]
+    fn a_link_at_the_temp_files_name_is_not_followed() {
+        let d = tempfile::tempdir().unwrap();
+        let victim = d.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        let (tmp, path) = (d.path().join(".7.json.1.tmp"), d.path().join("7.json"));
+        std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+        write_durably(d.path(), &tmp, &path, "{}").unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{}\n");
+        assert!(!tmp.exists());
+    }
 
     /// A record of device `id` for the tests (this process's pid).
     pub(crate) fn sample(id: u32) -> DeviceRecord {
