@@ -667,6 +667,24 @@ offline_check "SIGTERM with the device held open"
 add_dev
 grep "ftlblk: opened" "/run/ftlblk/$ID.log" | tail -n1 | grep -q '"chunks_replayed":0' \
     || fail "reopen after a stop with the device held open replayed chunks"
+# 7c. `del` with /dev/ublkbN held open by a plain opener: it returns within its --timeout
+# (the waiting DEL_DEV held it until the opener let go), says the node is still open, and
+# the server has closed its backing; the node goes when the opener closes it.
+exec 3<"$DEV"
+pid="$(daemon_pid)"
+held_rc=0
+held_msg="$(timeout 60 "$BIN" del -n "$ID" 2>&1)" || held_rc=$?
+exec 3<&-
+echo "$held_msg"
+[ "$held_rc" = 0 ] || fail "del with the device held open: exit $held_rc"
+echo "$held_msg" | grep -q "still open" || fail "del did not say the device is still open"
+gone "$pid" || fail "daemon $pid still runs after del"
+grep -q "FTL checkpointed and closed" "/run/ftlblk/$ID.log" \
+    || fail "daemon did not close the FTL on a del with the device held open"
+for _ in $(seq 1 100); do [ -e "$DEV" ] || break; sleep 0.1; done
+[ ! -e "$DEV" ] || fail "$DEV still exists 10 s after its last opener closed"
+offline_check "del with the device held open"
+add_dev
 del_dev
 offline_check "the last del"
 

@@ -150,7 +150,9 @@ pub struct DelArgs {
     /// removes it).
     #[arg(short = 'a', long)]
     pub all: bool,
-    /// Seconds to wait for each daemon to checkpoint and exit.
+    /// Seconds to wait for each daemon to checkpoint and exit. A process still holding
+    /// /dev/ublkbN open keeps the kernel's device until it closes it: `del` then says so
+    /// and succeeds (the backing is closed).
     #[arg(long, default_value_t = 120)]
     pub timeout: u64,
     /// Delete the kernel device even without an ftlblk record in /run/ftlblk (it may be
@@ -484,6 +486,9 @@ pub fn del(a: DelArgs) -> Result<(), CliError> {
     }
 }
 
+/// How long `del` waits for the kernel to remove a device once its server is gone.
+const NODE_GRACE: Duration = Duration::from_secs(5);
+
 fn del_one(id: u32, timeout: Duration, force: bool) -> Result<String, CliError> {
     // The kernel's NVMe target holds the device open: deleting under it would hang.
     if let Some(e) = crate::nvmet::exports(Path::new(crate::nvmet::CONFIGFS))
@@ -530,11 +535,11 @@ fn del_one(id: u32, timeout: Duration, force: bool) -> Result<String, CliError> 
              first"
         )));
     }
-    kctl::kill_and_delete(id)?;
+    kctl::kill_and_delete_async(id)?;
+    // No deadline past what an Instant holds (`--timeout 18446744073709551615` panicked
+    // after the device was deleted; found by review, 2026-11-29).
+    let deadline = Instant::now().checked_add(timeout);
     if let Some((pid, start)) = daemon {
-        // No deadline past what an Instant holds (`--timeout 18446744073709551615`
-        // panicked after the device was deleted; found by review, 2026-11-29).
-        let deadline = Instant::now().checked_add(timeout);
         while runfiles::process_alive(pid, start) {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(CliError::Device(format!(
@@ -568,6 +573,19 @@ fn del_one(id: u32, timeout: Duration, force: bool) -> Result<String, CliError> 
                 r.backing.display()
             )));
         }
+    }
+    // The kernel removes the device when its last opener closes it: wait for that a few
+    // seconds (within --timeout), then say who keeps it (its server is gone either way).
+    let node_deadline = Instant::now() + NODE_GRACE;
+    let node_deadline = deadline.map_or(node_deadline, |d| d.min(node_deadline));
+    while runfiles::kernel_has_device(id) {
+        if Instant::now() >= node_deadline {
+            return Ok(format!(
+                "deleted ublk device {id}; its server closed the backing and exited, but                  {} is still open (a process that does not claim it exclusively: qemu, dd,                  a shell's redirection): the kernel removes it when that closes it",
+                runfiles::bdev_path(id).display()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
     Ok(format!("deleted ublk device {id}"))
 }

@@ -73,16 +73,29 @@ pub fn kill(id: u32) -> Result<(), CliError> {
         .map_err(|e| CliError::ublk(format!("stopping ublk device {id}"), e))
 }
 
-/// STOP_DEV then DEL_DEV: returns once the kernel has released the device (its server has
-/// closed `/dev/ublkcN`). A device already gone counts as deleted.
-pub fn kill_and_delete(id: u32) -> Result<(), CliError> {
+/// STOP_DEV then DEL_DEV_ASYNC (kernels 6.9 and later): the kernel removes the device
+/// once its last opener closes it, and this returns at once. A kernel without it gets
+/// the waiting DEL_DEV ([`delete`]). A device already gone counts as deleted.
+/// The waiting one held `del` for as long as anyone kept `/dev/ublkbN` open without
+/// claiming it (a shell's `exec 3<`, qemu, dd), past its --timeout (found by review,
+/// 2026-11-30).
+pub fn kill_and_delete_async(id: u32) -> Result<(), CliError> {
     let ctrl = open(id)?;
     if let Err(e) = check(ctrl.kill_dev()) {
-        // A device that is not started (or already stopped) can still be deleted.
         eprintln!("ftlblk: stopping ublk device {id}: {}", describe_ublk(&e));
     }
-    drop(ctrl);
-    delete(id)
+    match check(ctrl.del_dev_async()) {
+        Ok(_) => Ok(()),
+        Err(UblkError::OtherError(n)) | Err(UblkError::UringIOError(n))
+            if n == -libc::ENODEV || n == -libc::ENOENT =>
+        {
+            Ok(())
+        }
+        Err(_) => {
+            drop(ctrl);
+            delete(id)
+        }
+    }
 }
 
 /// DEL_DEV of a stopped device: returns once the kernel has released it (its last opener
