@@ -182,6 +182,15 @@ fn a_session_staged_in(path: &Path) -> bool {
             .unwrap_or(true)
 }
 
+/// `<index_dir><suffix>`, beside the index.
+fn scratch_dir(index_dir: &Path, suffix: &str) -> std::path::PathBuf {
+    let name = index_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "index".into());
+    index_dir.with_file_name(format!("{name}{suffix}"))
+}
+
 /// `ftlblk check`: runs the checker; fails with [`CliError::CheckFailed`] (exit status 1)
 /// when the backing is not clean (2 when it could not check).
 pub fn check(a: CheckArgs) -> Result<(), CliError> {
@@ -219,13 +228,26 @@ pub fn check(a: CheckArgs) -> Result<(), CliError> {
         None
     };
     // Past 64 GiB, the check of the map against the log sorts the log's records into
-    // files beside the index (one walk of the log instead of one per 64 GiB slice).
-    let scratch = dir
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let report = ftl::check::check_staged_spilling(&dev, &index, !a.no_data, staging, scratch)
-        .map_err(|e| e.naming_index(&dir, &a.backing.backing))?;
+    // files beside the index (one walk of the log instead of one per 64 GiB slice), in a
+    // directory of a fixed name: what a check killed part way left there goes at the
+    // next (the index's lock, held above, keeps two checks of it apart).
+    let scratch = scratch_dir(&dir, ".check-spill");
+    if scratch.exists() {
+        std::fs::remove_dir_all(&scratch)
+            .map_err(|e| CliError::io(format!("cannot remove {}", scratch.display()), e))?;
+    }
+    let report = ftl::check::check_staged_spilling(&dev, &index, !a.no_data, staging, &scratch)
+        .map_err(|e| e.naming_index(&dir, &a.backing.backing));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let report = report?;
+    if let Some(why) = &report.spill_declined {
+        eprintln!(
+            "note: the check of the map against the log walked the log once per 64 GiB \
+             slice ({} walks): its records could not be sorted into {} ({why})",
+            report.log_passes,
+            scratch.display()
+        );
+    }
     if a.json {
         print_json(&report)?;
     } else {

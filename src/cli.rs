@@ -49,7 +49,7 @@ scripts/bench.sh runs them beside raw fio on the same file and writes bench.json
     /// when a problem is found, 2 when it cannot check (every command exits 2 on
     /// failure). With --rebuild-index, first rebuild a lost or damaged index from the log.
     /// Past 64 GiB exported, its check of the map against the log sorts the log's records
-    /// into scratch files in the index's parent directory (32 bytes per block of the log,
+    /// into scratch files beside the index, INDEX.check-spill (32 bytes per block of the log,
     /// removed when done); the backing and the index's records are not changed.
     #[command(after_help = "Examples (the device must not be served meanwhile):
   ftlblk check --backing /var/lib/ftlblk/a.img

@@ -578,11 +578,19 @@ fn del_one(id: u32, timeout: Duration, force: bool) -> Result<String, CliError> 
     // seconds (within --timeout), then say who keeps it (its server is gone either way).
     let node_deadline = Instant::now() + NODE_GRACE;
     let node_deadline = deadline.map_or(node_deadline, |d| d.min(node_deadline));
-    while runfiles::kernel_has_device(id) {
+    // The nodes go at once (STOP_DEV removes the disk, DEL_DEV_ASYNC the char device);
+    // the id stays the kernel's until the last opener of the disk closes it.
+    while runfiles::kernel_has_device(id) || kctl::id_held(id) {
         if Instant::now() >= node_deadline {
+            let server = if daemon.is_some() {
+                "its server closed the backing and exited"
+            } else {
+                "no ftlblk server served it"
+            };
             return Ok(format!(
-                "deleted ublk device {id}; its server closed the backing and exited, but                  {} is still open (a process that does not claim it exclusively: qemu, dd,                  a shell's redirection): the kernel removes it when that closes it",
-                runfiles::bdev_path(id).display()
+                "deleted ublk device {id} ({server}), but something still holds it open (a \
+                 process that does not claim it exclusively: qemu, dd, a shell's \
+                 redirection): the kernel keeps device id {id} until that closes it"
             ));
         }
         std::thread::sleep(Duration::from_millis(50));

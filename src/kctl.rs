@@ -52,6 +52,12 @@ pub fn open(id: u32) -> Result<UblkCtrl, CliError> {
     })
 }
 
+/// Whether the kernel still knows device `id` (GET_DEV_INFO answers): after a delete,
+/// until the last opener of its disk closes it, though its nodes are gone.
+pub fn id_held(id: u32) -> bool {
+    open(id).is_ok()
+}
+
 /// Kernel state of device `id`: "live", "quiesced" (no server: `recover` it), "dead"
 /// (stopped), "fail-io".
 pub fn state(id: u32) -> Result<&'static str, CliError> {

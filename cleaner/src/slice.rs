@@ -386,8 +386,11 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                     // writer's wait for space) with the device working again after a
                     // spell of read errors, writers failing with ENOSPC meanwhile (found
                     // by review, 2026-11-30).
+                    // Only the one left longest (the first: a failure puts a victim
+                    // last), so one with a lasting fault is not taken at every slice
+                    // before the others.
                     if found.is_none() && !shunned.is_empty() {
-                        found = prepare(&self.ftl, &self.wear, policy, &[], wb, None)?;
+                        found = prepare(&self.ftl, &self.wear, policy, &shunned[1..], wb, None)?;
                     }
                     match found {
                         Some(p) => p,
@@ -666,11 +669,16 @@ mod tests {
             .map(|s| s.segment)
             .collect();
         assert!(!candidates.is_empty());
-        for &v in &candidates {
+        // The one left longest is taken, not whichever greedy likes best.
+        let target = candidates[0];
+        c.abandon(target);
+        for &v in candidates.iter().rev().filter(|&&v| v != target) {
             c.abandon(v);
         }
         match c.run_slice(Policy::Greedy, Budget::unbounded(), &|| false) {
-            Ok(SliceEnd::Finished { victim, .. }) => assert!(candidates.contains(&victim)),
+            Ok(SliceEnd::Finished { victim, .. }) => {
+                assert_eq!(victim, target, "the one left longest")
+            }
             other => panic!("a shunned victim is taken when there is no other: {other:?}"),
         }
     }

@@ -315,12 +315,19 @@ pub fn open_backing_staged(
     opened.map_err(|e| e.naming_index(index_dir, path))
 }
 
-/// Whether the sled index in directory `dir` opens and holds a checkpoint record.
-fn holds_checkpoint(dir: &Path) -> bool {
-    SledIndex::exists_at(dir)
-        && SledIndex::open(dir)
-            .and_then(|i| i.load_kind(crate::index::Key::CHECKPOINT))
-            .is_ok_and(|v| !v.is_empty())
+/// The mark a rebuild keeps in its scratch index (`<index>.rebuild`) until the index is
+/// complete: a leftover with it is a rebuild cut short, one without an index to keep.
+const REBUILDING: &str = "ftlblk-rebuilding";
+
+/// `path`, or `path-1`, `path-2`, ... : the first that does not exist.
+fn unused_name(path: &Path) -> PathBuf {
+    let mut p = path.to_path_buf();
+    let mut n = 0u32;
+    while p.exists() && n < 1000 {
+        n += 1;
+        p = PathBuf::from(format!("{}-{n}", path.display()));
+    }
+    p
 }
 
 /// Swaps the directories `a` and `b` in one step (`renameat2`, `RENAME_EXCHANGE`).
@@ -441,12 +448,13 @@ pub fn rebuild_backing_index(
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
-    // A leftover `.rebuild` holding a checkpoint is an index (an earlier run that died
-    // after the swap below left the index it replaced there, or one that died just
-    // before it its finished rebuild): kept as an old index, not deleted. One without
-    // is a rebuild cut short (rebuild rule 1: its checkpoint last).
-    if tmp.exists() && holds_checkpoint(&tmp) {
-        let kept = sibling(format!(".old-{secs}-leftover"));
+    // A leftover `.rebuild` without the mark a rebuild keeps in it until it is done is
+    // an index (an earlier run that died after the swap below left the index it
+    // replaced there, maybe a damaged one, or one that died just before it its finished
+    // rebuild): kept as an old index, not deleted. One with the mark is a rebuild cut
+    // short.
+    if tmp.exists() && !tmp.join(REBUILDING).exists() {
+        let kept = unused_name(&sibling(format!(".old-{secs}-leftover")));
         std::fs::rename(&tmp, &kept).map_err(io_err(&tmp))?;
     }
     for leftover in [&tmp, &spill] {
@@ -465,6 +473,11 @@ pub fn rebuild_backing_index(
     let wear = wear.unwrap_or_default();
     let report = {
         let idx = open_index(&tmp)?;
+        let mark = tmp.join(REBUILDING);
+        std::fs::write(&mark, b"").map_err(io_err(&mark))?;
+        std::fs::File::open(&tmp)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err(&tmp))?;
         let opts = crate::RebuildOptions {
             batch: Config::default().checkpoint_page_batch,
             memory,
@@ -486,9 +499,15 @@ pub fn rebuild_backing_index(
         }
         r
     };
+    // Done: the mark goes before the rebuilt index moves into place.
+    let mark = tmp.join(REBUILDING);
+    std::fs::remove_file(&mark).map_err(io_err(&mark))?;
+    std::fs::File::open(&tmp)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(&tmp))?;
     let mut moved = None;
     if exists {
-        let old = sibling(format!(".old-{secs}"));
+        let old = unused_name(&sibling(format!(".old-{secs}")));
         // The new index and the old one swap places in one step, then the old one is
         // named: there is an index at the path at every instant. Moving the old one
         // aside first left none there until the second rename, and a death between the
@@ -501,7 +520,12 @@ pub fn rebuild_backing_index(
                 if tests::STOP_AFTER_EXCHANGE.with(|s| s.replace(false)) {
                     return Err(Error::InvalidParameters("test: stopped".into()));
                 }
-                std::fs::rename(&tmp, &old).map_err(io_err(&tmp))?;
+                // The rebuilt index is in place: the old one keeps the scratch name if it
+                // cannot be given its own (reported, not an error: the work is done).
+                moved = Some(match std::fs::rename(&tmp, &old) {
+                    Ok(()) => old.clone(),
+                    Err(_) => tmp.clone(),
+                });
             }
             Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
                 std::fs::rename(index_dir, &old).map_err(io_err(index_dir))?;
@@ -509,7 +533,7 @@ pub fn rebuild_backing_index(
             }
             Err(e) => return Err(io_err(index_dir)(e)),
         }
-        moved = Some(old);
+        moved.get_or_insert(old);
     } else {
         std::fs::rename(&tmp, index_dir).map_err(io_err(&tmp))?;
     }
@@ -574,6 +598,43 @@ mod tests {
             epoch_of(&dir.path().join(kept[0])),
             before,
             "the replaced index"
+        );
+    }
+
+    /// A rebuild cut short (its scratch index still marked) is removed by the next one,
+    /// not kept as an old index; the old index goes to `.old-SECS`, or a free name next
+    /// to it when that is taken.
+    #[test]
+    fn a_rebuild_cut_short_is_removed_and_old_names_do_not_collide() {
+        let dir = tempfile::tempdir().unwrap();
+        let (b, idx) = (dir.path().join("b.img"), dir.path().join("b.img.ftlidx"));
+        format_backing(&b, &idx, Some(64 << 20), &FormatOptions::default(), false).unwrap();
+        let cut = dir.path().join("b.img.ftlidx.rebuild");
+        std::fs::create_dir(&cut).unwrap();
+        std::fs::write(cut.join(REBUILDING), b"").unwrap();
+        let first = rebuild_backing_index(&b, &idx, true, 64 << 20, &mut |_: u32, _: u32| {})
+            .unwrap()
+            .old_index_moved_to
+            .unwrap();
+        let second = rebuild_backing_index(&b, &idx, true, 64 << 20, &mut |_: u32, _: u32| {})
+            .unwrap()
+            .old_index_moved_to
+            .unwrap();
+        assert_ne!(first, second);
+        assert!(first.exists() && second.exists());
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            !names
+                .iter()
+                .any(|n| n.ends_with("-leftover") || n.ends_with(".rebuild")),
+            "{names:?}"
+        );
+        assert!(
+            !idx.join(REBUILDING).exists(),
+            "the index in place carries no mark"
         );
     }
 

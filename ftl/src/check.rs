@@ -80,8 +80,12 @@ pub struct CheckReport {
     pub staged: crate::staging::StagedReport,
     pub segments: u32,
     pub free_segments: u32,
-    /// Passes check 8 made over the chunk summaries (one per slice of LBAs).
+    /// Passes check 8 made over the chunk summaries (one per slice of LBAs, or one with
+    /// its records spilled to files).
     pub log_passes: u32,
+    /// Why check 8 walked the log once per slice though it was given a place to spill
+    /// its records (it could not make them there, or their file system lacks the room).
+    pub spill_declined: Option<String>,
     /// Segment reuse counts as the checkpoint recorded them.
     pub wear: crate::segments::WearFigures,
     pub problems: Vec<Problem>,
@@ -536,26 +540,58 @@ fn check_with<D: BlockDevice, I: IndexStore>(
     let slices = geo.exported_blocks.div_ceil(slice);
     // More than one slice: the one walk sorts the records by slice into files, when it
     // can make them (see `Limits::spill_dir`).
-    let mut spill = match spill_dir.as_deref().filter(|_| slices > 1) {
-        Some(dir) => {
-            crate::rebuild::Spill::new(slices, slice, geo.exported_blocks, Some(dir), 64 << 10).ok()
+    let mut spill = None;
+    if let Some(dir) = spill_dir.as_deref().filter(|_| slices > 1) {
+        // Room for twice the most it may write (a record per block of the log), or none
+        // of it: the same file system often holds served devices' indexes, whose commits
+        // a full one fails (their FTLs turn read-only).
+        let most = geo.physical_blocks() * crate::rebuild::Rec::BYTES as u64;
+        match free_bytes(dir) {
+            Ok(free) if free >= 2 * most => {
+                let made = crate::rebuild::Spill::new(
+                    slices,
+                    slice,
+                    geo.exported_blocks,
+                    Some(dir),
+                    64 << 10,
+                );
+                match made {
+                    Ok(s) => spill = Some(s),
+                    Err(e) => report.spill_declined = Some(e.to_string()),
+                }
+            }
+            Ok(free) => {
+                report.spill_declined = Some(format!(
+                    "{} has {} MiB free, under twice the {} MiB the records may take",
+                    dir.display(),
+                    free >> 20,
+                    most >> 20
+                ))
+            }
+            Err(e) => report.spill_declined = Some(format!("{}: {e}", dir.display())),
         }
-        None => None,
-    };
+    }
     if let Some(sp) = spill.as_mut() {
-        report.log_passes += 1;
+        let mut failed = None;
         for seg in 1..geo.segment_count {
-            let mut failed = None;
             records_of(&dev, geo, segs, seg, format_id, below, &mut |r| {
                 if failed.is_none() && counted(&r) {
                     failed = sp.put(r).err();
                 }
             })?;
-            if let Some(e) = failed {
-                return Err(e);
+            if failed.is_some() {
+                break;
             }
         }
-        sp.finish()?;
+        match failed.map_or_else(|| sp.finish(), Err) {
+            Ok(()) => report.log_passes += 1,
+            // Spilling failed part way (a full disk): its files go, and the walks per
+            // slice check instead.
+            Err(e) => {
+                report.spill_declined = Some(e.to_string());
+                spill = None;
+            }
+        }
     }
     while lo < geo.exported_blocks {
         let len = slice.min(geo.exported_blocks - lo);
@@ -665,6 +701,22 @@ fn check_with<D: BlockDevice, I: IndexStore>(
     }
     report.problems = problems;
     Ok(report)
+}
+
+/// Bytes free to an unprivileged writer on the file system holding `dir` (the
+/// directory, or the nearest of its parents that exists).
+fn free_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let at = dir.ancestors().find(|p| p.exists()).unwrap_or(dir);
+    let c = std::ffi::CString::new(at.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: statvfs is plain old data; the call fills it.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a statvfs to fill, both live across the call.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
 /// Every record (data and TRIM) of segment `seg`'s chunks that recovery accepted (none

@@ -236,7 +236,7 @@ impl Rec {
     /// | epoch  | seq    | lba    | pba | crc_or_count |   little-endian
     /// ```
     /// (scratch of one rebuild, never read by another build: no magic or checksum).
-    const BYTES: usize = 32;
+    pub(crate) const BYTES: usize = 32;
 
     fn encode(&self) -> [u8; Self::BYTES] {
         let mut b = [0u8; Self::BYTES];

@@ -602,6 +602,7 @@ fn the_log_check_in_slices_names_what_one_pass_names() {
     let spilled = ftl::check::check_in_slices(&*dev, &*idx, 1, Some(scratch.path())).unwrap();
     assert_eq!(spilled.problems, whole.problems);
     assert_eq!(spilled.log_passes, 1, "one walk of the log");
+    assert_eq!(spilled.spill_declined, None);
     assert_eq!(
         std::fs::read_dir(scratch.path()).unwrap().count(),
         0,
@@ -613,4 +614,8 @@ fn the_log_check_in_slices_names_what_one_pass_names() {
     let fallback = ftl::check::check_in_slices(&*dev, &*idx, 1, Some(&nowhere)).unwrap();
     assert_eq!(fallback.problems, whole.problems);
     assert_eq!(fallback.log_passes as u64, slices);
+    assert!(
+        fallback.spill_declined.is_some(),
+        "says why it did not spill"
+    );
 }
