@@ -79,12 +79,11 @@ impl Error {
     /// relocations' own errors were told apart the day before, `slice::relocation_error`).
     pub fn victim_at_fault(&self) -> Option<u32> {
         match self {
-            Error::Victim { victim, source } => match source {
-                ftl::Error::Io { .. }
-                | ftl::Error::Corrupt(_)
-                | ftl::Error::DataChecksum { .. } => Some(*victim),
-                _ => None,
-            },
+            Error::Victim {
+                victim,
+                source:
+                    ftl::Error::Io { .. } | ftl::Error::Corrupt(_) | ftl::Error::DataChecksum { .. },
+            } => Some(*victim),
             _ => None,
         }
     }
