@@ -516,6 +516,33 @@ impl Prefetcher {
     }
 }
 
+/// A memory FTL of 64 segments of 64 KiB on a device whose operations a test can fail
+/// (`GateDevice`): the device, and the FTL.
+#[cfg(test)]
+#[allow(clippy::type_complexity)]
+pub(crate) fn gated_ftl() -> (
+    Arc<ftl::device::gate::GateDevice<ftl::device::mem::MemDevice>>,
+    Arc<
+        ftl::Ftl<
+            Arc<ftl::device::gate::GateDevice<ftl::device::mem::MemDevice>>,
+            Arc<ftl::index::mem::MemIndex>,
+        >,
+    >,
+) {
+    use ftl::device::gate::GateDevice;
+    use ftl::device::mem::MemDevice;
+    use ftl::index::mem::MemIndex;
+    let opts = ftl::FormatOptions {
+        segment_bytes: Some(64 << 10),
+        ..Default::default()
+    };
+    let dev = Arc::new(GateDevice::new(MemDevice::new(64 * (64 << 10))));
+    let idx = Arc::new(MemIndex::new());
+    ftl::format(&dev, &idx, &opts, false).unwrap();
+    let (f, _) = ftl::Ftl::open(dev.clone(), idx, ftl::model::test_config()).unwrap();
+    (dev, Arc::new(f))
+}
+
 /// A memory FTL of 64 segments of 64 KiB whose free segments are worn far past its
 /// cold ones: 20 segments' worth of cold data (LBAs from 0, stream 1), then what `then`
 /// writes (given the end of the cold data; it returns where the hot blocks go), then one

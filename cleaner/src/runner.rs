@@ -765,20 +765,9 @@ pub(crate) mod tests {
     /// record or checkpoint that can only fail: it waits for its stop.
     #[test]
     fn a_runner_on_a_read_only_ftl_waits_quietly() {
-        use ftl::device::gate::GateDevice;
-        use ftl::device::mem::MemDevice;
-        use ftl::index::mem::MemIndex;
         use ftl::model::block_for;
-        let opts = ftl::FormatOptions {
-            segment_bytes: Some(64 << 10),
-            ..Default::default()
-        };
+        let (dev, f) = crate::pipeline::gated_ftl();
         let size = 64 * (64 << 10);
-        let dev = Arc::new(GateDevice::new(MemDevice::new(size)));
-        let idx = Arc::new(MemIndex::new());
-        ftl::format(&dev, &idx, &opts, false).unwrap();
-        let (f, _) = ftl::Ftl::open(dev.clone(), idx, ftl::model::test_config()).unwrap();
-        let f = Arc::new(f);
         let n = 3 * f.geometry().blocks_per_segment() as u64;
         for l in 0..n {
             f.write(l, &block_for(l, 1), false, ftl::StreamId(1))

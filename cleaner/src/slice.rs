@@ -759,20 +759,9 @@ mod tests {
     /// does not shun the victim: the error is the FTL's, and the FTL turns read-only.
     #[test]
     fn a_failed_chunk_write_does_not_shun_the_victim() {
-        use ftl::device::gate::GateDevice;
-        use ftl::device::mem::MemDevice;
-        use ftl::index::mem::MemIndex;
         use ftl::model::block_for;
-        let opts = ftl::FormatOptions {
-            segment_bytes: Some(64 << 10),
-            ..Default::default()
-        };
+        let (dev, f) = crate::pipeline::gated_ftl();
         let size = 64 * (64 << 10);
-        let dev = Arc::new(GateDevice::new(MemDevice::new(size)));
-        let idx = Arc::new(MemIndex::new());
-        ftl::format(&dev, &idx, &opts, false).unwrap();
-        let (f, _) = ftl::Ftl::open(dev.clone(), idx, ftl::model::test_config()).unwrap();
-        let f = Arc::new(f);
         let n = 6 * f.geometry().blocks_per_segment() as u64;
         for l in 0..n {
             f.write(l, &block_for(l, 1), false, StreamId(1)).unwrap();
