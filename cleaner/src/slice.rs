@@ -381,14 +381,12 @@ impl<D: BlockDevice, I: IndexStore> Cleaner<D, I> {
                     let wb = self.window_blocks;
                     let shunned = self.shunned();
                     let mut found = prepare(&self.ftl, &self.wear, policy, &shunned, wb, None)?;
-                    // Every candidate left after a failure: they are taken again rather
-                    // than none, or the cleaner stopped for SHUN_FOR (60 s, past a
-                    // writer's wait for space) with the device working again after a
-                    // spell of read errors, writers failing with ENOSPC meanwhile (found
-                    // by review, 2026-11-30).
-                    // Only the one left longest (the first: a failure puts a victim
-                    // last), so one with a lasting fault is not taken at every slice
-                    // before the others.
+                    // Every candidate left after a failure: the one left longest (the
+                    // first: a failure puts a victim last) is taken again rather than
+                    // none, or the cleaner stopped for SHUN_FOR (60 s, past a writer's
+                    // wait for space) with the device working again after a spell of
+                    // read errors (found by review, 2026-11-30); only that one, so one
+                    // with a lasting fault is not taken at every slice before the others.
                     if found.is_none() && !shunned.is_empty() {
                         found = prepare(&self.ftl, &self.wear, policy, &shunned[1..], wb, None)?;
                     }

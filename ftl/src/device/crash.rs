@@ -154,32 +154,6 @@ impl CrashDevice {
         (image, kept, lost)
     }
 
-    /// Where a sync issued now ends: [`Self::sync_upto`] with it makes durable the writes
-    /// that completed before this call, not those that complete while the sync is on its
-    /// way (a real fsync promises no more). A wrapper that delays its syncs takes the
-    /// mark on entry: a sync that made durable every write landing during its delay hid a
-    /// FLUSH that did not wait for a chunk write in flight (found by review, 2026-11-29).
-    pub fn sync_mark(&self) -> io::Result<u64> {
-        Ok(self.state.lock().map_err(|_| poisoned())?.recorded)
-    }
-
-    /// The second half of a sync begun at `mark` ([`Self::sync_mark`]).
-    pub fn sync_upto(&self, mark: u64) -> io::Result<()> {
-        if self.faults.syncs.load(Ordering::SeqCst) {
-            return Err(injected("sync"));
-        }
-        let mut st = self.state.lock().map_err(|_| poisoned())?;
-        let n = (mark.saturating_sub(st.drained) as usize).min(st.pending.len());
-        let done: Vec<(u64, Box<[u8]>)> = st.pending.drain(..n).collect();
-        for (block, data) in done {
-            let off = block as usize * BLOCK_SIZE;
-            st.durable[off..off + BLOCK_SIZE].copy_from_slice(&data);
-        }
-        st.drained += n as u64;
-        st.syncs += 1;
-        Ok(())
-    }
-
     /// Block writes not yet synced.
     pub fn unsynced_blocks(&self) -> usize {
         self.state.lock().map(|s| s.pending.len()).unwrap_or(0)
@@ -246,15 +220,35 @@ impl BlockDevice for CrashDevice {
         Ok(())
     }
     fn sync(&self) -> io::Result<()> {
-        let mark = CrashDevice::sync_mark(self)?;
-        CrashDevice::sync_upto(self, mark)
+        let mark = self.sync_mark()?;
+        self.sync_upto(mark)
     }
+    /// Where a sync issued now ends: [`BlockDevice::sync_upto`] with it makes durable the writes
+    /// that completed before this call, not those that complete while the sync is on its
+    /// way (a real fsync promises no more). A wrapper that delays its syncs takes the
+    /// mark on entry: a sync that made durable every write landing during its delay hid a
+    /// FLUSH that did not wait for a chunk write in flight (found by review, 2026-11-29).
     fn sync_mark(&self) -> io::Result<u64> {
-        CrashDevice::sync_mark(self)
+        Ok(self.state.lock().map_err(|_| poisoned())?.recorded)
     }
+
+    /// The second half of a sync begun at `mark` ([`BlockDevice::sync_mark`]).
     fn sync_upto(&self, mark: u64) -> io::Result<()> {
-        CrashDevice::sync_upto(self, mark)
+        if self.faults.syncs.load(Ordering::SeqCst) {
+            return Err(injected("sync"));
+        }
+        let mut st = self.state.lock().map_err(|_| poisoned())?;
+        let n = (mark.saturating_sub(st.drained) as usize).min(st.pending.len());
+        let done: Vec<(u64, Box<[u8]>)> = st.pending.drain(..n).collect();
+        for (block, data) in done {
+            let off = block as usize * BLOCK_SIZE;
+            st.durable[off..off + BLOCK_SIZE].copy_from_slice(&data);
+        }
+        st.drained += n as u64;
+        st.syncs += 1;
+        Ok(())
     }
+
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(self.size, offset, len as usize)?;
         let mut st = self.state.lock().map_err(|_| poisoned())?;

@@ -188,7 +188,7 @@ impl<D: BlockDevice> BlockDevice for GateDevice<D> {
         // it was issued, not the writes landing while it is held (it took the mark after
         // the gate, so a test could never catch a FLUSH crediting itself with a write
         // still in flight when its sync began; found by review, 2026-11-30).
-        let mark = self.inner.sync_mark()?;
+        let mark = self.sync_mark()?;
         self.sync_upto(mark)
     }
     fn sync_mark(&self) -> io::Result<u64> {
